@@ -1,0 +1,31 @@
+# texelflow: every contributor task is a target. `make demo` and `make test` install what is missing.
+PYTHON ?= python3
+export PYTHON
+PYTEST_ARGS ?=
+
+.PHONY: setup gen check-gen test test-fast bench demo clean-cache
+
+setup:
+	@bash .ci/setup.sh
+
+gen: setup
+	$(PYTHON) -m texelflow.cli gen
+
+check-gen: setup
+	$(PYTHON) -m texelflow.cli gen --check
+
+test: setup check-gen
+	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PYTHON) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: setup
+	$(PYTHON) bench/codegen.py
+	$(PYTHON) bench/kernels.py
+
+demo: setup
+	$(PYTHON) -m texelflow.cli demo
+
+clean-cache:
+	rm -rf $${TEXELFLOW_CACHE_DIR:-$$HOME/.cache/texelflow}

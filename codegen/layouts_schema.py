@@ -1,0 +1,311 @@
+"""Read and validate layouts.yaml into a LayoutsModel, reporting every problem with its line."""
+
+from __future__ import annotations
+
+from .checks import Checker
+from .diagnostics import Collector, did_you_mean
+from .model import DtypeSpec, FamilySpec, LayoutSpec, LayoutsModel, RepSetSpec, StorageSpec
+from .yamlsrc import LMap
+
+TOP_KEYS = ("storages", "families", "dtypes", "layouts", "preference", "texture_limits", "repsets")
+SET_OPS = ("union", "intersection", "difference")
+
+
+def parse_layouts(data: LMap, file: str, out: Collector) -> LayoutsModel | None:
+    """Validate `data` (from yamlsrc.load); None when problems were recorded in `out`."""
+    c = Checker(file, out)
+    before = len(out.items)
+    c.keys(data, "layouts.yaml", TOP_KEYS)
+
+    storages = _storages(c, data.get("storages"), data.line_of("storages"))
+    families = _families(c, data.get("families"), data.line_of("families"))
+    dtypes = _dtypes(c, data.get("dtypes"), data.line_of("dtypes"), families)
+    layouts = _layouts(c, data.get("layouts"), data.line_of("layouts"), storages, families)
+    for fam in families:
+        for d in fam.dtypes:
+            if d not in {x.name for x in dtypes}:
+                c.error(data.line_of("families"), f"family '{fam.name}' names unknown dtype '{d}'")
+    st_pref, ly_pref = _preference(c, data.get("preference"), data.line_of("preference"), storages, layouts)
+    limits = _limits(c, data.get("texture_limits"), data.line_of("texture_limits"))
+    repsets = _repsets(c, data.get("repsets"), data.line_of("repsets"), storages, families, layouts)
+    if len(out.items) != before:
+        return None
+    return LayoutsModel(
+        storages=tuple(sorted(storages, key=lambda s: s.id)),
+        families=tuple(families),
+        dtypes=tuple(dtypes),
+        layouts=tuple(sorted(layouts, key=lambda x: x.id)),
+        storage_preference=st_pref,
+        layout_preference=ly_pref,
+        texture_limits=limits,
+        repsets=tuple(repsets),
+    )
+
+
+def _storages(c: Checker, raw, line: int) -> list[StorageSpec]:
+    result: list[StorageSpec] = []
+    m = c.mapping(raw, line, "'storages'")
+    if m is None:
+        return result
+    ids: dict[int, str] = {}
+    for name, body in m.items():
+        b = c.mapping(body, m.line_of(name), f"storage '{name}'")
+        if b is None or not c.keys(b, f"storage '{name}'", ("id", "glsl"), ("doc",)):
+            continue
+        sid = c.typed(b["id"], int, b.line_of("id"), f"storage '{name}' id")
+        glsl = c.typed(b["glsl"], str, b.line_of("glsl"), f"storage '{name}' glsl")
+        if sid is None or glsl is None:
+            continue
+        if sid in ids:
+            c.error(b.line_of("id"), f"storage '{name}' reuses id {sid} of '{ids[sid]}'")
+        ids[sid] = name
+        result.append(StorageSpec(name, sid, glsl, str(b.get("doc", ""))))
+    return result
+
+
+def _families(c: Checker, raw, line: int) -> list[FamilySpec]:
+    result: list[FamilySpec] = []
+    m = c.mapping(raw, line, "'families'")
+    if m is None:
+        return result
+    for name, body in m.items():
+        b = c.mapping(body, m.line_of(name), f"family '{name}'")
+        if b is None or not c.keys(b, f"family '{name}'", ("dtypes",), ("doc",)):
+            continue
+        dts = c.listing(b["dtypes"], b.line_of("dtypes"), f"family '{name}' dtypes")
+        if dts is not None:
+            result.append(FamilySpec(name, tuple(str(d) for d in dts), str(b.get("doc", ""))))
+    return result
+
+
+def _dtypes(c: Checker, raw, line: int, families: list[FamilySpec]) -> list[DtypeSpec]:
+    result: list[DtypeSpec] = []
+    m = c.mapping(raw, line, "'dtypes'")
+    if m is None:
+        return result
+    for name, body in m.items():
+        b = c.mapping(body, m.line_of(name), f"dtype '{name}'")
+        if b is None or not c.keys(b, f"dtype '{name}'", ("bytes", "glsl", "torch")):
+            continue
+        nbytes = c.typed(b["bytes"], int, b.line_of("bytes"), f"dtype '{name}' bytes")
+        owners = [f.name for f in families if name in f.dtypes]
+        if not owners:
+            c.error(m.line_of(name), f"dtype '{name}' belongs to no family")
+            continue
+        if nbytes is not None:
+            result.append(DtypeSpec(name, nbytes, str(b["glsl"]), str(b["torch"]), owners[0]))
+    return result
+
+
+def _dim(c: Checker, value, line: int, what: str) -> int | None:
+    v = c.typed(value, int, line, what)
+    if v is not None and not 0 <= v <= 3:
+        c.error(line, f"{what} must be a WHCN dim 0..3, found {v}")
+        return None
+    return v
+
+
+def _layouts(c: Checker, raw, line: int, storages, families) -> list[LayoutSpec]:
+    result: list[LayoutSpec] = []
+    m = c.mapping(raw, line, "'layouts'")
+    if m is None:
+        return result
+    storage_names = [s.name for s in storages]
+    family_names = [f.name for f in families]
+    ids: dict[int, str] = {}
+    required = ("id", "short", "family", "packed_dim", "block", "outer_dim", "outer_block", "block_transposed", "storages")
+    for name, body in m.items():
+        where = f"layout '{name}'"
+        b = c.mapping(body, m.line_of(name), where)
+        if b is None or not c.keys(b, where, required, ("doc",)):
+            continue
+        lid = c.typed(b["id"], int, b.line_of("id"), f"{where} id")
+        if lid is not None and lid in ids:
+            c.error(b.line_of("id"), f"{where} reuses id {lid} of '{ids[lid]}'")
+        if lid is not None:
+            ids[lid] = name
+        fam_ok = c.name_in(b["family"], family_names, b.line_of("family"), "family")
+        packed = _dim(c, b["packed_dim"], b.line_of("packed_dim"), f"{where} packed_dim")
+        outer = _dim(c, b["outer_dim"], b.line_of("outer_dim"), f"{where} outer_dim")
+        outer_block = c.typed(b["outer_block"], int, b.line_of("outer_block"), f"{where} outer_block")
+        transposed = c.typed(b["block_transposed"], bool, b.line_of("block_transposed"), f"{where} block_transposed")
+        sts = c.listing(b["storages"], b.line_of("storages"), f"{where} storages")
+        st_ok = sts is not None and all(
+            c.name_in(s, storage_names, sts.line_of(i), "storage") for i, s in enumerate(sts)
+        )
+        blocks = c.mapping(b["block"], b.line_of("block"), f"{where} block")
+        block_pairs: list[tuple[str, int]] = []
+        if blocks is not None and st_ok:
+            for st, size in blocks.items():
+                if not c.name_in(st, storage_names, blocks.line_of(st), "storage"):
+                    continue
+                if st not in sts:
+                    c.error(blocks.line_of(st), f"{where} gives a block for storage '{st}' it does not allow")
+                if c.typed(size, int, blocks.line_of(st), f"{where} block") is not None:
+                    block_pairs.append((st, size))
+            for st in sts:
+                if st not in blocks:
+                    c.error(b.line_of("block"), f"{where} has no block size for its storage '{st}'")
+        if packed is not None and outer is not None and packed == outer:
+            c.error(b.line_of("outer_dim"), f"{where} outer_dim must differ from packed_dim")
+        if None in (lid, packed, outer, outer_block, transposed) or not (fam_ok and st_ok):
+            continue
+        order = {s.name: s.id for s in storages}
+        result.append(
+            LayoutSpec(
+                name=name,
+                id=lid,
+                short=str(b["short"]),
+                family=b["family"],
+                packed_dim=packed,
+                block=tuple(sorted(block_pairs, key=lambda p: order[p[0]])),
+                outer_dim=outer,
+                outer_block=outer_block,
+                block_transposed=transposed,
+                storages=tuple(sorted(sts, key=order.__getitem__)),
+                doc=str(b.get("doc", "")),
+            )
+        )
+    return result
+
+
+def _preference(c: Checker, raw, line: int, storages, layouts) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    m = c.mapping(raw, line, "'preference'")
+    if m is None or not c.keys(m, "'preference'", ("storages", "layouts")):
+        return (), ()
+    out = []
+    for key, universe in (("storages", [s.name for s in storages]), ("layouts", [x.name for x in layouts])):
+        items = c.listing(m[key], m.line_of(key), f"preference {key}")
+        if items is None:
+            out.append(())
+            continue
+        for i, item in enumerate(items):
+            c.name_in(item, universe, items.line_of(i), key[:-1])
+        missing = sorted(set(universe) - set(items))
+        if missing:
+            c.error(m.line_of(key), f"preference {key} must rank every one; missing {', '.join(missing)}")
+        out.append(tuple(str(x) for x in items))
+    return out[0], out[1]
+
+
+def _limits(c: Checker, raw, line: int) -> tuple[int, int, int]:
+    items = c.listing(raw, line, "'texture_limits'")
+    if items is None:
+        return (0, 0, 0)
+    if len(items) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in items):
+        c.error(line, "texture_limits must be three positive integers (W, H, C*N extents)")
+        return (0, 0, 0)
+    return (items[0], items[1], items[2])
+
+
+def _repsets(c: Checker, raw, line: int, storages, families, layouts) -> list[RepSetSpec]:
+    """Evaluate the repset algebra in dependency order; cycles and unknown names are errors."""
+    m = c.mapping(raw, line, "'repsets'")
+    if m is None:
+        return []
+    storage_names = [s.name for s in storages]
+    by_name = {x.name: x for x in layouts}
+    values: dict[str, dict[str, frozenset[str]]] = {}
+    visiting: set[str] = set()
+
+    def evaluate(name: str) -> dict[str, frozenset[str]] | None:
+        if name in values:
+            return values[name]
+        if name in visiting:
+            c.error(m.line_of(name), f"repset '{name}' is defined in terms of itself")
+            return None
+        visiting.add(name)
+        body = m[name]
+        result = _evaluate_body(name, body, m.line_of(name))
+        visiting.discard(name)
+        if result is not None:
+            values[name] = result
+        return result
+
+    def _evaluate_body(name, body, bline):
+        b = c.mapping(body, bline, f"repset '{name}'")
+        if b is None:
+            return None
+        ops = [k for k in b if k in SET_OPS]
+        if ops:
+            if len(b) != 1:
+                c.error(b.line, f"repset '{name}' must be one set operation or a storage mapping, not both")
+                return None
+            op = ops[0]
+            operands = c.listing(b[op], b.line_of(op), f"repset '{name}' {op}")
+            if operands is None:
+                return None
+            if op == "difference" and len(operands) != 2:
+                c.error(b.line_of(op), f"repset '{name}' difference takes exactly two repsets [A, B]")
+                return None
+            parts = []
+            for i, operand in enumerate(operands):
+                if not c.name_in(operand, list(m), operands.line_of(i), "repset"):
+                    return None
+                part = evaluate(operand)
+                if part is None:
+                    return None
+                parts.append(part)
+            return _combine(op, parts, storage_names)
+        result = {s: frozenset() for s in storage_names}
+        ok = True
+        for st, sel in b.items():
+            if not c.name_in(st, storage_names, b.line_of(st), "storage"):
+                ok = False
+                continue
+            chosen = _select(c, sel, b.line_of(st), st, families, by_name, name)
+            if chosen is None:
+                ok = False
+            else:
+                result[st] = chosen
+        return result if ok else None
+
+    for name in m:
+        evaluate(name)
+    order = {s.name: s.id for s in storages}
+    lorder = {x.name: x.id for x in layouts}
+    specs = []
+    for name in m:
+        if name not in values:
+            continue
+        pairs = tuple(
+            (st, tuple(sorted(values[name][st], key=lorder.__getitem__)))
+            for st in sorted(storage_names, key=order.__getitem__)
+        )
+        specs.append(RepSetSpec(name, pairs, m.line_of(name)))
+    return specs
+
+
+def _select(c: Checker, sel, line: int, storage: str, families, by_name, repset: str) -> frozenset[str] | None:
+    fam_names = [f.name for f in families]
+    if isinstance(sel, str):
+        if sel not in fam_names:
+            c.error(line, f"repset '{repset}': '{sel}' is not a layout family; use a list of layouts"
+                    f"{did_you_mean(sel, fam_names)}")
+            return None
+        return frozenset(x.name for x in by_name.values() if x.family == sel and storage in x.storages)
+    items = c.listing(sel, line, f"repset '{repset}' {storage}")
+    if items is None:
+        return None
+    chosen = set()
+    for i, item in enumerate(items):
+        if not c.name_in(item, list(by_name), items.line_of(i), "layout"):
+            return None
+        if storage not in by_name[item].storages:
+            c.error(items.line_of(i), f"repset '{repset}': layout '{item}' is not allowed in storage '{storage}'")
+            return None
+        chosen.add(item)
+    return frozenset(chosen)
+
+
+def _combine(op: str, parts, storage_names) -> dict[str, frozenset[str]]:
+    result = {}
+    for st in storage_names:
+        sets = [p[st] for p in parts]
+        if op == "union":
+            result[st] = frozenset().union(*sets)
+        elif op == "intersection":
+            result[st] = frozenset(sets[0]).intersection(*sets[1:])
+        else:
+            result[st] = sets[0] - sets[1]
+    return result

@@ -1,0 +1,115 @@
+"""Expand each op's shader declaration into variants, with names and reflection.
+
+This is the one place that says how an op fans out into variant names and files: the name is
+`<op>_<value>...` over the op's axes in the global axis order of ops.yaml.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from .diagnostics import Collector
+from .model import Binding, LayoutsModel, OpSpec, PushConstant, SpecConstant, Variant
+
+LOCAL_SIZE = (("local_size_x", 64), ("local_size_y", 1), ("local_size_z", 1))
+PUSH_TYPES = {"float": ("float", 4), "int": ("int", 4), "bool": ("int", 4), "enum": ("int", 4)}
+
+
+def variant_name(op: str, axes: tuple[tuple[str, str], ...]) -> str:
+    return "_".join([op, *(value for _, value in axes)])
+
+
+def expand(ops: tuple[OpSpec, ...], layouts: LayoutsModel, all_axes: dict, file: str, out: Collector) -> tuple[Variant, ...]:
+    variants: list[Variant] = []
+    for op in ops:
+        if op.shader is None:
+            continue
+        found = _expand_op(op, layouts, all_axes)
+        covered = {dict(v.axes)["dtype"] for v in found}
+        for d in op.dtypes:
+            if d not in covered:
+                out.error(file, op.shader.line, f"op '{op.name}': no shader variant can hold dtype '{d}' "
+                          f"in the op's repsets; drop it from dtypes or widen the repsets")
+        variants.extend(found)
+    return tuple(sorted(variants, key=lambda v: v.name))
+
+
+def _expand_op(op: OpSpec, layouts: LayoutsModel, all_axes: dict) -> list[Variant]:
+    shader = op.shader
+    value_lists = []
+    for axis in shader.axes:
+        values = all_axes[axis]
+        if axis == "dtype":
+            values = tuple(v for v in values if v in op.dtypes)
+        value_lists.append([(axis, v) for v in values])
+    result = []
+    storage_of = dict(shader.storage_of)
+    repset_of = {a.name: a.repset for a in op.args if a.is_tensor} | {o.name: o.repset for o in op.outputs}
+    for combo in itertools.product(*value_lists):
+        axes = dict(combo)
+        family = layouts.dtype(axes["dtype"]).family
+        storages = {t: axes[storage_of[t]] for t in op.tensors}
+        if all(_reachable(layouts, repset_of[t], family, storages[t]) for t in op.tensors):
+            result.append(_variant(op, tuple(combo), storages, layouts, repset_of))
+    return result
+
+
+def _reachable(layouts: LayoutsModel, repset: str, family: str, storage_glsl: str) -> bool:
+    """Whether some layout of `family` in `repset` lives in this storage."""
+    storage = layouts.storage_by_glsl(storage_glsl).name
+    names = layouts.repset(repset).as_dict().get(storage, ())
+    return any(layouts.layout(n).family == family for n in names)
+
+
+def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of: dict) -> Variant:
+    name = variant_name(op.name, axes)
+    bindings = tuple(
+        Binding(
+            index=i,
+            tensor=t,
+            descriptor="STORAGE_BUFFER" if storages[t] == "buffer" else "STORAGE_IMAGE",
+            access="write" if i < len(op.outputs) else "read",
+            storage=storages[t],
+        )
+        for i, t in enumerate(op.tensors)
+    )
+    push: list[PushConstant] = []
+    offset = 0
+    for t in op.tensors:
+        push.append(PushConstant(f"{t}_sizes", "ivec4", offset, 16))
+        offset += 16
+    push.append(PushConstant("units", "int", offset, 4))
+    offset += 4
+    for a in op.args:
+        if a.pushed:
+            gl, size = PUSH_TYPES[a.kind]
+            push.append(PushConstant(a.name, gl, offset, size))
+            offset += size
+    family = layouts.dtype(dict(axes)["dtype"]).family
+    spec = [SpecConstant(i, n, "int", d) for i, (n, d) in enumerate(LOCAL_SIZE)]
+    for t in op.tensors:
+        spec.append(SpecConstant(len(spec), f"{t}_layout", "int",
+                                 _default_layout(layouts, repset_of[t], family, storages[t])))
+    return Variant(
+        name=name,
+        op=op.name,
+        axes=tuple(axes),
+        dtype=dict(axes)["dtype"],
+        source=f"{name}.comp",
+        bindings=bindings,
+        push_constants=tuple(push),
+        push_constant_size=(offset + 15) // 16 * 16,
+        spec_constants=tuple(spec),
+        target_env=op.shader.target_env,
+        template=op.shader.template,
+        params=op.shader.params,
+    )
+
+
+def _default_layout(layouts: LayoutsModel, repset: str, family: str, storage_glsl: str) -> int:
+    storage = layouts.storage_by_glsl(storage_glsl).name
+    allowed = set(layouts.repset(repset).as_dict().get(storage, ()))
+    for name in layouts.layout_preference:
+        if name in allowed and layouts.layout(name).family == family:
+            return layouts.layout(name).id
+    raise AssertionError("unreachable: variant exists only when a layout is reachable")

@@ -1,0 +1,1 @@
+"""Graph-side runtime: representation model, per-op repsets, passes and planners (no device)."""

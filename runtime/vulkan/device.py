@@ -1,0 +1,313 @@
+"""The Vulkan device: instance, physical device choice, limits, compute queue and submission.
+
+One `Device` owns everything the rest of the layer allocates from: the logical device, one compute
+queue, a command pool, and memory type selection. It counts queue submissions so tests can check
+that a Program call costs exactly one submit.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from texelflow.runtime.vulkan.errors import INSTALL_HINT, NoDeviceError, translate
+
+ENV_VAR = "TEXELFLOW_DEVICE"
+FENCE_TIMEOUT_NS = 60 * 1_000_000_000
+
+_TYPE_NAMES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
+# Lower rank is preferred: real GPUs first, lavapipe (CPU) only as a fallback.
+_TYPE_RANK = {"discrete": 0, "integrated": 1, "virtual": 2, "cpu": 3, "other": 4}
+
+
+def load_vulkan():
+    """Import the `vulkan` binding, turning a missing binding or loader into NoDeviceError."""
+    try:
+        import vulkan
+    except ImportError as exc:
+        raise NoDeviceError(f"the Python `vulkan` binding is not importable ({exc}); {INSTALL_HINT}") from exc
+    except OSError as exc:  # the binding raises OSError when libvulkan.so.1 cannot be loaded
+        raise NoDeviceError(f"no Vulkan loader (libvulkan.so.1) found ({exc}); {INSTALL_HINT}") from exc
+    return vulkan
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """Plain copy of the device facts the planner and runtime need (no Vulkan objects)."""
+
+    name: str
+    device_type: str  # "discrete" | "integrated" | "virtual" | "cpu" | "other"
+    api_version: tuple[int, int, int]
+    max_image_extent_3d: tuple[int, int, int]
+    max_storage_buffer_range: int
+    max_memory_allocation_size: int
+    max_workgroup_count: tuple[int, int, int]
+    max_workgroup_size: tuple[int, int, int]
+    max_workgroup_invocations: int
+    max_shared_memory: int
+    max_push_constants_size: int
+    min_storage_buffer_offset_alignment: int
+    buffer_image_granularity: int
+    subgroup_size: int | None
+    timestamp_period_ns: float
+    timestamp_valid_bits: int
+    shader_float16: bool
+    shader_int8: bool
+    storage_buffer_8bit: bool
+
+
+@dataclass(frozen=True)
+class MemoryType:
+    """One VkMemoryType, with its property flags decoded."""
+
+    index: int
+    heap_size: int
+    device_local: bool
+    host_visible: bool
+    host_coherent: bool
+    host_cached: bool
+
+
+def _version(v: int) -> tuple[int, int, int]:
+    return ((v >> 22) & 0x7F, (v >> 12) & 0x3FF, v & 0xFFF)
+
+
+class Device:
+    """A logical Vulkan device with one compute queue; pick one by `TEXELFLOW_DEVICE` or rank."""
+
+    def __init__(self, select: str | int | None = None):
+        vk = self.vk = load_vulkan()
+        self.resources: dict[str, object] = {}  # per-device singletons of higher layers (closed with us)
+        self.submit_count = 0
+        self._closed = False
+        self.instance = self._create_instance()
+        try:
+            self.physical, self.limits = self._choose(select if select is not None else os.environ.get(ENV_VAR))
+            self.queue_family, self.memory_types = self._queue_family(), self._memory_types()
+            with translate("creating the logical device"):
+                queue_info = vk.VkDeviceQueueCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
+                    queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0])
+                self.handle = vk.vkCreateDevice(self.physical, vk.VkDeviceCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
+                    queueCreateInfoCount=1, pQueueCreateInfos=[queue_info]), None)
+                self.queue = vk.vkGetDeviceQueue(self.handle, self.queue_family, 0)
+                self.command_pool = vk.vkCreateCommandPool(self.handle, vk.VkCommandPoolCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
+                    flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                    queueFamilyIndex=self.queue_family), None)
+                self._one_shot_cmd = self.allocate_command_buffer()
+                self._one_shot_fence = self.create_fence()
+        except BaseException:
+            self._destroy_partial()
+            raise
+
+    # ---- creation helpers -------------------------------------------------------------------
+    def _create_instance(self):
+        vk = self.vk
+        app = vk.VkApplicationInfo(sType=vk.VK_STRUCTURE_TYPE_APPLICATION_INFO,
+                                   pApplicationName="texelflow", pEngineName="texelflow",
+                                   apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
+        try:
+            available = {e.extensionName for e in vk.vkEnumerateInstanceExtensionProperties(None)}
+            exts = ["VK_KHR_portability_enumeration"] if "VK_KHR_portability_enumeration" in available else []
+            flags = 0x00000001 if exts else 0  # VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR
+            return vk.vkCreateInstance(vk.VkInstanceCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, flags=flags, pApplicationInfo=app,
+                enabledExtensionCount=len(exts), ppEnabledExtensionNames=exts), None)
+        except Exception as exc:
+            raise NoDeviceError(f"could not create a Vulkan instance ({type(exc).__name__}); "
+                                f"{INSTALL_HINT}") from exc
+
+    def _choose(self, select):
+        vk = self.vk
+        try:
+            physicals = list(vk.vkEnumeratePhysicalDevices(self.instance))
+        except Exception as exc:
+            raise NoDeviceError(f"enumerating Vulkan devices failed ({type(exc).__name__}); {INSTALL_HINT}") from exc
+        if not physicals:
+            raise NoDeviceError(f"the Vulkan loader found no device; {INSTALL_HINT}")
+        found = [(p, self._read_limits(p)) for p in physicals]
+        names = ", ".join(f"[{i}] {lim.name} ({lim.device_type})" for i, (_, lim) in enumerate(found))
+        if select is None or select == "":
+            return min(found, key=lambda pl: _TYPE_RANK[pl[1].device_type])
+        if isinstance(select, int) or str(select).strip().isdigit():
+            index = int(select)
+            if not 0 <= index < len(found):
+                raise NoDeviceError(f"{ENV_VAR}={select!r}: no device with that index; devices: {names}")
+            return found[index]
+        matches = [pl for pl in found if str(select).lower() in pl[1].name.lower()]
+        if not matches:
+            raise NoDeviceError(f"{ENV_VAR}={select!r}: no device name contains it; devices: {names}")
+        return matches[0]
+
+    def _read_limits(self, physical) -> DeviceLimits:
+        vk = self.vk
+        props = vk.vkGetPhysicalDeviceProperties(physical)
+        lim = props.limits
+        sub = vk.VkPhysicalDeviceSubgroupProperties(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)
+        m3 = vk.VkPhysicalDeviceMaintenance3Properties(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES, pNext=sub)
+        props2 = vk.VkPhysicalDeviceProperties2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=m3)
+        f16i8 = vk.VkPhysicalDeviceShaderFloat16Int8Features(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES)
+        s8 = vk.VkPhysicalDevice8BitStorageFeatures(
+            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES, pNext=f16i8)
+        v12 = _version(props.apiVersion) >= (1, 2, 0)  # the fp16/int8 feature structs are 1.2 core
+        feats2 = vk.VkPhysicalDeviceFeatures2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
+                                              pNext=s8 if v12 else None)
+        extended = _version(props.apiVersion) >= (1, 1, 0)
+        if extended:  # Properties2/Features2 are 1.1 core
+            vk.vkGetPhysicalDeviceProperties2(physical, vk.ffi.addressof(props2))
+            vk.vkGetPhysicalDeviceFeatures2(physical, vk.ffi.addressof(feats2))
+        families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)
+        ts_bits = max((f.timestampValidBits for f in families if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), default=0)
+        heap = max(vk.vkGetPhysicalDeviceMemoryProperties(physical).memoryHeaps[0].size, 0)
+        return DeviceLimits(
+            name=str(props.deviceName),
+            device_type=_TYPE_NAMES.get(props.deviceType, "other"),
+            api_version=_version(props.apiVersion),
+            max_image_extent_3d=(lim.maxImageDimension3D,) * 3,
+            max_storage_buffer_range=int(lim.maxStorageBufferRange),
+            max_memory_allocation_size=int(m3.maxMemoryAllocationSize) if extended else int(heap),
+            max_workgroup_count=tuple(int(x) for x in lim.maxComputeWorkGroupCount),
+            max_workgroup_size=tuple(int(x) for x in lim.maxComputeWorkGroupSize),
+            max_workgroup_invocations=int(lim.maxComputeWorkGroupInvocations),
+            max_shared_memory=int(lim.maxComputeSharedMemorySize),
+            max_push_constants_size=int(lim.maxPushConstantsSize),
+            min_storage_buffer_offset_alignment=int(lim.minStorageBufferOffsetAlignment),
+            buffer_image_granularity=int(lim.bufferImageGranularity),
+            subgroup_size=int(sub.subgroupSize) if extended and sub.subgroupSize else None,
+            timestamp_period_ns=float(lim.timestampPeriod),
+            timestamp_valid_bits=int(ts_bits),
+            shader_float16=bool(v12 and f16i8.shaderFloat16),
+            shader_int8=bool(v12 and f16i8.shaderInt8),
+            storage_buffer_8bit=bool(v12 and s8.storageBuffer8BitAccess),
+        )
+
+    def _queue_family(self) -> int:
+        vk = self.vk
+        families = list(vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical))
+        compute = [i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT]
+        if not compute:
+            raise NoDeviceError(f"device {self.limits.name!r} has no compute queue")
+        # Prefer a family with timestamps so profiling works.
+        return max(compute, key=lambda i: families[i].timestampValidBits > 0)
+
+    def _memory_types(self) -> tuple[MemoryType, ...]:
+        vk = self.vk
+        props = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        out = []
+        for i in range(props.memoryTypeCount):
+            t = props.memoryTypes[i]
+            f = t.propertyFlags
+            out.append(MemoryType(
+                index=i, heap_size=int(props.memoryHeaps[t.heapIndex].size),
+                device_local=bool(f & vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT),
+                host_visible=bool(f & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT),
+                host_coherent=bool(f & vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT),
+                host_cached=bool(f & vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT)))
+        return tuple(out)
+
+    # ---- memory types -------------------------------------------------------------------------
+    def memory_type(self, type_bits: int, *, host_visible: bool = False) -> MemoryType:
+        """Pick a memory type allowed by `type_bits`.
+
+        host_visible=False: device-local preferred (Vulkan lists types with fewer flags first, so the
+        first device-local one avoids small host-visible BAR heaps on discrete GPUs).
+        host_visible=True: host-visible and coherent, for staging; cached preferred for reads back.
+        """
+        allowed = [t for t in self.memory_types if type_bits & (1 << t.index)]
+        if host_visible:
+            picks = [t for t in allowed if t.host_visible and t.host_coherent]
+            picks.sort(key=lambda t: not t.host_cached)
+        else:
+            picks = [t for t in allowed if t.device_local] or allowed
+        if not picks:
+            kind = "host-visible coherent" if host_visible else "any"
+            raise NoDeviceError(f"device {self.limits.name!r} offers no {kind} memory type for bits {type_bits:#x}")
+        return picks[0]
+
+    # ---- commands and submission ---------------------------------------------------------------
+    def allocate_command_buffer(self):
+        vk = self.vk
+        with translate("allocating a command buffer"):
+            return vk.vkAllocateCommandBuffers(self.handle, vk.VkCommandBufferAllocateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.command_pool,
+                level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+
+    def free_command_buffer(self, cmd) -> None:
+        self.vk.vkFreeCommandBuffers(self.handle, self.command_pool, 1, [cmd])
+
+    def create_fence(self):
+        vk = self.vk
+        with translate("creating a fence"):
+            return vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
+
+    def submit(self, cmd, fence) -> None:
+        """Submit one command buffer and wait for it; the only place this layer calls vkQueueSubmit."""
+        vk = self.vk
+        with translate("submitting work to the queue"):
+            vk.vkResetFences(self.handle, 1, [fence])
+            vk.vkQueueSubmit(self.queue, 1, [vk.VkSubmitInfo(
+                sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, commandBufferCount=1, pCommandBuffers=[cmd])], fence)
+            self.submit_count += 1
+        with translate("waiting for the device"):
+            vk.vkWaitForFences(self.handle, 1, [fence], vk.VK_TRUE, FENCE_TIMEOUT_NS)
+
+    def run_once(self, record: Callable[[object], None], what: str = "one-shot commands") -> None:
+        """Record commands with `record(cmd)`, submit them once and wait (uploads, layout changes)."""
+        vk = self.vk
+        cmd = self._one_shot_cmd
+        with translate(f"recording {what}"):
+            vk.vkResetCommandBuffer(cmd, 0)
+            vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+            try:
+                record(cmd)
+            finally:
+                vk.vkEndCommandBuffer(cmd)
+        self.submit(cmd, self._one_shot_fence)
+
+    def wait_idle(self) -> None:
+        with translate("waiting for the device to go idle"):
+            self.vk.vkDeviceWaitIdle(self.handle)
+
+    # ---- teardown -----------------------------------------------------------------------------
+    def _destroy_partial(self) -> None:
+        vk = self.vk
+        if getattr(self, "_one_shot_fence", None) is not None:
+            vk.vkDestroyFence(self.handle, self._one_shot_fence, None)
+        if getattr(self, "command_pool", None) is not None:
+            vk.vkDestroyCommandPool(self.handle, self.command_pool, None)
+        if getattr(self, "handle", None) is not None:
+            vk.vkDestroyDevice(self.handle, None)
+        if getattr(self, "instance", None) is not None:
+            vk.vkDestroyInstance(self.instance, None)
+        self.handle = self.instance = self.command_pool = self._one_shot_fence = None
+
+    def close(self) -> None:
+        """Destroy the device and what hangs off it; later use is an error."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.vk.vkDeviceWaitIdle(self.handle)
+        except Exception:
+            pass
+        for res in reversed(list(self.resources.values())):
+            close = getattr(res, "close", None)
+            if close is not None:
+                close()
+        self.resources.clear()
+        self._destroy_partial()
+
+    def __enter__(self) -> "Device":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Device({self.limits.name!r}, {self.limits.device_type})"

@@ -1,0 +1,292 @@
+"""Program: dispatches recorded once into a command buffer and replayed with one submit per call.
+
+Building a Program binds every tensor (intermediates share memory by lifetime), creates the
+pipelines and descriptor sets, and records: input copies (when staged), each dispatch with the
+barriers its data dependencies need (computed from overlapping memory ranges, so reused memory is
+ordered too), timestamps around each dispatch, and output copies. A call writes the inputs, submits
+once, waits, and reads the outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from texelflow.generated.layouts import Storage
+from texelflow.runtime.vulkan import commands
+from texelflow.runtime.vulkan.errors import UnsupportedError, VulkanError, translate
+from texelflow.runtime.vulkan.lifetime import Interval, plan_offsets
+from texelflow.runtime.vulkan.memory import HostBuffer, MemoryBlock
+from texelflow.runtime.vulkan.pipeline import PipelineCache, pack_push_constants, workgroups
+from texelflow.runtime.vulkan.tensor import VkTensor
+
+_STORAGE_NAMES = {"buffer": Storage.BUFFER, "texture3d": Storage.TEXTURE_3D}
+STAGING_ALIGN = 16
+
+
+@dataclass
+class Dispatch:
+    """One kernel launch: a variant, its tensors (by reflection name or in binding order), scalars."""
+
+    variant: object
+    tensors: Mapping[str, VkTensor] | Sequence[VkTensor]
+    scalars: Mapping[str, float | int] = field(default_factory=dict)
+    label: str = ""
+    local_size_x: int | None = None
+    spirv: bytes | None = None  # override of the generated SPIR-V (tests, experiments)
+
+    def bound(self) -> list[VkTensor]:
+        """Tensors in binding order, checked against the reflection."""
+        bindings = sorted(self.variant.bindings, key=lambda b: b.index)
+        if isinstance(self.tensors, Mapping):
+            names = [b.tensor for b in bindings]
+            if set(self.tensors) != set(names):
+                raise ValueError(f"{self.variant.name} binds tensors {names}, got {sorted(self.tensors)}")
+            out = [self.tensors[n] for n in names]
+        else:
+            out = list(self.tensors)
+            if len(out) != len(bindings):
+                raise ValueError(f"{self.variant.name} binds {len(bindings)} tensors, got {len(out)}")
+        for b, t in zip(bindings, out):
+            if _STORAGE_NAMES[b.storage] != t.storage:
+                raise ValueError(f"{self.variant.name}: binding {b.tensor!r} is a {b.storage}, "
+                                 f"got a {t.storage.name} tensor")
+        return out
+
+
+def _range(t: VkTensor) -> tuple[int, int, int]:
+    return id(t.memory), t.offset, t.offset + t.requirements.size
+
+
+def _overlap(a, b) -> bool:
+    return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+
+class Program:
+    """A fixed sequence of dispatches over fixed tensors; `program(*arrays)` runs it once."""
+
+    def __init__(self, device, dispatches: Sequence[Dispatch], inputs: Sequence[VkTensor] = (),
+                 outputs: Sequence[VkTensor] = (), *, pipelines: PipelineCache | None = None,
+                 staging: bool | None = None, timestamps: bool = True):
+        self.device, self.vk = device, device.vk
+        self.dispatches = list(dispatches)
+        self.inputs, self.outputs = list(inputs), list(outputs)
+        self.pipelines = pipelines or PipelineCache.shared(device)
+        self.labels = [d.label or f"{i}:{d.variant.name}" for i, d in enumerate(self.dispatches)]
+        self._blocks: list[MemoryBlock] = []
+        self._host: HostBuffer | None = None
+        self.descriptor_pool = self.query_pool = self.cmd = self.fence = None
+        self._ran = False
+        try:
+            self._bound = [d.bound() for d in self.dispatches]
+            self._allocate(staging)
+            self._prepare()
+            self._record()
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- memory ---------------------------------------------------------------------------------
+    def _allocate(self, staging: bool | None) -> None:
+        """Dedicated memory for unbound inputs/outputs; shared, lifetime-planned memory for the rest."""
+        io = {id(t) for t in self.inputs + self.outputs}
+        for t in self.inputs + self.outputs:
+            if not t.bound:
+                t._owned = MemoryBlock(self.device, t.requirements.size, t.requirements.type_bits)
+                t.bind(t._owned, 0)
+        life: dict[int, list] = {}  # id -> [tensor, first, last]
+        for i, ts in enumerate(self._bound):
+            for t in ts:
+                if id(t) not in io and not t.bound:
+                    life.setdefault(id(t), [t, i, i])[2] = i
+        self.naive_intermediate_bytes = 0
+        self.intermediate_bytes = 0
+        groups: dict[int, list] = {}
+        for entry in life.values():
+            groups.setdefault(self.device.memory_type(entry[0].requirements.type_bits).index, []).append(entry)
+        gran = self.device.limits.buffer_image_granularity
+        self._discard: dict[int, list[VkTensor]] = {}  # dispatch index -> shared images first used there
+        for entries in groups.values():
+            items = [Interval(-(-t.requirements.size // gran) * gran, max(t.requirements.alignment, gran), a, b)
+                     for t, a, b in entries]
+            offsets, total = plan_offsets(items)
+            bits = 0xFFFFFFFF
+            for t, _, _ in entries:
+                bits &= t.requirements.type_bits
+            block = MemoryBlock(self.device, max(total, 1), bits)
+            self._blocks.append(block)
+            for (t, first, _), off in zip(entries, offsets):
+                t.bind(block, off)
+                if t.is_texture:
+                    self._discard.setdefault(first, []).append(t)
+            self.naive_intermediate_bytes += sum(it.size for it in items)
+            self.intermediate_bytes += total
+        # Host transfer plan: direct mapping where possible, else one staging buffer for all.
+        self._staged_in = [t for t in self.inputs if staging or not t.host_mappable]
+        self._staged_out = [t for t in self.outputs if staging or not t.host_mappable]
+        offset, self._stage_offsets = 0, {}
+        for t in self._staged_in + self._staged_out:
+            self._stage_offsets[id(t)] = offset
+            offset += -(-t.nbytes // STAGING_ALIGN) * STAGING_ALIGN
+        if offset:
+            self._host = HostBuffer(self.device, offset)
+
+    # ---- pipelines and descriptors ----------------------------------------------------------------
+    def _prepare(self) -> None:
+        vk, dev = self.vk, self.device
+        self._pipes, self._push, self._groups = [], [], []
+        n_buf = n_img = 0
+        for d, ts in zip(self.dispatches, self._bound):
+            v = d.variant
+            names = {s.name for s in v.spec_constants}
+            spec = {f"{b.tensor}_layout": int(t.layout) for b, t in zip(self._bindings(v), ts)
+                    if f"{b.tensor}_layout" in names}
+            if d.local_size_x is not None:
+                spec["local_size_x"] = d.local_size_x
+            pipe = self.pipelines.get(v, spec, spirv=d.spirv)
+            out = next((t for b, t in zip(self._bindings(v), ts) if b.access == "write"), ts[0])
+            values = {f"{b.tensor}_sizes": t.sizes for b, t in zip(self._bindings(v), ts)}
+            values["units"] = out.units
+            values.update(d.scalars)
+            self._pipes.append(pipe)
+            self._push.append(vk.ffi.new("char[]", pack_push_constants(v, values)))
+            self._groups.append(workgroups(out.units, pipe.local_size[0], dev.limits.max_workgroup_count))
+            n_img += sum(t.is_texture for t in ts)
+            n_buf += sum(not t.is_texture for t in ts)
+        sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=max(n_buf, 1)),
+                 vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE, descriptorCount=max(n_img, 1))]
+        with translate("creating descriptor sets"):
+            self.descriptor_pool = vk.vkCreateDescriptorPool(dev.handle, vk.VkDescriptorPoolCreateInfo(
+                sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, maxSets=max(len(self.dispatches), 1),
+                poolSizeCount=2, pPoolSizes=sizes), None)
+            self._sets = []
+            if self.dispatches:
+                self._sets = list(vk.vkAllocateDescriptorSets(dev.handle, vk.VkDescriptorSetAllocateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, descriptorPool=self.descriptor_pool,
+                    descriptorSetCount=len(self._pipes), pSetLayouts=[p.set_layout for p in self._pipes])))
+            writes = []
+            for dset, d, ts in zip(self._sets, self.dispatches, self._bound):
+                for b, t in zip(self._bindings(d.variant), ts):
+                    if t.is_texture:
+                        info = dict(descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE, pImageInfo=[
+                            vk.VkDescriptorImageInfo(imageView=t.view, imageLayout=vk.VK_IMAGE_LAYOUT_GENERAL)])
+                    else:
+                        info = dict(descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[
+                            vk.VkDescriptorBufferInfo(buffer=t.buffer, offset=0, range=max(t.nbytes, 4))])
+                    writes.append(vk.VkWriteDescriptorSet(sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                                                          dstSet=dset, dstBinding=b.index, descriptorCount=1, **info))
+            if writes:
+                vk.vkUpdateDescriptorSets(dev.handle, len(writes), writes, 0, None)
+        self.timestamps = dev.limits.timestamp_valid_bits > 0 and bool(self.dispatches)
+        if self.timestamps:
+            with translate("creating a timestamp query pool"):
+                self.query_pool = vk.vkCreateQueryPool(dev.handle, vk.VkQueryPoolCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, queryType=vk.VK_QUERY_TYPE_TIMESTAMP,
+                    queryCount=2 * len(self.dispatches)), None)
+
+    @staticmethod
+    def _bindings(variant):
+        return sorted(variant.bindings, key=lambda b: b.index)
+
+    # ---- recording --------------------------------------------------------------------------------
+    def _record(self) -> None:
+        vk, dev = self.vk, self.device
+        self.cmd, self.fence = dev.allocate_command_buffer(), dev.create_fence()
+        cmd = self.cmd
+        self.num_barriers = 0
+        with translate("recording the program"):
+            vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO))
+            if self.query_pool is not None:
+                vk.vkCmdResetQueryPool(cmd, self.query_pool, 0, 2 * len(self.dispatches))
+            commands.host_to_work(vk, cmd)
+            for t in self._staged_in:
+                t.record_copy_in(cmd, self._host.handle, self._stage_offsets[id(t)])
+            if self._staged_in:
+                commands.work_to_work(vk, cmd)
+            pending: list[tuple[tuple, bool]] = []  # memory ranges touched since the last barrier
+            for i, (d, ts) in enumerate(zip(self.dispatches, self._bound)):
+                acc = [(_range(t), b.access == "write") for b, t in zip(self._bindings(d.variant), ts)]
+                if any(_overlap(r, pr) and (w or pw) for r, w in acc for pr, pw in pending):
+                    commands.work_to_work(vk, cmd)
+                    self.num_barriers += 1
+                    pending = []
+                for img in self._discard.get(i, []):  # shared memory: old bytes belong to another tensor
+                    commands.image_to_general(vk, cmd, img.image, discard=True)
+                pending += acc
+                pipe = self._pipes[i]
+                if self.query_pool is not None:
+                    vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, self.query_pool, 2 * i)
+                vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.handle)
+                vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.layout, 0, 1,
+                                           [self._sets[i]], 0, None)
+                if d.variant.push_constant_size:
+                    vk.vkCmdPushConstants(cmd, pipe.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                                          d.variant.push_constant_size, self._push[i])
+                vk.vkCmdDispatch(cmd, *self._groups[i])
+                if self.query_pool is not None:
+                    vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self.query_pool, 2 * i + 1)
+            commands.work_to_work(vk, cmd)
+            for t in self._staged_out:
+                t.record_copy_out(cmd, self._host.handle, self._stage_offsets[id(t)])
+            commands.work_to_host(vk, cmd)
+            vk.vkEndCommandBuffer(cmd)
+
+    # ---- running ----------------------------------------------------------------------------------
+    def __call__(self, *arrays) -> list[np.ndarray]:
+        """Upload `arrays` to the inputs, run every dispatch with one submit, return the outputs."""
+        if len(arrays) != len(self.inputs):
+            raise ValueError(f"program takes {len(self.inputs)} inputs, got {len(arrays)}")
+        packed = [t.pack(a) for t, a in zip(self.inputs, arrays)]  # validate everything first
+        for t, raw in zip(self.inputs, packed):
+            if id(t) in self._stage_offsets:
+                o = self._stage_offsets[id(t)]
+                self._host.view()[o:o + t.nbytes] = raw
+            else:
+                t.memory.host_view(t.offset, t.nbytes)[:] = raw
+        self.device.submit(self.cmd, self.fence)
+        self._ran = True
+        out = []
+        for t in self.outputs:
+            if id(t) in self._stage_offsets:
+                o = self._stage_offsets[id(t)]
+                out.append(t.unpack(self._host.view()[o:o + t.nbytes].copy()))
+            else:
+                out.append(t.unpack(t.memory.host_view(t.offset, t.nbytes).copy()))
+        return out
+
+    def profile(self) -> list[tuple[str, float]]:
+        """(label, microseconds) per dispatch, from the GPU timestamps of the last call."""
+        if self.query_pool is None:
+            raise UnsupportedError(f"{self.device.limits.name} has no timestamps on this queue"
+                                   if self.dispatches else "program has no dispatches")
+        if not self._ran:
+            raise VulkanError("profile() needs a call of the program first")
+        vk, n = self.vk, 2 * len(self.dispatches)
+        data = vk.ffi.new("uint64_t[]", n)
+        with translate("reading timestamps"):
+            vk.vkGetQueryPoolResults(self.device.handle, self.query_pool, 0, n, 8 * n, data, 8,
+                                     vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+        bits = self.device.limits.timestamp_valid_bits
+        mask = (1 << bits) - 1 if bits < 64 else (1 << 64) - 1
+        period_us = self.device.limits.timestamp_period_ns / 1000.0
+        return [(label, ((data[2 * i + 1] - data[2 * i]) & mask) * period_us)
+                for i, label in enumerate(self.labels)]
+
+    def close(self) -> None:
+        """Free what the program owns (command buffer, sets, queries, shared memory)."""
+        vk, h = self.vk, self.device.handle
+        if self.cmd is not None:
+            self.device.free_command_buffer(self.cmd)
+        if self.fence is not None:
+            vk.vkDestroyFence(h, self.fence, None)
+        if self.query_pool is not None:
+            vk.vkDestroyQueryPool(h, self.query_pool, None)
+        if self.descriptor_pool is not None:
+            vk.vkDestroyDescriptorPool(h, self.descriptor_pool, None)
+        if self._host is not None:
+            self._host.close()
+        for b in self._blocks:
+            b.close()
+        self._blocks, self._host = [], None
+        self.cmd = self.fence = self.query_pool = self.descriptor_pool = None

@@ -1,0 +1,243 @@
+"""VkTensor: one tensor on the device, as a storage buffer or a 3-D storage image.
+
+A tensor is created for a representation (shape, dtype, storage, layout) and bound to memory
+either by itself (dedicated allocation) or later by a Program at an offset of a shared block.
+Host data moves through numpy packing (packing.py); images always go through a staging buffer,
+buffers are written directly when their memory is host-visible, else through staging too.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from texelflow.generated.layouts import Layout, Storage
+from texelflow.runtime.vulkan import commands, packing
+from texelflow.runtime.vulkan.errors import (BufferTooLargeError, TextureTooLargeError, UnsupportedError,
+                                             translate)
+from texelflow.runtime.vulkan.memory import (MemoryBlock, Requirements, buffer_requirements, create_buffer,
+                                             image_requirements, staging_buffer)
+
+TEXEL_BYTES = 16  # rgba32f / rgba32i
+_NP = {"float32": np.float32, "int32": np.int32, "int8": np.int8}
+
+
+def image_format(vk, dtype: str) -> int:
+    """rgba32f for float32 textures, rgba32i for int32 ones."""
+    formats = {"float32": vk.VK_FORMAT_R32G32B32A32_SFLOAT, "int32": vk.VK_FORMAT_R32G32B32A32_SINT}
+    if dtype not in formats:
+        raise UnsupportedError(f"no texture format for dtype {dtype}")
+    return formats[dtype]
+
+
+def _check_format(device, fmt: int) -> None:
+    vk = device.vk
+    cache = device.resources.setdefault("checked_formats", set())
+    if fmt in cache:
+        return
+    props = vk.vkGetPhysicalDeviceFormatProperties(device.physical, fmt)
+    transfer_src_dst = 0x4000 | 0x8000  # VK_FORMAT_FEATURE_TRANSFER_{SRC,DST}_BIT (1.1 core)
+    need = vk.VK_FORMAT_FEATURE_STORAGE_IMAGE_BIT | transfer_src_dst
+    if props.optimalTilingFeatures & need != need:
+        raise UnsupportedError(f"{device.limits.name} cannot use format {fmt} as a 3-D storage image")
+    cache.add(fmt)
+
+
+class VkTensor:
+    """A device tensor in one representation; `upload`/`download` move contiguous NCHW arrays."""
+
+    def __init__(self, device, shape, dtype: str = "float32", storage: Storage | str = Storage.BUFFER,
+                 layout: Layout | str = Layout.WIDTH_PACKED, *, allocate: bool = True, label: str = ""):
+        self.device, self.label = device, label
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.storage, self.layout = packing.as_storage(storage), packing.as_layout(layout)
+        packing.check_representation(self.shape, dtype, self.storage, self.layout)
+        self.sizes = packing.whcn_sizes(self.shape)
+        self.units = packing.units(self.shape, self.storage, self.layout)
+        self.memory: MemoryBlock | None = None
+        self.offset = 0
+        self.view = None
+        self._owned: MemoryBlock | None = None
+        self.buffer = self.image = None
+        vk = device.vk
+        if self.is_texture:
+            self.extents = packing.texture_extents(self.shape, self.layout)
+            limit = device.limits.max_image_extent_3d
+            if any(e > m for e, m in zip(self.extents, limit)):
+                raise TextureTooLargeError(
+                    f"tensor {self.shape} as {self.storage.name}/{self.layout.name} needs texture extents "
+                    f"{self.extents}, over the device limit {limit} ({device.limits.name}); use a buffer")
+            self.nbytes = math.prod(self.extents) * TEXEL_BYTES
+            fmt = image_format(vk, dtype)
+            _check_format(device, fmt)
+            with translate(f"creating a {self.extents} image"):
+                self.image = vk.vkCreateImage(device.handle, vk.VkImageCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO, imageType=vk.VK_IMAGE_TYPE_3D, format=fmt,
+                    extent=vk.VkExtent3D(*self.extents), mipLevels=1, arrayLayers=1,
+                    samples=vk.VK_SAMPLE_COUNT_1_BIT, tiling=vk.VK_IMAGE_TILING_OPTIMAL,
+                    usage=(vk.VK_IMAGE_USAGE_STORAGE_BIT | vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT
+                           | vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT),
+                    sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE, initialLayout=vk.VK_IMAGE_LAYOUT_UNDEFINED), None)
+            self.requirements: Requirements = image_requirements(device, self.image)
+        else:
+            self.extents = None
+            self.nbytes = packing.buffer_words(self.shape, self.layout) * 4
+            limit = device.limits.max_storage_buffer_range
+            if self.nbytes > limit:
+                raise BufferTooLargeError(
+                    f"tensor {self.shape} {dtype} as BUFFER/{self.layout.name} needs {self.nbytes} bytes, over "
+                    f"maxStorageBufferRange = {limit} bytes ({device.limits.name}); split it or use a texture")
+            self.buffer = create_buffer(device, self.nbytes, vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT
+                                        | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
+            self.requirements = buffer_requirements(device, self.buffer)
+        if allocate:
+            try:
+                block = MemoryBlock(device, self.requirements.size, self.requirements.type_bits)
+            except BaseException:
+                self.close()
+                raise
+            self._owned = block
+            self.bind(block, 0)
+
+    # ---- memory -------------------------------------------------------------------------------
+    @property
+    def is_texture(self) -> bool:
+        return self.storage == Storage.TEXTURE_3D
+
+    @property
+    def bound(self) -> bool:
+        return self.memory is not None
+
+    def bind(self, block: MemoryBlock, offset: int) -> None:
+        """Bind to `block` at `offset` (once); images then get a view and the GENERAL layout."""
+        vk, dev = self.device.vk, self.device
+        if self.memory is not None:
+            raise ValueError(f"tensor {self.label or self.shape} is already bound to memory")
+        if offset % self.requirements.alignment or offset + self.requirements.size > block.size:
+            raise ValueError(f"offset {offset} is misaligned or out of the {block.size}-byte block")
+        with translate("binding tensor memory"):
+            if self.is_texture:
+                vk.vkBindImageMemory(dev.handle, self.image, block.handle, offset)
+                rng = vk.VkImageSubresourceRange(aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT, baseMipLevel=0,
+                                                 levelCount=1, baseArrayLayer=0, layerCount=1)
+                self.view = vk.vkCreateImageView(dev.handle, vk.VkImageViewCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO, image=self.image,
+                    viewType=vk.VK_IMAGE_VIEW_TYPE_3D, format=image_format(vk, self.dtype),
+                    subresourceRange=rng), None)
+            else:
+                vk.vkBindBufferMemory(dev.handle, self.buffer, block.handle, offset)
+        self.memory, self.offset = block, offset
+        if self.is_texture:
+            dev.run_once(lambda cmd: commands.image_to_general(vk, cmd, self.image, discard=True),
+                         "an image layout change")
+
+    @property
+    def host_mappable(self) -> bool:
+        """Buffers in host-visible memory can be read and written without a copy."""
+        return not self.is_texture and self.memory is not None and self.memory.host_visible
+
+    # ---- recording copies (used by upload/download and by Program) ------------------------------
+    def record_copy_in(self, cmd, src_buffer, src_offset: int = 0) -> None:
+        """Record a copy of packed bytes from `src_buffer` into this tensor."""
+        vk = self.device.vk
+        if self.is_texture:
+            vk.vkCmdCopyBufferToImage(cmd, src_buffer, self.image, vk.VK_IMAGE_LAYOUT_GENERAL, 1,
+                                      [self._image_copy(vk, src_offset)])
+        else:
+            vk.vkCmdCopyBuffer(cmd, src_buffer, self.buffer, 1,
+                               [vk.VkBufferCopy(srcOffset=src_offset, dstOffset=0, size=self.nbytes)])
+
+    def record_copy_out(self, cmd, dst_buffer, dst_offset: int = 0) -> None:
+        """Record a copy of this tensor's packed bytes into `dst_buffer`."""
+        vk = self.device.vk
+        if self.is_texture:
+            vk.vkCmdCopyImageToBuffer(cmd, self.image, vk.VK_IMAGE_LAYOUT_GENERAL, dst_buffer, 1,
+                                      [self._image_copy(vk, dst_offset)])
+        else:
+            vk.vkCmdCopyBuffer(cmd, self.buffer, dst_buffer, 1,
+                               [vk.VkBufferCopy(srcOffset=0, dstOffset=dst_offset, size=self.nbytes)])
+
+    def _image_copy(self, vk, offset: int):
+        layers = vk.VkImageSubresourceLayers(aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT, mipLevel=0,
+                                             baseArrayLayer=0, layerCount=1)
+        return vk.VkBufferImageCopy(bufferOffset=offset, bufferRowLength=0, bufferImageHeight=0,
+                                    imageSubresource=layers, imageOffset=vk.VkOffset3D(0, 0, 0),
+                                    imageExtent=vk.VkExtent3D(*self.extents))
+
+    # ---- host transfer ----------------------------------------------------------------------
+    def pack(self, array) -> np.ndarray:
+        """Check `array` against this tensor and pack it into bytes (uint8)."""
+        arr = np.asarray(array)
+        if arr.shape != self.shape:
+            raise ValueError(f"array of shape {arr.shape} does not match tensor shape {self.shape}")
+        arr = arr.astype(_NP[self.dtype], copy=False)
+        return packing.pack(arr, self.storage, self.layout).view(np.uint8).reshape(-1)
+
+    def unpack(self, raw: np.ndarray) -> np.ndarray:
+        """Turn packed bytes of this tensor back into a contiguous NCHW array."""
+        word = np.dtype(np.int32 if self.dtype == "int8" else _NP[self.dtype])
+        data = np.frombuffer(raw.tobytes() if not raw.flags.c_contiguous else raw, dtype=word)
+        if self.is_texture:
+            data = data.reshape(self.extents[2], self.extents[1], self.extents[0], 4)
+        return packing.unpack(data, self.shape, self.dtype, self.storage, self.layout)
+
+    def upload(self, array, *, staging: bool | None = None) -> None:
+        """Copy a host array in. staging=None: direct when host-mappable; True forces staging."""
+        raw = self.pack(array)
+        self._require_bound()
+        if not staging and self.host_mappable:
+            self.memory.host_view(self.offset, self.nbytes)[:] = raw
+            return
+        if staging is False:
+            raise ValueError("this tensor is not host-mappable; it needs the staging path")
+        stage = staging_buffer(self.device, self.nbytes)
+        stage.view(self.nbytes)[:] = raw
+        vk = self.device.vk
+
+        def record(cmd):
+            commands.host_to_work(vk, cmd)
+            self.record_copy_in(cmd, stage.handle)
+            commands.work_to_work(vk, cmd)
+
+        self.device.run_once(record, "an upload")
+
+    def download(self, *, staging: bool | None = None) -> np.ndarray:
+        """Copy the tensor out to a new host array (contiguous NCHW)."""
+        self._require_bound()
+        if not staging and self.host_mappable:
+            return self.unpack(self.memory.host_view(self.offset, self.nbytes).copy())
+        if staging is False:
+            raise ValueError("this tensor is not host-mappable; it needs the staging path")
+        stage = staging_buffer(self.device, self.nbytes)
+        vk = self.device.vk
+
+        def record(cmd):
+            commands.work_to_work(vk, cmd)
+            self.record_copy_out(cmd, stage.handle)
+            commands.work_to_host(vk, cmd)
+
+        self.device.run_once(record, "a download")
+        return self.unpack(stage.view(self.nbytes).copy())
+
+    def _require_bound(self) -> None:
+        if self.memory is None:
+            raise ValueError(f"tensor {self.label or self.shape} has no memory bound yet")
+
+    # ---- teardown -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Destroy the buffer or image (and its memory when dedicated)."""
+        vk, h = self.device.vk, self.device.handle
+        if self.view is not None:
+            vk.vkDestroyImageView(h, self.view, None)
+        if self.image is not None:
+            vk.vkDestroyImage(h, self.image, None)
+        if self.buffer is not None:
+            vk.vkDestroyBuffer(h, self.buffer, None)
+        if self._owned is not None:
+            self._owned.close()
+        self.view = self.image = self.buffer = self._owned = self.memory = None
+
+    def __repr__(self) -> str:
+        return (f"VkTensor({self.label + ' ' if self.label else ''}{self.shape} {self.dtype} "
+                f"{self.storage.name}/{self.layout.name})")

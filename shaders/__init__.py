@@ -1,0 +1,1 @@
+"""Shader templates (NAME.glsl.j2) and shared GLSL includes; package data of texelflow."""

@@ -1,0 +1,122 @@
+"""Recorded programs: correctness, one submit per call, barriers, memory reuse, profiling."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from texelflow.generated.layouts import Layout, Storage
+from texelflow.runtime.vulkan.program import Dispatch, Program
+from texelflow.runtime.vulkan.tensor import VkTensor
+
+from .helpers import random_array
+from .kernels import add_scalar
+
+
+def chain(device, n, shape, storage, layout=Layout.WIDTH_PACKED, *, staging=None, alpha=0.5):
+    """x -> +alpha -> ... (n dispatches) -> y, intermediates left unbound for the program."""
+    variant, spirv = add_scalar("buffer" if storage == Storage.BUFFER else "texture3d")
+    ts = [VkTensor(device, shape, "float32", storage, layout, allocate=(i in (0, n)), label=f"t{i}")
+          for i in range(n + 1)]
+    ds = [Dispatch(variant, {"out": ts[i + 1], "self": ts[i]}, {"alpha": alpha}, spirv=spirv) for i in range(n)]
+    return Program(device, ds, [ts[0]], [ts[n]], staging=staging), ts
+
+
+def close_all(prog, ts):
+    prog.close()
+    for t in ts:
+        t.close()
+
+
+def test_100_chained_dispatches_cost_one_submit_per_call(device):
+    prog, ts = chain(device, 100, (3, 5, 7), Storage.BUFFER)
+    try:
+        x = random_array((3, 5, 7), "float32", 0)
+        for k in range(3):
+            before = device.submit_count
+            (y,) = prog(x + k)
+            assert device.submit_count - before == 1
+            np.testing.assert_allclose(y, x + k + 50.0, rtol=1e-5)
+        assert prog.num_barriers == 99  # every dispatch reads its predecessor's output
+    finally:
+        close_all(prog, ts)
+
+
+@pytest.mark.parametrize("staging", [None, True])
+@pytest.mark.parametrize("storage,layout", [(Storage.BUFFER, Layout.HEIGHT_PACKED),
+                                            (Storage.TEXTURE_3D, Layout.CHANNELS_PACKED),
+                                            (Storage.TEXTURE_3D, Layout.WIDTH_PACKED)])
+def test_chain_is_correct_on_buffers_and_textures(device, storage, layout, staging):
+    shape = (2, 5, 3, 7)
+    prog, ts = chain(device, 6, shape, storage, layout, staging=staging, alpha=1.0)
+    try:
+        x = random_array(shape, "float32", 1)
+        before = device.submit_count
+        (y,) = prog(x)
+        assert device.submit_count - before == 1
+        np.testing.assert_allclose(y, x + 6.0, rtol=1e-6)
+    finally:
+        close_all(prog, ts)
+
+
+def test_intermediates_share_memory_by_lifetime(device):
+    prog, ts = chain(device, 10, (64, 64), Storage.BUFFER)
+    try:
+        size = ts[1].requirements.size
+        assert prog.naive_intermediate_bytes >= 9 * size
+        assert prog.intermediate_bytes <= 2 * size + 2 * device.limits.buffer_image_granularity
+        assert len({t.offset for t in ts[1:10]}) == 2  # ping-pong between two slots
+        x = random_array((64, 64), "float32", 2)
+        np.testing.assert_allclose(prog(x)[0], x + 5.0, rtol=1e-6)
+    finally:
+        close_all(prog, ts)
+
+
+def test_shared_images_are_correct(device):
+    prog, ts = chain(device, 8, (1, 5, 9, 6), Storage.TEXTURE_3D, Layout.CHANNELS_PACKED)
+    try:
+        assert prog.intermediate_bytes < prog.naive_intermediate_bytes
+        x = random_array((1, 5, 9, 6), "float32", 3)
+        np.testing.assert_allclose(prog(x)[0], x + 4.0, rtol=1e-6)
+    finally:
+        close_all(prog, ts)
+
+
+def test_independent_dispatches_need_no_barrier(device):
+    variant, spirv = add_scalar("buffer")
+    x, a, b = (VkTensor(device, (16,), label=n) for n in "xab")
+    ds = [Dispatch(variant, [a, x], {"alpha": 1.0}, spirv=spirv, label="a"),
+          Dispatch(variant, [b, x], {"alpha": 2.0}, spirv=spirv, label="b")]
+    prog = Program(device, ds, [x], [a, b])
+    try:
+        assert prog.num_barriers == 0
+        v = np.arange(16, dtype=np.float32)
+        ya, yb = prog(v)
+        np.testing.assert_array_equal(ya, v + 1)
+        np.testing.assert_array_equal(yb, v + 2)
+    finally:
+        close_all(prog, [x, a, b])
+
+
+def test_profile_has_one_entry_per_dispatch(device):
+    prog, ts = chain(device, 5, (8, 8), Storage.BUFFER)
+    try:
+        prog(np.zeros((8, 8), np.float32))
+        prof = prog.profile()
+        assert [label for label, _ in prof] == prog.labels and len(prof) == 5
+        assert all(us >= 0 for _, us in prof)
+        assert sum(us for _, us in prof) > 0
+    finally:
+        close_all(prog, ts)
+
+
+def test_failed_call_leaves_program_usable(device):
+    prog, ts = chain(device, 3, (4, 4), Storage.BUFFER, alpha=1.0)
+    try:
+        with pytest.raises(ValueError):
+            prog(np.zeros((5, 4), np.float32))
+        with pytest.raises(ValueError):
+            prog()
+        x = np.ones((4, 4), np.float32)
+        np.testing.assert_array_equal(prog(x)[0], x + 3)
+    finally:
+        close_all(prog, ts)
