@@ -123,7 +123,9 @@ class ShaderSpec:
     template: str
     axes: tuple[str, ...]
     params: tuple[tuple[str, str], ...]
-    storage_of: tuple[tuple[str, str], ...]  # tensor name -> axis giving its storage
+    storage_of: tuple[tuple[str, str], ...]  # tensor name -> axis giving its storage, or a fixed storage
+    push: tuple[tuple[str, str], ...] = ()  # extra push constants (name, int|float|ivec4) the runtime fills
+    read_outputs: tuple[str, ...] = ()  # outputs the shader also reads (bound read-write)
     target_env: str = "vulkan1.1"
     line: int = 0
 

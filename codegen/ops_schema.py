@@ -13,7 +13,8 @@ TOP_KEYS = ("variant_axes", "dtype_sets", "ops")
 OP_KEYS = ("targets", "args", "outputs", "dtypes")
 OP_OPTIONAL = ("sync", "flags", "weights", "dim_order", "shader", "doc")
 SHADER_KEYS = ("template", "axes")
-SHADER_OPTIONAL = ("params", "storage_of", "target_env")
+SHADER_OPTIONAL = ("params", "storage_of", "push", "read_outputs", "target_env")
+PUSH_KINDS = ("int", "float", "ivec4")
 SCALAR_KINDS = ("float", "int", "bool", "enum", "int_list", "any")
 FLAGS = ("identity", "supports_highdim", "supports_resize")
 TARGET_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*){1,2}$")
@@ -160,7 +161,9 @@ def _op(c: Checker, name, body, line, layouts, axes, dtype_sets, templates) -> O
 
     shader = None
     if "shader" in b:
-        shader = _shader(c, where, b["shader"], b.line_of("shader"), axes, templates, args, tensor_names)
+        storages = sorted({v for k, vals in axes.items() if k != "dtype" for v in vals})
+        shader = _shader(c, where, b["shader"], b.line_of("shader"), axes, templates, args, tensor_names, storages,
+                         [o.name for o in outputs])
     if len(c.out.items) != before:
         return None
     return OpSpec(
@@ -226,7 +229,7 @@ def _op_dtypes(c: Checker, where, raw, line, dtype_sets, layouts) -> tuple[str, 
     return tuple(d for i, d in enumerate(items or []) if c.name_in(d, names, items.line_of(i), "dtype"))
 
 
-def _shader(c: Checker, where, raw, line, axes, templates, args, tensor_names) -> ShaderSpec | None:
+def _shader(c: Checker, where, raw, line, axes, templates, args, tensor_names, storages, outputs) -> ShaderSpec | None:
     sw = f"{where} shader"
     s = c.mapping(raw, line, sw)
     if s is None or not c.keys(s, sw, SHADER_KEYS, SHADER_OPTIONAL):
@@ -248,8 +251,10 @@ def _shader(c: Checker, where, raw, line, axes, templates, args, tensor_names) -
             if t not in tensor_names:
                 c.error(so.line_of(t), f"{sw}: storage_of names '{t}', which is no tensor{did_you_mean(t, tensor_names)}")
                 ok = False
-            if ax not in axl or ax == "dtype":
-                c.error(so.line_of(t), f"{sw}: storage_of axis '{ax}' is not a storage axis of this shader")
+            fixed = ax in storages
+            if not fixed and (ax not in axl or ax == "dtype"):
+                c.error(so.line_of(t), f"{sw}: storage_of '{ax}' is neither a storage ({', '.join(storages)}) "
+                        f"nor a storage axis of this shader")
                 ok = False
             storage_of[str(t)] = str(ax)
     for t in tensor_names:
@@ -273,6 +278,23 @@ def _shader(c: Checker, where, raw, line, axes, templates, args, tensor_names) -
         for p in sorted(needed - set(pm)):
             c.error(s.line_of("params"), f"{sw}: template '{template}' needs parameter '{p}'")
             ok = False
+    push = []
+    if "push" in s:
+        pm2 = c.mapping(s["push"], s.line_of("push"), f"{sw} push") or {}
+        arg_names = [a.name for a in args]
+        for pname, pkind in pm2.items():
+            if pname in arg_names or pname in tensor_names:
+                c.error(pm2.line_of(pname), f"{sw}: push constant '{pname}' has the name of an argument")
+                ok = False
+            elif not c.name_in(pkind, PUSH_KINDS, pm2.line_of(pname), "push constant type"):
+                ok = False
+            push.append((str(pname), str(pkind)))
+    read_outputs = []
+    if "read_outputs" in s:
+        ro = c.listing(s["read_outputs"], s.line_of("read_outputs"), f"{sw} read_outputs") or []
+        for i, o in enumerate(ro):
+            if c.name_in(o, outputs, ro.line_of(i), "output"):
+                read_outputs.append(str(o))
     env = s.get("target_env", "vulkan1.1")
     if env not in TARGET_ENVS:
         c.error(s.line_of("target_env"), f"{sw}: target_env must be one of {', '.join(TARGET_ENVS)}")
@@ -284,6 +306,8 @@ def _shader(c: Checker, where, raw, line, axes, templates, args, tensor_names) -
         axes=tuple(a for a in axes if a in axl),  # global axis order
         params=tuple(sorted((str(k), str(v)) for k, v in (pm or {}).items())),
         storage_of=tuple(sorted(storage_of.items())),
+        push=tuple(push),
+        read_outputs=tuple(read_outputs),
         target_env=env,
         line=line,
     )

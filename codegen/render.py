@@ -12,7 +12,7 @@ from .model import LayoutsModel, OpsModel, Variant
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 # Names every shader template may use without declaring them as parameters.
-SHADER_BUILTINS = frozenset({"op", "template", "variant", "tensors", "out", "ins", "T", "VEC4", "int8", "dtype"})
+SHADER_BUILTINS = frozenset({"op", "template", "variant", "tensors", "out", "outs", "ins", "T", "VEC4", "int8", "dtype"})
 IMAGE_TYPES = {"float": ("image3D", "rgba32f"), "int": ("iimage3D", "rgba32i")}
 VEC4_TYPES = {"float": "vec4", "int": "ivec4"}
 
@@ -93,7 +93,7 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
             "binding": b.index,
             "storage": b.storage,
             "access": b.access,
-            "qualifier": "writeonly" if b.access == "write" else "readonly",
+            "qualifier": {"write": "writeonly", "read": "readonly", "readwrite": ""}[b.access],
             "word": word,
             "image": image,
             "format": fmt,
@@ -107,6 +107,7 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
         "variant": v,
         "tensors": tensors,
         "out": tensors[0],
+        "outs": tensors[:n_out],
         "ins": tensors[n_out:],
         "T": dtype.glsl,
         "VEC4": VEC4_TYPES[dtype.glsl],

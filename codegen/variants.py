@@ -13,6 +13,7 @@ from .model import Binding, LayoutsModel, OpSpec, PushConstant, SpecConstant, Va
 
 LOCAL_SIZE = (("local_size_x", 64), ("local_size_y", 1), ("local_size_z", 1))
 PUSH_TYPES = {"float": ("float", 4), "int": ("int", 4), "bool": ("int", 4), "enum": ("int", 4)}
+EXTRA_PUSH = {"int": 4, "float": 4, "ivec4": 16}
 
 
 def variant_name(op: str, axes: tuple[tuple[str, str], ...]) -> str:
@@ -48,7 +49,7 @@ def _expand_op(op: OpSpec, layouts: LayoutsModel, all_axes: dict) -> list[Varian
     for combo in itertools.product(*value_lists):
         axes = dict(combo)
         family = layouts.dtype(axes["dtype"]).family
-        storages = {t: axes[storage_of[t]] for t in op.tensors}
+        storages = {t: axes.get(storage_of[t], storage_of[t]) for t in op.tensors}
         if all(_reachable(layouts, repset_of[t], family, storages[t]) for t in op.tensors):
             result.append(_variant(op, tuple(combo), storages, layouts, repset_of))
     return result
@@ -68,23 +69,21 @@ def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of:
             index=i,
             tensor=t,
             descriptor="STORAGE_BUFFER" if storages[t] == "buffer" else "STORAGE_IMAGE",
-            access="write" if i < len(op.outputs) else "read",
+            access=("readwrite" if t in op.shader.read_outputs else "write") if i < len(op.outputs) else "read",
             storage=storages[t],
         )
         for i, t in enumerate(op.tensors)
     )
+    # std430 push block: the 16-byte ivec4s first, then 4-byte scalars, so offsets need no padding.
+    vec4s = [(f"{t}_sizes", "ivec4") for t in op.tensors] + [(n, k) for n, k in op.shader.push if k == "ivec4"]
+    scalars = [("units", "int")] + [(a.name, PUSH_TYPES[a.kind][0]) for a in op.args if a.pushed]
+    scalars += [(n, k) for n, k in op.shader.push if k != "ivec4"]
     push: list[PushConstant] = []
     offset = 0
-    for t in op.tensors:
-        push.append(PushConstant(f"{t}_sizes", "ivec4", offset, 16))
-        offset += 16
-    push.append(PushConstant("units", "int", offset, 4))
-    offset += 4
-    for a in op.args:
-        if a.pushed:
-            gl, size = PUSH_TYPES[a.kind]
-            push.append(PushConstant(a.name, gl, offset, size))
-            offset += size
+    for pname, ptype in vec4s + scalars:
+        size = EXTRA_PUSH[ptype]
+        push.append(PushConstant(pname, ptype, offset, size))
+        offset += size
     family = layouts.dtype(dict(axes)["dtype"]).family
     spec = [SpecConstant(i, n, "int", d) for i, (n, d) in enumerate(LOCAL_SIZE)]
     for t in op.tensors:

@@ -23,7 +23,7 @@ class Binding:
     index: int
     tensor: str
     descriptor: str  # STORAGE_BUFFER or STORAGE_IMAGE
-    access: str  # read or write
+    access: str  # read, write or readwrite
     storage: str  # buffer or texture3d
 
 
