@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from texelflow.generated.layouts import TEXTURE_LIMITS
+from texelflow.generated.layouts import DTYPES, TEXTURE_LIMITS
 from texelflow.generated.ops import OpEntry
 
 from .repr import TensorRepSet
@@ -26,21 +26,30 @@ class OpRepSets:
     def build(
         cls,
         op: OpEntry,
-        shapes: Mapping[str, Sequence[int]],
+        shapes: Mapping[str, Sequence[int] | list[Sequence[int]]],
         texture_limits: Sequence[int] = TEXTURE_LIMITS,
+        dtype: str | None = None,
     ) -> "OpRepSets":
-        """Registered repsets, filtered by each tensor's shape, then narrowed by the sync groups.
+        """Registered repsets, filtered by each tensor's shape (and dtype family), then narrowed
+        by the sync groups.
 
-        `shapes` gives the shape of each tensor argument and output present on the node; an
+        `shapes` gives the shape of each tensor argument and output present on the node (a list
+        of shapes for a tensor-list argument, whose one repset must fit every element); an
         optional tensor argument left out is simply absent.
         """
         declared = {a.name: a.repset for a in op.args if a.repset is not None}
         declared.update({o.name: o.repset for o in op.outputs})
-        sets = {
-            name: TensorRepSet.named(repset).filter_invalid_reprs(shapes[name], texture_limits)
-            for name, repset in declared.items()
-            if name in shapes
-        }
+        list_args = {a.name for a in op.args if a.kind == "tensor_list"}
+        sets = {}
+        for name, repset in declared.items():
+            if name not in shapes:
+                continue
+            allowed = TensorRepSet.named(repset)
+            if dtype is not None:
+                allowed = allowed.filter_for_family(DTYPES[dtype].family)
+            for shape in (shapes[name] if name in list_args else [shapes[name]]):
+                allowed = allowed.filter_invalid_reprs(shape, texture_limits)
+            sets[name] = allowed
         sync = tuple(tuple(m for m in group if m in sets) for group in op.sync)
         result = cls(op, sets, sync)
         result._narrow_all()

@@ -173,6 +173,10 @@ class TensorRepSet:
             {s: {l for l in ls if PACKED_DIM_INFO[(s, l)] in theirs[s]} for s, ls in self._sides.items()}
         )
 
+    def filter_for_family(self, family: str) -> "TensorRepSet":
+        """Keep the layouts that can hold elements of a dtype family ("float" or "int8x4")."""
+        return TensorRepSet({s: {l for l in ls if LAYOUT_INFO[l].family == family} for s, ls in self._sides.items()})
+
     def filter_invalid_reprs(
         self, shape: Sequence[int], texture_limits: Sequence[int] = TEXTURE_LIMITS
     ) -> "TensorRepSet":

@@ -7,6 +7,7 @@ that a Program call costs exactly one submit.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -79,6 +80,7 @@ class Device:
         vk = self.vk = load_vulkan()
         self.resources: dict[str, object] = {}  # per-device singletons of higher layers (closed with us)
         self.submit_count = 0
+        self.submit_seconds = 0.0  # wall time spent inside submit(): queue submit + fence wait
         self._closed = False
         self.instance = self._create_instance()
         try:
@@ -247,6 +249,7 @@ class Device:
     def submit(self, cmd, fence) -> None:
         """Submit one command buffer and wait for it; the only place this layer calls vkQueueSubmit."""
         vk = self.vk
+        start = time.perf_counter()
         with translate("submitting work to the queue"):
             vk.vkResetFences(self.handle, 1, [fence])
             vk.vkQueueSubmit(self.queue, 1, [vk.VkSubmitInfo(
@@ -254,6 +257,7 @@ class Device:
             self.submit_count += 1
         with translate("waiting for the device"):
             vk.vkWaitForFences(self.handle, 1, [fence], vk.VK_TRUE, FENCE_TIMEOUT_NS)
+        self.submit_seconds += time.perf_counter() - start
 
     def run_once(self, record: Callable[[object], None], what: str = "one-shot commands") -> None:
         """Record commands with `record(cmd)`, submit them once and wait (uploads, layout changes)."""

@@ -78,6 +78,7 @@ class Program:
         self._host: HostBuffer | None = None
         self.descriptor_pool = self.query_pool = self.cmd = self.fence = None
         self._ran = False
+        self.timestamps = timestamps and device.limits.timestamp_valid_bits > 0 and bool(self.dispatches)
         try:
             self._bound = [d.bound() for d in self.dispatches]
             self._allocate(staging)
@@ -93,13 +94,13 @@ class Program:
         io = {id(t) for t in self.inputs + self.outputs}
         for t in self.inputs + self.outputs:
             if not t.bound:
-                t._owned = MemoryBlock(self.device, t.requirements.size, t.requirements.type_bits)
-                t.bind(t._owned, 0)
+                t.allocate()
         life: dict[int, list] = {}  # id -> [tensor, first, last]
         for i, ts in enumerate(self._bound):
             for t in ts:
                 if id(t) not in io and not t.bound:
                     life.setdefault(id(t), [t, i, i])[2] = i
+        self.intermediates = [entry[0] for entry in life.values()]  # closed with the program
         self.naive_intermediate_bytes = 0
         self.intermediate_bytes = 0
         groups: dict[int, list] = {}
@@ -178,7 +179,6 @@ class Program:
                                                           dstSet=dset, dstBinding=b.index, descriptorCount=1, **info))
             if writes:
                 vk.vkUpdateDescriptorSets(dev.handle, len(writes), writes, 0, None)
-        self.timestamps = dev.limits.timestamp_valid_bits > 0 and bool(self.dispatches)
         if self.timestamps:
             with translate("creating a timestamp query pool"):
                 self.query_pool = vk.vkCreateQueryPool(dev.handle, vk.VkQueryPoolCreateInfo(
@@ -258,8 +258,8 @@ class Program:
     def profile(self) -> list[tuple[str, float]]:
         """(label, microseconds) per dispatch, from the GPU timestamps of the last call."""
         if self.query_pool is None:
-            raise UnsupportedError(f"{self.device.limits.name} has no timestamps on this queue"
-                                   if self.dispatches else "program has no dispatches")
+            raise UnsupportedError("this program records no timestamps (no dispatches, timestamps=False, "
+                                   f"or {self.device.limits.name} has none on its compute queue)")
         if not self._ran:
             raise VulkanError("profile() needs a call of the program first")
         vk, n = self.vk, 2 * len(self.dispatches)
@@ -274,7 +274,8 @@ class Program:
                 for i, label in enumerate(self.labels)]
 
     def close(self) -> None:
-        """Free what the program owns (command buffer, sets, queries, shared memory)."""
+        """Free what the program owns: command buffer, sets, queries, shared memory and the
+        intermediate tensors bound into it (their buffers/images cannot outlive that memory)."""
         vk, h = self.vk, self.device.handle
         if self.cmd is not None:
             self.device.free_command_buffer(self.cmd)
@@ -286,6 +287,8 @@ class Program:
             vk.vkDestroyDescriptorPool(h, self.descriptor_pool, None)
         if self._host is not None:
             self._host.close()
+        for t in getattr(self, "intermediates", ()):  # their memory is ours; the handles go with it
+            t.close()
         for b in self._blocks:
             b.close()
         self._blocks, self._host = [], None

@@ -93,12 +93,10 @@ class VkTensor:
             self.requirements = buffer_requirements(device, self.buffer)
         if allocate:
             try:
-                block = MemoryBlock(device, self.requirements.size, self.requirements.type_bits)
+                self.allocate()
             except BaseException:
                 self.close()
                 raise
-            self._owned = block
-            self.bind(block, 0)
 
     # ---- memory -------------------------------------------------------------------------------
     @property
@@ -108,6 +106,16 @@ class VkTensor:
     @property
     def bound(self) -> bool:
         return self.memory is not None
+
+    def allocate(self) -> None:
+        """Bind to a dedicated allocation of our own (freed by close())."""
+        block = MemoryBlock(self.device, self.requirements.size, self.requirements.type_bits)
+        try:
+            self.bind(block, 0)
+        except BaseException:
+            block.close()
+            raise
+        self._owned = block
 
     def bind(self, block: MemoryBlock, offset: int) -> None:
         """Bind to `block` at `offset` (once); images then get a view and the GENERAL layout."""
@@ -199,6 +207,7 @@ class VkTensor:
             commands.host_to_work(vk, cmd)
             self.record_copy_in(cmd, stage.handle)
             commands.work_to_work(vk, cmd)
+            commands.work_to_host(vk, cmd)  # a later direct (mapped) read must see the copy
 
         self.device.run_once(record, "an upload")
 

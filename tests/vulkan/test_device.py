@@ -90,3 +90,11 @@ def test_oversized_allocation_is_refused_and_device_stays_usable(device):
     block = MemoryBlock(device, 4096, 0xFFFFFFFF)
     block.close()
     device.run_once(lambda cmd: None)
+
+
+def test_vulkan_layer_never_imports_torch():
+    code = ("import sys\nimport texelflow.runtime.vulkan.program, texelflow.runtime.vulkan.packing\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from texelflow.generated.layouts import LAYOUT_INFO, Layout, Storage
+from texelflow.generated.layouts import LAYOUT_INFO, Storage
 from texelflow.generated.variants import VARIANTS
 from texelflow.runtime.vulkan.errors import MissingVariantError, VulkanError
 from texelflow.runtime.vulkan.pipeline import PipelineCache, find_variant

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from texelflow.generated.layouts import Layout, Storage
+from texelflow.runtime.vulkan.pipeline import find_variant
 from texelflow.runtime.vulkan.program import Dispatch, Program
 from texelflow.runtime.vulkan.tensor import VkTensor
 
@@ -13,12 +14,17 @@ from .kernels import add_scalar
 
 
 def chain(device, n, shape, storage, layout=Layout.WIDTH_PACKED, *, staging=None, alpha=0.5):
-    """x -> +alpha -> ... (n dispatches) -> y, intermediates left unbound for the program."""
-    variant, spirv = add_scalar("buffer" if storage == Storage.BUFFER else "texture3d")
+    """x -> add(., ones, alpha) -> ... (n dispatches of the generated `add`) -> y.
+
+    Intermediates are left unbound so the program places them by lifetime.
+    """
+    variant = find_variant("add", dtype="float32", storage="buffer" if storage == Storage.BUFFER else "texture3d")
+    ones = VkTensor(device, shape, "float32", storage, layout, label="ones")
+    ones.upload(np.ones(shape, np.float32))
     ts = [VkTensor(device, shape, "float32", storage, layout, allocate=(i in (0, n)), label=f"t{i}")
           for i in range(n + 1)]
-    ds = [Dispatch(variant, {"out": ts[i + 1], "self": ts[i]}, {"alpha": alpha}, spirv=spirv) for i in range(n)]
-    return Program(device, ds, [ts[0]], [ts[n]], staging=staging), ts
+    ds = [Dispatch(variant, {"out": ts[i + 1], "self": ts[i], "other": ones}, {"alpha": alpha}) for i in range(n)]
+    return Program(device, ds, [ts[0]], [ts[n]], staging=staging), ts + [ones]
 
 
 def close_all(prog, ts):
@@ -82,7 +88,7 @@ def test_shared_images_are_correct(device):
 
 
 def test_independent_dispatches_need_no_barrier(device):
-    variant, spirv = add_scalar("buffer")
+    variant, spirv = add_scalar("buffer")  # throwaway shader: also exercises the SPIR-V override
     x, a, b = (VkTensor(device, (16,), label=n) for n in "xab")
     ds = [Dispatch(variant, [a, x], {"alpha": 1.0}, spirv=spirv, label="a"),
           Dispatch(variant, [b, x], {"alpha": 2.0}, spirv=spirv, label="b")]

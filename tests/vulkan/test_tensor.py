@@ -25,7 +25,7 @@ def shapes(draw):
 
 
 @pytest.mark.parametrize("storage,layout,dtype", representations(), ids=lambda x: getattr(x, "name", x))
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shape=shapes(), seed=st.integers(0, 2**16), staging=st.booleans())
 def test_roundtrip_is_exact(device, storage, layout, dtype, shape, seed, staging):
     a = random_array(shape, dtype, seed)

@@ -1,0 +1,116 @@
+"""The planning IR: values (tensors) and nodes, independent of torch.fx.
+
+Passes and planners work on this small graph so they can be tested on graphs built inline or at
+random from the registry, without torch.export. `lowering.py` builds it from an ExportedProgram.
+
+A value is produced by a graph input, a constant (weights, lifted scalars: prepacked at load, so
+never a run-time transition), or a node. A node runs on the Vulkan device when `op` is set and
+`fallback` is None; otherwise it runs in PyTorch on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from texelflow.generated.layouts import DTYPES
+from texelflow.generated.ops import OpEntry
+
+
+@dataclass(eq=False)
+class Value:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # a layouts.yaml dtype name, or a torch dtype name for values Vulkan cannot hold
+    kind: str  # "input", "const" or "node"
+    producer: "Node | None" = None
+    users: list["Node"] = field(default_factory=list)  # in insertion order, one entry per use site
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        info = DTYPES.get(self.dtype)
+        return self.numel * (info.bytes if info else 4)
+
+    def __repr__(self) -> str:
+        return f"Value({self.name}, {list(self.shape)}, {self.dtype})"
+
+
+@dataclass(eq=False)
+class Node:
+    name: str
+    target: str
+    op: OpEntry | None
+    args: list[tuple[str, object]]  # (registry or schema arg name, Value | list[Value] | python scalar)
+    outputs: list[tuple[str, Value]]
+    fallback: str | None = None  # why this node runs on the CPU; None when it runs on Vulkan
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def on_device(self) -> bool:
+        return self.op is not None and self.fallback is None
+
+    def tensor_args(self) -> Iterator[tuple[str, Value]]:
+        """(arg name, value) for every tensor input, list elements included, in argument order."""
+        for name, v in self.args:
+            if isinstance(v, Value):
+                yield name, v
+            elif isinstance(v, (list, tuple)):
+                for x in v:
+                    if isinstance(x, Value):
+                        yield name, x
+
+    def arg(self, name: str, default=None):
+        for n, v in self.args:
+            if n == name:
+                return v
+        return default
+
+    def output(self, name: str | None = None) -> Value:
+        return self.outputs[0][1] if name is None else dict(self.outputs)[name]
+
+    def __repr__(self) -> str:
+        return f"Node({self.name}, {self.target})"
+
+
+@dataclass(eq=False)
+class PlanGraph:
+    nodes: list[Node] = field(default_factory=list)  # topological order
+    inputs: list[Value] = field(default_factory=list)
+    constants: list[Value] = field(default_factory=list)
+    outputs: list[Value] = field(default_factory=list)
+
+    def add_input(self, name: str, shape, dtype: str = "float32") -> Value:
+        v = Value(name, tuple(shape), dtype, "input")
+        self.inputs.append(v)
+        return v
+
+    def add_const(self, name: str, shape, dtype: str = "float32") -> Value:
+        v = Value(name, tuple(shape), dtype, "const")
+        self.constants.append(v)
+        return v
+
+    def add_node(self, name: str, target: str, op: OpEntry | None, args, outputs) -> Node:
+        """Append a node; `outputs` is [(name, shape, dtype)], values are created here."""
+        node = Node(name, target, op, list(args), [])
+        for i, (oname, shape, dtype) in enumerate(outputs):
+            vname = name if i == 0 else f"{name}.{oname}"
+            node.outputs.append((oname, Value(vname, tuple(shape), dtype, "node", producer=node)))
+        for _, v in node.tensor_args():
+            v.users.append(node)
+        self.nodes.append(node)
+        return node
+
+    def values(self) -> Iterator[Value]:
+        yield from self.inputs
+        yield from self.constants
+        for n in self.nodes:
+            for _, v in n.outputs:
+                yield v
+
+    def device_nodes(self) -> list[Node]:
+        return [n for n in self.nodes if n.on_device]
