@@ -94,6 +94,34 @@ OPS: dict[str, OpEntry] = {
             'add_int32_texture3d',
         ),
     ),
+    'addmm': OpEntry(
+        name='addmm',
+        targets=(
+            'aten.addmm.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('mat1', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('mat2', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('beta', 'float', default=1.0),
+            Arg('alpha', 'float', default=1.0),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('mat1', 'out'),
+        ),
+        dtypes=('float32',),
+        flags=frozenset([]),
+        weights=('self', 'mat2'),
+        dim_order=None,
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'addmm_float32_buffer',
+            'addmm_float32_texture3d',
+        ),
+    ),
     'alias_copy': OpEntry(
         name='alias_copy',
         targets=(
@@ -120,6 +148,62 @@ OPS: dict[str, OpEntry] = {
             'alias_copy_int32_buffer',
             'alias_copy_int32_texture3d',
             'alias_copy_int8_buffer',
+        ),
+    ),
+    'avg_pool2d': OpEntry(
+        name='avg_pool2d',
+        targets=(
+            'aten.avg_pool2d.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('kernel_size', 'int_list'),
+            Arg('stride', 'int_list', default=[]),
+            Arg('padding', 'int_list', default=[0]),
+            Arg('ceil_mode', 'bool', default=False),
+            Arg('count_include_pad', 'bool', default=True),
+            Arg('divisor_override', 'int', optional=True),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        flags=frozenset([]),
+        weights=(),
+        dim_order=None,
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'avg_pool2d_float32_texture3d',
+        ),
+    ),
+    'cat': OpEntry(
+        name='cat',
+        targets=(
+            'aten.cat.default',
+        ),
+        args=(
+            Arg('tensors', 'tensor_list', repset='ANY_STORAGE'),
+            Arg('dim', 'int', default=0),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('tensors', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        flags=frozenset([]),
+        weights=(),
+        dim_order=None,
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'cat_float32_buffer',
+            'cat_float32_texture3d',
+            'cat_int32_buffer',
+            'cat_int32_texture3d',
         ),
     ),
     'clamp': OpEntry(
@@ -200,6 +284,35 @@ OPS: dict[str, OpEntry] = {
             'clone_dim_order_int32_buffer',
             'clone_dim_order_int32_texture3d',
             'clone_dim_order_int8_buffer',
+        ),
+    ),
+    'conv2d': OpEntry(
+        name='conv2d',
+        targets=(
+            'aten.conv2d.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('stride', 'int_list', default=[1, 1]),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('dilation', 'int_list', default=[1, 1]),
+            Arg('groups', 'int', default=1),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        dim_order=None,
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_float32_texture3d',
         ),
     ),
     'div': OpEntry(
@@ -300,6 +413,89 @@ OPS: dict[str, OpEntry] = {
             'hardswish_float32_texture3d',
         ),
     ),
+    'layer_norm': OpEntry(
+        name='layer_norm',
+        targets=(
+            'aten.layer_norm.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='ANY_STORAGE'),
+            Arg('normalized_shape', 'int_list'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('eps', 'float', default=1e-05),
+            Arg('cudnn_enable', 'any', default=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        dim_order=None,
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'layer_norm_float32_buffer',
+            'layer_norm_float32_texture3d',
+        ),
+    ),
+    'linear': OpEntry(
+        name='linear',
+        targets=(
+            'aten.linear.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        dim_order=None,
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'linear_float32_buffer',
+            'linear_float32_texture3d',
+        ),
+    ),
+    'max_pool2d': OpEntry(
+        name='max_pool2d',
+        targets=(
+            'aten.max_pool2d.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('kernel_size', 'int_list'),
+            Arg('stride', 'int_list', default=[]),
+            Arg('padding', 'int_list', default=[0]),
+            Arg('dilation', 'int_list', default=[1]),
+            Arg('ceil_mode', 'bool', default=False),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        flags=frozenset([]),
+        weights=(),
+        dim_order=None,
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'max_pool2d_float32_texture3d',
+        ),
+    ),
     'maximum': OpEntry(
         name='maximum',
         targets=(
@@ -354,6 +550,31 @@ OPS: dict[str, OpEntry] = {
             'minimum_int32_texture3d',
         ),
     ),
+    'mm': OpEntry(
+        name='mm',
+        targets=(
+            'aten.mm.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('mat2', 'tensor', repset='CONTIGUOUS_ANY'),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('self', 'mat2', 'out'),
+        ),
+        dtypes=('float32',),
+        flags=frozenset([]),
+        weights=(),
+        dim_order=None,
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'mm_float32_buffer',
+            'mm_float32_texture3d',
+        ),
+    ),
     'mul': OpEntry(
         name='mul',
         targets=(
@@ -381,6 +602,36 @@ OPS: dict[str, OpEntry] = {
             'mul_int32_texture3d',
         ),
     ),
+    'native_layer_norm': OpEntry(
+        name='native_layer_norm',
+        targets=(
+            'aten.native_layer_norm.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='ANY_STORAGE'),
+            Arg('normalized_shape', 'int_list'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('eps', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+            Output('mean', 'ANY_STORAGE'),
+            Output('rstd', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('input', 'out', 'mean', 'rstd'),
+        ),
+        dtypes=('float32',),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        dim_order=None,
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'native_layer_norm_float32_buffer',
+            'native_layer_norm_float32_texture3d',
+        ),
+    ),
     'neg': OpEntry(
         name='neg',
         targets=(
@@ -403,6 +654,34 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'neg_float32_buffer',
             'neg_float32_texture3d',
+        ),
+    ),
+    'permute_copy': OpEntry(
+        name='permute_copy',
+        targets=(
+            'aten.permute_copy.default',
+            'aten.permute.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dims', 'int_list'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        flags=frozenset([]),
+        weights=(),
+        dim_order=None,
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'permute_copy_float32_buffer',
+            'permute_copy_float32_texture3d',
+            'permute_copy_int32_buffer',
+            'permute_copy_int32_texture3d',
         ),
     ),
     'pow': OpEntry(
@@ -502,6 +781,36 @@ OPS: dict[str, OpEntry] = {
             'sqrt_float32_texture3d',
         ),
     ),
+    'squeeze_copy': OpEntry(
+        name='squeeze_copy',
+        targets=(
+            'aten.squeeze_copy.dims',
+            'aten.squeeze.dims',
+            'aten.squeeze.dim',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE_INCL_PACKED_INT8'),
+            Arg('dim', 'any'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE_INCL_PACKED_INT8'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'int8'),
+        flags=frozenset(['identity', 'supports_highdim', 'supports_resize']),
+        weights=(),
+        dim_order=None,
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'squeeze_copy_float32_buffer',
+            'squeeze_copy_float32_texture3d',
+            'squeeze_copy_int32_buffer',
+            'squeeze_copy_int32_texture3d',
+            'squeeze_copy_int8_buffer',
+        ),
+    ),
     'sub': OpEntry(
         name='sub',
         targets=(
@@ -584,6 +893,35 @@ OPS: dict[str, OpEntry] = {
             'to_layout_int8_buffer_buffer',
         ),
     ),
+    'unsqueeze_copy': OpEntry(
+        name='unsqueeze_copy',
+        targets=(
+            'aten.unsqueeze_copy.default',
+            'aten.unsqueeze.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE_INCL_PACKED_INT8'),
+            Arg('dim', 'int'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE_INCL_PACKED_INT8'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'int8'),
+        flags=frozenset(['identity', 'supports_highdim', 'supports_resize']),
+        weights=(),
+        dim_order=None,
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'unsqueeze_copy_float32_buffer',
+            'unsqueeze_copy_float32_texture3d',
+            'unsqueeze_copy_int32_buffer',
+            'unsqueeze_copy_int32_texture3d',
+            'unsqueeze_copy_int8_buffer',
+        ),
+    ),
     'view_copy': OpEntry(
         name='view_copy',
         targets=(
@@ -621,24 +959,40 @@ TARGETS: dict[str, str] = {
     'aten._unsafe_view.default': 'view_copy',
     'aten.abs.default': 'abs',
     'aten.add.Tensor': 'add',
+    'aten.addmm.default': 'addmm',
     'aten.alias.default': 'alias_copy',
     'aten.alias_copy.default': 'alias_copy',
+    'aten.avg_pool2d.default': 'avg_pool2d',
+    'aten.cat.default': 'cat',
     'aten.clamp.default': 'clamp',
     'aten.clone.default': 'clone',
+    'aten.conv2d.default': 'conv2d',
     'aten.div.Tensor': 'div',
     'aten.exp.default': 'exp',
     'aten.gelu.default': 'gelu',
     'aten.hardswish.default': 'hardswish',
+    'aten.layer_norm.default': 'layer_norm',
+    'aten.linear.default': 'linear',
+    'aten.max_pool2d.default': 'max_pool2d',
     'aten.maximum.default': 'maximum',
     'aten.minimum.default': 'minimum',
+    'aten.mm.default': 'mm',
     'aten.mul.Tensor': 'mul',
+    'aten.native_layer_norm.default': 'native_layer_norm',
     'aten.neg.default': 'neg',
+    'aten.permute.default': 'permute_copy',
+    'aten.permute_copy.default': 'permute_copy',
     'aten.pow.Tensor_Tensor': 'pow',
     'aten.relu.default': 'relu',
     'aten.sigmoid.default': 'sigmoid',
     'aten.sqrt.default': 'sqrt',
+    'aten.squeeze.dim': 'squeeze_copy',
+    'aten.squeeze.dims': 'squeeze_copy',
+    'aten.squeeze_copy.dims': 'squeeze_copy',
     'aten.sub.Tensor': 'sub',
     'aten.tanh.default': 'tanh',
+    'aten.unsqueeze.default': 'unsqueeze_copy',
+    'aten.unsqueeze_copy.default': 'unsqueeze_copy',
     'aten.view.default': 'view_copy',
     'aten.view_copy.default': 'view_copy',
     'dim_order_ops._clone_dim_order.default': 'clone_dim_order',

@@ -5,3 +5,7 @@ texelflow.generated (generated/), texelflow.runtime (runtime/), texelflow.shader
 """
 
 __version__ = "0.1.0"
+
+from texelflow.api import compile, plan  # noqa: E402
+
+__all__ = ["compile", "plan", "__version__"]

@@ -1,0 +1,163 @@
+"""Run the planning passes on the IR and present the result: the `Plan` users look at."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from texelflow.generated.layouts import TEXTURE_LIMITS
+
+from .greedy import plan_greedy
+from .ir import Node, PlanGraph
+from .optimal import plan_optimal
+from .problem import Assignment, Problem
+from .redundant import fold_identity_ops
+from .transitions import insert_transitions
+from .verify import verify
+
+PLANNERS = ("optimal", "greedy")
+PERMUTE_OPS = ("permute_copy",)
+PERMUTE_TARGETS = ("aten.permute.default", "aten.permute_copy.default")
+
+# One colour per representation in to_dot(); transitions are drawn as red diamonds.
+COLOURS = {
+    "TEXTURE_3D/WIDTH_PACKED": "#8ecae6",
+    "TEXTURE_3D/HEIGHT_PACKED": "#90be6d",
+    "TEXTURE_3D/CHANNELS_PACKED": "#f9c74f",
+    "BUFFER/WIDTH_PACKED": "#219ebc",
+    "BUFFER/HEIGHT_PACKED": "#43aa8b",
+    "BUFFER/CHANNELS_PACKED": "#f8961e",
+}
+
+
+@dataclass
+class Plan:
+    graph: PlanGraph
+    assignment: Assignment
+    planner: str
+    transitions: list[Node]
+    folded: list[Node]
+    seconds: float
+    texture_limits: tuple[int, int, int]
+    prepacks: list[tuple[str, str]] = field(default_factory=list)  # (constant, representation) at load
+
+    # ---- the numbers of DESIGN §10 -------------------------------------------------------------
+    @property
+    def num_transitions(self) -> int:
+        return len(self.transitions)
+
+    @property
+    def transition_bytes(self) -> int:
+        return sum(n.outputs[0][1].nbytes for n in self.transitions)
+
+    @property
+    def optimal(self) -> bool:
+        return self.assignment.optimal
+
+    @property
+    def lower_bound(self) -> int:
+        return self.assignment.lower_bound
+
+    @property
+    def reprs(self) -> dict[str, str]:
+        return {v.name: str(r) for v, r in self.assignment.values.items()}
+
+    @property
+    def fallbacks(self) -> list[tuple[str, str]]:
+        return [(n.name, n.fallback) for n in self.graph.nodes if n.fallback is not None or n.op is None]
+
+    @property
+    def num_permutes(self) -> int:
+        return sum(
+            1
+            for n in self.graph.nodes
+            if not n.meta.get("folded") and ((n.op and n.op.name in PERMUTE_OPS) or n.target in PERMUTE_TARGETS)
+        )
+
+    @property
+    def dispatches(self) -> Counter:
+        return Counter(n.op.name for n in self.graph.device_nodes() if not n.meta.get("folded"))
+
+    # ---- presentation ----------------------------------------------------------------------------
+    def rows(self) -> list[tuple[str, str, str, str, str]]:
+        """(node, op, where, representation, note) per node, in execution order."""
+        rows = []
+        for n in self.graph.nodes:
+            out = n.outputs[0][1] if n.outputs else None
+            rep = self.reprs.get(out.name, "-") if out is not None else "-"
+            if n.meta.get("transition"):
+                src = self.assignment.values[n.arg("self")]
+                rows.append((n.name, "to_layout", "vulkan", rep, f"transition from {src}"))
+            elif n.fallback is not None or n.op is None:
+                rows.append((n.name, n.target, "cpu", "-", f"fallback: {n.fallback}"))
+            else:
+                note = "folded (no data moves)" if n.meta.get("folded") else ""
+                rows.append((n.name, n.op.name, "vulkan", rep, note))
+        return rows
+
+    def summary(self) -> str:
+        head = (f"planner={self.planner}  transitions={self.num_transitions} ({self.transition_bytes} B)  "
+                f"optimal={self.optimal}  lower_bound={self.lower_bound}  prepacked constants={len(self.prepacks)}  "
+                f"fallbacks={len(self.fallbacks)}  planning {self.seconds * 1000:.1f} ms")
+        rows = [("node", "op", "where", "representation", "note")] + self.rows()
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = [head, ""]
+        for i, r in enumerate(rows):
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+            if i == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def to_dot(self) -> str:
+        """Graphviz source: nodes coloured by output representation, transitions as red diamonds."""
+        lines = ["digraph plan {", "  rankdir=TB;", '  node [shape=box, style=filled, fontname="Helvetica"];']
+
+        def q(s: str) -> str:
+            return '"' + s.replace('"', '\\"') + '"'
+
+        for v in self.graph.inputs:
+            rep = self.reprs.get(v.name, "")
+            lines.append(f"  {q(v.name)} [shape=ellipse, fillcolor={q(COLOURS.get(rep, '#eeeeee'))}, "
+                         f"label={q(v.name + chr(10) + rep)}];")
+        for n, op, where, rep, note in self.rows():
+            node = next(x for x in self.graph.nodes if x.name == n)
+            if node.meta.get("transition"):
+                attrs = f"shape=diamond, fillcolor=\"#e63946\", fontcolor=white, label={q('to_layout' + chr(10) + rep)}"
+            elif where == "cpu":
+                attrs = f"fillcolor=\"#dddddd\", style=\"filled,dashed\", label={q(n + chr(10) + 'CPU: ' + op)}"
+            else:
+                style = "filled,dotted" if node.meta.get("folded") else "filled"
+                attrs = f"fillcolor={q(COLOURS.get(rep, '#ffffff'))}, style={q(style)}, label={q(n + chr(10) + op + chr(10) + rep)}"
+            lines.append(f"  {q(n)} [{attrs}];")
+            for _, v in node.tensor_args():
+                if v.kind == "const":
+                    continue
+                src = v.producer.name if v.producer is not None else v.name
+                lines.append(f"  {q(src)} -> {q(n)};")
+        for v in self.graph.outputs:
+            src = v.producer.name if v.producer is not None else v.name
+            lines.append(f"  {q(src)} -> {q('output')};")
+        lines.append('  "output" [shape=ellipse, fillcolor=white];')
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+
+def plan_graph(graph: PlanGraph, planner: str = "optimal", texture_limits: Sequence[int] = TEXTURE_LIMITS,
+               time_limit: float = 10.0) -> Plan:
+    """Plan representations, insert transitions, fold identity ops and verify, in place on `graph`."""
+    if planner not in PLANNERS:
+        raise ValueError(f"unknown planner '{planner}'; choose one of {', '.join(PLANNERS)}")
+    start = time.perf_counter()
+    problem = Problem.build(graph, texture_limits)
+    assignment = plan_optimal(problem, time_limit) if planner == "optimal" else plan_greedy(problem)
+    prepacks = sorted({
+        (v.name, str(assignment.slots[(n, slot)]))
+        for n in problem.repsets for slot, v in n.tensor_args() if v.kind == "const"
+    })
+    transitions = insert_transitions(problem, assignment)
+    folded = fold_identity_ops(problem, assignment)
+    verify(problem, assignment)
+    seconds = time.perf_counter() - start
+    return Plan(graph, assignment, planner, transitions, folded, seconds, tuple(texture_limits), prepacks)

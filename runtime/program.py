@@ -1,0 +1,264 @@
+"""Join a planned graph to a Vulkan device: the callable `CompiledProgram`.
+
+The node list is cut into segments at CPU fallbacks. Each segment of device nodes is one recorded
+Program (one queue submit per call); fallback nodes run in PyTorch between segments, with their
+inputs downloaded and their outputs uploaded straight into the planned representation. Constants
+are prepacked once, at load, into every representation their consumers want. Values that live
+across segments or leave the program get their own memory; the rest share memory by lifetime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from texelflow.runtime.graph.ir import Node, Value
+from texelflow.runtime.lower_dispatch import DispatchSpec, node_dispatches
+from texelflow.runtime.vulkan.program import Dispatch, Program
+from texelflow.runtime.vulkan.tensor import VkTensor
+
+
+@dataclass
+class _Segment:
+    nodes: list[Node] = field(default_factory=list)
+    cpu: Node | None = None  # a fallback node ending the segment
+    program: Program | None = None
+    inputs: list[Value] = field(default_factory=list)  # host values uploaded before the submit
+    outputs: list[Value] = field(default_factory=list)  # device values the host needs after it
+
+
+class CompiledProgram:
+    """`prog(*inputs)` runs the planned model; `prog.plan` is its Plan."""
+
+    def __init__(self, plan, exported, device):
+        import torch
+
+        self.plan, self.device, self.exported = plan, device, exported
+        self._torch = torch
+        graph, assignment = plan.graph, plan.assignment
+        self._alias: dict[Value, Value] = {}
+        for n in graph.device_nodes():
+            if n.meta.get("folded"):
+                self._alias[n.outputs[0][1]] = self._root(n.arg("self"))
+        self._tensors: dict[Value, VkTensor] = {}
+        self._consts: dict[tuple[Value, object], VkTensor] = {}
+        self._state = self._constant_data(exported)
+        self.segments = self._cut(graph)
+        persistent = self._persistent(graph)
+        try:
+            for seg in self.segments:
+                specs = []
+                for node in seg.nodes:
+                    if node.meta.get("folded"):
+                        continue
+                    slots = {name: assignment.slots[(node, name)]
+                             for name in set([n for n, _ in node.tensor_args()] + [n for n, _ in node.outputs])}
+                    dtype = node.outputs[0][1].dtype
+                    specs += node_dispatches(node, slots, dtype)
+                dispatches = [self._dispatch(s, assignment, persistent) for s in specs]
+                ins = [self._tensor(v, assignment, persistent) for v in seg.inputs]
+                outs = [self._tensor(v, assignment, persistent) for v in seg.outputs]
+                seg.program = Program(device, dispatches, ins, outs)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- building ---------------------------------------------------------------------------------
+    def _root(self, v: Value) -> Value:
+        while v in self._alias:
+            v = self._alias[v]
+        return v
+
+    def _cut(self, graph) -> list[_Segment]:
+        segments, current = [], _Segment()
+        on_device: set[Value] = set()
+        for node in graph.nodes:
+            if node.on_device:
+                current.nodes.append(node)
+                for _, v in node.outputs:
+                    on_device.add(v)
+            else:
+                current.cpu = node
+                segments.append(current)
+                current = _Segment()
+        segments.append(current)
+        # Host -> device: inputs and CPU results a segment reads; device -> host: what leaves it.
+        produced_in: dict[Value, int] = {}
+        for i, seg in enumerate(segments):
+            for node in seg.nodes:
+                for _, v in node.outputs:
+                    produced_in[v] = i
+        need_host: set[Value] = set(graph.outputs)
+        for seg in segments:
+            if seg.cpu is not None:
+                need_host.update(v for _, v in seg.cpu.tensor_args())
+        for i, seg in enumerate(segments):
+            seen = set()
+            for node in seg.nodes:
+                for _, v in node.tensor_args():
+                    v = self._root(v)
+                    if v.kind != "const" and v not in produced_in and v not in seen:
+                        seen.add(v)
+                        seg.inputs.append(v)
+            for v in need_host:
+                r = self._root(v)
+                if produced_in.get(r) == i and r not in seg.outputs:
+                    seg.outputs.append(r)
+        return segments
+
+    def _persistent(self, graph) -> set[Value]:
+        """Values whose memory must outlive their segment (read later, or read by the host)."""
+        keep = set()
+        first_use: dict[Value, int] = {}
+        for i, seg in enumerate(self.segments):
+            keep.update(seg.outputs)
+            for node in seg.nodes:
+                for _, v in node.tensor_args():
+                    first_use.setdefault(self._root(v), i)
+        for i, seg in enumerate(self.segments):
+            for node in seg.nodes:
+                for _, v in node.tensor_args():
+                    r = self._root(v)
+                    if r.producer is not None and r.producer.on_device and self._segment_of(r.producer) != i:
+                        keep.add(r)
+        return keep
+
+    def _segment_of(self, node: Node) -> int:
+        for i, seg in enumerate(self.segments):
+            if node in seg.nodes:
+                return i
+        return -1
+
+    def _tensor(self, v: Value, assignment, persistent) -> VkTensor:
+        v = self._root(v)
+        t = self._tensors.get(v)
+        if t is None:
+            r = assignment.values[v]
+            t = VkTensor(self.device, v.shape, v.dtype, r.storage, r.layout, allocate=v in persistent, label=v.name)
+            self._tensors[v] = t
+        return t
+
+    def _const(self, v: Value, repr_) -> VkTensor:
+        t = self._consts.get((v, repr_))
+        if t is None:
+            data = self._const_value(v)
+            t = VkTensor(self.device, v.shape, v.dtype, repr_.storage, repr_.layout, label=v.name)
+            t.upload(data)  # prepacked once, at load
+            self._consts[(v, repr_)] = t
+        return t
+
+    def _dispatch(self, spec: DispatchSpec, assignment, persistent) -> Dispatch:
+        tensors = {}
+        for name, v in spec.tensors.items():
+            if isinstance(v, VkTensor):
+                tensors[name] = v
+            elif v.kind == "const":
+                node = next(n for n in v.users if (n, name) in assignment.slots)
+                tensors[name] = self._const(v, assignment.slots[(node, name)])
+            else:
+                tensors[name] = self._tensor(v, assignment, persistent)
+        return Dispatch(spec.variant, tensors, spec.scalars, label=spec.label)
+
+    def _constant_data(self, ep) -> dict:
+        state = dict(ep.state_dict)
+        state.update(getattr(ep, "constants", {}) or {})
+        return state
+
+    def _const_value(self, v: Value) -> np.ndarray:
+        torch = self._torch
+        if hasattr(v, "meta_value"):
+            return np.array(v.meta_value, dtype=np.dtype(v.dtype)).reshape(v.shape)
+        source = getattr(v, "meta_source", v.name)
+        data = self._state[source]
+        return data.detach().to(getattr(torch, v.dtype)).contiguous().numpy()
+
+    # ---- running ----------------------------------------------------------------------------------
+    def __call__(self, *args):
+        torch = self._torch
+        flat, _ = torch.utils._pytree.tree_flatten(args)
+        graph = self.plan.graph
+        if len(flat) != len(graph.inputs):
+            raise ValueError(f"the program takes {len(graph.inputs)} tensor inputs, got {len(flat)}")
+        env: dict[Value, object] = {v: t for v, t in zip(graph.inputs, flat)}
+        for seg in self.segments:
+            if seg.program is not None and (seg.nodes or seg.inputs):
+                arrays = [self._host(env[v], v) for v in seg.inputs]
+                for v, out in zip(seg.outputs, seg.program(*arrays)):
+                    env[v] = torch.from_numpy(np.ascontiguousarray(out))
+            if seg.cpu is not None:
+                self._run_cpu(seg.cpu, env)
+        results = []
+        for v in graph.outputs:
+            r = self._root(v)
+            results.append(env[r].reshape(v.shape) if r is not v else env[v])
+        return torch.utils._pytree.tree_unflatten(results, self.exported.call_spec.out_spec)
+
+    def _host(self, value, v: Value) -> np.ndarray:
+        return value.detach().to(getattr(self._torch, v.dtype)).contiguous().numpy()
+
+    def _run_cpu(self, node: Node, env: dict) -> None:
+        torch = self._torch
+        fx = node.meta["fx"]
+        lookup = {}
+        for _, v in node.tensor_args():
+            lookup[v.name] = self._value_of(v, env)
+        by_fx = self._fx_values(fx, node, env)
+        args = torch.fx.node.map_arg(fx.args, lambda a: by_fx[a.name])
+        kwargs = torch.fx.node.map_arg(fx.kwargs, lambda a: by_fx[a.name])
+        result = fx.target(*args, **kwargs)
+        outs = result if isinstance(result, (tuple, list)) else (result,)
+        for (_, v), r in zip(node.outputs, [o for o in outs if o is not None]):
+            env[v] = r
+
+    def _value_of(self, v: Value, env: dict):
+        if v.kind == "const":
+            if hasattr(v, "meta_value"):
+                return v.meta_value
+            return self._state[getattr(v, "meta_source", v.name)]
+        r = self._root(v)
+        value = env[r]
+        return value.reshape(v.shape) if r is not v else value
+
+    def _fx_values(self, fx, node: Node, env: dict) -> dict:
+        """fx input node name -> torch value, for the fx node behind a fallback IR node."""
+        out = {}
+        for a in fx.all_input_nodes:
+            v = self._ir_value(a)
+            out[a.name] = self._value_of(v, env) if isinstance(v, Value) else tuple(self._value_of(x, env) for x in v)
+        return out
+
+    def _ir_value(self, fx_node):
+        import operator
+
+        for v in self.plan.graph.values():
+            if v.name == fx_node.name:
+                return v
+        if fx_node.target is operator.getitem:  # a getitem of a multi-output node
+            src, idx = fx_node.args
+            return self._ir_value_multi(src)[idx]
+        return self._ir_value_multi(fx_node)
+
+    def _ir_value_multi(self, fx_node):
+        node = next(n for n in self.plan.graph.nodes if n.name == fx_node.name)
+        return [v for _, v in node.outputs]
+
+    # ---- introspection ----------------------------------------------------------------------------
+    @property
+    def num_submits_per_call(self) -> int:
+        return sum(1 for s in self.segments if s.program is not None and (s.nodes or s.inputs))
+
+    def profile(self) -> list[tuple[str, float]]:
+        rows = []
+        for seg in self.segments:
+            if seg.program is not None and seg.program.dispatches:
+                rows += seg.program.profile()
+        return rows
+
+    def close(self) -> None:
+        for seg in getattr(self, "segments", []):
+            if seg.program is not None:
+                seg.program.close()
+        for t in list(self._tensors.values()) + list(self._consts.values()):
+            t.close()
+        self._tensors, self._consts = {}, {}

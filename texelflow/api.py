@@ -1,0 +1,48 @@
+"""The public API: plan a model (no device needed) or compile it for a Vulkan device."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def _texture_limits(texture_limits, device):
+    from texelflow.generated.layouts import TEXTURE_LIMITS
+
+    if texture_limits is not None:
+        return tuple(texture_limits)
+    if device is not None:
+        ext = device.limits.max_image_extent_3d
+        return (min(ext[0], TEXTURE_LIMITS[0]), min(ext[1], TEXTURE_LIMITS[1]), min(ext[2], TEXTURE_LIMITS[2]))
+    return TEXTURE_LIMITS
+
+
+def plan(model, example_inputs: Sequence = (), planner: str = "optimal", texture_limits=None,
+         time_limit: float = 10.0):
+    """Export `model` (an nn.Module with `example_inputs`, or an ExportedProgram), partition it and
+    plan a representation for every tensor. Returns a Plan; no Vulkan device is needed."""
+    from texelflow.runtime.graph.importer import export_program
+    from texelflow.runtime.graph.lowering import lower
+    from texelflow.runtime.graph.plan import plan_graph
+
+    limits = _texture_limits(texture_limits, None)
+    ep = export_program(model, example_inputs)
+    result = plan_graph(lower(ep, limits), planner, limits, time_limit)
+    result.exported = ep
+    return result
+
+
+def compile(model, example_inputs: Sequence = (), planner: str = "optimal", device=None, texture_limits=None,
+            time_limit: float = 10.0):
+    """Plan `model` for `device` (default: the best one found) and build a callable program."""
+    from texelflow.runtime.graph.importer import export_program
+    from texelflow.runtime.graph.lowering import lower
+    from texelflow.runtime.graph.plan import plan_graph
+    from texelflow.runtime.program import CompiledProgram
+    from texelflow.runtime.vulkan.device import Device
+
+    device = device if device is not None else Device()
+    limits = _texture_limits(texture_limits, device)
+    ep = export_program(model, example_inputs)
+    result = plan_graph(lower(ep, limits), planner, limits, time_limit)
+    result.exported = ep
+    return CompiledProgram(result, ep, device)
