@@ -162,7 +162,7 @@ OPS: dict[str, OpEntry] = {
             Arg('padding', 'int_list', default=[0]),
             Arg('ceil_mode', 'bool', default=False),
             Arg('count_include_pad', 'bool', default=True),
-            Arg('divisor_override', 'int', optional=True),
+            Arg('divisor_override', 'int', optional=True, default=0),
         ),
         outputs=(
             Output('out', 'CHANNELS_PACKED_TEXTURE'),
@@ -785,12 +785,15 @@ OPS: dict[str, OpEntry] = {
         name='squeeze_copy',
         targets=(
             'aten.squeeze_copy.dims',
+            'aten.squeeze_copy.dim',
+            'aten.squeeze_copy.default',
             'aten.squeeze.dims',
             'aten.squeeze.dim',
+            'aten.squeeze.default',
         ),
         args=(
             Arg('self', 'tensor', repset='ANY_STORAGE_INCL_PACKED_INT8'),
-            Arg('dim', 'any'),
+            Arg('dim', 'any', optional=True),
         ),
         outputs=(
             Output('out', 'ANY_STORAGE_INCL_PACKED_INT8'),
@@ -986,8 +989,11 @@ TARGETS: dict[str, str] = {
     'aten.relu.default': 'relu',
     'aten.sigmoid.default': 'sigmoid',
     'aten.sqrt.default': 'sqrt',
+    'aten.squeeze.default': 'squeeze_copy',
     'aten.squeeze.dim': 'squeeze_copy',
     'aten.squeeze.dims': 'squeeze_copy',
+    'aten.squeeze_copy.default': 'squeeze_copy',
+    'aten.squeeze_copy.dim': 'squeeze_copy',
     'aten.squeeze_copy.dims': 'squeeze_copy',
     'aten.sub.Tensor': 'sub',
     'aten.tanh.default': 'tanh',

@@ -36,10 +36,22 @@ T load_self(ivec4 idx) {
 
 bool same_shape() { return pc.out_sizes == pc.self_sizes; }
 
+// Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
+ivec4 src(ivec4 e) {
+  return same_shape() ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
+}
+
+// Fast path: the same layout, and a shape that keeps every element in the same unit and lane
+// (any identity copy, and reshapes such as a contiguous buffer view), is a unit-for-unit copy.
+bool same_units() {
+  return out_layout == self_layout
+      && tf_same_unit_order(pc.self_sizes, pc.out_sizes, out_layout, false);
+}
+
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-  if (out_layout == self_layout && same_shape()) { t_out[u] = t_self[u]; return; }
+  if (same_units()) { t_out[u] = t_self[u]; return; }
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   int word = 0;
@@ -47,8 +59,7 @@ void main() {
     ivec4 e = idx;
     e[pd] += k;
     if (tf_in_bounds(e, pc.out_sizes)) {
-      ivec4 src = tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
-      word = bitfieldInsert(word, load_self(src), 8 * k, 8);
+      word = bitfieldInsert(word, load_self(src(e)), 8 * k, 8);
     }
   }
   t_out[u] = word;

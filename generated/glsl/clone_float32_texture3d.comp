@@ -38,11 +38,27 @@ T load_self(ivec4 idx) {
 
 bool same_shape() { return pc.out_sizes == pc.self_sizes; }
 
+// Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
+ivec4 src(ivec4 e) {
+  return same_shape() ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
+}
+
+// Fast path: the same layout, and a shape that keeps every element in the same unit and lane
+// (any identity copy, and reshapes such as a contiguous buffer view), is a unit-for-unit copy.
+bool same_units() {
+  return out_layout == self_layout
+      && tf_same_unit_order(pc.self_sizes, pc.out_sizes, out_layout, true);
+}
+
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-  if (out_layout == self_layout && same_shape()) { store_texel_out(pos, load_texel_self(pos)); return; }
+  if (same_units()) {
+    ivec3 from = same_shape() ? pos : tf_unit_to_texel(u, tf_texture_extents(pc.self_sizes, self_layout));
+    store_texel_out(pos, load_texel_self(from));
+    return;
+  }
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);
@@ -50,7 +66,7 @@ void main() {
     ivec4 e = idx;
     e[pd] += k;
     if (tf_in_bounds(e, pc.out_sizes)) {
-      r[k] = load_self(tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes));
+      r[k] = load_self(src(e));
     }
   }
   store_texel_out(pos, r);

@@ -34,6 +34,12 @@ T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, s
 
 bool same_shape() { return pc.out_sizes == pc.self_sizes; }
 
+// Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
+ivec4 src(ivec4 e) {
+  return same_shape() ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
+}
+
+
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
@@ -45,7 +51,7 @@ void main() {
     ivec4 e = idx;
     e[pd] += k;
     if (tf_in_bounds(e, pc.out_sizes)) {
-      r[k] = load_self(tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes));
+      r[k] = load_self(src(e));
     }
   }
   store_texel_out(pos, r);

@@ -37,11 +37,15 @@ T load_self(ivec4 idx) {
 
 bool same_shape() { return pc.out_sizes == pc.self_sizes; }
 
+// Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
+ivec4 src(ivec4 e) {
+  return same_shape() ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
+}
+
+
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-  // Fast path: the same representation and shape is a word-for-word copy.
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
-  ivec4 src = tf_linear_to_whcn(tf_whcn_to_linear(idx, pc.out_sizes), pc.self_sizes);
-  t_out[u] = load_self(src);
+  t_out[u] = load_self(src(idx));
 }

@@ -33,12 +33,22 @@ T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, s
 
 bool same_shape() { return pc.out_sizes == pc.self_sizes; }
 
+// Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
+ivec4 src(ivec4 e) {
+  return same_shape() ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
+}
+
+// Fast path: the same layout, and a shape that keeps every element in the same unit and lane
+// (any identity copy, and reshapes such as a contiguous buffer view), is a unit-for-unit copy.
+bool same_units() {
+  return out_layout == self_layout
+      && tf_same_unit_order(pc.self_sizes, pc.out_sizes, out_layout, false);
+}
+
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-  // Fast path: the same representation and shape is a word-for-word copy.
-  if (out_layout == self_layout && same_shape()) { t_out[u] = t_self[u]; return; }
+  if (same_units()) { t_out[u] = t_self[u]; return; }
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
-  ivec4 src = tf_linear_to_whcn(tf_whcn_to_linear(idx, pc.out_sizes), pc.self_sizes);
-  t_out[u] = load_self(src);
+  t_out[u] = load_self(src(idx));
 }

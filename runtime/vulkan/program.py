@@ -206,7 +206,7 @@ class Program:
                 commands.work_to_work(vk, cmd)
             pending: list[tuple[tuple, bool]] = []  # memory ranges touched since the last barrier
             for i, (d, ts) in enumerate(zip(self.dispatches, self._bound)):
-                acc = [(_range(t), b.access == "write") for b, t in zip(self._bindings(d.variant), ts)]
+                acc = [(_range(t), b.access in ("write", "readwrite")) for b, t in zip(self._bindings(d.variant), ts)]
                 if any(_overlap(r, pr) and (w or pw) for r, w in acc for pr, pw in pending):
                     commands.work_to_work(vk, cmd)
                     self.num_barriers += 1

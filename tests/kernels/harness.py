@@ -31,8 +31,8 @@ def rid(r) -> str:
 def rand(*shape, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
     """Random floats, or distinct-ish ints for int32 and int8."""
     g = torch.Generator().manual_seed(seed)
-    if dtype == torch.int32:
-        return torch.randint(-1000, 1000, shape, generator=g, dtype=torch.int32)
+    if dtype in (torch.int32, torch.int8):
+        return torch.randint(-128, 128, shape, generator=g, dtype=dtype)
     return torch.randn(*shape, generator=g, dtype=dtype)
 
 
@@ -85,6 +85,14 @@ def permute_dims_whcn(dims, rank: int) -> tuple[int, int, int, int]:
     """torch permute `dims` as the `permute_dims` push constant (see shaders/permute.glsl.j2)."""
     dims = [d % rank for d in dims]
     return tuple(rank - 1 - dims[rank - 1 - d] if d < rank else d for d in range(4))
+
+
+def affine(w: int, has_weight: bool, has_bias: bool) -> tuple:
+    """Optional layer-norm weight/bias: (weight, bias, tensors to bind, has_weight/has_bias scalars)."""
+    weight, bias = rand(w, seed=2) if has_weight else None, rand(w, seed=3) if has_bias else None
+    tensors = {"weight": (DUMMY if weight is None else weight, BUF_WP),
+               "bias": (DUMMY if bias is None else bias, BUF_WP)}
+    return weight, bias, tensors, {"has_weight": int(has_weight), "has_bias": int(has_bias)}
 
 
 def conv_push(stride, padding, dilation, groups: int, has_bias: bool) -> dict:

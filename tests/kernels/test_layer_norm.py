@@ -4,16 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .harness import BUF_WP, DUMMY, close, rand, reprs, rid, run
+from .harness import affine, close, rand, reprs, rid, run
 
 ANY = reprs("ANY_STORAGE")  # the 6 float representations
-
-
-def affine(w: int, has_weight: bool, has_bias: bool) -> tuple:
-    weight, bias = rand(w, seed=2) if has_weight else None, rand(w, seed=3) if has_bias else None
-    tensors = {"weight": (DUMMY if weight is None else weight, BUF_WP),
-               "bias": (DUMMY if bias is None else bias, BUF_WP)}
-    return weight, bias, tensors, {"has_weight": int(has_weight), "has_bias": int(has_bias)}
 
 
 @pytest.mark.parametrize("r", ANY, ids=rid)

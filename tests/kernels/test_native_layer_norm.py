@@ -4,8 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .harness import close, rand, reprs, rid, run
-from .test_layer_norm import affine
+from .harness import affine, close, rand, reprs, rid, run
 
 ANY = reprs("ANY_STORAGE")
 

@@ -104,11 +104,11 @@ def test_binary_matches_torch(device, name, rep):
     storage, layout = rep
     variant = find_variant(op, dtype=dtype, storage=STORAGE_AXIS[storage])
     shapes = BINARY_SHAPES + (BINARY_SHAPES_HIGHDIM if storage == Storage.BUFFER else [])
-    names = [a.name for a in variant.bindings if a.access == "read"]  # self, other/exponent
+    names = [b.tensor for b in sorted(variant.bindings, key=lambda b: b.index) if b.access == "read"]  # self, other/exponent
     cases, wants = [], []
     for sa, sb in shapes:
         rng = _rng(name, sa, sb)
-        a, b = gen_a(rng, sa, dtype), gen_b(rng, sb, dtype)
+        a, b = np.asarray(gen_a(rng, sa, dtype)), np.asarray(gen_b(rng, sb, dtype))
         want = ref(torch.from_numpy(a), torch.from_numpy(b)).numpy()
         cases.append(Case({names[0]: a, names[1]: b}, want.shape, scalars))
         wants.append(want)
@@ -155,7 +155,7 @@ def test_unary_matches_torch(device, name, rep):
     shapes = UNARY_SHAPES + (UNARY_SHAPES_HIGHDIM if storage == Storage.BUFFER else [])
     cases, wants = [], []
     for shape in shapes:
-        x = gen(_rng(name, shape), shape)
+        x = np.array(gen(_rng(name, shape), shape), dtype=np.float32)
         if shape:
             x.reshape(-1)[0] = 0.0  # OP(0) on a real element (padding lanes must not get it)
         cases.append(Case({"self": x}, x.shape, scalars))
