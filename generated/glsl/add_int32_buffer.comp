@@ -43,26 +43,16 @@ T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-  bool a_full = self_layout == out_layout && pc.self_sizes == pc.out_sizes;
-  bool b_full = other_layout == out_layout && pc.other_sizes == pc.out_sizes;
-  bool a_one = pc.self_sizes == ivec4(1);
-  bool b_one = pc.other_sizes == ivec4(1);
-  if (a_full && b_full) {
-    // Same sizes and layout: a direct word-for-word op.
-    T X = t_self[u];
-    T Y = t_other[u];
-    t_out[u] = X + VEC(pc.alpha) * Y;
-    return;
-  }
-  T X;
-  T Y;
-  if ((a_full || a_one) && (b_full || b_one)) {
-    X = t_self[a_one ? 0 : u];
-    Y = t_other[u];
-  } else {
+  bool direct = self_layout == out_layout && other_layout == out_layout
+      && pc.self_sizes == pc.out_sizes && pc.other_sizes == pc.out_sizes;
+  int wa = u;
+  int wb = u;
+  if (!direct) {
     ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
-    X = a_full ? t_self[u] : load_self(tf_broadcast(idx, pc.self_sizes));
-    Y = b_full ? t_other[u] : load_other(tf_broadcast(idx, pc.other_sizes));
+    wa = tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
+    wb = tf_buffer_word_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).x;
   }
+  T X = t_self[wa];
+  T Y = t_other[wb];
   t_out[u] = X + VEC(pc.alpha) * Y;
 }

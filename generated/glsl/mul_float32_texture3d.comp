@@ -51,27 +51,22 @@ T load_other(ivec4 idx) {
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-  bool a_full = self_layout == out_layout && pc.self_sizes == pc.out_sizes;
-  bool b_full = other_layout == out_layout && pc.other_sizes == pc.out_sizes;
-  bool a_one = pc.self_sizes == ivec4(1);
-  bool b_one = pc.other_sizes == ivec4(1);
+  bool direct = self_layout == out_layout && other_layout == out_layout
+      && pc.self_sizes == pc.out_sizes && pc.other_sizes == pc.out_sizes;
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-  VEC4 X;
-  VEC4 Y;
-  if ((a_full || a_one) && (b_full || b_one)) {
-    X = a_one ? VEC4(load_texel_self(ivec3(0)).x) : load_texel_self(pos);
-    Y = b_one ? VEC4(load_texel_other(ivec3(0)).x) : load_texel_other(pos);
-  } else {
+  ivec3 pa = pos;
+  ivec3 pb = pos;
+  if (!direct) {
     ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
-    ivec4 ia = tf_broadcast(idx, pc.self_sizes);
-    ivec4 ib = tf_broadcast(idx, pc.other_sizes);
-    X = a_full ? load_texel_self(pos) : load_texel_self(tf_texel_pos_lane(ia, pc.self_sizes, self_layout).xyz);
-    Y = b_full ? load_texel_other(pos) : load_texel_other(tf_texel_pos_lane(ib, pc.other_sizes, other_layout).xyz);
-    // An input of size 1 along the packed dim broadcasts its lane 0.
-    int pd = tf_packed_dim(out_layout);
-    if (pc.self_sizes[pd] == 1) { X = VEC4(X.x); }
-    if (pc.other_sizes[pd] == 1) { Y = VEC4(Y.x); }
+    pa = tf_texel_pos_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).xyz;
+    pb = tf_texel_pos_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).xyz;
   }
+  VEC4 X = load_texel_self(pa);
+  VEC4 Y = load_texel_other(pb);
+  // An input of size 1 along the packed dim broadcasts its lane 0.
+  int pd = tf_packed_dim(out_layout);
+  if (pc.self_sizes[pd] == 1) { X = VEC4(X.x); }
+  if (pc.other_sizes[pd] == 1) { Y = VEC4(Y.x); }
   // Padding lanes stay zero whatever OP(0, 0) is.
   store_texel_out(pos, mix(X * Y, VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
 }

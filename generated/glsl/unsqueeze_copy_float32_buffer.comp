@@ -40,10 +40,11 @@ ivec4 src(ivec4 e) {
 }
 
 // Fast path: the same layout, and a shape that keeps every element in the same unit and lane
-// (any identity copy, and reshapes such as a contiguous buffer view), is a unit-for-unit copy.
+// (any identity copy, and reshapes such as a contiguous buffer view), is a word-for-word copy.
+// For width-packed float buffers the condition is decided at pipeline creation (layouts are
+// specialization constants), so the element path below is compiled out.
 bool same_units() {
-  return out_layout == self_layout
-      && tf_same_unit_order(pc.self_sizes, pc.out_sizes, out_layout, false);
+  return out_layout == self_layout && tf_same_buffer_order(pc.self_sizes, pc.out_sizes, out_layout);
 }
 
 void main() {

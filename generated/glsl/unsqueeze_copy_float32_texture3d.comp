@@ -44,22 +44,14 @@ ivec4 src(ivec4 e) {
   return same_shape() ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
 
-// Fast path: the same layout, and a shape that keeps every element in the same unit and lane
-// (any identity copy, and reshapes such as a contiguous buffer view), is a unit-for-unit copy.
-bool same_units() {
-  return out_layout == self_layout
-      && tf_same_unit_order(pc.self_sizes, pc.out_sizes, out_layout, true);
-}
 
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-  if (same_units()) {
-    ivec3 from = same_shape() ? pos : tf_unit_to_texel(u, tf_texture_extents(pc.self_sizes, self_layout));
-    store_texel_out(pos, load_texel_self(from));
-    return;
-  }
+  // Textures take only the same-shape case: a reshape that keeps the texel order would need a
+  // second unit -> texel division here, which drivers that mask rather than branch always pay.
+  if (out_layout == self_layout && same_shape()) { store_texel_out(pos, load_texel_self(pos)); return; }
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);

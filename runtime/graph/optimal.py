@@ -89,6 +89,7 @@ def plan_optimal(problem: Problem, time_limit: float = 10.0) -> Assignment:
     classes, value_class, int8_groups = _build_classes(problem)
 
     # Edges: a consumer slot reading a value from another class may need a transition.
+    contracted = _contract_chains(problem, classes, value_class, int8_groups)
     edges: list[tuple[Value, object]] = []  # (value, consumer class root)
     seen = set()
     for node in problem.repsets:
@@ -173,6 +174,99 @@ def plan_optimal(problem: Problem, time_limit: float = 10.0) -> Assignment:
     return result
 
 
+def _contract_chains(problem: Problem, classes: _Classes, value_class: dict, int8_groups) -> int:
+    """Merge classes along chains where an optimal plan never needs a transition (exact).
+
+    Forward: a class B whose only input value v is read by B alone, and whose outputs reach at
+    most one value w that anyone reads, can take v's producer's representation: the copy it could
+    save on v is worth at least what it could cost on w (by count; by bytes when bytes(w) <= bytes(v)),
+    provided B accepts everything the producer may hold. Backward is the mirror image: B with at
+    most one input value and one read output w, read by class C alone, can take C's representation.
+    Elementwise chains, views and single-consumer inputs collapse; returns the number of merges.
+    """
+    pinned = {classes.find(k) for keys in int8_groups for k in keys}
+    prod: dict[Value, object] = {}
+    cons: dict[Value, set] = {}
+    ins: dict[object, set] = {}
+    outs: dict[object, set] = {}
+    for node in problem.repsets:
+        for slot, v in node.tensor_args():
+            if v.kind == "const":
+                continue
+            p, c = classes.find(value_class[v]), classes.find((node, slot))
+            prod[v] = p
+            if c != p:
+                cons.setdefault(v, set()).add(c)
+                ins.setdefault(c, set()).add(v)
+                outs.setdefault(p, set()).add(v)
+
+    def subset(a, b) -> bool:
+        return classes.domain[a].mask & ~classes.domain[b].mask == 0
+
+    def merge(keep, gone) -> None:
+        classes.parent[gone] = keep
+        classes.domain[keep] = classes.domain[keep] & classes.domain[gone]
+        for v in outs.pop(gone, set()):
+            prod[v] = keep
+            cons[v].discard(keep)
+            ins.get(keep, set()).discard(v)
+            if cons[v]:
+                outs.setdefault(keep, set()).add(v)
+        for v in ins.pop(gone, set()):
+            cons[v].discard(gone)
+            if prod[v] != keep:
+                cons[v].add(keep)
+                ins.setdefault(keep, set()).add(v)
+            if not cons[v]:
+                outs.get(prod[v], set()).discard(v)
+        if keep in outs:
+            outs[keep] = {v for v in outs[keep] if cons.get(v)}
+
+    merges = 0
+    work = list(set(ins) | set(outs))
+    while work:
+        b = work.pop()
+        if classes.parent.get(b) != b or b in pinned:
+            continue
+        b_in, b_out = ins.get(b, set()), outs.get(b, set())
+        if len(b_in) == 1 and len(b_out) <= 1:
+            (v,) = b_in
+            a = prod[v]
+            if cons[v] == {b} and a not in pinned and subset(a, b) and all(w.nbytes <= v.nbytes for w in b_out):
+                merge(a, b)
+                merges += 1
+                work.append(a)
+                work.extend(prod[x] for x in ins.get(a, ()))
+                work.extend(c for x in outs.get(a, ()) for c in cons[x])
+                continue
+        if len(b_in) <= 1 and len(b_out) == 1:
+            (w,) = b_out
+            if len(cons[w]) == 1:
+                (c,) = cons[w]
+                if c not in pinned and subset(c, b) and all(v.nbytes <= w.nbytes for v in b_in):
+                    merge(c, b)
+                    merges += 1
+                    work.append(c)
+                    work.extend(prod[x] for x in ins.get(c, ()))
+                    work.extend(k for x in outs.get(c, ()) for k in cons[x])
+    return merges
+
+
+def _lp_then_mip(c, cons, integrality, bounds, opts):
+    """(x, certified optimal, lower bound) or None. The LP relaxation of these programs is
+    usually integral, and then it is the optimum; otherwise branch and bound within the time limit."""
+    relaxed = milp(c, constraints=cons, integrality=np.zeros_like(integrality), bounds=bounds, options=opts)
+    if relaxed.x is not None and relaxed.status == 0 and np.all(np.abs(relaxed.x - np.round(relaxed.x)) < 1e-7):
+        return np.round(relaxed.x), True, math.ceil(relaxed.fun - 1e-6)
+    lp_bound = math.ceil(relaxed.fun - 1e-6) if relaxed.status == 0 else 0
+    exact = milp(c, constraints=cons, integrality=integrality, bounds=bounds, options=opts)
+    if exact.x is None:
+        return None
+    dual = getattr(exact, "mip_dual_bound", None)
+    bound = max(lp_bound, math.ceil(dual - 1e-6)) if dual is not None and np.isfinite(dual) else lp_bound
+    return np.round(exact.x), exact.status == 0, bound
+
+
 def _component_cost(cedges, classes, value_class, choice) -> int:
     needed = set()
     for v, cc in cedges:
@@ -237,12 +331,12 @@ def _solve_component(cls, cedges, groups, classes, value_class, time_limit):
         count_obj[zi] = 1.0
     start = time.monotonic()
     opts = {"time_limit": time_limit, "mip_rel_gap": 0.0, "disp": False}
-    first = milp(count_obj, constraints=cons, integrality=integrality, bounds=bounds, options=opts)
-    if first.x is None:
+    first = _lp_then_mip(count_obj, cons, integrality, bounds, opts)
+    if first is None:
         return None
-    best = round(float(count_obj @ first.x))
-    exact = first.status == 0
-    bound = math.ceil(getattr(first, "mip_dual_bound", best) - 1e-6) if not exact else best
+    x1, exact, bound = first
+    best = round(float(count_obj @ x1))
+    bound = best if exact else bound
 
     # Stage two: keep the count, minimise bytes, then preference (worth < 1 byte in total).
     byte_obj = np.zeros(n)
@@ -254,10 +348,8 @@ def _solve_component(cls, cedges, groups, classes, value_class, time_limit):
         byte_obj[xi] = pref_scale * (s * 8 + l) / 16
     cap = LinearConstraint(count_obj.reshape(1, -1), -np.inf, best + 0.5)
     left = max(0.1, time_limit - (time.monotonic() - start))
-    second = milp(byte_obj, constraints=cons + [cap], integrality=integrality, bounds=bounds,
-                  options={**opts, "time_limit": left})
-    sol = second.x if second.x is not None else first.x
-    exact = exact and second.status == 0
+    second = _lp_then_mip(byte_obj, cons + [cap], integrality, bounds, {**opts, "time_limit": left})
+    sol = second[0] if second is not None else x1
     picks = {}
     for r in cls:
         reps = [rep for rep in classes.domain[r] if sol[xs[(r, rep)]] > 0.5]

@@ -8,6 +8,7 @@ int8 buffer layouts form two interchangeable families, {4W4C, 4C1W} and {4H4W, 4
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Sequence
@@ -68,133 +69,180 @@ def texture_extents(shape: Sequence[int], layout: Layout) -> tuple[int, int, int
     return (sizes[0], sizes[1], sizes[2] * sizes[3])
 
 
+# Every representation layouts.yaml allows, in preference order; bit i of a repset mask is REPRS[i].
+REPRS: tuple[TensorRepr, ...] = tuple(
+    sorted(
+        (TensorRepr(s, l) for l, info in LAYOUT_INFO.items() for s in info.storages),
+        key=TensorRepr.preference_key,
+    )
+)
+_BIT = {r: 1 << i for i, r in enumerate(REPRS)}
+_ALL = (1 << len(REPRS)) - 1
+_PDI_KEY = [(r.storage, r.pdi) for r in REPRS]
+# Bits sharing a representation's (storage, packed-dim info): the ones compatible with it.
+_COMPAT = [sum(1 << j for j, k in enumerate(_PDI_KEY) if k == key) for key in _PDI_KEY]
+_STORAGE_MASK = {s: sum(1 << i for i, r in enumerate(REPRS) if r.storage == s) for s in Storage}
+_FAMILY_MASK: dict[str, int] = {}
+for _i, _r in enumerate(REPRS):
+    _f = LAYOUT_INFO[_r.layout].family
+    _FAMILY_MASK[_f] = _FAMILY_MASK.get(_f, 0) | (1 << _i)
+
+
+def _bits(mask: int) -> Iterator[int]:
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+@functools.lru_cache(maxsize=None)
+def _compatible_mask(mask: int) -> int:
+    out = 0
+    for i in _bits(mask):
+        out |= _COMPAT[i]
+    return out
+
+
 class TensorRepSet:
-    """An immutable set of allowed representations, held as layouts per storage side."""
+    """An immutable set of allowed representations (a bitmask over REPRS, in preference order)."""
 
-    __slots__ = ("_sides", "_hash")
+    __slots__ = ("mask",)
 
-    def __init__(self, sides: Mapping[Storage, Iterable[Layout]] | None = None):
-        built = {s: frozenset(sides.get(s, ())) if sides else frozenset() for s in Storage}
-        for storage, layouts in built.items():
+    def __init__(self, sides: Mapping[Storage, Iterable[Layout]] | None = None, *, mask: int | None = None):
+        if mask is not None:
+            self.mask = mask
+            return
+        m = 0
+        for storage, layouts in (sides or {}).items():
             for layout in layouts:
-                if storage not in LAYOUT_INFO[layout].storages:
+                bit = _BIT.get(TensorRepr(storage, layout))
+                if bit is None:
                     raise ValueError(f"layout {layout.name} cannot live in storage {storage.name}")
-        self._sides: dict[Storage, frozenset[Layout]] = built
-        self._hash = hash(tuple(sorted((s, tuple(sorted(ls))) for s, ls in built.items())))
+                m |= bit
+        self.mask = m
 
     # ---- construction ------------------------------------------------------------------------
     @classmethod
     def named(cls, name: str) -> "TensorRepSet":
         try:
-            return cls(REPSETS[name])
+            return _named(name)
         except KeyError:
             raise KeyError(f"unknown repset '{name}'; layouts.yaml declares {', '.join(sorted(REPSETS))}") from None
 
     @classmethod
     def of(cls, *reprs: TensorRepr) -> "TensorRepSet":
-        sides: dict[Storage, set[Layout]] = {}
+        m = 0
         for r in reprs:
-            sides.setdefault(r.storage, set()).add(r.layout)
-        return cls(sides)
+            m |= _BIT[r]
+        return cls(mask=m)
 
     @classmethod
     def empty(cls) -> "TensorRepSet":
-        return cls()
+        return cls(mask=0)
 
     # ---- set protocol ------------------------------------------------------------------------
     def side(self, storage: Storage) -> frozenset[Layout]:
-        return self._sides[storage]
+        return frozenset(REPRS[i].layout for i in _bits(self.mask & _STORAGE_MASK[storage]))
 
     def reprs(self) -> frozenset[TensorRepr]:
-        return frozenset(TensorRepr(s, l) for s, ls in self._sides.items() for l in ls)
+        return frozenset(REPRS[i] for i in _bits(self.mask))
 
     def __iter__(self) -> Iterator[TensorRepr]:
         """Representations in preference order (storage first, then layout)."""
-        return iter(sorted(self.reprs(), key=TensorRepr.preference_key))
+        return (REPRS[i] for i in _bits(self.mask))
 
     def __len__(self) -> int:
-        return sum(len(ls) for ls in self._sides.values())
+        return self.mask.bit_count()
 
     def __contains__(self, r: object) -> bool:
-        return isinstance(r, TensorRepr) and r.layout in self._sides[r.storage]
+        return isinstance(r, TensorRepr) and bool(self.mask & _BIT.get(r, 0))
 
     def __and__(self, other: "TensorRepSet") -> "TensorRepSet":
-        return TensorRepSet({s: self._sides[s] & other._sides[s] for s in Storage})
+        return TensorRepSet(mask=self.mask & other.mask)
 
     def __or__(self, other: "TensorRepSet") -> "TensorRepSet":
-        return TensorRepSet({s: self._sides[s] | other._sides[s] for s in Storage})
+        return TensorRepSet(mask=self.mask | other.mask)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TensorRepSet) and self._sides == other._sides
+        return isinstance(other, TensorRepSet) and self.mask == other.mask
 
     def __hash__(self) -> int:
-        return self._hash
+        return hash(self.mask)
 
     def is_empty(self) -> bool:
-        return len(self) == 0
+        return self.mask == 0
 
     def is_constrained(self) -> bool:
         """Exactly one representation is left."""
-        return len(self) == 1
+        return self.mask != 0 and self.mask & (self.mask - 1) == 0
 
     def is_ambiguous(self) -> bool:
-        return len(self) > 1
+        return self.mask & (self.mask - 1) != 0
 
     def pick(self) -> TensorRepr:
         """The most preferred representation; the declared preference order breaks ties."""
-        if self.is_empty():
+        if not self.mask:
             raise ValueError("cannot pick a representation from an empty repset")
-        return next(iter(self))
+        return REPRS[(self.mask & -self.mask).bit_length() - 1]
 
     # ---- packed-dim info ---------------------------------------------------------------------
     def possible_pdis(self) -> dict[Storage, frozenset[PackedDimInfo]]:
-        return {s: frozenset(PACKED_DIM_INFO[(s, l)] for l in ls) for s, ls in self._sides.items()}
+        out: dict[Storage, set] = {s: set() for s in Storage}
+        for i in _bits(self.mask):
+            out[REPRS[i].storage].add(REPRS[i].pdi)
+        return {s: frozenset(v) for s, v in out.items()}
 
     def has_same_packed_dim_info_set(self, other: "TensorRepSet") -> bool:
         """Equal PDI sets; an empty set matches anything."""
-        if self.is_empty() or other.is_empty():
+        if not self.mask or not other.mask:
             return True
-        return self.possible_pdis() == other.possible_pdis()
+        return _compatible_mask(self.mask) == _compatible_mask(other.mask)
 
     def has_compatible_packed_dim_info_set(self, other: "TensorRepSet") -> bool:
         """Every PDI `other` can take, this set can take too, on each storage side."""
-        mine, theirs = self.possible_pdis(), other.possible_pdis()
-        return all(theirs[s] <= mine[s] for s in Storage)
+        return _compatible_mask(other.mask) & ~_compatible_mask(self.mask) == 0
 
     def filter_for_compatible_packed_dim_infos(self, other: "TensorRepSet") -> "TensorRepSet":
         """Keep the layouts whose PDI `other` can also take on the same storage side.
 
         A side that `other` lacks disappears; an empty `other` constrains nothing.
         """
-        if other.is_empty():
+        if not other.mask:
             return self
-        theirs = other.possible_pdis()
-        return TensorRepSet(
-            {s: {l for l in ls if PACKED_DIM_INFO[(s, l)] in theirs[s]} for s, ls in self._sides.items()}
-        )
+        return TensorRepSet(mask=self.mask & _compatible_mask(other.mask))
 
     def filter_for_family(self, family: str) -> "TensorRepSet":
         """Keep the layouts that can hold elements of a dtype family ("float" or "int8x4")."""
-        return TensorRepSet({s: {l for l in ls if LAYOUT_INFO[l].family == family} for s, ls in self._sides.items()})
+        return TensorRepSet(mask=self.mask & _FAMILY_MASK.get(family, 0))
 
     def filter_invalid_reprs(
         self, shape: Sequence[int], texture_limits: Sequence[int] = TEXTURE_LIMITS
     ) -> "TensorRepSet":
         """Drop texture representations the shape cannot have: rank > 4 or extents over the limits."""
-        sides = dict(self._sides)
-        textures = sides.get(Storage.TEXTURE_3D, frozenset())
-        if len(shape) > 4:
-            sides[Storage.TEXTURE_3D] = frozenset()
-        else:
-            sides[Storage.TEXTURE_3D] = frozenset(
-                l for l in textures if all(e <= m for e, m in zip(texture_extents(shape, l), texture_limits))
-            )
-        return TensorRepSet(sides)
+        return TensorRepSet(mask=self.mask & _valid_mask(tuple(shape), tuple(texture_limits)))
 
     def __repr__(self) -> str:
-        parts = [
-            f"{s.name}: {', '.join(LAYOUT_INFO[l].short for l in sorted(ls, key=_LAYOUT_RANK.__getitem__))}"
-            for s, ls in sorted(self._sides.items(), key=lambda kv: _STORAGE_RANK[kv[0]])
-            if ls
-        ]
+        parts = []
+        for s in STORAGE_PREFERENCE:
+            names = [LAYOUT_INFO[r.layout].short for r in self if r.storage == s]
+            if names:
+                parts.append(f"{s.name}: {', '.join(names)}")
         return "TensorRepSet{" + "; ".join(parts) + "}"
+
+
+@functools.lru_cache(maxsize=None)
+def _named(name: str) -> TensorRepSet:
+    return TensorRepSet(REPSETS[name])
+
+
+@functools.lru_cache(maxsize=4096)
+def _valid_mask(shape: tuple[int, ...], limits: tuple[int, ...]) -> int:
+    """Bits of the representations a tensor of `shape` can have under the texture limits."""
+    mask = _ALL & ~_STORAGE_MASK[Storage.TEXTURE_3D]
+    if len(shape) <= 4:
+        for i, r in enumerate(REPRS):
+            if r.storage == Storage.TEXTURE_3D and all(
+                e <= m for e, m in zip(texture_extents(shape, r.layout), limits)
+            ):
+                mask |= 1 << i
+    return mask
