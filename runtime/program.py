@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from texelflow.runtime.graph.ir import Node, Value
-from texelflow.runtime.lower_dispatch import DispatchSpec, node_dispatches
+from texelflow.runtime.lower_dispatch import DUMMY_BUFFER, DispatchSpec, node_dispatches
 from texelflow.runtime.vulkan.program import Dispatch, Program
 from texelflow.runtime.vulkan.tensor import VkTensor
 
@@ -151,7 +151,9 @@ class CompiledProgram:
     def _dispatch(self, spec: DispatchSpec, assignment, persistent) -> Dispatch:
         tensors = {}
         for name, v in spec.tensors.items():
-            if isinstance(v, VkTensor):
+            if v is DUMMY_BUFFER:
+                tensors[name] = self._dummy()
+            elif isinstance(v, VkTensor):
                 tensors[name] = v
             elif v.kind == "const":
                 node = next(n for n in v.users if (n, name) in assignment.slots)
@@ -159,6 +161,14 @@ class CompiledProgram:
             else:
                 tensors[name] = self._tensor(v, assignment, persistent)
         return Dispatch(spec.variant, tensors, spec.scalars, label=spec.label)
+
+    def _dummy(self) -> VkTensor:
+        """The 1-element buffer bound where an optional tensor (a bias, say) is absent."""
+        if getattr(self, "_dummy_tensor", None) is None:
+            self._dummy_tensor = VkTensor(self.device, (1,), "float32", label="absent")
+            self._dummy_tensor.upload(np.zeros(1, np.float32))
+            self._consts[("absent", None)] = self._dummy_tensor
+        return self._dummy_tensor
 
     def _constant_data(self, ep) -> dict:
         state = dict(ep.state_dict)

@@ -22,3 +22,17 @@ def copy_sources(dest: Path) -> Path:
 @pytest.fixture
 def scratch_repo(tmp_path: Path) -> Path:
     return copy_sources(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def device():
+    """One real Vulkan Device for the whole session. No device FAILS the test, never skips it."""
+    from texelflow.runtime.vulkan.device import Device
+    from texelflow.runtime.vulkan.errors import NoDeviceError
+
+    try:
+        dev = Device()
+    except NoDeviceError as exc:
+        pytest.fail(f"no Vulkan device: {exc}", pytrace=False)
+    yield dev
+    dev.close()

@@ -121,44 +121,49 @@ def plan_optimal(problem: Problem, time_limit: float = 10.0) -> Assignment:
     for keys in int8_groups:
         comp_groups.setdefault(comp.find(classes.find(keys[0])), []).append(keys)
 
-    greedy_choice = {}
-    for key in classes.parent:
-        root = classes.find(key)
-        if key[0] == "free":
-            greedy_choice.setdefault(root, greedy.values.get(key[1]))
-        else:
-            greedy_choice.setdefault(root, greedy.slots.get(key))
+    def greedy_of(key):
+        return greedy.values.get(key[1]) if key[0] == "free" else greedy.slots.get(key)
 
-    chosen: dict = {}
+    # Greedy's transitions per component: a component where greedy needs none is already optimal.
+    greedy_needs: dict = {}
+    for (v, _), _users in greedy.transitions(problem).items():
+        cid = comp.find(classes.find(value_class[v]))
+        greedy_needs[cid] = greedy_needs.get(cid, 0) + 1
+
+    keys_of: dict = {}
+    for key in classes.parent:
+        keys_of.setdefault(comp.find(classes.find(key)), []).append(key)
+
+    label: dict = {}  # original key -> representation
     certified = True
     lower = 0
     deadline = time.monotonic() + time_limit
     for cid, cls in members.items():
         cedges = comp_edges.get(cid, [])
         groups = comp_groups.get(cid, [])
-        greedy_cost = _component_cost(cedges, classes, value_class, greedy_choice)
-        if not cedges or greedy_cost == 0:
-            # No transition is possible, or greedy already needs none: pick by preference
-            # within what the sync groups allow (greedy's choice when groups tie classes).
-            for r in cls:
-                chosen[r] = greedy_choice[r] if (groups or cedges) else classes.domain[r].pick()
+        if not cedges and not groups:
+            for key in keys_of[cid]:  # one class, nothing to reconcile: the preferred representation
+                label[key] = classes.domain[classes.find(key)].pick()
+            continue
+        if greedy_needs.get(cid, 0) == 0:
+            for key in keys_of[cid]:
+                label[key] = greedy_of(key)
             continue
         remaining = max(0.1, deadline - time.monotonic())
         solved = _solve_component(cls, cedges, groups, classes, value_class, remaining)
         if solved is None:
             certified = False
-            for r in cls:
-                chosen[r] = greedy_choice[r]
-            lower += 0
+            for key in keys_of[cid]:
+                label[key] = greedy_of(key)
             continue
         picks, bound, exact = solved
-        chosen.update(picks)
+        for key in keys_of[cid]:
+            label[key] = picks[classes.find(key)]
         certified &= exact
         lower += bound
 
     result = Assignment(planner="optimal")
-    for key in classes.parent:
-        r = chosen[classes.find(key)]
+    for key, r in label.items():
         if key[0] == "free":
             result.values[key[1]] = r
         else:
@@ -183,6 +188,10 @@ def _contract_chains(problem: Problem, classes: _Classes, value_class: dict, int
     provided B accepts everything the producer may hold. Backward is the mirror image: B with at
     most one input value and one read output w, read by class C alone, can take C's representation.
     Elementwise chains, views and single-consumer inputs collapse; returns the number of merges.
+    Backward merges are tried first, so a chain takes its constrained consumer's representation
+    and the copy sits at the constrained producer, as in the reference. Among plans equal in count
+    and bytes, where a transition sits along such a chain is decided here, not by the preference
+    order.
     """
     pinned = {classes.find(k) for keys in int8_groups for k in keys}
     prod: dict[Value, object] = {}
@@ -229,16 +238,6 @@ def _contract_chains(problem: Problem, classes: _Classes, value_class: dict, int
         if classes.parent.get(b) != b or b in pinned:
             continue
         b_in, b_out = ins.get(b, set()), outs.get(b, set())
-        if len(b_in) == 1 and len(b_out) <= 1:
-            (v,) = b_in
-            a = prod[v]
-            if cons[v] == {b} and a not in pinned and subset(a, b) and all(w.nbytes <= v.nbytes for w in b_out):
-                merge(a, b)
-                merges += 1
-                work.append(a)
-                work.extend(prod[x] for x in ins.get(a, ()))
-                work.extend(c for x in outs.get(a, ()) for c in cons[x])
-                continue
         if len(b_in) <= 1 and len(b_out) == 1:
             (w,) = b_out
             if len(cons[w]) == 1:
@@ -249,6 +248,16 @@ def _contract_chains(problem: Problem, classes: _Classes, value_class: dict, int
                     work.append(c)
                     work.extend(prod[x] for x in ins.get(c, ()))
                     work.extend(k for x in outs.get(c, ()) for k in cons[x])
+                    continue
+        if len(b_in) == 1 and len(b_out) <= 1:
+            (v,) = b_in
+            a = prod[v]
+            if cons[v] == {b} and a not in pinned and subset(a, b) and all(w.nbytes <= v.nbytes for w in b_out):
+                merge(a, b)
+                merges += 1
+                work.append(a)
+                work.extend(prod[x] for x in ins.get(a, ()))
+                work.extend(c for x in outs.get(a, ()) for c in cons[x])
     return merges
 
 
@@ -265,15 +274,6 @@ def _lp_then_mip(c, cons, integrality, bounds, opts):
     dual = getattr(exact, "mip_dual_bound", None)
     bound = max(lp_bound, math.ceil(dual - 1e-6)) if dual is not None and np.isfinite(dual) else lp_bound
     return np.round(exact.x), exact.status == 0, bound
-
-
-def _component_cost(cedges, classes, value_class, choice) -> int:
-    needed = set()
-    for v, cc in cedges:
-        want, have = choice[cc], choice[classes.find(value_class[v])]
-        if want != have:
-            needed.add((id(v), want))
-    return len(needed)
 
 
 def _solve_component(cls, cedges, groups, classes, value_class, time_limit):
