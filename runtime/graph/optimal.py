@@ -6,12 +6,14 @@ representation (float packed-dim info is the storage and layout), so they are me
 takes its producer's output class, or a free class of its own when it comes from the host.
 x[c, r] = class c holds representation r; z[v, r] = value v is copied into r.
 
-Objective, lexicographic: the number of transitions, then the bytes they copy, then the declared
-preference order. Stage one minimises the count and yields a certified lower bound (the MIP dual
-bound); stage two fixes the count and minimises bytes with the preference as a tie-break worth
-less than one byte. A component whose greedy plan needs no transition is already optimal and is
-not solved. When the solver runs out of time the greedy plan of that component is kept, and the
-plan says it is not certified.
+Before solving, chains where an optimal plan never needs a copy are contracted (exactly; see
+_contract_chains), and a component whose classes share a representation is settled at once with
+zero transitions. The rest is one program per component: minimise count + bytes / (all bytes + 1),
+so the count comes first and bytes break its ties. The LP relaxation is tried first; when it is
+integral it is the optimum, otherwise HiGHS branches and bounds within the time limit, and its dual
+bound is the certified lower bound. The declared preference order then breaks the remaining ties
+(a local pass that never changes count or bytes). A component the solver cannot finish in time
+keeps its greedy plan, and the plan says it is not certified.
 """
 
 from __future__ import annotations
@@ -85,7 +87,6 @@ def _build_classes(problem: Problem):
 
 
 def plan_optimal(problem: Problem, time_limit: float = 10.0) -> Assignment:
-    greedy = plan_greedy(problem)
     classes, value_class, int8_groups = _build_classes(problem)
 
     # Edges: a consumer slot reading a value from another class may need a transition.
@@ -121,14 +122,12 @@ def plan_optimal(problem: Problem, time_limit: float = 10.0) -> Assignment:
     for keys in int8_groups:
         comp_groups.setdefault(comp.find(classes.find(keys[0])), []).append(keys)
 
-    def greedy_of(key):
-        return greedy.values.get(key[1]) if key[0] == "free" else greedy.slots.get(key)
+    greedy: list[Assignment] = []  # computed only if a component has to fall back to it
 
-    # Greedy's transitions per component: a component where greedy needs none is already optimal.
-    greedy_needs: dict = {}
-    for (v, _), _users in greedy.transitions(problem).items():
-        cid = comp.find(classes.find(value_class[v]))
-        greedy_needs[cid] = greedy_needs.get(cid, 0) + 1
+    def greedy_of(key):
+        if not greedy:
+            greedy.append(plan_greedy(problem))
+        return greedy[0].values.get(key[1]) if key[0] == "free" else greedy[0].slots.get(key)
 
     keys_of: dict = {}
     for key in classes.parent:
@@ -145,10 +144,17 @@ def plan_optimal(problem: Problem, time_limit: float = 10.0) -> Assignment:
             for key in keys_of[cid]:  # one class, nothing to reconcile: the preferred representation
                 label[key] = classes.domain[classes.find(key)].pick()
             continue
-        if greedy_needs.get(cid, 0) == 0:
-            for key in keys_of[cid]:
-                label[key] = greedy_of(key)
-            continue
+        if not groups:
+            # Zero transitions are possible iff every class of the component can hold one common
+            # representation: then the preferred one of those is optimal, certified by 0.
+            common = classes.domain[cls[0]]
+            for r in cls[1:]:
+                common = common & classes.domain[r]
+            if not common.is_empty():
+                pick = common.pick()
+                for key in keys_of[cid]:
+                    label[key] = pick
+                continue
         remaining = max(0.1, deadline - time.monotonic())
         solved = _solve_component(cls, cedges, groups, classes, value_class, remaining)
         if solved is None:
@@ -261,32 +267,65 @@ def _contract_chains(problem: Problem, classes: _Classes, value_class: dict, int
     return merges
 
 
-def _lp_then_mip(c, cons, integrality, bounds, opts):
-    """(x, certified optimal, lower bound) or None. The LP relaxation of these programs is
-    usually integral, and then it is the optimum; otherwise branch and bound within the time limit."""
-    relaxed = milp(c, constraints=cons, integrality=np.zeros_like(integrality), bounds=bounds, options=opts)
+def _lp_then_mip(c, cons, integrality, bounds, opts, rounded=None):
+    """(x, certified optimal, dual bound on the objective) or None.
+
+    The LP relaxation of these programs is often integral, and then it is the optimum. When it is
+    not, rounding it often still reaches the LP's value, which certifies the rounded plan; only
+    otherwise does HiGHS branch and bound, within the time limit.
+    """
+    lp_opts = {k: v for k, v in opts.items() if not k.startswith("mip_")}
+    relaxed = milp(c, constraints=cons, integrality=np.zeros_like(integrality), bounds=bounds, options=lp_opts)
     if relaxed.x is not None and relaxed.status == 0 and np.all(np.abs(relaxed.x - np.round(relaxed.x)) < 1e-7):
-        return np.round(relaxed.x), True, math.ceil(relaxed.fun - 1e-6)
-    lp_bound = math.ceil(relaxed.fun - 1e-6) if relaxed.status == 0 else 0
+        return np.round(relaxed.x), True, float(relaxed.fun)
+    lp_bound = float(relaxed.fun) if relaxed.status == 0 else 0.0
+    if rounded is not None and relaxed.x is not None and relaxed.status == 0:
+        sol, value = rounded(relaxed.x)
+        if sol is not None and value <= lp_bound + 1e-9 * max(1.0, abs(lp_bound)):
+            return sol, True, lp_bound
     exact = milp(c, constraints=cons, integrality=integrality, bounds=bounds, options=opts)
     if exact.x is None:
         return None
     dual = getattr(exact, "mip_dual_bound", None)
-    bound = max(lp_bound, math.ceil(dual - 1e-6)) if dual is not None and np.isfinite(dual) else lp_bound
+    bound = max(lp_bound, dual) if dual is not None and np.isfinite(dual) else lp_bound
     return np.round(exact.x), exact.status == 0, bound
 
 
+def _useful_domains(cls, classes, groups) -> dict:
+    """Per class, the representations worth considering (exact).
+
+    Call a class flexible when it accepts everything any class of the component accepts (F). Any
+    optimal plan can be relabelled so flexible classes only use representations some constrained
+    class accepts (U): mapping every other label to one in U merges transition targets and never
+    adds one. So flexible classes are restricted to U, which usually halves the program.
+    """
+    domains = {r: classes.domain[r] for r in cls}
+    if groups:
+        return domains
+    full = 0
+    for d in domains.values():
+        full |= d.mask
+    useful = 0
+    for d in domains.values():
+        if d.mask != full:
+            useful |= d.mask
+    if not useful:
+        return domains
+    return {r: (TensorRepSet(mask=useful) if d.mask == full else d) for r, d in domains.items()}
+
+
 def _solve_component(cls, cedges, groups, classes, value_class, time_limit):
-    """Two-stage MILP over one component; None when no solution was found in time."""
+    """One MILP over a component (LP first); None when no solution was found in time."""
+    dom = _useful_domains(cls, classes, groups)
     xs: dict = {}
     for r in cls:
-        for rep in classes.domain[r]:
+        for rep in dom[r]:
             xs[(r, rep)] = len(xs)
     zs: dict = {}
     z_rows = []  # (z index, consumer x index, producer x index or None)
     for v, cc in cedges:
         vc = classes.find(value_class[v])
-        for rep in classes.domain[cc]:
+        for rep in dom[cc]:
             key = (id(v), rep)
             if key not in zs:
                 zs[key] = (len(xs) + len(zs), v)
@@ -294,7 +333,7 @@ def _solve_component(cls, cedges, groups, classes, value_class, time_limit):
     n_x, n_z = len(xs), len(zs)
     ws: dict = {}
     for gi, keys in enumerate(groups):
-        pdis = {(rep.storage, rep.pdi) for k in keys for rep in classes.domain[classes.find(k)]}
+        pdis = {(rep.storage, rep.pdi) for k in keys for rep in dom[classes.find(k)]}
         for p in sorted(pdis, key=str):
             ws[(gi, p)] = n_x + n_z + len(ws)
     n = n_x + n_z + len(ws)
@@ -311,14 +350,14 @@ def _solve_component(cls, cedges, groups, classes, value_class, time_limit):
         hi.append(upper)
 
     for r in cls:  # each class holds exactly one representation
-        row([(xs[(r, rep)], 1.0) for rep in classes.domain[r]], 1, 1)
+        row([(xs[(r, rep)], 1.0) for rep in dom[r]], 1, 1)
     for zi, xc, xp in z_rows:  # z >= x_consumer - x_producer
         row([(zi, 1.0), (xc, -1.0)] + ([(xp, 1.0)] if xp is not None else []), 0, np.inf)
     for gi, keys in enumerate(groups):  # int8 sync: one packed-dim info per group
         row([(wi, 1.0) for (g, _), wi in ws.items() if g == gi], 1, 1)
         for k in keys:
             r = classes.find(k)
-            for rep in classes.domain[r]:
+            for rep in dom[r]:
                 row([(xs[(r, rep)], 1.0), (ws[(gi, (rep.storage, rep.pdi))], -1.0)], -np.inf, 0)
 
     integrality = np.ones(n)
@@ -326,32 +365,100 @@ def _solve_component(cls, cedges, groups, classes, value_class, time_limit):
     a = coo_matrix((vals, (rows, cols)), shape=(len(lo), n)).tocsr()
     cons = [LinearConstraint(a, np.array(lo, dtype=float), np.array(hi, dtype=float))]
 
-    count_obj = np.zeros(n)
-    for zi, _ in zs.values():
-        count_obj[zi] = 1.0
-    start = time.monotonic()
-    opts = {"time_limit": time_limit, "mip_rel_gap": 0.0, "disp": False}
-    first = _lp_then_mip(count_obj, cons, integrality, bounds, opts)
-    if first is None:
-        return None
-    x1, exact, bound = first
-    best = round(float(count_obj @ x1))
-    bound = best if exact else bound
-
-    # Stage two: keep the count, minimise bytes, then preference (worth < 1 byte in total).
-    byte_obj = np.zeros(n)
+    # Count first, bytes second: each byte term is scaled so that all of them together weigh
+    # less than one transition.
+    total = float(sum(v.nbytes for _, v in zs.values())) + 1.0
+    obj = np.zeros(n)
     for zi, v in zs.values():
-        byte_obj[zi] = float(v.nbytes)
-    pref_scale = 1.0 / (len(cls) * 16 + 1)
-    for (r, rep), xi in xs.items():
-        s, l = rep.preference_key()
-        byte_obj[xi] = pref_scale * (s * 8 + l) / 16
-    cap = LinearConstraint(count_obj.reshape(1, -1), -np.inf, best + 0.5)
-    left = max(0.1, time_limit - (time.monotonic() - start))
-    second = _lp_then_mip(byte_obj, cons + [cap], integrality, bounds, {**opts, "time_limit": left})
-    sol = second[0] if second is not None else x1
+        obj[zi] = 1.0 + v.nbytes / total
+    opts = {"time_limit": time_limit, "mip_rel_gap": 0.0, "disp": False}
+    # For rounding a fractional LP: the values each class touches, and their exact cost.
+    prod_of, cons_of, touching = {}, {}, {r: [] for r in cls}
+    for v, cc in cedges:
+        vc = classes.find(value_class[v])
+        prod_of[v] = vc
+        if v not in cons_of:
+            cons_of[v] = set()
+            touching[vc].append(v)
+        cons_of[v].add(cc)
+        touching[cc].append(v)
+
+    def local(picks, values):
+        cost = 0.0
+        for v in values:
+            extra = len({picks[c] for c in cons_of[v]} - {picks[prod_of[v]]})
+            cost += extra * (1.0 + v.nbytes / total)
+        return cost
+
+    def rounded(x):
+        """Largest x per class, then two passes of local moves on the fractional classes; the
+        plan and its exact objective (None when int8 groups make it infeasible)."""
+        if groups:
+            return None, None
+        picks = {r: max(dom[r], key=lambda rep: (x[xs[(r, rep)]], [-k for k in rep.preference_key()])) for r in cls}
+        fractional = [r for r in cls if x[xs[(r, picks[r])]] < 1.0 - 1e-6]
+        for _ in range(2):
+            for r in fractional:
+                best, best_cost = picks[r], local(picks, touching[r])
+                for rep in dom[r]:
+                    picks[r] = rep
+                    c = local(picks, touching[r])
+                    if c < best_cost - 1e-12:
+                        best, best_cost = rep, c
+                picks[r] = best
+        sol = np.zeros(n)
+        for r, rep in picks.items():
+            sol[xs[(r, rep)]] = 1.0
+        for zi, xc, xp in z_rows:
+            sol[zi] = max(sol[zi], sol[xc] - (sol[xp] if xp is not None else 0.0))
+        return sol, float(obj @ sol)
+
+    solved = _lp_then_mip(obj, cons, integrality, bounds, opts, rounded)
+    if solved is None:
+        return None
+    sol, exact, dual = solved
+    count = round(sum(sol[zi] for zi, _ in zs.values()))
+    bound = count if exact else max(0, math.floor(dual + 1e-9))
     picks = {}
     for r in cls:
-        reps = [rep for rep in classes.domain[r] if sol[xs[(r, rep)]] > 0.5]
+        reps = [rep for rep in dom[r] if sol[xs[(r, rep)]] > 0.5]
         picks[r] = reps[0]
+    pinned = {classes.find(k) for keys in groups for k in keys}
+    _polish_preference(picks, cls, cedges, classes, value_class, pinned)
     return picks, bound, exact
+
+
+def _polish_preference(picks, cls, cedges, classes, value_class, pinned) -> None:
+    """Move classes to more preferred representations wherever that changes neither the number
+    of transitions nor their bytes (the declared preference order breaks the solver's ties)."""
+    prod, cons = {}, {}
+    touching: dict = {r: set() for r in cls}
+    for v, cc in cedges:
+        vc = classes.find(value_class[v])
+        prod[v] = vc
+        cons.setdefault(v, set()).add(cc)
+        touching[vc].add(v)
+        touching[cc].add(v)
+
+    def cost(values):
+        count = nbytes = 0
+        for v in values:
+            have = picks[prod[v]]
+            extra = {picks[c] for c in cons[v]} - {have}
+            count += len(extra)
+            nbytes += len(extra) * v.nbytes
+        return count, nbytes
+
+    for r in sorted(cls, key=lambda c: -len(touching[c])):
+        if r in pinned:
+            continue
+        current = picks[r]
+        base = cost(touching[r])
+        for rep in classes.domain[r]:  # in preference order
+            if rep == current or rep.preference_key() >= current.preference_key():
+                break
+            picks[r] = rep
+            if cost(touching[r]) <= base:
+                current = rep
+                break
+            picks[r] = current

@@ -71,17 +71,30 @@ def _useful(problem, v, a, domain):
     return sorted(wanted, key=lambda r: r.preference_key()) or domain[:1]
 
 
+# Real registry ops with their own arguments (shape-preserving on [1, 4, 16, 16]).
+REAL = [
+    lambda b, x: b.node("max_pool2d", [("self", x), ("kernel_size", [1, 1])]),
+    lambda b, x: b.node("avg_pool2d", [("self", x), ("kernel_size", [1, 1])]),
+    lambda b, x: b.node("linear", [("input", x), ("weight", b.const((16, 16)))]),
+    lambda b, x: b.node("layer_norm", [("input", x), ("normalized_shape", [16])]),
+    lambda b, x: b.node("permute_copy", [("self", x), ("dims", [0, 1, 3, 2])]),
+    "relu",
+    "clone",
+]
+
+
 @st.composite
-def random_graphs(draw, ops_unary=UNARY, ops_binary=BINARY, max_nodes=4, dtype="float32"):
+def random_graphs(draw, ops_unary=UNARY, ops_binary=BINARY, max_nodes=4, dtype="float32", shapes=None):
     b = Builder()
-    shape = draw(st.sampled_from([(1, 4, 16, 16), (1, 3, 5, 7), (2, 8, 4)]))
+    shape = draw(st.sampled_from(shapes or [(1, 4, 16, 16), (1, 3, 5, 7), (2, 8, 4)]))
     values = [b.input(shape, dtype) for _ in range(draw(st.integers(1, 2)))]
     for _ in range(draw(st.integers(1, max_nodes))):
         if ops_binary and len(values) > 1 and draw(st.booleans()):
             x, y = draw(st.sampled_from(values)), draw(st.sampled_from(values))
             values.append(b.binary(draw(st.sampled_from(ops_binary)), x, y))
         else:
-            values.append(b.unary(draw(st.sampled_from(ops_unary)), draw(st.sampled_from(values))))
+            op, x = draw(st.sampled_from(ops_unary)), draw(st.sampled_from(values))
+            values.append(op(b, x) if callable(op) else b.unary(op, x))
     outs = draw(st.lists(st.sampled_from(values[-3:]), min_size=1, max_size=2, unique_by=id))
     return b.output(*outs)
 
@@ -96,6 +109,17 @@ def test_optimal_is_exact_and_never_worse_than_greedy(graph):
     assert o_count <= g_count
     assert o_count == brute_force_count(problem)
     verify(problem, greedy, transitions_inserted=False)
+    verify(problem, optimal, transitions_inserted=False)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_graphs(ops_unary=REAL, ops_binary=["add", "mul"], shapes=[(1, 4, 16, 16)]))
+def test_optimal_is_exact_on_real_registry_ops(graph):
+    problem = Problem.build(graph)
+    greedy, optimal = plan_greedy(problem), plan_optimal(problem)
+    o_count = len(optimal.transitions(problem))
+    assert optimal.optimal and o_count <= len(greedy.transitions(problem))
+    assert o_count == brute_force_count(problem)
     verify(problem, optimal, transitions_inserted=False)
 
 
