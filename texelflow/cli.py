@@ -1,4 +1,4 @@
-"""The `texelflow` command line: gen, variants (and, as they land, plan, demo, bench)."""
+"""The `texelflow` command line: gen, variants, plan, demo, bench."""
 
 from __future__ import annotations
 
@@ -70,6 +70,118 @@ def cmd_variants(args) -> int:
     return 0
 
 
+def load_target(spec: str):
+    """MODULE:ATTR -> (model, example_inputs). ATTR is a factory returning that pair, or a model
+    (instance, or class built without arguments) with an `example_inputs` attribute or method."""
+    import importlib
+
+    import torch
+
+    if ":" not in spec:
+        raise SystemExit(f"texelflow: '{spec}' is not MODULE:ATTR (e.g. {DEFAULT_MODEL})")
+    module_name, attr = spec.split(":", 1)
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise SystemExit(f"texelflow: cannot load {spec}: {exc}") from None
+    if isinstance(obj, type) and issubclass(obj, torch.nn.Module):
+        obj = obj()
+    if not isinstance(obj, torch.nn.Module) and callable(obj):
+        obj = obj()
+    if isinstance(obj, tuple) and len(obj) == 2:
+        return obj
+    inputs = getattr(obj, "example_inputs", None)
+    inputs = inputs() if callable(inputs) else inputs
+    if inputs is None:
+        raise SystemExit(f"texelflow: {spec} gives no example inputs (return (model, inputs) or set example_inputs)")
+    return obj, tuple(inputs)
+
+
+DEFAULT_MODEL = "texelflow.models:tiny_resnet"
+
+
+def write_svg(dot_source: str, path: str) -> None:
+    import shutil
+    import subprocess
+
+    dot = shutil.which("dot")
+    if dot is None:
+        raise SystemExit("texelflow: --svg needs Graphviz's `dot` (apt-get install graphviz)")
+    if path.endswith(".dot"):
+        Path(path).write_text(dot_source)
+        return
+    subprocess.run([dot, "-Tsvg", "-o", path], input=dot_source, text=True, check=True)
+
+
+def cmd_plan(args) -> int:
+    import texelflow
+
+    model, inputs = load_target(args.target)
+    plan = texelflow.plan(model, inputs, planner=args.planner)
+    print(plan.summary())
+    if args.svg:
+        write_svg(plan.to_dot(), args.svg)
+        print(f"\nwrote {args.svg}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """Plan the default model with both planners, run it on the Vulkan device, check it."""
+    import time
+
+    import torch
+
+    import texelflow
+    from texelflow.runtime.vulkan.device import Device
+    from texelflow.runtime.vulkan.errors import NoDeviceError
+
+    model, inputs = load_target(args.target)
+    print(f"model: {args.target}")
+    for planner in ("greedy", "optimal"):
+        p = texelflow.plan(model, inputs, planner=planner)
+        print(f"  {planner:<8} transitions={p.num_transitions} ({p.transition_bytes} B)  optimal={p.optimal}  "
+              f"lower_bound={p.lower_bound}  fallbacks={len(p.fallbacks)}  planning {p.seconds * 1000:.1f} ms")
+    try:
+        device = Device()
+    except NoDeviceError as exc:
+        print(f"texelflow demo: {exc}", file=sys.stderr)
+        return 1
+    print(f"device: {device.limits.name}\n")
+    prog = texelflow.compile(model, inputs, device=device)
+    print(prog.plan.summary())
+    got, want = prog(*inputs), model(*inputs)
+    err = (got - want).abs().max().item()
+    runs = 20
+    start = time.perf_counter()
+    for _ in range(runs):
+        prog(*inputs)
+    per_call = (time.perf_counter() - start) / runs
+    print(f"\nmax |vulkan - torch| = {err:.2e}; {per_call * 1000:.2f} ms per call; "
+          f"{prog.num_submits_per_call} queue submit(s) per call")
+    slowest = sorted(prog.profile(), key=lambda r: -r[1])[:5]
+    print("slowest dispatches: " + ", ".join(f"{label} {us:.0f} us" for label, us in slowest))
+    prog.close()
+    ok = torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    print("demo: OK" if ok else "demo: MISMATCH")
+    return 0 if ok else 1
+
+
+def cmd_bench(args) -> int:
+    import subprocess
+
+    root = find_root(Path.cwd().resolve())
+    if root is None or not (root / "bench").is_dir():
+        print("texelflow bench: run it inside the texelflow repository (bench/ holds the scripts)", file=sys.stderr)
+        return 2
+    rc = 0
+    for script in ("codegen.py", "kernels.py", "planner.py"):
+        extra = ["--quick"] if args.quick and script != "codegen.py" else []
+        print(f"## bench/{script}", flush=True)
+        rc |= subprocess.run([sys.executable, str(root / "bench" / script), *extra]).returncode
+    return rc
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="texelflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,6 +193,17 @@ def build_parser() -> argparse.ArgumentParser:
     var = sub.add_parser("variants", help="list shader variants with their axes")
     var.add_argument("--op", help="only this op")
     var.set_defaults(func=cmd_variants)
+    plan = sub.add_parser("plan", help="plan a model and print its representations (no device needed)")
+    plan.add_argument("target", nargs="?", default=DEFAULT_MODEL, help=f"MODULE:ATTR (default {DEFAULT_MODEL})")
+    plan.add_argument("--planner", choices=["optimal", "greedy"], default="optimal")
+    plan.add_argument("--svg", help="also draw the planned graph (SVG, or Graphviz source for a .dot name)")
+    plan.set_defaults(func=cmd_plan)
+    demo = sub.add_parser("demo", help="plan, compile and run the default model on the Vulkan device")
+    demo.add_argument("target", nargs="?", default=DEFAULT_MODEL, help=f"MODULE:ATTR (default {DEFAULT_MODEL})")
+    demo.set_defaults(func=cmd_demo)
+    bench = sub.add_parser("bench", help="run the benchmarks under bench/")
+    bench.add_argument("--quick", action="store_true", help="small sizes")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -10,6 +10,7 @@ never a run-time transition), or a node. A node runs on the Vulkan device when `
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -27,11 +28,11 @@ class Value:
     producer: "Node | None" = None
     users: list["Node"] = field(default_factory=list)  # in insertion order, one entry per use site
 
-    @property
+    @functools.cached_property
     def numel(self) -> int:
         return math.prod(self.shape)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         info = DTYPES.get(self.dtype)
         return self.numel * (info.bytes if info else 4)

@@ -433,6 +433,8 @@ def _polish_preference(picks, cls, cedges, classes, value_class, pinned) -> None
     of transitions nor their bytes (the declared preference order breaks the solver's ties)."""
     prod, cons = {}, {}
     touching: dict = {r: set() for r in cls}
+    if all(picks[r] == classes.domain[r].pick() for r in cls):
+        return
     for v, cc in cedges:
         vc = classes.find(value_class[v])
         prod[v] = vc
@@ -450,9 +452,9 @@ def _polish_preference(picks, cls, cedges, classes, value_class, pinned) -> None
         return count, nbytes
 
     for r in sorted(cls, key=lambda c: -len(touching[c])):
-        if r in pinned:
-            continue
         current = picks[r]
+        if r in pinned or current == classes.domain[r].pick():
+            continue
         base = cost(touching[r])
         for rep in classes.domain[r]:  # in preference order
             if rep == current or rep.preference_key() >= current.preference_key():

@@ -129,7 +129,8 @@ class Plan:
                 attrs = f"fillcolor=\"#dddddd\", style=\"filled,dashed\", label={q(n + chr(10) + 'CPU: ' + op)}"
             else:
                 style = "filled,dotted" if node.meta.get("folded") else "filled"
-                attrs = f"fillcolor={q(COLOURS.get(rep, '#ffffff'))}, style={q(style)}, label={q(n + chr(10) + op + chr(10) + rep)}"
+                title = n if n.rstrip("_0123456789") == op else f"{n}{chr(10)}{op}"
+                attrs = f"fillcolor={q(COLOURS.get(rep, '#ffffff'))}, style={q(style)}, label={q(title + chr(10) + rep)}"
             lines.append(f"  {q(n)} [{attrs}];")
             for _, v in node.tensor_args():
                 if v.kind == "const":
