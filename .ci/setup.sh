@@ -10,6 +10,7 @@ command -v glslc >/dev/null 2>&1 || missing+=(glslc)
 command -v spirv-val >/dev/null 2>&1 || missing+=(spirv-tools)
 ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1' || missing+=(libvulkan1)
 compgen -G '/usr/share/vulkan/icd.d/lvp_icd*.json' >/dev/null || missing+=(mesa-vulkan-drivers)
+command -v dot >/dev/null 2>&1 || missing+=(graphviz)
 command -v "$PY" >/dev/null 2>&1 || missing+=(python3 python3-pip python3-venv)
 if ((${#missing[@]})); then
   echo "setup: apt-get install ${missing[*]}"

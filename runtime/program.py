@@ -31,16 +31,18 @@ class _Segment:
 class CompiledProgram:
     """`prog(*inputs)` runs the planned model; `prog.plan` is its Plan."""
 
-    def __init__(self, plan, exported, device):
+    def __init__(self, plan, exported, device, owns_device: bool = False):
         import torch
 
         self.plan, self.device, self.exported = plan, device, exported
+        self._owns_device = owns_device
         self._torch = torch
         graph, assignment = plan.graph, plan.assignment
         self._alias: dict[Value, Value] = {}
         for n in graph.device_nodes():
             if n.meta.get("folded"):
                 self._alias[n.outputs[0][1]] = self._root(n.arg("self"))
+        self._by_name = None
         self._tensors: dict[Value, VkTensor] = {}
         self._consts: dict[tuple[Value, object], VkTensor] = {}
         self._state = self._constant_data(exported)
@@ -210,9 +212,6 @@ class CompiledProgram:
     def _run_cpu(self, node: Node, env: dict) -> None:
         torch = self._torch
         fx = node.meta["fx"]
-        lookup = {}
-        for _, v in node.tensor_args():
-            lookup[v.name] = self._value_of(v, env)
         by_fx = self._fx_values(fx, node, env)
         args = torch.fx.node.map_arg(fx.args, lambda a: by_fx[a.name])
         kwargs = torch.fx.node.map_arg(fx.kwargs, lambda a: by_fx[a.name])
@@ -239,19 +238,19 @@ class CompiledProgram:
         return out
 
     def _ir_value(self, fx_node):
+        """The IR value (or list of values, for a multi-output node) behind an fx node."""
         import operator
 
-        for v in self.plan.graph.values():
-            if v.name == fx_node.name:
-                return v
+        if self._by_name is None:
+            self._by_name = {v.name: v for v in self.plan.graph.values()}
+            self._nodes_by_name = {n.name: n for n in self.plan.graph.nodes}
         if fx_node.target is operator.getitem:  # a getitem of a multi-output node
             src, idx = fx_node.args
-            return self._ir_value_multi(src)[idx]
-        return self._ir_value_multi(fx_node)
-
-    def _ir_value_multi(self, fx_node):
-        node = next(n for n in self.plan.graph.nodes if n.name == fx_node.name)
-        return [v for _, v in node.outputs]
+            return self._ir_value(src)[idx]
+        node = self._nodes_by_name.get(fx_node.name)
+        if node is not None and len(node.outputs) > 1:
+            return [v for _, v in node.outputs]
+        return self._by_name[fx_node.name]
 
     # ---- introspection ----------------------------------------------------------------------------
     @property
@@ -272,3 +271,6 @@ class CompiledProgram:
         for t in list(self._tensors.values()) + list(self._consts.values()):
             t.close()
         self._tensors, self._consts = {}, {}
+        if self._owns_device and self.device is not None:
+            self.device.close()
+            self.device = None

@@ -40,9 +40,10 @@ def compile(model, example_inputs: Sequence = (), planner: str = "optimal", devi
     from texelflow.runtime.program import CompiledProgram
     from texelflow.runtime.vulkan.device import Device
 
-    device = device if device is not None else Device()
+    owns_device = device is None
+    device = Device() if owns_device else device
     limits = _texture_limits(texture_limits, device)
     ep = export_program(model, example_inputs)
     result = plan_graph(lower(ep, limits), planner, limits, time_limit)
     result.exported = ep
-    return CompiledProgram(result, ep, device)
+    return CompiledProgram(result, ep, device, owns_device=owns_device)

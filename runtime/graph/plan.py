@@ -42,6 +42,7 @@ class Plan:
     seconds: float
     texture_limits: tuple[int, int, int]
     prepacks: list[tuple[str, str]] = field(default_factory=list)  # (constant, representation) at load
+    exported: object = None  # the ExportedProgram the plan came from, when it came from one
 
     # ---- the numbers of DESIGN §10 -------------------------------------------------------------
     @property

@@ -1,0 +1,65 @@
+"""The public API and command line as a user meets them."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+import torch
+
+import texelflow
+from texelflow.models import tiny_mixer, tiny_resnet
+
+
+def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(["texelflow", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_plan_accepts_an_exported_program():
+    model, inputs = tiny_resnet()
+    ep = torch.export.export(model, inputs)
+    plan = texelflow.plan(ep)
+    assert plan.num_transitions == 1 and plan.optimal
+    assert plan.dispatches["conv2d"] == 5 and plan.dispatches["to_layout"] == 1
+    assert plan.num_permutes == 0
+
+
+def test_plan_reports_fallbacks_and_permutes():
+    plan = texelflow.plan(*tiny_mixer())
+    assert plan.fallbacks == [("mean", "no Vulkan op implements aten.mean.dim")]
+    assert plan.num_permutes == 1
+    dot = plan.to_dot()
+    assert dot.startswith("digraph plan {") and "shape=diamond" in dot and "CPU: aten.mean.dim" in dot
+
+
+def test_unknown_planner_is_a_clear_error():
+    try:
+        texelflow.plan(*tiny_resnet(), planner="fastest")
+    except ValueError as exc:
+        assert "unknown planner 'fastest'" in str(exc)
+    else:
+        raise AssertionError("expected a ValueError")
+
+
+def test_cli_plan_draws_an_svg(tmp_path):
+    svg = tmp_path / "plan.svg"
+    out = run("plan", "texelflow.models:tiny_mixer", "--svg", str(svg))
+    assert out.returncode == 0, out.stderr
+    assert "planner=optimal  transitions=1" in out.stdout
+    assert "fallback: no Vulkan op implements aten.mean.dim" in out.stdout
+    assert svg.read_text().lstrip().startswith(("<?xml", "<svg"))
+
+
+def test_cli_plan_bad_target_is_one_line():
+    out = run("plan", "no_such_module:thing")
+    assert out.returncode != 0
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip().startswith("texelflow: cannot load no_such_module:thing")
+
+
+@pytest.mark.slow
+def test_cli_demo_runs_on_the_device():
+    out = run("demo")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "demo: OK" in out.stdout and "1 queue submit(s) per call" in out.stdout
