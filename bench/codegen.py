@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -16,19 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import machine
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def timed_cli(root: Path, env: dict, *args: str) -> float:

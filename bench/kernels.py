@@ -14,6 +14,7 @@ import statistics
 import time
 
 import numpy as np
+from machine import cpu_model
 
 from texelflow.generated.layouts import Layout, Storage
 from texelflow.runtime.vulkan.device import Device
@@ -25,17 +26,6 @@ try:
     import torch
 except ImportError:  # the bench still runs; torch rows say why they are missing
     torch = None
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def median_seconds(fn, reps: int, warmup: int = 1) -> float:

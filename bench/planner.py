@@ -9,24 +9,12 @@ of the planner alone (problem construction included), best of --repeats. Prints 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 import warnings
 from pathlib import Path
 
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+from machine import machine
 
 
 def time_planner(make, planner: str, repeats: int):

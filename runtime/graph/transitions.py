@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from texelflow.generated.ops import OPS
 
-from .ir import Node, PlanGraph, Value
+from .ir import Node, Value
 from .problem import Assignment, Problem
 from .repr import TensorRepr
 
