@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 from texelflow.generated.layouts import DTYPES, TEXTURE_LIMITS
 from texelflow.generated.ops import OpEntry
 
-from .repr import TensorRepSet
+from .repr import TensorRepSet, _compatible_mask
 
 
 @dataclass
@@ -72,6 +72,11 @@ class OpRepSets:
         narrowed = self.sets[name] & allowed
         if narrowed == self.sets[name]:
             return True
+        if not self.sync:  # nothing to propagate: the trial below would only check emptiness
+            if narrowed.is_empty() or self.any_empty():
+                return False
+            self.sets = {**self.sets, name: narrowed}
+            return True
         trial = OpRepSets(self.op, dict(self.sets), self.sync)
         trial.sets[name] = narrowed
         trial._narrow_all()
@@ -81,19 +86,26 @@ class OpRepSets:
         return True
 
     def _narrow_all(self) -> None:
-        """Filter members of each sync group by each other's PDIs until nothing changes."""
+        """Filter members of each sync group by each other's PDIs until nothing changes (on
+        masks: see TensorRepSet.filter_for_compatible_packed_dim_infos)."""
+        if not self.sync:
+            return
+        masks = {name: s.mask for name, s in self.sets.items()}
         changed = True
         while changed:
             changed = False
             for group in self.sync:
                 for a in group:
                     for b in group:
-                        if a == b:
+                        if a == b or not masks[b]:  # an empty set constrains nothing
                             continue
-                        filtered = self.sets[a].filter_for_compatible_packed_dim_infos(self.sets[b])
-                        if filtered != self.sets[a]:
-                            self.sets[a] = filtered
+                        filtered = masks[a] & _compatible_mask(masks[b])
+                        if filtered != masks[a]:
+                            masks[a] = filtered
                             changed = True
+        for name, mask in masks.items():
+            if mask != self.sets[name].mask:
+                self.sets[name] = TensorRepSet(mask=mask)
 
     def is_sync_compatible(self, chosen: Mapping[str, "object"]) -> bool:
         """Whether chosen representations (TensorRepr per tensor) satisfy every sync group."""
