@@ -1,4 +1,4 @@
-"""Insert one `to_layout` node per (value, target representation), shared by its consumers.
+r"""Insert one `to_layout` node per (value, target representation), shared by its consumers.
 
 Before:  v --> consumer_a (wants CP)      After:  v --> to_layout(v, CP) --> consumer_a
          v --> consumer_b (wants CP)                                   \--> consumer_b
