@@ -112,12 +112,8 @@ class CompiledProgram:
     def _persistent(self, graph) -> set[Value]:
         """Values whose memory must outlive their segment (read later, or read by the host)."""
         keep = set()
-        first_use: dict[Value, int] = {}
-        for i, seg in enumerate(self.segments):
+        for seg in self.segments:
             keep.update(seg.outputs)
-            for node in seg.nodes:
-                for _, v in node.tensor_args():
-                    first_use.setdefault(self._root(v), i)
         for i, seg in enumerate(self.segments):
             for node in seg.nodes:
                 for _, v in node.tensor_args():

@@ -16,34 +16,31 @@ def _texture_limits(texture_limits, device):
     return TEXTURE_LIMITS
 
 
-def plan(model, example_inputs: Sequence = (), planner: str = "optimal", texture_limits=None,
-         time_limit: float = 10.0):
-    """Export `model` (an nn.Module with `example_inputs`, or an ExportedProgram), partition it and
-    plan a representation for every tensor. Returns a Plan; no Vulkan device is needed."""
+def _plan(model, example_inputs, planner, limits, time_limit):
     from texelflow.runtime.graph.importer import export_program
     from texelflow.runtime.graph.lowering import lower
     from texelflow.runtime.graph.plan import plan_graph
 
-    limits = _texture_limits(texture_limits, None)
     ep = export_program(model, example_inputs)
     result = plan_graph(lower(ep, limits), planner, limits, time_limit)
     result.exported = ep
     return result
 
 
+def plan(model, example_inputs: Sequence = (), planner: str = "optimal", texture_limits=None,
+         time_limit: float = 10.0):
+    """Export `model` (an nn.Module with `example_inputs`, or an ExportedProgram), partition it and
+    plan a representation for every tensor. Returns a Plan; no Vulkan device is needed."""
+    return _plan(model, example_inputs, planner, _texture_limits(texture_limits, None), time_limit)
+
+
 def compile(model, example_inputs: Sequence = (), planner: str = "optimal", device=None, texture_limits=None,
             time_limit: float = 10.0):
     """Plan `model` for `device` (default: the best one found) and build a callable program."""
-    from texelflow.runtime.graph.importer import export_program
-    from texelflow.runtime.graph.lowering import lower
-    from texelflow.runtime.graph.plan import plan_graph
     from texelflow.runtime.program import CompiledProgram
     from texelflow.runtime.vulkan.device import Device
 
     owns_device = device is None
     device = Device() if owns_device else device
-    limits = _texture_limits(texture_limits, device)
-    ep = export_program(model, example_inputs)
-    result = plan_graph(lower(ep, limits), planner, limits, time_limit)
-    result.exported = ep
-    return CompiledProgram(result, ep, device, owns_device=owns_device)
+    result = _plan(model, example_inputs, planner, _texture_limits(texture_limits, device), time_limit)
+    return CompiledProgram(result, result.exported, device, owns_device=owns_device)

@@ -69,10 +69,11 @@ def _lower_node(graph: PlanGraph, node, values, limits, torch):
     schema = node.target._schema
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else (val,)
-    out_names = [o.name for o in op.outputs] if op and len(op.outputs) == len(vals) else [f"out{i}" for i in range(len(vals))]
+    if op is not None and len(op.outputs) == len(vals):
+        out_names = [o.name for o in op.outputs]
+    else:
+        out_names = ["out"] if len(vals) == 1 else [f"out{i}" for i in range(len(vals))]
     outputs = [(n, tuple(v.shape), dtype_name(v.dtype)) for n, v in zip(out_names, vals) if v is not None]
-    if outputs and out_names[0].startswith("out") and len(vals) == 1:
-        outputs = [("out", *outputs[0][1:])]
 
     args, reason = _resolve_args(graph, node, schema, op, values, torch)
     ir_node = graph.add_node(node.name, target, op, args, outputs)

@@ -63,3 +63,14 @@ def test_cli_demo_runs_on_the_device():
     out = run("demo")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "demo: OK" in out.stdout and "1 queue submit(s) per call" in out.stdout
+
+
+@pytest.mark.parametrize("factory", [tiny_resnet, tiny_mixer])
+def test_built_in_models_match_eager(factory, device):
+    model, inputs = factory()
+    prog = texelflow.compile(model, inputs, device=device)
+    try:
+        torch.testing.assert_close(prog(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+        assert prog.num_submits_per_call == 1 + len(prog.plan.fallbacks)
+    finally:
+        prog.close()
