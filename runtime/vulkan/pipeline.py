@@ -98,6 +98,7 @@ class PipelineCache:
         self._pipelines: dict[tuple, ComputePipeline] = {}
         self._modules: dict[tuple, object] = {}
         self._set_layouts: dict[tuple, tuple[object, object]] = {}
+        self._spirv_code: dict[str, bytes] = {}
         initial = b""
         if path is not None and os.path.exists(path):
             with open(path, "rb") as f:
@@ -116,11 +117,18 @@ class PipelineCache:
         return device.resources["pipelines"]
 
     def spirv(self, variant) -> bytes:
-        if self._spirv_for is not None:
-            return self._spirv_for(variant)
-        from texelflow.codegen.spirv import spirv_for
+        """The variant's SPIR-V, looked up once per cache: building a program asks per dispatch,
+        and each lookup reads and hashes the GLSL and every include."""
+        code = self._spirv_code.get(variant.name)
+        if code is None:
+            if self._spirv_for is not None:
+                code = self._spirv_for(variant)
+            else:
+                from texelflow.codegen.spirv import spirv_for
 
-        return spirv_for(variant)
+                code = spirv_for(variant)
+            self._spirv_code[variant.name] = code
+        return code
 
     def get(self, variant, spec: Mapping[str, int] | None = None, *, spirv: bytes | None = None) -> ComputePipeline:
         """The pipeline for `variant` specialised with `spec` (names from its reflection)."""
