@@ -1,6 +1,6 @@
 """Benchmark: planning time of both planners on synthetic graphs, and plans of real models.
 
-Synthetic graphs come from texelflow.runtime.graph.synthetic: `model_like` stacks conv /
+Synthetic graphs come from tests/graph/synthetic.py: `model_like` stacks conv /
 residual / pooling / layer-norm / linear blocks the way vision and token models do; `random_dag`
 wires registry ops at random with skip connections (a stress test). Times are wall-clock seconds
 of the planner alone (problem construction included), best of --repeats. Prints markdown tables.
@@ -40,7 +40,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    from texelflow.runtime.graph import synthetic
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root, for tests.*
+    from tests.graph import synthetic
 
     sizes = (100, 1000) if args.quick else (100, 1000, 10000, 50000)
     print(f"Machine: {machine()}\n")
@@ -56,8 +57,6 @@ def main() -> int:
 
     import texelflow
     from texelflow import models
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.acceptance.test_layout_cases import CASES
 
     print("\n| model | planner | transitions | bytes | certified optimal | lower bound | prepacked constants | fallbacks | planning ms |")

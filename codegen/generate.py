@@ -14,6 +14,7 @@ from .diagnostics import Collector
 from .layouts_schema import parse_layouts
 from .model import OpsModel
 from .ops_schema import parse_ops
+from .hooks import scan_hooks
 from .render import render_glsl, render_python, scan_templates
 from .variants import expand
 from .writer import drift, write_tree
@@ -46,9 +47,10 @@ def build_models(root: Path):
             ops_data = data
     layouts = parse_layouts(layouts_data, "layouts.yaml", out) if layouts_data is not None else None
     templates = scan_templates(root / "shaders", out)
+    hooks = scan_hooks(root / "shaders" / "hooks.py", out)
     ops = None
     if layouts is not None and ops_data is not None:
-        parsed = parse_ops(ops_data, "ops.yaml", out, layouts, templates)
+        parsed = parse_ops(ops_data, "ops.yaml", out, layouts, templates, hooks)
         if parsed is not None:
             axes, dtype_sets, op_specs = parsed
             variants = expand(op_specs, layouts, dict(axes), "ops.yaml", out)
@@ -76,8 +78,11 @@ def compile_rendered(root: Path, files: dict[str, str], ops: OpsModel, progress:
         for rel, text in files.items():
             if rel.startswith("glsl/include/"):
                 (inc / Path(rel).name).write_text(text, encoding="utf-8")
-        jobs = [spirv.CompileJob(v.name, files[f"glsl/{v.source}"], v.target_env) for v in ops.variants]
-        spirv.compile_many(jobs, [inc, root / "shaders" / "include"], progress=progress)
+        jobs = [spirv.CompileJob(v.name, files[f"glsl/{v.source}"], v.target_env, f"generated/glsl/{v.source}")
+                for v in ops.variants]
+        shared = root / "shaders" / "include"
+        spirv.compile_many(jobs, [inc, shared], progress=progress,
+                           include_names={inc: "generated/glsl/include", shared: "shaders/include"})
 
 
 def generate(root: Path, check: bool = False, compile: bool = True, progress: bool | None = None) -> GenResult:

@@ -9,6 +9,15 @@ from .yamlsrc import LMap
 
 TOP_KEYS = ("storages", "families", "dtypes", "layouts", "preference", "texture_limits", "repsets")
 SET_OPS = ("union", "intersection", "difference")
+STORAGE_KINDS = {"buffer": "STORAGE_BUFFER", "image": "STORAGE_IMAGE"}  # kind -> its descriptor type
+# Vulkan device features a dtype may require: the ones runtime/vulkan/device.py can read.
+KNOWN_FEATURES = (
+    "shaderFloat16", "shaderInt8", "shaderInt16", "shaderInt64", "shaderFloat64",
+    "storageBuffer16BitAccess", "uniformAndStorageBuffer16BitAccess", "storageBuffer8BitAccess",
+    "uniformAndStorageBuffer8BitAccess", "shaderStorageImageExtendedFormats",
+)
+DTYPE_KEYS = ("family", "bytes", "torch", "glsl", "vec4", "lane_bytes", "image", "image_format", "vk_format",
+              "features", "extensions")
 
 
 def parse_layouts(data: LMap, file: str, out: Collector) -> LayoutsModel | None:
@@ -18,13 +27,10 @@ def parse_layouts(data: LMap, file: str, out: Collector) -> LayoutsModel | None:
     c.keys(data, "layouts.yaml", TOP_KEYS)
 
     storages = _storages(c, data.get("storages"), data.line_of("storages"))
-    families = _families(c, data.get("families"), data.line_of("families"))
-    dtypes = _dtypes(c, data.get("dtypes"), data.line_of("dtypes"), families)
+    family_names = _family_names(c, data.get("families"), data.line_of("families"))
+    dtypes = _dtypes(c, data.get("dtypes"), data.line_of("dtypes"), family_names)
+    families = _families(data.get("families"), family_names, dtypes)
     layouts = _layouts(c, data.get("layouts"), data.line_of("layouts"), storages, families)
-    for fam in families:
-        for d in fam.dtypes:
-            if d not in {x.name for x in dtypes}:
-                c.error(data.line_of("families"), f"family '{fam.name}' names unknown dtype '{d}'")
     st_pref, ly_pref = _preference(c, data.get("preference"), data.line_of("preference"), storages, layouts)
     limits = _limits(c, data.get("texture_limits"), data.line_of("texture_limits"))
     repsets = _repsets(c, data.get("repsets"), data.line_of("repsets"), storages, families, layouts)
@@ -48,52 +54,123 @@ def _storages(c: Checker, raw, line: int) -> list[StorageSpec]:
     if m is None:
         return result
     ids: dict[int, str] = {}
+    axes: dict[str, str] = {}
     for name, body in m.items():
-        b = c.mapping(body, m.line_of(name), f"storage '{name}'")
-        if b is None or not c.keys(b, f"storage '{name}'", ("id", "glsl"), ("doc",)):
+        where = f"storage '{name}'"
+        b = c.mapping(body, m.line_of(name), where)
+        if b is None or not c.keys(b, where, ("id", "axis", "kind", "descriptor"), ("image_dims", "doc")):
             continue
-        sid = c.typed(b["id"], int, b.line_of("id"), f"storage '{name}' id")
-        glsl = c.typed(b["glsl"], str, b.line_of("glsl"), f"storage '{name}' glsl")
-        if sid is None or glsl is None:
+        sid = c.typed(b["id"], int, b.line_of("id"), f"{where} id")
+        axis = c.typed(b["axis"], str, b.line_of("axis"), f"{where} axis")
+        kind_ok = c.name_in(b["kind"], list(STORAGE_KINDS), b.line_of("kind"), "storage kind")
+        desc_ok = c.name_in(b["descriptor"], sorted(set(STORAGE_KINDS.values())), b.line_of("descriptor"),
+                            "descriptor type")
+        if kind_ok and desc_ok and STORAGE_KINDS[b["kind"]] != b["descriptor"]:
+            c.error(b.line_of("descriptor"), f"{where}: kind '{b['kind']}' is bound as "
+                    f"{STORAGE_KINDS[b['kind']]}, not {b['descriptor']}")
+            desc_ok = False
+        dims = None
+        dims_ok = True
+        if kind_ok and b["kind"] == "image":
+            if "image_dims" not in b:
+                c.error(b.line, f"{where} is an image and needs 'image_dims' (1, 2 or 3)")
+                dims_ok = False
+            else:
+                dims = c.typed(b["image_dims"], int, b.line_of("image_dims"), f"{where} image_dims")
+                if dims is not None and dims not in (1, 2, 3):
+                    c.error(b.line_of("image_dims"), f"{where} image_dims must be 1, 2 or 3, found {dims}")
+                    dims = None
+                dims_ok = dims is not None
+        elif "image_dims" in b:
+            c.error(b.line_of("image_dims"), f"{where} is a {b['kind']}, which has no image_dims")
+            dims_ok = False
+        if axis is not None and axis in axes:
+            c.error(b.line_of("axis"), f"{where} reuses axis name '{axis}' of '{axes[axis]}'")
+        if sid is not None and sid in ids:
+            c.error(b.line_of("id"), f"{where} reuses id {sid} of '{ids[sid]}'")
+        if None in (sid, axis) or not (kind_ok and desc_ok and dims_ok):
             continue
-        if sid in ids:
-            c.error(b.line_of("id"), f"storage '{name}' reuses id {sid} of '{ids[sid]}'")
-        ids[sid] = name
-        result.append(StorageSpec(name, sid, glsl, str(b.get("doc", ""))))
+        ids[sid], axes[axis] = name, name
+        result.append(StorageSpec(name, sid, axis, b["kind"], dims, b["descriptor"], str(b.get("doc", ""))))
     return result
 
 
-def _families(c: Checker, raw, line: int) -> list[FamilySpec]:
-    result: list[FamilySpec] = []
+def _family_names(c: Checker, raw, line: int) -> list[str]:
     m = c.mapping(raw, line, "'families'")
     if m is None:
-        return result
+        return []
+    names = []
     for name, body in m.items():
         b = c.mapping(body, m.line_of(name), f"family '{name}'")
-        if b is None or not c.keys(b, f"family '{name}'", ("dtypes",), ("doc",)):
-            continue
-        dts = c.listing(b["dtypes"], b.line_of("dtypes"), f"family '{name}' dtypes")
-        if dts is not None:
-            result.append(FamilySpec(name, tuple(str(d) for d in dts), str(b.get("doc", ""))))
-    return result
+        if b is not None and c.keys(b, f"family '{name}'", (), ("doc",)):
+            names.append(name)
+    return names
 
 
-def _dtypes(c: Checker, raw, line: int, families: list[FamilySpec]) -> list[DtypeSpec]:
+def _families(raw, names: list[str], dtypes: list[DtypeSpec]) -> list[FamilySpec]:
+    """Each family with the dtypes that name it (a dtype declares its family, not the reverse)."""
+    return [FamilySpec(n, tuple(d.name for d in dtypes if d.family == n), str(raw[n].get("doc", "")))
+            for n in names]
+
+
+def _optional_str(c: Checker, b, key: str, what: str) -> tuple[bool, str | None]:
+    """(ok, value) of a string-or-null key."""
+    if b[key] is None:
+        return True, None
+    v = c.typed(b[key], str, b.line_of(key), what)
+    return v is not None, v
+
+
+def _str_list(c: Checker, b, key: str, what: str) -> tuple[str, ...] | None:
+    items = c.listing(b[key], b.line_of(key), what)
+    if items is None:
+        return None
+    if not all(c.typed(v, str, items.line_of(i), f"{what} item") is not None for i, v in enumerate(items)):
+        return None
+    return tuple(items)
+
+
+def _dtypes(c: Checker, raw, line: int, family_names: list[str]) -> list[DtypeSpec]:
     result: list[DtypeSpec] = []
     m = c.mapping(raw, line, "'dtypes'")
     if m is None:
         return result
     for name, body in m.items():
-        b = c.mapping(body, m.line_of(name), f"dtype '{name}'")
-        if b is None or not c.keys(b, f"dtype '{name}'", ("bytes", "glsl", "torch")):
+        where = f"dtype '{name}'"
+        b = c.mapping(body, m.line_of(name), where)
+        if b is None or not c.keys(b, where, DTYPE_KEYS):
             continue
-        nbytes = c.typed(b["bytes"], int, b.line_of("bytes"), f"dtype '{name}' bytes")
-        owners = [f.name for f in families if name in f.dtypes]
-        if not owners:
-            c.error(m.line_of(name), f"dtype '{name}' belongs to no family")
+        ok = c.name_in(b["family"], family_names, b.line_of("family"), "family")
+        nbytes = c.typed(b["bytes"], int, b.line_of("bytes"), f"{where} bytes")
+        lane_bytes = c.typed(b["lane_bytes"], int, b.line_of("lane_bytes"), f"{where} lane_bytes")
+        for key in ("bytes", "lane_bytes"):
+            v = b[key]
+            if isinstance(v, int) and not isinstance(v, bool) and v not in (1, 2, 4, 8):
+                c.error(b.line_of(key), f"{where} {key} must be 1, 2, 4 or 8, found {v}")
+                ok = False
+        strings = {k: c.typed(b[k], str, b.line_of(k), f"{where} {k}") for k in ("torch", "glsl", "vec4")}
+        optional = {k: _optional_str(c, b, k, f"{where} {k}") for k in ("image", "image_format", "vk_format")}
+        ok &= all(v is not None for v in strings.values()) and all(o for o, _ in optional.values())
+        image = {k: v for k, (_, v) in optional.items()}
+        if ok and len({v is None for v in image.values()}) != 1:
+            c.error(b.line_of("image"), f"{where}: image, image_format and vk_format are all given "
+                    f"or all null (null: the dtype has no texture format)")
+            ok = False
+        features = _str_list(c, b, "features", f"{where} features")
+        if features is not None:
+            lst = b["features"]
+            for i, f in enumerate(features):
+                if not c.name_in(f, KNOWN_FEATURES, lst.line_of(i), "device feature"):
+                    features = None
+        extensions = _str_list(c, b, "extensions", f"{where} extensions")
+        if not ok or None in (nbytes, lane_bytes, features, extensions):
             continue
-        if nbytes is not None:
-            result.append(DtypeSpec(name, nbytes, str(b["glsl"]), str(b["torch"]), owners[0]))
+        result.append(DtypeSpec(
+            name=name, bytes=nbytes, glsl=strings["glsl"], torch=strings["torch"], family=b["family"],
+            vec4=strings["vec4"], lane_bytes=lane_bytes, image=image["image"],
+            image_format=image["image_format"], vk_format=image["vk_format"],
+            features=features, extensions=extensions,
+        ))
     return result
 
 

@@ -11,8 +11,20 @@ WHCN = ("W", "H", "C", "N")
 class StorageSpec:
     name: str
     id: int
-    glsl: str  # the name of this storage on the `storage` variant axes
+    axis: str  # the name of this storage on the storage variant axes ("buffer", "texture3d")
+    kind: str  # how a shader declares it: "buffer" (a block of words) or "image"
+    image_dims: int | None  # dimensionality of an image; None for buffers
+    descriptor: str  # Vulkan descriptor type without VK_DESCRIPTOR_TYPE_
     doc: str
+
+    @property
+    def glsl(self) -> str:
+        """Former name of `axis`, kept for readers not yet switched over."""
+        return self.axis
+
+    @property
+    def is_image(self) -> bool:
+        return self.kind == "image"
 
 
 @dataclass(frozen=True)
@@ -24,11 +36,26 @@ class FamilySpec:
 
 @dataclass(frozen=True)
 class DtypeSpec:
+    """One element type, keyed by its name (layouts.yaml `dtypes` documents every field)."""
+
     name: str
-    bytes: int
-    glsl: str
+    bytes: int  # host (torch) bytes of one element
+    glsl: str  # shader scalar type
     torch: str
     family: str
+    vec4: str = "vec4"  # shader 4-lane type
+    lane_bytes: int = 4  # bytes of one stored element (buffer lane or texel channel)
+    image: str | None = None  # GLSL image type stem ("image", "iimage"); None: no image
+    image_format: str | None = None  # GLSL storage-image format qualifier ("rgba32f")
+    vk_format: str | None = None  # VkFormat without VK_FORMAT_
+    features: tuple[str, ...] = ()  # Vulkan device features a shader using it requires
+    extensions: tuple[str, ...] = ()  # GLSL extensions a shader using it enables
+
+    def image_type(self, storage: "StorageSpec") -> str | None:
+        """The GLSL image type in `storage` ("iimage3D"); None for buffers or imageless dtypes."""
+        if not storage.is_image or self.image is None:
+            return None
+        return f"{self.image}{storage.image_dims}D"
 
 
 @dataclass(frozen=True)
@@ -78,8 +105,10 @@ class LayoutsModel:
     def storage(self, name: str) -> StorageSpec:
         return next(s for s in self.storages if s.name == name)
 
-    def storage_by_glsl(self, glsl: str) -> StorageSpec:
-        return next(s for s in self.storages if s.glsl == glsl)
+    def storage_by_axis(self, axis: str) -> StorageSpec:
+        return next(s for s in self.storages if s.axis == axis)
+
+    storage_by_glsl = storage_by_axis  # former name, kept for readers not yet switched over
 
     def layout(self, name: str) -> LayoutSpec:
         return next(x for x in self.layouts if x.name == name)
@@ -87,28 +116,31 @@ class LayoutsModel:
     def dtype(self, name: str) -> DtypeSpec:
         return next(d for d in self.dtypes if d.name == name)
 
+    @property
+    def device_features(self) -> tuple[str, ...]:
+        """Every device feature some dtype requires, sorted."""
+        return tuple(sorted({f for d in self.dtypes for f in d.features}))
+
     def repset(self, name: str) -> RepSetSpec:
         return next(r for r in self.repsets if r.name == name)
 
 
 @dataclass(frozen=True)
 class ArgSpec:
+    """An argument as torch's schema has it (kind, optional, default), plus our repset or enum values."""
+
     name: str
     kind: str  # "tensor", "tensor_list", "float", "int", "bool", "enum", "int_list", "any"
     repset: str | None = None
     optional: bool = False
     default: object = None
     values: tuple[str, ...] = ()  # for enum
+    has_default: bool = False
     line: int = 0
 
     @property
     def is_tensor(self) -> bool:
         return self.kind in ("tensor", "tensor_list")
-
-    @property
-    def pushed(self) -> bool:
-        """Scalars that reach the shader as push constants."""
-        return self.kind in ("float", "int", "bool", "enum")
 
 
 @dataclass(frozen=True)
@@ -124,10 +156,27 @@ class ShaderSpec:
     axes: tuple[str, ...]
     params: tuple[tuple[str, str], ...]
     storage_of: tuple[tuple[str, str], ...]  # tensor name -> axis giving its storage, or a fixed storage
-    push: tuple[tuple[str, str], ...] = ()  # extra push constants (name, int|float|ivec4) the runtime fills
     read_outputs: tuple[str, ...] = ()  # outputs the shader also reads (bound read-write)
     target_env: str = "vulkan1.1"
     line: int = 0
+
+
+@dataclass(frozen=True)
+class PushSpec:
+    """A push constant and how the runtime derives it (a rule of shaders/node_rules.py)."""
+
+    name: str
+    type: str  # int, float or ivec4
+    rule: str
+    params: tuple[tuple[str, object], ...]
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """A condition a node must meet to run on Vulkan (a rule of shaders/node_rules.py)."""
+
+    rule: str
+    params: tuple[tuple[str, object], ...]
 
 
 @dataclass(frozen=True)
@@ -140,9 +189,13 @@ class OpSpec:
     dtypes: tuple[str, ...]
     flags: tuple[str, ...]
     weights: tuple[str, ...]
-    dim_order: tuple[int, ...] | None
+    push: tuple[PushSpec, ...]
+    checks: tuple[CheckSpec, ...]
+    grid: tuple[str, ...]  # ("per_output_unit",) or ("per_list_element", LIST_ARG)
     shader: ShaderSpec | None
     doc: str
+    samples: tuple[tuple[tuple[str, object], ...], ...] = ()
+    sample_values: tuple[tuple[str, tuple[float, float]], ...] = ()
     line: int = 0
 
     @property
@@ -192,6 +245,7 @@ class Variant:
     target_env: str
     template: str
     params: tuple[tuple[str, str], ...] = field(default=())
+    features: tuple[str, ...] = ()  # device features its dtype requires (layouts.yaml dtypes)
 
 
 @dataclass(frozen=True)

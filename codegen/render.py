@@ -13,8 +13,6 @@ from .model import LayoutsModel, OpsModel, Variant
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 # Names every shader template may use without declaring them as parameters.
 SHADER_BUILTINS = frozenset({"op", "template", "variant", "tensors", "out", "outs", "ins", "T", "VEC4", "int8", "dtype"})
-IMAGE_TYPES = {"float": ("image3D", "rgba32f"), "int": ("iimage3D", "rgba32i")}
-VEC4_TYPES = {"float": "vec4", "int": "ivec4"}
 
 
 def _env(loader: jinja2.BaseLoader) -> jinja2.Environment:
@@ -26,28 +24,49 @@ def _env(loader: jinja2.BaseLoader) -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
-    env.filters["pyrepr"] = repr
+    env.filters["pyrepr"] = py_literal
     return env
 
 
+def py_literal(value) -> str:
+    """repr() that stays valid Python for infinities and NaN inside tuples and lists."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return f"float({repr(value)!r})"
+    if isinstance(value, tuple):
+        inner = ", ".join(py_literal(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, list):
+        return "[" + ", ".join(py_literal(v) for v in value) + "]"
+    return repr(value)
+
+
 def shader_env(shaders_dir: Path) -> jinja2.Environment:
-    return _env(jinja2.FileSystemLoader(str(shaders_dir)))
+    """Shader templates render with `#line` markers back to shaders/NAME.glsl.j2 (see glsl_lines)."""
+    from . import glsl_lines
+
+    return glsl_lines.install(_env(jinja2.FileSystemLoader(str(shaders_dir))), prefix="shaders/")
 
 
-def scan_templates(shaders_dir: Path, out: Collector) -> dict[str, set[str]]:
-    """Op templates (shaders/NAME.glsl.j2, not starting with '_') -> the parameters each uses."""
+def scan_templates(shaders_dir: Path, out: Collector) -> dict:
+    """Op templates (shaders/NAME.glsl.j2, not starting with '_') -> TemplateInfo: the parameters
+    each uses and its contract."""
+    from .contracts import parse_contract
+    from .ops_schema import TemplateInfo
+
     env = shader_env(shaders_dir)
-    result: dict[str, set[str]] = {}
+    result: dict = {}
     for path in sorted(shaders_dir.glob("*.glsl.j2")):
         if path.name.startswith("_"):
             continue
         name = path.name[: -len(".glsl.j2")]
+        text = path.read_text(encoding="utf-8")
         try:
-            ast = env.parse(path.read_text(encoding="utf-8"), name=path.name)
+            ast = env.parse(text, name=path.name)
         except jinja2.TemplateSyntaxError as exc:
             out.error(f"shaders/{path.name}", exc.lineno or 0, f"template syntax error: {exc.message}")
             continue
-        result[name] = set(meta.find_undeclared_variables(ast)) - SHADER_BUILTINS
+        params = frozenset(set(meta.find_undeclared_variables(ast)) - SHADER_BUILTINS)
+        result[name] = TemplateInfo(params, parse_contract(text, f"shaders/{path.name}", out))
     return result
 
 
@@ -61,6 +80,7 @@ def render_python(layouts: LayoutsModel, ops: OpsModel) -> dict[str, str]:
         "__init__.py": env.get_template("init.py.j2").render(),
         "layouts.py": env.get_template("layouts.py.j2").render(m=layouts),
         "ops.py": env.get_template("ops.py.j2").render(ops=ops.ops, variants_of=variants_of, targets=targets),
+        "samples.py": env.get_template("samples.py.j2").render(ops=ops.ops),
         "variants.py": env.get_template("variants.py.j2").render(axes=ops.axes, variants=ops.variants),
         "glsl/include/layouts.glslh": env.get_template("layouts.glslh.j2").render(layouts=layouts.layouts),
     }
@@ -83,23 +103,28 @@ def render_glsl(layouts: LayoutsModel, ops: OpsModel, shaders_dir: Path, out: Co
 
 
 def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
+    """Template variables of one variant. Each tensor carries the facts of its storage and dtype
+    from layouts.yaml (is_buffer / is_image, word, vec4, image, format), so templates never
+    compare storage or GLSL type names: a new storage or dtype is a layouts.yaml entry (plus the
+    prologue's access functions for a new kind of storage), not an edit of every template."""
     dtype = layouts.dtype(v.dtype)
     int8 = dtype.family != "float"
-    word = "int" if int8 else dtype.glsl
-    image, fmt = IMAGE_TYPES[dtype.glsl]
-    tensors = [
-        {
+    tensors = []
+    for b in v.bindings:
+        storage = layouts.storage_by_axis(b.storage)
+        tensors.append({
             "name": b.tensor,
             "binding": b.index,
-            "storage": b.storage,
+            "storage": b.storage,  # the axis name, for comments
+            "is_buffer": not storage.is_image,
+            "is_image": storage.is_image,
             "access": b.access,
             "qualifier": {"write": "writeonly", "read": "readonly", "readwrite": ""}[b.access],
-            "word": word,
-            "image": image,
-            "format": fmt,
-        }
-        for b in v.bindings
-    ]
+            "word": dtype.glsl,  # a buffer element (int8: a word of 4 lanes, also an int)
+            "vec4": dtype.vec4,
+            "image": dtype.image_type(storage),  # None in buffers
+            "format": dtype.image_format,
+        })
     n_out = len(op.outputs)
     return {
         "op": op,
@@ -110,7 +135,7 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
         "outs": tensors[:n_out],
         "ins": tensors[n_out:],
         "T": dtype.glsl,
-        "VEC4": VEC4_TYPES[dtype.glsl],
+        "VEC4": dtype.vec4,
         "int8": int8,
         "dtype": dtype,
         **dict(v.params),

@@ -12,7 +12,6 @@ from .diagnostics import Collector
 from .model import Binding, LayoutsModel, OpSpec, PushConstant, SpecConstant, Variant
 
 LOCAL_SIZE = (("local_size_x", 64), ("local_size_y", 1), ("local_size_z", 1))
-PUSH_TYPES = {"float": ("float", 4), "int": ("int", 4), "bool": ("int", 4), "enum": ("int", 4)}
 EXTRA_PUSH = {"int": 4, "float": 4, "ivec4": 16}
 
 
@@ -68,16 +67,15 @@ def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of:
         Binding(
             index=i,
             tensor=t,
-            descriptor="STORAGE_BUFFER" if storages[t] == "buffer" else "STORAGE_IMAGE",
+            descriptor=layouts.storage_by_axis(storages[t]).descriptor,
             access=("readwrite" if t in op.shader.read_outputs else "write") if i < len(op.outputs) else "read",
             storage=storages[t],
         )
         for i, t in enumerate(op.tensors)
     )
     # std430 push block: the 16-byte ivec4s first, then 4-byte scalars, so offsets need no padding.
-    vec4s = [(f"{t}_sizes", "ivec4") for t in op.tensors] + [(n, k) for n, k in op.shader.push if k == "ivec4"]
-    scalars = [("units", "int")] + [(a.name, PUSH_TYPES[a.kind][0]) for a in op.args if a.pushed]
-    scalars += [(n, k) for n, k in op.shader.push if k != "ivec4"]
+    vec4s = [(f"{t}_sizes", "ivec4") for t in op.tensors] + [(p.name, p.type) for p in op.push if p.type == "ivec4"]
+    scalars = [("units", "int")] + [(p.name, p.type) for p in op.push if p.type != "ivec4"]
     push: list[PushConstant] = []
     offset = 0
     for pname, ptype in vec4s + scalars:
@@ -102,6 +100,7 @@ def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of:
         target_env=op.shader.target_env,
         template=op.shader.template,
         params=op.shader.params,
+        features=layouts.dtype(dict(axes)["dtype"]).features,
     )
 
 

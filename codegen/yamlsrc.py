@@ -77,6 +77,12 @@ def load(path: Path, display_name: str | None = None) -> LMap:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise GenError([Diagnostic(name, 0, f"cannot read file: {exc.strerror}")]) from None
+    return loads(text, name)
+
+
+def loads(text: str, name: str, line_offset: int = 0) -> LMap:
+    """Parse YAML text (found `line_offset` lines into file `name`) into LMap/LList."""
+    text = "\n" * line_offset + text  # lines then count from the top of the real file
     loader = _LineLoader(text, name)
     try:
         data = loader.get_single_data()

@@ -9,17 +9,35 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Arg:
     name: str
-    kind: str  # tensor, tensor_list, float, int, bool, enum, int_list, any
+    kind: str  # tensor, tensor_list, float, int, bool, enum, int_list, str, any (from torch's schema)
     repset: str | None = None
     optional: bool = False
     default: object = None
-    values: tuple[str, ...] = ()
+    values: tuple[str, ...] = ()  # an enum's values; its push constant is the index
 
 
 @dataclass(frozen=True)
 class Output:
     name: str
     repset: str
+
+
+@dataclass(frozen=True)
+class Push:
+    """A push constant and its derivation: a rule of texelflow.shaders.node_rules with its params."""
+
+    name: str
+    type: str  # int, float or ivec4
+    rule: str
+    params: tuple[tuple[str, object], ...]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A condition a node must meet to run on Vulkan: a rule of texelflow.shaders.node_rules."""
+
+    rule: str
+    params: tuple[tuple[str, object], ...]
 
 
 @dataclass(frozen=True)
@@ -32,13 +50,18 @@ class OpEntry:
     dtypes: tuple[str, ...]
     flags: frozenset[str]
     weights: tuple[str, ...]
-    dim_order: tuple[int, ...] | None
+    push: tuple[Push, ...]
+    checks: tuple[Check, ...]
+    grid: tuple[str, ...]  # ("per_output_unit",) or ("per_list_element", LIST_ARG)
     shader_axes: tuple[str, ...]
     variants: tuple[str, ...]
 
     @property
     def is_identity(self) -> bool:
         return "identity" in self.flags
+
+    def arg_spec(self, name: str) -> Arg | None:
+        return next((a for a in self.args if a.name == name), None)
 
 
 OPS: dict[str, OpEntry] = {
@@ -57,9 +80,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'abs_float32_buffer',
@@ -83,9 +108,13 @@ OPS: dict[str, OpEntry] = {
             ('self', 'other', 'out'),
         ),
         dtypes=('float32', 'int32'),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(
+            Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'add_float32_buffer',
@@ -115,7 +144,14 @@ OPS: dict[str, OpEntry] = {
         dtypes=('float32',),
         flags=frozenset([]),
         weights=('self', 'mat2'),
-        dim_order=None,
+        push=(
+            Push('beta', 'float', 'arg', (('arg', 'beta'),)),
+            Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('mat2', (2,)),)),)),
+        ),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'addmm_float32_buffer',
@@ -138,9 +174,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32', 'int32', 'int8'),
-        flags=frozenset(['identity', 'supports_highdim', 'supports_resize']),
+        flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'alias_copy_float32_buffer',
@@ -159,10 +197,10 @@ OPS: dict[str, OpEntry] = {
             Arg('self', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
             Arg('kernel_size', 'int_list'),
             Arg('stride', 'int_list', default=[]),
-            Arg('padding', 'int_list', default=[0]),
+            Arg('padding', 'int_list', default=[0, 0]),
             Arg('ceil_mode', 'bool', default=False),
             Arg('count_include_pad', 'bool', default=True),
-            Arg('divisor_override', 'int', optional=True, default=0),
+            Arg('divisor_override', 'int', optional=True),
         ),
         outputs=(
             Output('out', 'CHANNELS_PACKED_TEXTURE'),
@@ -173,7 +211,16 @@ OPS: dict[str, OpEntry] = {
         dtypes=('float32',),
         flags=frozenset([]),
         weights=(),
-        dim_order=None,
+        push=(
+            Push('pool_kernel_stride', 'ivec4', 'ivec4', (('ivec4', (('pair', 'kernel_size', None), ('pair', 'stride', 'kernel_size'))),)),
+            Push('pool_pad_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'padding', None), 1, 1)),)),
+            Push('count_include_pad', 'int', 'arg', (('arg', 'count_include_pad'),)),
+            Push('divisor_override', 'int', 'arg', (('arg', 'divisor_override'), ('none', 0))),
+        ),
+        checks=(
+            Check('rank', (('rank', (('self', (3, 4)),)),)),
+        ),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'avg_pool2d_float32_texture3d',
@@ -197,7 +244,12 @@ OPS: dict[str, OpEntry] = {
         dtypes=('float32', 'int32'),
         flags=frozenset([]),
         weights=(),
-        dim_order=None,
+        push=(
+            Push('cat_dim', 'int', 'whcn_dim', (('of', 'out'), ('whcn_dim', 'dim'))),
+            Push('cat_offset', 'int', 'list_offset', (('dim', 'dim'), ('list_offset', 'tensors'))),
+        ),
+        checks=(),
+        grid=('per_list_element', 'tensors'),
         shader_axes=('dtype', 'storage'),
         variants=(
             'cat_float32_buffer',
@@ -213,8 +265,8 @@ OPS: dict[str, OpEntry] = {
         ),
         args=(
             Arg('self', 'tensor', repset='ANY_STORAGE'),
-            Arg('min', 'float', optional=True, default=-3.4028234663852886e+38),
-            Arg('max', 'float', optional=True, default=3.4028234663852886e+38),
+            Arg('min', 'float', optional=True),
+            Arg('max', 'float', optional=True),
         ),
         outputs=(
             Output('out', 'ANY_STORAGE'),
@@ -223,9 +275,14 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(
+            Push('min', 'float', 'arg', (('arg', 'min'), ('none', float('-inf')))),
+            Push('max', 'float', 'arg', (('arg', 'max'), ('none', float('inf')))),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'clamp_float32_buffer',
@@ -239,6 +296,7 @@ OPS: dict[str, OpEntry] = {
         ),
         args=(
             Arg('self', 'tensor', repset='ANY_STORAGE_INCL_PACKED_INT8'),
+            Arg('memory_format', 'any', optional=True),
         ),
         outputs=(
             Output('out', 'ANY_STORAGE_INCL_PACKED_INT8'),
@@ -247,9 +305,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32', 'int32', 'int8'),
-        flags=frozenset(['identity', 'supports_highdim', 'supports_resize']),
+        flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'clone_float32_buffer',
@@ -266,6 +326,8 @@ OPS: dict[str, OpEntry] = {
         ),
         args=(
             Arg('self', 'tensor', repset='ANY_STORAGE_INCL_PACKED_INT8'),
+            Arg('non_blocking', 'bool', default=False),
+            Arg('dim_order', 'int_list', optional=True),
         ),
         outputs=(
             Output('out', 'ANY_STORAGE_INCL_PACKED_INT8'),
@@ -274,9 +336,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32', 'int32', 'int8'),
-        flags=frozenset(['identity', 'supports_highdim', 'supports_resize']),
+        flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'clone_dim_order_float32_buffer',
@@ -309,7 +373,16 @@ OPS: dict[str, OpEntry] = {
         dtypes=('float32',),
         flags=frozenset([]),
         weights=('weight', 'bias'),
-        dim_order=None,
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('groups', 'int', 'arg', (('arg', 'groups'),)),
+            Push('conv_stride_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'stride', None), ('pair', 'padding', None))),)),
+            Push('conv_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'dilation', None), 0, 0)),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)),)),)),
+        ),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'conv2d_float32_texture3d',
@@ -331,13 +404,41 @@ OPS: dict[str, OpEntry] = {
             ('self', 'other', 'out'),
         ),
         dtypes=('float32',),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'div_float32_buffer',
             'div_float32_texture3d',
+        ),
+    ),
+    'erf': OpEntry(
+        name='erf',
+        targets=(
+            'aten.erf.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'erf_float32_buffer',
+            'erf_float32_texture3d',
         ),
     ),
     'exp': OpEntry(
@@ -355,13 +456,46 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'exp_float32_buffer',
             'exp_float32_texture3d',
+        ),
+    ),
+    'flip': OpEntry(
+        name='flip',
+        targets=(
+            'aten.flip.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dims', 'int_list'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('flip_dims', 'ivec4', 'dims_mask', (('dims_mask', 'dims'), ('of', 'self'))),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'flip_float32_buffer',
+            'flip_float32_texture3d',
+            'flip_int32_buffer',
+            'flip_int32_texture3d',
         ),
     ),
     'gelu': OpEntry(
@@ -380,9 +514,13 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(
+            Push('approximate', 'int', 'arg', (('arg', 'approximate'), ('values', ('none', 'tanh')))),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'gelu_float32_buffer',
@@ -404,9 +542,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'hardswish_float32_buffer',
@@ -424,7 +564,7 @@ OPS: dict[str, OpEntry] = {
             Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
             Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
             Arg('eps', 'float', default=1e-05),
-            Arg('cudnn_enable', 'any', default=True),
+            Arg('cudnn_enable', 'bool', default=True),
         ),
         outputs=(
             Output('out', 'ANY_STORAGE'),
@@ -435,11 +575,48 @@ OPS: dict[str, OpEntry] = {
         dtypes=('float32',),
         flags=frozenset([]),
         weights=('weight', 'bias'),
-        dim_order=None,
+        push=(
+            Push('has_weight', 'int', 'present', (('present', 'weight'),)),
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('eps', 'float', 'arg', (('arg', 'eps'),)),
+        ),
+        checks=(
+            Check('normalized_last', (('normalized_last', 'normalized_shape'), ('of', 'input'))),
+        ),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'layer_norm_float32_buffer',
             'layer_norm_float32_texture3d',
+        ),
+    ),
+    'leaky_relu': OpEntry(
+        name='leaky_relu',
+        targets=(
+            'aten.leaky_relu.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('negative_slope', 'float', default=0.01),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('negative_slope', 'float', 'arg', (('arg', 'negative_slope'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'leaky_relu_float32_buffer',
+            'leaky_relu_float32_texture3d',
         ),
     ),
     'linear': OpEntry(
@@ -461,7 +638,13 @@ OPS: dict[str, OpEntry] = {
         dtypes=('float32',),
         flags=frozenset([]),
         weights=('weight', 'bias'),
-        dim_order=None,
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('weight', (2,)),)),)),
+        ),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'linear_float32_buffer',
@@ -477,8 +660,8 @@ OPS: dict[str, OpEntry] = {
             Arg('self', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
             Arg('kernel_size', 'int_list'),
             Arg('stride', 'int_list', default=[]),
-            Arg('padding', 'int_list', default=[0]),
-            Arg('dilation', 'int_list', default=[1]),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('dilation', 'int_list', default=[1, 1]),
             Arg('ceil_mode', 'bool', default=False),
         ),
         outputs=(
@@ -490,7 +673,14 @@ OPS: dict[str, OpEntry] = {
         dtypes=('float32',),
         flags=frozenset([]),
         weights=(),
-        dim_order=None,
+        push=(
+            Push('pool_kernel_stride', 'ivec4', 'ivec4', (('ivec4', (('pair', 'kernel_size', None), ('pair', 'stride', 'kernel_size'))),)),
+            Push('pool_pad_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'padding', None), ('pair', 'dilation', None))),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('self', (3, 4)),)),)),
+        ),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'max_pool2d_float32_texture3d',
@@ -512,9 +702,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'other', 'out'),
         ),
         dtypes=('float32', 'int32'),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'maximum_float32_buffer',
@@ -539,9 +731,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'other', 'out'),
         ),
         dtypes=('float32', 'int32'),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'minimum_float32_buffer',
@@ -568,7 +762,11 @@ OPS: dict[str, OpEntry] = {
         dtypes=('float32',),
         flags=frozenset([]),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(
+            Check('rank', (('rank', (('mat2', (2,)),)),)),
+        ),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'mm_float32_buffer',
@@ -591,9 +789,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'other', 'out'),
         ),
         dtypes=('float32', 'int32'),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'mul_float32_buffer',
@@ -625,7 +825,15 @@ OPS: dict[str, OpEntry] = {
         dtypes=('float32',),
         flags=frozenset([]),
         weights=('weight', 'bias'),
-        dim_order=None,
+        push=(
+            Push('has_weight', 'int', 'present', (('present', 'weight'),)),
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('eps', 'float', 'arg', (('arg', 'eps'),)),
+        ),
+        checks=(
+            Check('normalized_last', (('normalized_last', 'normalized_shape'), ('of', 'input'))),
+        ),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'native_layer_norm_float32_buffer',
@@ -647,9 +855,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'neg_float32_buffer',
@@ -675,7 +885,11 @@ OPS: dict[str, OpEntry] = {
         dtypes=('float32', 'int32'),
         flags=frozenset([]),
         weights=(),
-        dim_order=None,
+        push=(
+            Push('permute_dims', 'ivec4', 'hook', (('hook', 'whcn_permutation'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'permute_copy_float32_buffer',
@@ -700,9 +914,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'exponent', 'out'),
         ),
         dtypes=('float32',),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'pow_float32_buffer',
@@ -724,9 +940,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'relu_float32_buffer',
@@ -748,9 +966,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'sigmoid_float32_buffer',
@@ -772,9 +992,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'sqrt_float32_buffer',
@@ -802,9 +1024,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32', 'int32', 'int8'),
-        flags=frozenset(['identity', 'supports_highdim', 'supports_resize']),
+        flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'squeeze_copy_float32_buffer',
@@ -831,9 +1055,13 @@ OPS: dict[str, OpEntry] = {
             ('self', 'other', 'out'),
         ),
         dtypes=('float32', 'int32'),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(
+            Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'sub_float32_buffer',
@@ -857,9 +1085,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
-        flags=frozenset(['supports_highdim', 'supports_resize']),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'tanh_float32_buffer',
@@ -882,7 +1112,9 @@ OPS: dict[str, OpEntry] = {
         dtypes=('float32', 'int32', 'int8'),
         flags=frozenset(['supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'in_storage', 'out_storage'),
         variants=(
             'to_layout_float32_buffer_buffer',
@@ -913,9 +1145,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32', 'int32', 'int8'),
-        flags=frozenset(['identity', 'supports_highdim', 'supports_resize']),
+        flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'unsqueeze_copy_float32_buffer',
@@ -943,9 +1177,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32', 'int32', 'int8'),
-        flags=frozenset(['identity', 'supports_highdim', 'supports_resize']),
+        flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
-        dim_order=None,
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
         shader_axes=('dtype', 'storage'),
         variants=(
             'view_copy_float32_buffer',
@@ -971,10 +1207,13 @@ TARGETS: dict[str, str] = {
     'aten.clone.default': 'clone',
     'aten.conv2d.default': 'conv2d',
     'aten.div.Tensor': 'div',
+    'aten.erf.default': 'erf',
     'aten.exp.default': 'exp',
+    'aten.flip.default': 'flip',
     'aten.gelu.default': 'gelu',
     'aten.hardswish.default': 'hardswish',
     'aten.layer_norm.default': 'layer_norm',
+    'aten.leaky_relu.default': 'leaky_relu',
     'aten.linear.default': 'linear',
     'aten.max_pool2d.default': 'max_pool2d',
     'aten.maximum.default': 'maximum',

@@ -8,6 +8,7 @@ by op and axis values through find_variant(); it never assembles variant names i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 # Variant axes in their global order, with every value an axis may take.
 AXES: dict[str, tuple[str, ...]] = {
@@ -24,7 +25,7 @@ class Binding:
     tensor: str
     descriptor: str  # STORAGE_BUFFER or STORAGE_IMAGE
     access: str  # read, write or readwrite
-    storage: str  # buffer or texture3d
+    storage: str  # the storage's axis name (layouts.STORAGE_BY_AXIS maps it to a Storage)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class ShaderVariant:
     push_constant_size: int
     spec_constants: tuple[SpecConstant, ...]
     target_env: str
+    features: tuple[str, ...] = ()  # Vulkan device features it requires (its dtype's, layouts.yaml)
 
 
 VARIANTS: dict[str, ShaderVariant] = {
@@ -82,6 +84,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'abs_float32_texture3d': ShaderVariant(
         name='abs_float32_texture3d',
@@ -107,6 +110,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'add_float32_buffer': ShaderVariant(
         name='add_float32_buffer',
@@ -136,6 +140,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'add_float32_texture3d': ShaderVariant(
         name='add_float32_texture3d',
@@ -165,6 +170,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'add_int32_buffer': ShaderVariant(
         name='add_int32_buffer',
@@ -194,6 +200,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'add_int32_texture3d': ShaderVariant(
         name='add_int32_texture3d',
@@ -223,6 +230,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'addmm_float32_buffer': ShaderVariant(
         name='addmm_float32_buffer',
@@ -256,6 +264,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(6, 'mat2_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'addmm_float32_texture3d': ShaderVariant(
         name='addmm_float32_texture3d',
@@ -289,6 +298,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(6, 'mat2_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'alias_copy_float32_buffer': ShaderVariant(
         name='alias_copy_float32_buffer',
@@ -314,6 +324,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'alias_copy_float32_texture3d': ShaderVariant(
         name='alias_copy_float32_texture3d',
@@ -339,6 +350,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'alias_copy_int32_buffer': ShaderVariant(
         name='alias_copy_int32_buffer',
@@ -364,6 +376,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'alias_copy_int32_texture3d': ShaderVariant(
         name='alias_copy_int32_texture3d',
@@ -389,6 +402,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'alias_copy_int8_buffer': ShaderVariant(
         name='alias_copy_int8_buffer',
@@ -414,6 +428,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 3),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'avg_pool2d_float32_texture3d': ShaderVariant(
         name='avg_pool2d_float32_texture3d',
@@ -431,9 +446,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('pool_kernel_stride', 'ivec4', 32, 16),
             PushConstant('pool_pad_dilation', 'ivec4', 48, 16),
             PushConstant('units', 'int', 64, 4),
-            PushConstant('ceil_mode', 'int', 68, 4),
-            PushConstant('count_include_pad', 'int', 72, 4),
-            PushConstant('divisor_override', 'int', 76, 4),
+            PushConstant('count_include_pad', 'int', 68, 4),
+            PushConstant('divisor_override', 'int', 72, 4),
         ),
         push_constant_size=80,
         spec_constants=(
@@ -444,6 +458,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 2),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'cat_float32_buffer': ShaderVariant(
         name='cat_float32_buffer',
@@ -459,9 +474,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('out_sizes', 'ivec4', 0, 16),
             PushConstant('tensors_sizes', 'ivec4', 16, 16),
             PushConstant('units', 'int', 32, 4),
-            PushConstant('dim', 'int', 36, 4),
-            PushConstant('cat_dim', 'int', 40, 4),
-            PushConstant('cat_offset', 'int', 44, 4),
+            PushConstant('cat_dim', 'int', 36, 4),
+            PushConstant('cat_offset', 'int', 40, 4),
         ),
         push_constant_size=48,
         spec_constants=(
@@ -472,6 +486,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'tensors_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'cat_float32_texture3d': ShaderVariant(
         name='cat_float32_texture3d',
@@ -487,9 +502,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('out_sizes', 'ivec4', 0, 16),
             PushConstant('tensors_sizes', 'ivec4', 16, 16),
             PushConstant('units', 'int', 32, 4),
-            PushConstant('dim', 'int', 36, 4),
-            PushConstant('cat_dim', 'int', 40, 4),
-            PushConstant('cat_offset', 'int', 44, 4),
+            PushConstant('cat_dim', 'int', 36, 4),
+            PushConstant('cat_offset', 'int', 40, 4),
         ),
         push_constant_size=48,
         spec_constants=(
@@ -500,6 +514,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'tensors_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'cat_int32_buffer': ShaderVariant(
         name='cat_int32_buffer',
@@ -515,9 +530,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('out_sizes', 'ivec4', 0, 16),
             PushConstant('tensors_sizes', 'ivec4', 16, 16),
             PushConstant('units', 'int', 32, 4),
-            PushConstant('dim', 'int', 36, 4),
-            PushConstant('cat_dim', 'int', 40, 4),
-            PushConstant('cat_offset', 'int', 44, 4),
+            PushConstant('cat_dim', 'int', 36, 4),
+            PushConstant('cat_offset', 'int', 40, 4),
         ),
         push_constant_size=48,
         spec_constants=(
@@ -528,6 +542,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'tensors_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'cat_int32_texture3d': ShaderVariant(
         name='cat_int32_texture3d',
@@ -543,9 +558,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('out_sizes', 'ivec4', 0, 16),
             PushConstant('tensors_sizes', 'ivec4', 16, 16),
             PushConstant('units', 'int', 32, 4),
-            PushConstant('dim', 'int', 36, 4),
-            PushConstant('cat_dim', 'int', 40, 4),
-            PushConstant('cat_offset', 'int', 44, 4),
+            PushConstant('cat_dim', 'int', 36, 4),
+            PushConstant('cat_offset', 'int', 40, 4),
         ),
         push_constant_size=48,
         spec_constants=(
@@ -556,6 +570,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'tensors_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'clamp_float32_buffer': ShaderVariant(
         name='clamp_float32_buffer',
@@ -583,6 +598,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'clamp_float32_texture3d': ShaderVariant(
         name='clamp_float32_texture3d',
@@ -610,6 +626,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'clone_dim_order_float32_buffer': ShaderVariant(
         name='clone_dim_order_float32_buffer',
@@ -635,6 +652,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'clone_dim_order_float32_texture3d': ShaderVariant(
         name='clone_dim_order_float32_texture3d',
@@ -660,6 +678,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'clone_dim_order_int32_buffer': ShaderVariant(
         name='clone_dim_order_int32_buffer',
@@ -685,6 +704,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'clone_dim_order_int32_texture3d': ShaderVariant(
         name='clone_dim_order_int32_texture3d',
@@ -710,6 +730,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'clone_dim_order_int8_buffer': ShaderVariant(
         name='clone_dim_order_int8_buffer',
@@ -735,6 +756,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 3),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'clone_float32_buffer': ShaderVariant(
         name='clone_float32_buffer',
@@ -760,6 +782,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'clone_float32_texture3d': ShaderVariant(
         name='clone_float32_texture3d',
@@ -785,6 +808,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'clone_int32_buffer': ShaderVariant(
         name='clone_int32_buffer',
@@ -810,6 +834,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'clone_int32_texture3d': ShaderVariant(
         name='clone_int32_texture3d',
@@ -835,6 +860,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'clone_int8_buffer': ShaderVariant(
         name='clone_int8_buffer',
@@ -860,6 +886,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 3),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'conv2d_float32_texture3d': ShaderVariant(
         name='conv2d_float32_texture3d',
@@ -881,8 +908,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('conv_stride_pad', 'ivec4', 64, 16),
             PushConstant('conv_dilation', 'ivec4', 80, 16),
             PushConstant('units', 'int', 96, 4),
-            PushConstant('groups', 'int', 100, 4),
-            PushConstant('has_bias', 'int', 104, 4),
+            PushConstant('has_bias', 'int', 100, 4),
+            PushConstant('groups', 'int', 104, 4),
         ),
         push_constant_size=112,
         spec_constants=(
@@ -895,6 +922,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(6, 'bias_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'div_float32_buffer': ShaderVariant(
         name='div_float32_buffer',
@@ -923,6 +951,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'div_float32_texture3d': ShaderVariant(
         name='div_float32_texture3d',
@@ -951,6 +980,59 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
+    ),
+    'erf_float32_buffer': ShaderVariant(
+        name='erf_float32_buffer',
+        op='erf',
+        axes=(('dtype', 'float32'), ('storage', 'buffer')),
+        dtype='float32',
+        source='erf_float32_buffer.comp',
+        bindings=(
+            Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
+            Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+        ),
+        push_constants=(
+            PushConstant('out_sizes', 'ivec4', 0, 16),
+            PushConstant('self_sizes', 'ivec4', 16, 16),
+            PushConstant('units', 'int', 32, 4),
+        ),
+        push_constant_size=48,
+        spec_constants=(
+            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(1, 'local_size_y', 'int', 1),
+            SpecConstant(2, 'local_size_z', 'int', 1),
+            SpecConstant(3, 'out_layout', 'int', 0),
+            SpecConstant(4, 'self_layout', 'int', 0),
+        ),
+        target_env='vulkan1.1',
+        features=(),
+    ),
+    'erf_float32_texture3d': ShaderVariant(
+        name='erf_float32_texture3d',
+        op='erf',
+        axes=(('dtype', 'float32'), ('storage', 'texture3d')),
+        dtype='float32',
+        source='erf_float32_texture3d.comp',
+        bindings=(
+            Binding(0, 'out', 'STORAGE_IMAGE', 'write', 'texture3d'),
+            Binding(1, 'self', 'STORAGE_IMAGE', 'read', 'texture3d'),
+        ),
+        push_constants=(
+            PushConstant('out_sizes', 'ivec4', 0, 16),
+            PushConstant('self_sizes', 'ivec4', 16, 16),
+            PushConstant('units', 'int', 32, 4),
+        ),
+        push_constant_size=48,
+        spec_constants=(
+            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(1, 'local_size_y', 'int', 1),
+            SpecConstant(2, 'local_size_z', 'int', 1),
+            SpecConstant(3, 'out_layout', 'int', 0),
+            SpecConstant(4, 'self_layout', 'int', 0),
+        ),
+        target_env='vulkan1.1',
+        features=(),
     ),
     'exp_float32_buffer': ShaderVariant(
         name='exp_float32_buffer',
@@ -976,6 +1058,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'exp_float32_texture3d': ShaderVariant(
         name='exp_float32_texture3d',
@@ -1001,6 +1084,115 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
+    ),
+    'flip_float32_buffer': ShaderVariant(
+        name='flip_float32_buffer',
+        op='flip',
+        axes=(('dtype', 'float32'), ('storage', 'buffer')),
+        dtype='float32',
+        source='flip_float32_buffer.comp',
+        bindings=(
+            Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
+            Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+        ),
+        push_constants=(
+            PushConstant('out_sizes', 'ivec4', 0, 16),
+            PushConstant('self_sizes', 'ivec4', 16, 16),
+            PushConstant('flip_dims', 'ivec4', 32, 16),
+            PushConstant('units', 'int', 48, 4),
+        ),
+        push_constant_size=64,
+        spec_constants=(
+            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(1, 'local_size_y', 'int', 1),
+            SpecConstant(2, 'local_size_z', 'int', 1),
+            SpecConstant(3, 'out_layout', 'int', 0),
+            SpecConstant(4, 'self_layout', 'int', 0),
+        ),
+        target_env='vulkan1.1',
+        features=(),
+    ),
+    'flip_float32_texture3d': ShaderVariant(
+        name='flip_float32_texture3d',
+        op='flip',
+        axes=(('dtype', 'float32'), ('storage', 'texture3d')),
+        dtype='float32',
+        source='flip_float32_texture3d.comp',
+        bindings=(
+            Binding(0, 'out', 'STORAGE_IMAGE', 'write', 'texture3d'),
+            Binding(1, 'self', 'STORAGE_IMAGE', 'read', 'texture3d'),
+        ),
+        push_constants=(
+            PushConstant('out_sizes', 'ivec4', 0, 16),
+            PushConstant('self_sizes', 'ivec4', 16, 16),
+            PushConstant('flip_dims', 'ivec4', 32, 16),
+            PushConstant('units', 'int', 48, 4),
+        ),
+        push_constant_size=64,
+        spec_constants=(
+            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(1, 'local_size_y', 'int', 1),
+            SpecConstant(2, 'local_size_z', 'int', 1),
+            SpecConstant(3, 'out_layout', 'int', 0),
+            SpecConstant(4, 'self_layout', 'int', 0),
+        ),
+        target_env='vulkan1.1',
+        features=(),
+    ),
+    'flip_int32_buffer': ShaderVariant(
+        name='flip_int32_buffer',
+        op='flip',
+        axes=(('dtype', 'int32'), ('storage', 'buffer')),
+        dtype='int32',
+        source='flip_int32_buffer.comp',
+        bindings=(
+            Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
+            Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+        ),
+        push_constants=(
+            PushConstant('out_sizes', 'ivec4', 0, 16),
+            PushConstant('self_sizes', 'ivec4', 16, 16),
+            PushConstant('flip_dims', 'ivec4', 32, 16),
+            PushConstant('units', 'int', 48, 4),
+        ),
+        push_constant_size=64,
+        spec_constants=(
+            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(1, 'local_size_y', 'int', 1),
+            SpecConstant(2, 'local_size_z', 'int', 1),
+            SpecConstant(3, 'out_layout', 'int', 0),
+            SpecConstant(4, 'self_layout', 'int', 0),
+        ),
+        target_env='vulkan1.1',
+        features=(),
+    ),
+    'flip_int32_texture3d': ShaderVariant(
+        name='flip_int32_texture3d',
+        op='flip',
+        axes=(('dtype', 'int32'), ('storage', 'texture3d')),
+        dtype='int32',
+        source='flip_int32_texture3d.comp',
+        bindings=(
+            Binding(0, 'out', 'STORAGE_IMAGE', 'write', 'texture3d'),
+            Binding(1, 'self', 'STORAGE_IMAGE', 'read', 'texture3d'),
+        ),
+        push_constants=(
+            PushConstant('out_sizes', 'ivec4', 0, 16),
+            PushConstant('self_sizes', 'ivec4', 16, 16),
+            PushConstant('flip_dims', 'ivec4', 32, 16),
+            PushConstant('units', 'int', 48, 4),
+        ),
+        push_constant_size=64,
+        spec_constants=(
+            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(1, 'local_size_y', 'int', 1),
+            SpecConstant(2, 'local_size_z', 'int', 1),
+            SpecConstant(3, 'out_layout', 'int', 0),
+            SpecConstant(4, 'self_layout', 'int', 0),
+        ),
+        target_env='vulkan1.1',
+        features=(),
     ),
     'gelu_float32_buffer': ShaderVariant(
         name='gelu_float32_buffer',
@@ -1027,6 +1219,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'gelu_float32_texture3d': ShaderVariant(
         name='gelu_float32_texture3d',
@@ -1053,6 +1246,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'hardswish_float32_buffer': ShaderVariant(
         name='hardswish_float32_buffer',
@@ -1078,6 +1272,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'hardswish_float32_texture3d': ShaderVariant(
         name='hardswish_float32_texture3d',
@@ -1103,6 +1298,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'layer_norm_float32_buffer': ShaderVariant(
         name='layer_norm_float32_buffer',
@@ -1122,9 +1318,9 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('weight_sizes', 'ivec4', 32, 16),
             PushConstant('bias_sizes', 'ivec4', 48, 16),
             PushConstant('units', 'int', 64, 4),
-            PushConstant('eps', 'float', 68, 4),
-            PushConstant('has_weight', 'int', 72, 4),
-            PushConstant('has_bias', 'int', 76, 4),
+            PushConstant('has_weight', 'int', 68, 4),
+            PushConstant('has_bias', 'int', 72, 4),
+            PushConstant('eps', 'float', 76, 4),
         ),
         push_constant_size=80,
         spec_constants=(
@@ -1137,6 +1333,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(6, 'bias_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'layer_norm_float32_texture3d': ShaderVariant(
         name='layer_norm_float32_texture3d',
@@ -1156,9 +1353,9 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('weight_sizes', 'ivec4', 32, 16),
             PushConstant('bias_sizes', 'ivec4', 48, 16),
             PushConstant('units', 'int', 64, 4),
-            PushConstant('eps', 'float', 68, 4),
-            PushConstant('has_weight', 'int', 72, 4),
-            PushConstant('has_bias', 'int', 76, 4),
+            PushConstant('has_weight', 'int', 68, 4),
+            PushConstant('has_bias', 'int', 72, 4),
+            PushConstant('eps', 'float', 76, 4),
         ),
         push_constant_size=80,
         spec_constants=(
@@ -1171,6 +1368,61 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(6, 'bias_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
+    ),
+    'leaky_relu_float32_buffer': ShaderVariant(
+        name='leaky_relu_float32_buffer',
+        op='leaky_relu',
+        axes=(('dtype', 'float32'), ('storage', 'buffer')),
+        dtype='float32',
+        source='leaky_relu_float32_buffer.comp',
+        bindings=(
+            Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
+            Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+        ),
+        push_constants=(
+            PushConstant('out_sizes', 'ivec4', 0, 16),
+            PushConstant('self_sizes', 'ivec4', 16, 16),
+            PushConstant('units', 'int', 32, 4),
+            PushConstant('negative_slope', 'float', 36, 4),
+        ),
+        push_constant_size=48,
+        spec_constants=(
+            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(1, 'local_size_y', 'int', 1),
+            SpecConstant(2, 'local_size_z', 'int', 1),
+            SpecConstant(3, 'out_layout', 'int', 0),
+            SpecConstant(4, 'self_layout', 'int', 0),
+        ),
+        target_env='vulkan1.1',
+        features=(),
+    ),
+    'leaky_relu_float32_texture3d': ShaderVariant(
+        name='leaky_relu_float32_texture3d',
+        op='leaky_relu',
+        axes=(('dtype', 'float32'), ('storage', 'texture3d')),
+        dtype='float32',
+        source='leaky_relu_float32_texture3d.comp',
+        bindings=(
+            Binding(0, 'out', 'STORAGE_IMAGE', 'write', 'texture3d'),
+            Binding(1, 'self', 'STORAGE_IMAGE', 'read', 'texture3d'),
+        ),
+        push_constants=(
+            PushConstant('out_sizes', 'ivec4', 0, 16),
+            PushConstant('self_sizes', 'ivec4', 16, 16),
+            PushConstant('units', 'int', 32, 4),
+            PushConstant('negative_slope', 'float', 36, 4),
+        ),
+        push_constant_size=48,
+        spec_constants=(
+            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(1, 'local_size_y', 'int', 1),
+            SpecConstant(2, 'local_size_z', 'int', 1),
+            SpecConstant(3, 'out_layout', 'int', 0),
+            SpecConstant(4, 'self_layout', 'int', 0),
+        ),
+        target_env='vulkan1.1',
+        features=(),
     ),
     'linear_float32_buffer': ShaderVariant(
         name='linear_float32_buffer',
@@ -1203,6 +1455,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(6, 'bias_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'linear_float32_texture3d': ShaderVariant(
         name='linear_float32_texture3d',
@@ -1235,6 +1488,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(6, 'bias_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'max_pool2d_float32_texture3d': ShaderVariant(
         name='max_pool2d_float32_texture3d',
@@ -1252,7 +1506,6 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('pool_kernel_stride', 'ivec4', 32, 16),
             PushConstant('pool_pad_dilation', 'ivec4', 48, 16),
             PushConstant('units', 'int', 64, 4),
-            PushConstant('ceil_mode', 'int', 68, 4),
         ),
         push_constant_size=80,
         spec_constants=(
@@ -1263,6 +1516,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 2),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'maximum_float32_buffer': ShaderVariant(
         name='maximum_float32_buffer',
@@ -1291,6 +1545,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'maximum_float32_texture3d': ShaderVariant(
         name='maximum_float32_texture3d',
@@ -1319,6 +1574,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'maximum_int32_buffer': ShaderVariant(
         name='maximum_int32_buffer',
@@ -1347,6 +1603,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'maximum_int32_texture3d': ShaderVariant(
         name='maximum_int32_texture3d',
@@ -1375,6 +1632,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'minimum_float32_buffer': ShaderVariant(
         name='minimum_float32_buffer',
@@ -1403,6 +1661,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'minimum_float32_texture3d': ShaderVariant(
         name='minimum_float32_texture3d',
@@ -1431,6 +1690,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'minimum_int32_buffer': ShaderVariant(
         name='minimum_int32_buffer',
@@ -1459,6 +1719,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'minimum_int32_texture3d': ShaderVariant(
         name='minimum_int32_texture3d',
@@ -1487,6 +1748,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'mm_float32_buffer': ShaderVariant(
         name='mm_float32_buffer',
@@ -1515,6 +1777,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'mat2_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'mm_float32_texture3d': ShaderVariant(
         name='mm_float32_texture3d',
@@ -1543,6 +1806,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'mat2_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'mul_float32_buffer': ShaderVariant(
         name='mul_float32_buffer',
@@ -1571,6 +1835,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'mul_float32_texture3d': ShaderVariant(
         name='mul_float32_texture3d',
@@ -1599,6 +1864,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'mul_int32_buffer': ShaderVariant(
         name='mul_int32_buffer',
@@ -1627,6 +1893,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'mul_int32_texture3d': ShaderVariant(
         name='mul_int32_texture3d',
@@ -1655,6 +1922,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'native_layer_norm_float32_buffer': ShaderVariant(
         name='native_layer_norm_float32_buffer',
@@ -1678,9 +1946,9 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('weight_sizes', 'ivec4', 64, 16),
             PushConstant('bias_sizes', 'ivec4', 80, 16),
             PushConstant('units', 'int', 96, 4),
-            PushConstant('eps', 'float', 100, 4),
-            PushConstant('has_weight', 'int', 104, 4),
-            PushConstant('has_bias', 'int', 108, 4),
+            PushConstant('has_weight', 'int', 100, 4),
+            PushConstant('has_bias', 'int', 104, 4),
+            PushConstant('eps', 'float', 108, 4),
         ),
         push_constant_size=112,
         spec_constants=(
@@ -1695,6 +1963,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'bias_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'native_layer_norm_float32_texture3d': ShaderVariant(
         name='native_layer_norm_float32_texture3d',
@@ -1718,9 +1987,9 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('weight_sizes', 'ivec4', 64, 16),
             PushConstant('bias_sizes', 'ivec4', 80, 16),
             PushConstant('units', 'int', 96, 4),
-            PushConstant('eps', 'float', 100, 4),
-            PushConstant('has_weight', 'int', 104, 4),
-            PushConstant('has_bias', 'int', 108, 4),
+            PushConstant('has_weight', 'int', 100, 4),
+            PushConstant('has_bias', 'int', 104, 4),
+            PushConstant('eps', 'float', 108, 4),
         ),
         push_constant_size=112,
         spec_constants=(
@@ -1735,6 +2004,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'bias_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'neg_float32_buffer': ShaderVariant(
         name='neg_float32_buffer',
@@ -1760,6 +2030,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'neg_float32_texture3d': ShaderVariant(
         name='neg_float32_texture3d',
@@ -1785,6 +2056,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'permute_copy_float32_buffer': ShaderVariant(
         name='permute_copy_float32_buffer',
@@ -1811,6 +2083,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'permute_copy_float32_texture3d': ShaderVariant(
         name='permute_copy_float32_texture3d',
@@ -1837,6 +2110,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'permute_copy_int32_buffer': ShaderVariant(
         name='permute_copy_int32_buffer',
@@ -1863,6 +2137,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'permute_copy_int32_texture3d': ShaderVariant(
         name='permute_copy_int32_texture3d',
@@ -1889,6 +2164,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'pow_float32_buffer': ShaderVariant(
         name='pow_float32_buffer',
@@ -1917,6 +2193,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'exponent_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'pow_float32_texture3d': ShaderVariant(
         name='pow_float32_texture3d',
@@ -1945,6 +2222,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'exponent_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'relu_float32_buffer': ShaderVariant(
         name='relu_float32_buffer',
@@ -1970,6 +2248,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'relu_float32_texture3d': ShaderVariant(
         name='relu_float32_texture3d',
@@ -1995,6 +2274,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'sigmoid_float32_buffer': ShaderVariant(
         name='sigmoid_float32_buffer',
@@ -2020,6 +2300,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'sigmoid_float32_texture3d': ShaderVariant(
         name='sigmoid_float32_texture3d',
@@ -2045,6 +2326,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'sqrt_float32_buffer': ShaderVariant(
         name='sqrt_float32_buffer',
@@ -2070,6 +2352,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'sqrt_float32_texture3d': ShaderVariant(
         name='sqrt_float32_texture3d',
@@ -2095,6 +2378,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'squeeze_copy_float32_buffer': ShaderVariant(
         name='squeeze_copy_float32_buffer',
@@ -2120,6 +2404,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'squeeze_copy_float32_texture3d': ShaderVariant(
         name='squeeze_copy_float32_texture3d',
@@ -2145,6 +2430,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'squeeze_copy_int32_buffer': ShaderVariant(
         name='squeeze_copy_int32_buffer',
@@ -2170,6 +2456,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'squeeze_copy_int32_texture3d': ShaderVariant(
         name='squeeze_copy_int32_texture3d',
@@ -2195,6 +2482,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'squeeze_copy_int8_buffer': ShaderVariant(
         name='squeeze_copy_int8_buffer',
@@ -2220,6 +2508,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 3),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'sub_float32_buffer': ShaderVariant(
         name='sub_float32_buffer',
@@ -2249,6 +2538,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'sub_float32_texture3d': ShaderVariant(
         name='sub_float32_texture3d',
@@ -2278,6 +2568,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'sub_int32_buffer': ShaderVariant(
         name='sub_int32_buffer',
@@ -2307,6 +2598,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'sub_int32_texture3d': ShaderVariant(
         name='sub_int32_texture3d',
@@ -2336,6 +2628,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'other_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'tanh_float32_buffer': ShaderVariant(
         name='tanh_float32_buffer',
@@ -2361,6 +2654,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'tanh_float32_texture3d': ShaderVariant(
         name='tanh_float32_texture3d',
@@ -2386,6 +2680,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'to_layout_float32_buffer_buffer': ShaderVariant(
         name='to_layout_float32_buffer_buffer',
@@ -2411,6 +2706,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'to_layout_float32_buffer_texture3d': ShaderVariant(
         name='to_layout_float32_buffer_texture3d',
@@ -2436,6 +2732,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'to_layout_float32_texture3d_buffer': ShaderVariant(
         name='to_layout_float32_texture3d_buffer',
@@ -2461,6 +2758,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'to_layout_float32_texture3d_texture3d': ShaderVariant(
         name='to_layout_float32_texture3d_texture3d',
@@ -2486,6 +2784,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'to_layout_int32_buffer_buffer': ShaderVariant(
         name='to_layout_int32_buffer_buffer',
@@ -2511,6 +2810,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'to_layout_int32_buffer_texture3d': ShaderVariant(
         name='to_layout_int32_buffer_texture3d',
@@ -2536,6 +2836,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'to_layout_int32_texture3d_buffer': ShaderVariant(
         name='to_layout_int32_texture3d_buffer',
@@ -2561,6 +2862,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'to_layout_int32_texture3d_texture3d': ShaderVariant(
         name='to_layout_int32_texture3d_texture3d',
@@ -2586,6 +2888,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'to_layout_int8_buffer_buffer': ShaderVariant(
         name='to_layout_int8_buffer_buffer',
@@ -2611,6 +2914,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 3),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'unsqueeze_copy_float32_buffer': ShaderVariant(
         name='unsqueeze_copy_float32_buffer',
@@ -2626,7 +2930,6 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('out_sizes', 'ivec4', 0, 16),
             PushConstant('self_sizes', 'ivec4', 16, 16),
             PushConstant('units', 'int', 32, 4),
-            PushConstant('dim', 'int', 36, 4),
         ),
         push_constant_size=48,
         spec_constants=(
@@ -2637,6 +2940,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'unsqueeze_copy_float32_texture3d': ShaderVariant(
         name='unsqueeze_copy_float32_texture3d',
@@ -2652,7 +2956,6 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('out_sizes', 'ivec4', 0, 16),
             PushConstant('self_sizes', 'ivec4', 16, 16),
             PushConstant('units', 'int', 32, 4),
-            PushConstant('dim', 'int', 36, 4),
         ),
         push_constant_size=48,
         spec_constants=(
@@ -2663,6 +2966,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'unsqueeze_copy_int32_buffer': ShaderVariant(
         name='unsqueeze_copy_int32_buffer',
@@ -2678,7 +2982,6 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('out_sizes', 'ivec4', 0, 16),
             PushConstant('self_sizes', 'ivec4', 16, 16),
             PushConstant('units', 'int', 32, 4),
-            PushConstant('dim', 'int', 36, 4),
         ),
         push_constant_size=48,
         spec_constants=(
@@ -2689,6 +2992,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'unsqueeze_copy_int32_texture3d': ShaderVariant(
         name='unsqueeze_copy_int32_texture3d',
@@ -2704,7 +3008,6 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('out_sizes', 'ivec4', 0, 16),
             PushConstant('self_sizes', 'ivec4', 16, 16),
             PushConstant('units', 'int', 32, 4),
-            PushConstant('dim', 'int', 36, 4),
         ),
         push_constant_size=48,
         spec_constants=(
@@ -2715,6 +3018,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'unsqueeze_copy_int8_buffer': ShaderVariant(
         name='unsqueeze_copy_int8_buffer',
@@ -2730,7 +3034,6 @@ VARIANTS: dict[str, ShaderVariant] = {
             PushConstant('out_sizes', 'ivec4', 0, 16),
             PushConstant('self_sizes', 'ivec4', 16, 16),
             PushConstant('units', 'int', 32, 4),
-            PushConstant('dim', 'int', 36, 4),
         ),
         push_constant_size=48,
         spec_constants=(
@@ -2741,6 +3044,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 3),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'view_copy_float32_buffer': ShaderVariant(
         name='view_copy_float32_buffer',
@@ -2766,6 +3070,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'view_copy_float32_texture3d': ShaderVariant(
         name='view_copy_float32_texture3d',
@@ -2791,6 +3096,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'view_copy_int32_buffer': ShaderVariant(
         name='view_copy_int32_buffer',
@@ -2816,6 +3122,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'view_copy_int32_texture3d': ShaderVariant(
         name='view_copy_int32_texture3d',
@@ -2841,6 +3148,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
     'view_copy_int8_buffer': ShaderVariant(
         name='view_copy_int8_buffer',
@@ -2866,6 +3174,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 3),
         ),
         target_env='vulkan1.1',
+        features=(),
     ),
 }
 
@@ -2874,11 +3183,35 @@ _BY_AXES: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {
 }
 
 
-def find_variant(op: str, **axes: str) -> ShaderVariant:
-    """The variant of `op` at these axis values; KeyError names what exists."""
+def missing_features(variant: ShaderVariant, device_features: Iterable[str]) -> tuple[str, ...]:
+    """The device features `variant` requires that are not among `device_features`."""
+    have = frozenset(device_features)
+    return tuple(f for f in variant.features if f not in have)
+
+
+def variants_of(op: str, device_features: Iterable[str] | None = None) -> list[ShaderVariant]:
+    """Every variant of `op`, without those needing features outside `device_features` (if given)."""
+    found = [v for v in VARIANTS.values() if v.op == op]
+    if device_features is None:
+        return found
+    have = frozenset(device_features)
+    return [v for v in found if not missing_features(v, have)]
+
+
+def find_variant(op: str, *, device_features: Iterable[str] | None = None, **axes: str) -> ShaderVariant:
+    """The variant of `op` at these axis values; KeyError names what exists.
+
+    With `device_features` (what a device has), a variant requiring other features is refused
+    with a KeyError naming them: it is never chosen for a device that cannot run it.
+    """
     key = (op, tuple((a, axes[a]) for a in AXES if a in axes))
     name = _BY_AXES.get(key)
     if name is None or len(key[1]) != len(axes):
         have = sorted(", ".join(f"{k}={v}" for k, v in x.axes) for x in VARIANTS.values() if x.op == op)
         raise KeyError(f"no shader variant of op '{op}' for {axes}; it has: {'; '.join(have) or 'none'}")
-    return VARIANTS[name]
+    variant = VARIANTS[name]
+    lacking = () if device_features is None else missing_features(variant, device_features)
+    if lacking:
+        raise KeyError(f"shader variant '{name}' needs device features {', '.join(lacking)}, which the "
+                       f"device lacks")
+    return variant

@@ -1,20 +1,20 @@
-"""Turn a planned device node into Vulkan dispatches: pick the variant, fill its scalars.
+"""Turn a planned device node into Vulkan dispatches: pick the variant, derive its push constants.
 
-The variant is chosen from the generated registry by the op, the dtype and the storage each
-binding must have, never by building a name. Scalars follow the registry: pushed arguments by
-name (defaults when absent, enums as their index); ops whose kernels need extra push constants
-(convolution geometry, concat offsets, ...) register a builder in `BUILDERS`.
+Everything op-specific comes from the generated registry: the variant is chosen by the op, the
+dtype and the storage each binding must have (never by building a name); push constants are
+evaluated from their declared derivations (texelflow.shaders.node_rules); an absent optional
+tensor is bound as a 1-element dummy buffer; a template whose grid is `per_list_element` gets one
+dispatch per element of its tensor list. No op is named here: the kernel tests build their
+dispatches through this same code.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
-from texelflow.generated.layouts import Storage
+from texelflow.generated.layouts import STORAGE_AXIS, Storage
 from texelflow.generated.variants import VARIANTS
-
-STORAGE_AXIS = {Storage.BUFFER: "buffer", Storage.TEXTURE_3D: "texture3d"}
+from texelflow.shaders.node_rules import push_values
 
 
 @dataclass
@@ -25,6 +25,16 @@ class DispatchSpec:
     tensors: dict  # binding name -> Value (the program maps values to device tensors)
     scalars: dict
     label: str
+
+
+class _Absent:
+    """Stands for the 1-element float32 buffer bound where an optional tensor is absent."""
+
+    def __repr__(self) -> str:
+        return "DUMMY_BUFFER"
+
+
+DUMMY_BUFFER = _Absent()
 
 
 def select_variant(op_name: str, dtype: str, storages: dict[str, Storage]):
@@ -38,133 +48,22 @@ def select_variant(op_name: str, dtype: str, storages: dict[str, Storage]):
     raise KeyError(f"no shader variant of '{op_name}' for dtype={dtype}, {want}; variants: {have}")
 
 
-def pushed_scalars(node) -> dict:
-    """Push constants for the registry's scalar arguments of `node`."""
-    values = {}
-    for a in node.op.args:
-        if a.kind not in ("float", "int", "bool", "enum"):
-            continue
-        v = node.arg(a.name)
-        if v is None:
-            v = a.default
-        if a.kind == "enum":
-            v = a.values.index(v if v is not None else a.values[0])
-        elif a.kind == "bool":
-            v = int(bool(v))
-        if v is None:
-            raise ValueError(f"{node.name}: argument '{a.name}' has no value and no default")
-        values[a.name] = v
-    return values
-
-
-Builder = Callable[[object, dict, dict], "list[DispatchSpec]"]
-BUILDERS: dict[str, Builder] = {}
-
-
-def builder(*ops: str):
-    def register(fn: Builder) -> Builder:
-        for op in ops:
-            BUILDERS[op] = fn
-        return fn
-
-    return register
-
-
 def node_dispatches(node, slot_reprs: dict, dtype: str) -> list[DispatchSpec]:
-    """Dispatches for one planned node. `slot_reprs`: slot name -> TensorRepr."""
-    tensors = {name: v for name, v in node.args if name in slot_reprs and not isinstance(v, list)}
-    tensors.update({name: v for name, v in node.outputs})
-    fn = BUILDERS.get(node.op.name)
-    if fn is not None:
-        return fn(node, slot_reprs, {"dtype": dtype, "tensors": tensors})
-    storages = {name: slot_reprs[name].storage for name in tensors}
-    variant = select_variant(node.op.name, dtype, storages)
-    return [DispatchSpec(variant, tensors, pushed_scalars(node), node.name)]
-
-
-# ---- op-specific builders: extra push constants and optional tensors ----------------------------
-class _Dummy:
-    """Stands for the 1-element float32 buffer bound where an optional tensor is absent."""
-
-    def __repr__(self) -> str:
-        return "DUMMY_BUFFER"
-
-
-DUMMY_BUFFER = _Dummy()
-
-
-def _pair(v, default=None) -> tuple[int, int]:
-    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
-        return default
-    if isinstance(v, int):
-        return (v, v)
-    return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
-
-
-def _generic(node, slot_reprs, ctx, extra: dict, optional: tuple[str, ...] = ()) -> list[DispatchSpec]:
-    tensors = dict(ctx["tensors"])
-    storages = {name: slot_reprs[name].storage for name in tensors}
-    for name in optional:
-        if name not in tensors:
-            tensors[name] = DUMMY_BUFFER
-    variant = select_variant(node.op.name, ctx["dtype"], storages)
-    return [DispatchSpec(variant, tensors, {**pushed_scalars(node), **extra}, node.name)]
-
-
-@builder("linear")
-def _linear(node, slot_reprs, ctx):
-    return _generic(node, slot_reprs, ctx, {"has_bias": int(node.arg("bias") is not None)}, ("bias",))
-
-
-@builder("conv2d")
-def _conv2d(node, slot_reprs, ctx):
-    (sh, sw) = _pair(node.arg("stride"), (1, 1))
-    (ph, pw) = _pair(node.arg("padding"), (0, 0))
-    (dh, dw) = _pair(node.arg("dilation"), (1, 1))
-    extra = {"has_bias": int(node.arg("bias") is not None), "conv_stride_pad": (sw, sh, pw, ph),
-             "conv_dilation": (dw, dh, 0, 0)}
-    return _generic(node, slot_reprs, ctx, extra, ("bias",))
-
-
-@builder("max_pool2d", "avg_pool2d")
-def _pool(node, slot_reprs, ctx):
-    kh, kw = _pair(node.arg("kernel_size"))
-    sh, sw = _pair(node.arg("stride"), (kh, kw))
-    ph, pw = _pair(node.arg("padding"), (0, 0))
-    dh, dw = _pair(node.arg("dilation"), (1, 1)) if node.op.name == "max_pool2d" else (1, 1)
-    extra = {"pool_kernel_stride": (kw, kh, sw, sh), "pool_pad_dilation": (pw, ph, dw, dh)}
-    return _generic(node, slot_reprs, ctx, extra)
-
-
-@builder("layer_norm", "native_layer_norm")
-def _layer_norm(node, slot_reprs, ctx):
-    extra = {"has_weight": int(node.arg("weight") is not None), "has_bias": int(node.arg("bias") is not None)}
-    return _generic(node, slot_reprs, ctx, extra, ("weight", "bias"))
-
-
-@builder("permute_copy")
-def _permute(node, slot_reprs, ctx):
-    rank = len(node.arg("self").shape)
-    dims = [d % rank for d in node.arg("dims")] if rank else []
-    whcn = tuple(rank - 1 - dims[rank - 1 - d] if d < rank else d for d in range(4))
-    return _generic(node, slot_reprs, ctx, {"permute_dims": whcn})
-
-
-@builder("cat")
-def _cat(node, slot_reprs, ctx):
-    inputs = node.arg("tensors")
-    out = node.outputs[0][1]
-    rank = len(out.shape)
-    dim = (node.arg("dim") or 0) % rank
-    whcn = rank - 1 - dim
-    storages = {"out": slot_reprs["out"].storage, "tensors": slot_reprs["tensors"].storage}
-    variant = select_variant("cat", ctx["dtype"], storages)
-    specs, offset = [], 0
-    scalars = pushed_scalars(node)
-    for i, v in enumerate(inputs):
-        size = v.shape[dim]
-        if size:
-            specs.append(DispatchSpec(variant, {"out": out, "tensors": v},
-                                      {**scalars, "cat_dim": whcn, "cat_offset": offset}, f"{node.name}[{i}]"))
-        offset += size
-    return specs
+    """Dispatches for one planned node. `slot_reprs`: tensor slot name -> TensorRepr."""
+    op = node.op
+    tensors = {name: v for name, v in node.args if name in slot_reprs}
+    tensors.update(node.outputs)
+    variant = select_variant(op.name, dtype, {name: slot_reprs[name].storage for name in tensors})
+    bound = {b.tensor for b in variant.bindings}
+    for a in op.args:
+        if a.kind == "tensor" and a.optional and tensors.get(a.name) is None and a.name in bound:
+            tensors[a.name] = DUMMY_BUFFER
+    if op.grid[0] == "per_list_element":
+        name = op.grid[1]
+        specs = []
+        for i, element in enumerate(node.value(name)):
+            if element.numel:  # an empty element has nothing to write
+                specs.append(DispatchSpec(variant, {**tensors, name: element}, push_values(node, op.push, i),
+                                          f"{node.name}[{i}]"))
+        return specs
+    return [DispatchSpec(variant, tensors, push_values(node, op.push), node.name)]

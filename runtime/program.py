@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from texelflow.runtime.graph.ir import Node, Value
+from texelflow.runtime.graph.ir import Node, Role, Value
 from texelflow.runtime.lower_dispatch import DUMMY_BUFFER, DispatchSpec, node_dispatches
 from texelflow.runtime.vulkan.program import Dispatch, Program
 from texelflow.runtime.vulkan.tensor import VkTensor
@@ -40,7 +40,7 @@ class CompiledProgram:
         graph, assignment = plan.graph, plan.assignment
         self._alias: dict[Value, Value] = {}
         for n in graph.device_nodes():
-            if n.meta.get("folded"):
+            if n.folded:
                 self._alias[n.outputs[0][1]] = self._root(n.arg("self"))
         self._by_name = None
         self._tensors: dict[Value, VkTensor] = {}
@@ -52,7 +52,7 @@ class CompiledProgram:
             for seg in self.segments:
                 specs = []
                 for node in seg.nodes:
-                    if node.meta.get("folded"):
+                    if node.folded:
                         continue
                     slots = {name: assignment.slots[(node, name)]
                              for name in set([n for n, _ in node.tensor_args()] + [n for n, _ in node.outputs])}
@@ -100,7 +100,7 @@ class CompiledProgram:
             for node in seg.nodes:
                 for _, v in node.tensor_args():
                     v = self._root(v)
-                    if v.kind != "const" and v not in produced_in and v not in seen:
+                    if v.role is not Role.CONST and v not in produced_in and v not in seen:
                         seen.add(v)
                         seg.inputs.append(v)
             for v in need_host:
@@ -153,7 +153,7 @@ class CompiledProgram:
                 tensors[name] = self._dummy()
             elif isinstance(v, VkTensor):
                 tensors[name] = v
-            elif v.kind == "const":
+            elif v.role is Role.CONST:
                 node = next(n for n in v.users if (n, name) in assignment.slots)
                 tensors[name] = self._const(v, assignment.slots[(node, name)])
             else:
@@ -175,10 +175,9 @@ class CompiledProgram:
 
     def _const_value(self, v: Value) -> np.ndarray:
         torch = self._torch
-        if hasattr(v, "meta_value"):
-            return np.array(v.meta_value, dtype=np.dtype(v.dtype)).reshape(v.shape)
-        source = getattr(v, "meta_source", v.name)
-        data = self._state[source]
+        if v.literal is not None:
+            return np.array(v.literal, dtype=np.dtype(v.dtype)).reshape(v.shape)
+        data = self._state[v.source]
         return data.detach().to(getattr(torch, v.dtype)).contiguous().numpy()
 
     # ---- running ----------------------------------------------------------------------------------
@@ -207,7 +206,7 @@ class CompiledProgram:
 
     def _run_cpu(self, node: Node, env: dict) -> None:
         torch = self._torch
-        fx = node.meta["fx"]
+        fx = node.fx
         by_fx = self._fx_values(fx, node, env)
         args = torch.fx.node.map_arg(fx.args, lambda a: by_fx[a.name])
         kwargs = torch.fx.node.map_arg(fx.kwargs, lambda a: by_fx[a.name])
@@ -217,10 +216,8 @@ class CompiledProgram:
             env[v] = r
 
     def _value_of(self, v: Value, env: dict):
-        if v.kind == "const":
-            if hasattr(v, "meta_value"):
-                return v.meta_value
-            return self._state[getattr(v, "meta_source", v.name)]
+        if v.role is Role.CONST:
+            return v.literal if v.literal is not None else self._state[v.source]
         r = self._root(v)
         value = env[r]
         return value.reshape(v.shape) if r is not v else value

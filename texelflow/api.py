@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from texelflow.runtime.graph.optimal import SOLVER_TIME_LIMIT_S  # light: scipy loads when planning
+
 
 def _texture_limits(texture_limits, device):
     from texelflow.generated.layouts import TEXTURE_LIMITS
@@ -28,14 +30,14 @@ def _plan(model, example_inputs, planner, limits, time_limit):
 
 
 def plan(model, example_inputs: Sequence = (), planner: str = "optimal", texture_limits=None,
-         time_limit: float = 10.0):
+         time_limit: float = SOLVER_TIME_LIMIT_S):
     """Export `model` (an nn.Module with `example_inputs`, or an ExportedProgram), partition it and
     plan a representation for every tensor. Returns a Plan; no Vulkan device is needed."""
     return _plan(model, example_inputs, planner, _texture_limits(texture_limits, None), time_limit)
 
 
 def compile(model, example_inputs: Sequence = (), planner: str = "optimal", device=None, texture_limits=None,
-            time_limit: float = 10.0):
+            time_limit: float = SOLVER_TIME_LIMIT_S):
     """Plan `model` for `device` (default: the best one found) and build a callable program."""
     from texelflow.runtime.program import CompiledProgram
     from texelflow.runtime.vulkan.device import Device

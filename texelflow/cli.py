@@ -32,8 +32,10 @@ def cmd_gen(args) -> int:
         print(f"texelflow gen: {len(exc.diagnostics)} problem(s); generated/ left unchanged", file=sys.stderr)
         return 1
     except ShaderCompileError as exc:
-        print(exc, file=sys.stderr)
-        print("texelflow gen: generated/ left unchanged", file=sys.stderr)
+        for line in exc.lines():  # `shaders/NAME.glsl.j2:LINE: error: ... (generated/glsl/VARIANT.comp:LINE)`
+            print(line, file=sys.stderr)
+        print(f"texelflow gen: {len(exc.failures)} shader variant(s) failed to compile; generated/ left unchanged",
+              file=sys.stderr)
         return 1
     except GlslcMissingError as exc:
         print(f"texelflow gen: {exc}", file=sys.stderr)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .ir import Node, Value
+from .ir import Node, Role, Value
 from .op_repsets import OpRepSets
 from .problem import Assignment, Problem, gc_paused
 from .repr import TensorRepSet
@@ -96,10 +96,6 @@ class _Downstream:
         return allowed
 
 
-def trace_downstream(problem: Problem, origin: Value, allowed: TensorRepSet) -> TensorRepSet:
-    return TensorRepSet(mask=_Downstream(problem).trace(origin, allowed.mask))
-
-
 def plan_greedy(problem: Problem) -> Assignment:
     with gc_paused():
         return _plan(problem)
@@ -123,7 +119,7 @@ def _plan(problem: Problem) -> Assignment:
             first = raw[0] if isinstance(raw, list) else raw
             if sets.sets[slot].is_ambiguous():
                 sets.constrain(slot, trace(first, sets.sets[slot]))
-            if sets.sets[slot].is_ambiguous() and first.kind != "const":
+            if sets.sets[slot].is_ambiguous() and first.role is not Role.CONST:
                 if first in result.values:
                     sets.constrain(slot, TensorRepSet.of(result.values[first]))
         out0 = node.outputs[0][0]
@@ -137,7 +133,7 @@ def _plan(problem: Problem) -> Assignment:
         for name, v in node.outputs:
             result.values[v] = result.slots[(node, name)]
         for name, v in node.tensor_args():
-            if v.kind != "const" and v not in result.values:
+            if v.role is not Role.CONST and v not in result.values:
                 result.values[v] = result.slots[(node, name)]  # first consumer wins
     count, _ = result.cost(problem)
     result.lower_bound = 0

@@ -10,6 +10,7 @@ never a run-time transition), or a node. A node runs on the Vulkan device when `
 
 from __future__ import annotations
 
+import enum
 import functools
 import math
 from dataclasses import dataclass, field
@@ -19,14 +20,26 @@ from texelflow.generated.layouts import DTYPES
 from texelflow.generated.ops import OpEntry
 
 
+class Role(enum.Enum):
+    """Where a value comes from."""
+
+    INPUT = "input"  # a graph input, uploaded at every call
+    CONST = "const"  # a weight, buffer or lifted number: prepacked at load, never planned
+    NODE = "node"  # an output of a node
+
+
 @dataclass(eq=False)
 class Value:
     name: str
     shape: tuple[int, ...]
     dtype: str  # a layouts.yaml dtype name, or a torch dtype name for values Vulkan cannot hold
-    kind: str  # "input", "const" or "node"
+    role: Role
     producer: "Node | None" = None
     users: list["Node"] = field(default_factory=list)  # in insertion order, one entry per use site
+    # Where a constant's data comes from: `source`, its key in the ExportedProgram's state dict or
+    # constants; or `literal`, a python number that lowering lifted into a 0-d tensor.
+    source: str | None = None
+    literal: float | int | None = None
 
     @functools.cached_property
     def numel(self) -> int:
@@ -49,7 +62,9 @@ class Node:
     args: list[tuple[str, object]]  # (registry or schema arg name, Value | list[Value] | python scalar)
     outputs: list[tuple[str, Value]]
     fallback: str | None = None  # why this node runs on the CPU; None when it runs on Vulkan
-    meta: dict = field(default_factory=dict)
+    fx: object = None  # the torch.fx node it was lowered from: what a CPU fallback runs
+    transition: bool = False  # a to_layout the planner inserted (never a user's clone)
+    folded: bool = False  # an identity op whose input and output share memory: no dispatch
 
     @property
     def on_device(self) -> bool:
@@ -71,8 +86,20 @@ class Node:
                 return v
         return default
 
-    def output(self, name: str | None = None) -> Value:
-        return self.outputs[0][1] if name is None else dict(self.outputs)[name]
+    # The NodeFacts view that the push derivations and checks of texelflow.shaders.node_rules read.
+    def value(self, name: str):
+        """An argument (its schema default when the node leaves it out) or an output, by name."""
+        for n, v in self.args:
+            if n == name:
+                return v
+        for n, v in self.outputs:
+            if n == name:
+                return v
+        spec = self.op.arg_spec(name) if self.op is not None else None
+        return spec.default if spec is not None else None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.value(name).shape
 
     def __repr__(self) -> str:
         return f"Node({self.name}, {self.target})"
@@ -86,12 +113,13 @@ class PlanGraph:
     outputs: list[Value] = field(default_factory=list)
 
     def add_input(self, name: str, shape, dtype: str = "float32") -> Value:
-        v = Value(name, tuple(shape), dtype, "input")
+        v = Value(name, tuple(shape), dtype, Role.INPUT)
         self.inputs.append(v)
         return v
 
-    def add_const(self, name: str, shape, dtype: str = "float32") -> Value:
-        v = Value(name, tuple(shape), dtype, "const")
+    def add_const(self, name: str, shape, dtype: str = "float32", source: str | None = None,
+                  literal: float | int | None = None) -> Value:
+        v = Value(name, tuple(shape), dtype, Role.CONST, source=source, literal=literal)
         self.constants.append(v)
         return v
 
@@ -100,7 +128,7 @@ class PlanGraph:
         node = Node(name, target, op, list(args), [])
         for i, (oname, shape, dtype) in enumerate(outputs):
             vname = name if i == 0 else f"{name}.{oname}"
-            node.outputs.append((oname, Value(vname, tuple(shape), dtype, "node", producer=node)))
+            node.outputs.append((oname, Value(vname, tuple(shape), dtype, Role.NODE, producer=node)))
         for _, v in node.tensor_args():
             v.users.append(node)
         self.nodes.append(node)

@@ -12,9 +12,9 @@ from typing import Sequence
 
 from texelflow.generated.layouts import DTYPES, TEXTURE_LIMITS
 from texelflow.generated.ops import OpEntry, op_for_target
+from texelflow.shaders.node_rules import run_checks
 
-from .checks import run_check
-from .ir import Node, PlanGraph, Value
+from .ir import Node, PlanGraph, Role, Value
 from .op_repsets import OpRepSets
 
 # Schema arguments the layout system makes meaningless: dim order / memory format / placement.
@@ -46,8 +46,8 @@ def lower(ep, texture_limits: Sequence[int] = TEXTURE_LIMITS) -> PlanGraph:
             if node.name in user_inputs:
                 v = graph.add_input(node.name, val.shape, dtype_name(val.dtype))
             else:
-                v = graph.add_const(node.name, val.shape, dtype_name(val.dtype))
-                v.meta_source = consts.get(node.name, node.name)
+                source = consts.get(node.name, node.name)  # the state-dict key of its data
+                v = graph.add_const(node.name, val.shape, dtype_name(val.dtype), source=source)
             values[node.name] = v
         elif node.op == "call_function":
             if node.target is operator.getitem:
@@ -77,7 +77,7 @@ def _lower_node(graph: PlanGraph, node, values, limits, torch):
 
     args, reason = _resolve_args(graph, node, schema, op, values, torch)
     ir_node = graph.add_node(node.name, target, op, args, outputs)
-    ir_node.meta["fx"] = node
+    ir_node.fx = node
     if reason is None:
         reason = _partition_reason(ir_node, limits)
     ir_node.fallback = reason
@@ -106,9 +106,7 @@ def _resolve_args(graph, node, schema, op: OpEntry | None, values, torch):
             reason = reason or f"argument '{sarg.name}'={raw!r} is not supported by the Vulkan op"
         if spec is not None and spec.kind == "tensor" and isinstance(value, (int, float)) and not isinstance(value, bool):
             out_dtype = dtype_name(node.meta["val"].dtype) if hasattr(node.meta.get("val"), "dtype") else "float32"
-            const = graph.add_const(f"{node.name}_{sarg.name}", (), out_dtype)
-            const.meta_value = value
-            value = const
+            value = graph.add_const(f"{node.name}_{sarg.name}", (), out_dtype, literal=value)
         args.append((sarg.name, value))
     return args, reason
 
@@ -159,9 +157,9 @@ def _partition_reason(node: Node, limits) -> str | None:
         return "a tensor has more than 4 dims and the op does not support that"
     for w in op.weights:
         v = node.arg(w)
-        if isinstance(v, Value) and v.kind != "const":
+        if isinstance(v, Value) and v.role is not Role.CONST:
             return f"weight '{w}' is not a constant (it is prepacked at load)"
-    reason = run_check(node)
+    reason = run_checks(node, op.checks)
     if reason:
         return reason
     sets = node_repsets(node, limits)

@@ -61,9 +61,6 @@ class OpRepSets:
     def empty_tensors(self) -> list[str]:
         return [name for name, s in self.sets.items() if s.is_empty()]
 
-    def groups_of(self, name: str) -> list[tuple[str, ...]]:
-        return [g for g in self.sync if name in g]
-
     def constrain(self, name: str, allowed: TensorRepSet) -> bool:
         """Narrow one tensor to `allowed` and propagate through its sync groups.
 

@@ -10,8 +10,8 @@ from typing import Sequence
 from texelflow.generated.layouts import TEXTURE_LIMITS
 
 from .greedy import plan_greedy
-from .ir import Node, PlanGraph
-from .optimal import plan_optimal
+from .ir import Node, PlanGraph, Role
+from .optimal import SOLVER_TIME_LIMIT_S, plan_optimal
 from .problem import Assignment, Problem
 from .redundant import fold_identity_ops
 from .transitions import insert_transitions
@@ -74,12 +74,12 @@ class Plan:
         return sum(
             1
             for n in self.graph.nodes
-            if not n.meta.get("folded") and ((n.op and n.op.name in PERMUTE_OPS) or n.target in PERMUTE_TARGETS)
+            if not n.folded and ((n.op and n.op.name in PERMUTE_OPS) or n.target in PERMUTE_TARGETS)
         )
 
     @property
     def dispatches(self) -> Counter:
-        return Counter(n.op.name for n in self.graph.device_nodes() if not n.meta.get("folded"))
+        return Counter(n.op.name for n in self.graph.device_nodes() if not n.folded)
 
     # ---- presentation ----------------------------------------------------------------------------
     def rows(self) -> list[tuple[str, str, str, str, str]]:
@@ -88,13 +88,13 @@ class Plan:
         for n in self.graph.nodes:
             out = n.outputs[0][1] if n.outputs else None
             rep = self.reprs.get(out.name, "-") if out is not None else "-"
-            if n.meta.get("transition"):
+            if n.transition:
                 src = self.assignment.values[n.arg("self")]
                 rows.append((n.name, "to_layout", "vulkan", rep, f"transition from {src}"))
             elif n.fallback is not None or n.op is None:
                 rows.append((n.name, n.target, "cpu", "-", f"fallback: {n.fallback}"))
             else:
-                note = "folded (no data moves)" if n.meta.get("folded") else ""
+                note = "folded (no data moves)" if n.folded else ""
                 rows.append((n.name, n.op.name, "vulkan", rep, note))
         return rows
 
@@ -124,17 +124,17 @@ class Plan:
                          f"label={q(v.name + chr(10) + rep)}];")
         for n, op, where, rep, note in self.rows():
             node = next(x for x in self.graph.nodes if x.name == n)
-            if node.meta.get("transition"):
+            if node.transition:
                 attrs = f"shape=diamond, fillcolor=\"#e63946\", fontcolor=white, label={q('to_layout' + chr(10) + rep)}"
             elif where == "cpu":
                 attrs = f"fillcolor=\"#dddddd\", style=\"filled,dashed\", label={q(n + chr(10) + 'CPU: ' + op)}"
             else:
-                style = "filled,dotted" if node.meta.get("folded") else "filled"
+                style = "filled,dotted" if node.folded else "filled"
                 title = n if n.rstrip("_0123456789") == op else f"{n}{chr(10)}{op}"
                 attrs = f"fillcolor={q(COLOURS.get(rep, '#ffffff'))}, style={q(style)}, label={q(title + chr(10) + rep)}"
             lines.append(f"  {q(n)} [{attrs}];")
             for _, v in node.tensor_args():
-                if v.kind == "const":
+                if v.role is Role.CONST:
                     continue
                 src = v.producer.name if v.producer is not None else v.name
                 lines.append(f"  {q(src)} -> {q(n)};")
@@ -147,7 +147,7 @@ class Plan:
 
 
 def plan_graph(graph: PlanGraph, planner: str = "optimal", texture_limits: Sequence[int] = TEXTURE_LIMITS,
-               time_limit: float = 10.0) -> Plan:
+               time_limit: float = SOLVER_TIME_LIMIT_S) -> Plan:
     """Plan representations, insert transitions, fold identity ops and verify, in place on `graph`."""
     if planner not in PLANNERS:
         raise ValueError(f"unknown planner '{planner}'; choose one of {', '.join(PLANNERS)}")
@@ -156,7 +156,7 @@ def plan_graph(graph: PlanGraph, planner: str = "optimal", texture_limits: Seque
     assignment = plan_optimal(problem, time_limit) if planner == "optimal" else plan_greedy(problem)
     prepacks = sorted({
         (v.name, str(assignment.slots[(n, slot)]))
-        for n in problem.repsets for slot, v in n.tensor_args() if v.kind == "const"
+        for n in problem.repsets for slot, v in n.tensor_args() if v.role is Role.CONST
     })
     transitions = insert_transitions(problem, assignment)
     folded = fold_identity_ops(problem, assignment)

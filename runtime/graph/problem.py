@@ -16,7 +16,7 @@ from typing import Sequence
 
 from texelflow.generated.layouts import DTYPES, TEXTURE_LIMITS
 
-from .ir import Node, PlanGraph, Value
+from .ir import Node, PlanGraph, Role, Value
 from .lowering import node_repsets, tensor_shapes
 from .op_repsets import OpRepSets
 from .repr import TensorRepr, TensorRepSet
@@ -39,7 +39,7 @@ class Problem:
             seen: set[int] = set()
             for n in repsets:
                 for v in [v for _, v in n.tensor_args()] + [v for _, v in n.outputs]:
-                    if v.kind != "const" and id(v) not in seen:
+                    if v.role is not Role.CONST and id(v) not in seen:
                         seen.add(id(v))
                         planned.append(v)
         return cls(graph, limits, repsets, planned)
@@ -113,7 +113,7 @@ class Assignment:
         result: dict[tuple[Value, TensorRepr], list[tuple[Node, str]]] = {}
         for node in problem.repsets:
             for name, v in node.tensor_args():
-                if v.kind == "const":
+                if v.role is Role.CONST:
                     continue
                 want = self.slots[(node, name)]
                 if self.values[v] != want:

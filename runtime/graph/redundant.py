@@ -8,21 +8,22 @@ folded. A reshape that changes WHCN sizes stays a copy: its texels or words real
 
 from __future__ import annotations
 
+from texelflow.shaders.geometry import whcn_sizes
+
 from .ir import Node
 from .problem import Assignment, Problem
-from .repr import whcn_sizes
 
 
 def fold_identity_ops(problem: Problem, assignment: Assignment) -> list[Node]:
     folded = []
     for node in problem.graph.device_nodes():
-        if node.meta.get("transition") or not node.op.is_identity:
+        if node.transition or not node.op.is_identity:
             continue
         (in_name, src), = [(n, v) for n, v in node.tensor_args()]
         out_name, out = node.outputs[0]
         same_repr = assignment.slots[(node, in_name)] == assignment.slots[(node, out_name)]
         if same_repr and assignment.values.get(src) == assignment.slots[(node, in_name)] and \
                 whcn_sizes(src.shape) == whcn_sizes(out.shape):
-            node.meta["folded"] = True
+            node.folded = True
             folded.append(node)
     return folded

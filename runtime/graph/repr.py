@@ -9,7 +9,6 @@ int8 buffer layouts form two interchangeable families, {4W4C, 4C1W} and {4H4W, 4
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Sequence
 
@@ -24,6 +23,7 @@ from texelflow.generated.layouts import (
     PackedDimInfo,
     Storage,
 )
+from texelflow.shaders.geometry import fits_texture
 
 _STORAGE_RANK = {s: i for i, s in enumerate(STORAGE_PREFERENCE)}
 _LAYOUT_RANK = {l: i for i, l in enumerate(LAYOUT_PREFERENCE)}
@@ -48,25 +48,6 @@ class TensorRepr:
     def parse(cls, text: str) -> "TensorRepr":
         storage, layout = text.split("/")
         return cls(Storage[storage], Layout[layout])
-
-
-def whcn_sizes(shape: Sequence[int]) -> tuple[int, int, int, int]:
-    """(W, H, C, N) of an NCHW shape; missing dims are 1 and extra leading dims fold into N."""
-    dims = [int(d) for d in shape]
-    w = dims[-1] if len(dims) >= 1 else 1
-    h = dims[-2] if len(dims) >= 2 else 1
-    c = dims[-3] if len(dims) >= 3 else 1
-    n = math.prod(dims[:-3]) if len(dims) >= 4 else 1
-    return (w, h, c, n)
-
-
-def texture_extents(shape: Sequence[int], layout: Layout) -> tuple[int, int, int]:
-    """Image extents (x, y, z) of a tensor in a 3-D texture of `layout` (docs/memory-layouts.md)."""
-    sizes = list(whcn_sizes(shape))
-    info = LAYOUT_INFO[layout]
-    block = info.texture_block or 4
-    sizes[info.packed_dim] = -(-sizes[info.packed_dim] // block)
-    return (sizes[0], sizes[1], sizes[2] * sizes[3])
 
 
 # Every representation layouts.yaml allows, in preference order; bit i of a repset mask is REPRS[i].
@@ -143,9 +124,6 @@ class TensorRepSet:
     # ---- set protocol ------------------------------------------------------------------------
     def side(self, storage: Storage) -> frozenset[Layout]:
         return frozenset(REPRS[i].layout for i in _bits(self.mask & _STORAGE_MASK[storage]))
-
-    def reprs(self) -> frozenset[TensorRepr]:
-        return frozenset(REPRS[i] for i in _bits(self.mask))
 
     def __iter__(self) -> Iterator[TensorRepr]:
         """Representations in preference order (storage first, then layout)."""
@@ -239,10 +217,7 @@ def _named(name: str) -> TensorRepSet:
 def _valid_mask(shape: tuple[int, ...], limits: tuple[int, ...]) -> int:
     """Bits of the representations a tensor of `shape` can have under the texture limits."""
     mask = _ALL & ~_STORAGE_MASK[Storage.TEXTURE_3D]
-    if len(shape) <= 4:
-        for i, r in enumerate(REPRS):
-            if r.storage == Storage.TEXTURE_3D and all(
-                e <= m for e, m in zip(texture_extents(shape, r.layout), limits)
-            ):
-                mask |= 1 << i
+    for i, r in enumerate(REPRS):
+        if r.storage == Storage.TEXTURE_3D and fits_texture(shape, r.layout, limits, r.storage):
+            mask |= 1 << i
     return mask

@@ -2,7 +2,7 @@ r"""Insert one `to_layout` node per (value, target representation), shared by it
 
 Before:  v --> consumer_a (wants CP)      After:  v --> to_layout(v, CP) --> consumer_a
          v --> consumer_b (wants CP)                                   \--> consumer_b
-Transition nodes are marked (`meta["transition"]`), so they are never mistaken for a user's clone
+Transition nodes are marked (`Node.transition`), so they are never mistaken for a user's clone
 and redundant-op removal never folds them. Constants get no transition: they are prepacked into
 every representation their consumers want, once, at load.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from texelflow.generated.ops import OPS
 
-from .ir import Node, Value
+from .ir import Node, Role, Value
 from .problem import Assignment, Problem
 from .repr import TensorRepr
 
@@ -24,9 +24,9 @@ def insert_transitions(problem: Problem, assignment: Assignment) -> list[Node]:
         first = min(graph.nodes.index(n) for n, _ in consumers)
         name = f"to_layout_{value.name}_{want.storage.name.lower()}_{want.layout.name.lower()}"
         node = Node(name, "texelflow.to_layout.default", OPS["to_layout"], [("self", value)], [])
-        out = Value(name, value.shape, value.dtype, "node", producer=node)
+        out = Value(name, value.shape, value.dtype, Role.NODE, producer=node)
         node.outputs.append(("out", out))
-        node.meta["transition"] = True
+        node.transition = True
         value.users.append(node)
         graph.nodes.insert(first, node)
         for consumer, slot in consumers:

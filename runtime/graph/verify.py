@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .ir import Role
 from .problem import Assignment, Problem
 
 
@@ -26,7 +27,7 @@ def verify(problem: Problem, assignment: Assignment, transitions_inserted: bool 
         if not sets.is_sync_compatible(chosen):
             errors.append(f"{node.name}: sync group broken: {', '.join(f'{k}={v}' for k, v in chosen.items())}")
         for slot, v in node.tensor_args():
-            if v.kind == "const" or not transitions_inserted:
+            if v.role is Role.CONST or not transitions_inserted:
                 continue
             if assignment.values.get(v) != chosen.get(slot):
                 errors.append(f"{node.name}.{slot}: reads {v.name} as {assignment.values.get(v)}, "

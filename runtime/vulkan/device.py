@@ -11,10 +11,34 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from texelflow.generated.layouts import DEVICE_FEATURES
 from texelflow.runtime.vulkan.errors import INSTALL_HINT, NoDeviceError, translate
 
 ENV_VAR = "TEXELFLOW_DEVICE"
 FENCE_TIMEOUT_NS = 60 * 1_000_000_000
+
+# Feature structs chained into VkPhysicalDeviceFeatures2: (sType, API version where they are core).
+_FEATURE_STRUCTS = {
+    "VkPhysicalDevice16BitStorageFeatures": ("VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES", (1, 1, 0)),
+    "VkPhysicalDevice8BitStorageFeatures": ("VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES", (1, 2, 0)),
+    "VkPhysicalDeviceShaderFloat16Int8Features": (
+        "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES", (1, 2, 0)),
+}
+# Every device feature a shader variant may require (layouts.yaml dtypes: `features`, validated
+# against the same names in codegen/layouts_schema.py KNOWN_FEATURES) -> the struct reporting it
+# (None: VkPhysicalDeviceFeatures itself).
+FEATURE_SOURCES: dict[str, str | None] = {
+    "shaderFloat64": None,
+    "shaderInt64": None,
+    "shaderInt16": None,
+    "shaderStorageImageExtendedFormats": None,
+    "storageBuffer16BitAccess": "VkPhysicalDevice16BitStorageFeatures",
+    "uniformAndStorageBuffer16BitAccess": "VkPhysicalDevice16BitStorageFeatures",
+    "storageBuffer8BitAccess": "VkPhysicalDevice8BitStorageFeatures",
+    "uniformAndStorageBuffer8BitAccess": "VkPhysicalDevice8BitStorageFeatures",
+    "shaderFloat16": "VkPhysicalDeviceShaderFloat16Int8Features",
+    "shaderInt8": "VkPhysicalDeviceShaderFloat16Int8Features",
+}
 
 _TYPE_NAMES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
 # Lower rank is preferred: real GPUs first, lavapipe (CPU) only as a fallback.
@@ -55,6 +79,7 @@ class DeviceLimits:
     shader_float16: bool
     shader_int8: bool
     storage_buffer_8bit: bool
+    features: frozenset[str] = frozenset()  # FEATURE_SOURCES names the device supports
 
 
 @dataclass(frozen=True)
@@ -73,6 +98,32 @@ def _version(v: int) -> tuple[int, int, int]:
     return ((v >> 22) & 0x7F, (v >> 12) & 0x3FF, v & 0xFFF)
 
 
+def _feature_chain(vk, api: tuple[int, int, int], enable: frozenset[str] | None = None):
+    """(VkPhysicalDeviceFeatures2, {struct name: struct}) with every feature struct core at `api`
+    chained in. For a query leave `enable` None; for vkCreateDevice pass the features to turn on."""
+    structs: dict[str | None, object] = {}
+    nxt = None
+    for name, (stype, since) in _FEATURE_STRUCTS.items():
+        if api < since:
+            continue
+        on = {f: vk.VK_TRUE for f in enable or () if FEATURE_SOURCES.get(f) == name}
+        nxt = structs[name] = getattr(vk, name)(sType=getattr(vk, stype), pNext=nxt, **on)
+    core = {f: vk.VK_TRUE for f in enable or () if f in FEATURE_SOURCES and FEATURE_SOURCES[f] is None}
+    feats2 = vk.VkPhysicalDeviceFeatures2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, pNext=nxt,
+                                          features=vk.VkPhysicalDeviceFeatures(**core))
+    return feats2, structs
+
+
+def _supported_features(feats2, structs) -> frozenset[str]:
+    """The FEATURE_SOURCES names a queried chain reports as supported."""
+    found = set()
+    for feature, source in FEATURE_SOURCES.items():
+        struct = feats2.features if source is None else structs.get(source)
+        if struct is not None and getattr(struct, feature):
+            found.add(feature)
+    return frozenset(found)
+
+
 class Device:
     """A logical Vulkan device with one compute queue; pick one by `TEXELFLOW_DEVICE` or rank."""
 
@@ -86,12 +137,17 @@ class Device:
         try:
             self.physical, self.limits = self._choose(select if select is not None else os.environ.get(ENV_VAR))
             self.queue_family, self.memory_types = self._queue_family(), self._memory_types()
+            # Turn on every feature some dtype's shaders require that the device has: variant
+            # lookup refuses variants needing the others (pipeline.find_variant).
+            self.enabled_features = self.limits.features & frozenset(DEVICE_FEATURES)
+            chain = _feature_chain(vk, self.limits.api_version, self.enabled_features)[0] \
+                if self.enabled_features else None
             with translate("creating the logical device"):
                 queue_info = vk.VkDeviceQueueCreateInfo(
                     sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                     queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0])
                 self.handle = vk.vkCreateDevice(self.physical, vk.VkDeviceCreateInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
+                    sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, pNext=chain,
                     queueCreateInfoCount=1, pQueueCreateInfos=[queue_info]), None)
                 self.queue = vk.vkGetDeviceQueue(self.handle, self.queue_family, 0)
                 self.command_pool = vk.vkCreateCommandPool(self.handle, vk.VkCommandPoolCreateInfo(
@@ -151,17 +207,15 @@ class Device:
         m3 = vk.VkPhysicalDeviceMaintenance3Properties(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES, pNext=sub)
         props2 = vk.VkPhysicalDeviceProperties2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=m3)
-        f16i8 = vk.VkPhysicalDeviceShaderFloat16Int8Features(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES)
-        s8 = vk.VkPhysicalDevice8BitStorageFeatures(
-            sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES, pNext=f16i8)
-        v12 = _version(props.apiVersion) >= (1, 2, 0)  # the fp16/int8 feature structs are 1.2 core
-        feats2 = vk.VkPhysicalDeviceFeatures2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2,
-                                              pNext=s8 if v12 else None)
-        extended = _version(props.apiVersion) >= (1, 1, 0)
+        api = _version(props.apiVersion)
+        feats2, structs = _feature_chain(vk, api)
+        extended = api >= (1, 1, 0)
         if extended:  # Properties2/Features2 are 1.1 core
             vk.vkGetPhysicalDeviceProperties2(physical, vk.ffi.addressof(props2))
             vk.vkGetPhysicalDeviceFeatures2(physical, vk.ffi.addressof(feats2))
+            features = _supported_features(feats2, structs)
+        else:
+            features = frozenset()
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(physical)
         ts_bits = max((f.timestampValidBits for f in families if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), default=0)
         heap = max(vk.vkGetPhysicalDeviceMemoryProperties(physical).memoryHeaps[0].size, 0)
@@ -182,9 +236,10 @@ class Device:
             subgroup_size=int(sub.subgroupSize) if extended and sub.subgroupSize else None,
             timestamp_period_ns=float(lim.timestampPeriod),
             timestamp_valid_bits=int(ts_bits),
-            shader_float16=bool(v12 and f16i8.shaderFloat16),
-            shader_int8=bool(v12 and f16i8.shaderInt8),
-            storage_buffer_8bit=bool(v12 and s8.storageBuffer8BitAccess),
+            shader_float16="shaderFloat16" in features,
+            shader_int8="shaderInt8" in features,
+            storage_buffer_8bit="storageBuffer8BitAccess" in features,
+            features=features,
         )
 
     def _queue_family(self) -> int:

@@ -49,6 +49,10 @@ class UnsupportedError(VulkanError):
     """The device lacks a feature the request needs (format, timestamps, ...)."""
 
 
+class MissingFeatureError(UnsupportedError):
+    """A shader variant needs device features (shaderFloat16, ...) that the device lacks."""
+
+
 # VkResult names (as the `vulkan` binding names its exception classes) -> (our class, meaning).
 _RESULTS: dict[str, tuple[type[VulkanError], str]] = {
     "VkErrorOutOfHostMemory": (OutOfMemoryError, "the driver ran out of host memory"),

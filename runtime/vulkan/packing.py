@@ -2,7 +2,8 @@
 
 This is the host third of the contract in docs/memory-layouts.md (the other two are the GLSL
 indexing helpers and layouts.yaml). Everything is vectorised numpy: pad, reshape, transpose; no
-per-element Python loops. Layout facts come only from `texelflow.generated.layouts`.
+per-element Python loops. Layout facts come only from `texelflow.generated.layouts`, and every
+size (padded sizes, extents, words) from `texelflow.shaders.geometry`.
 """
 from __future__ import annotations
 
@@ -10,27 +11,14 @@ import math
 
 import numpy as np
 
-from texelflow.generated.layouts import DTYPES, LAYOUT_INFO, Layout, LayoutInfo, Storage
+from texelflow.generated.layouts import DTYPES, LAYOUT_INFO, STORAGE_INFO, LayoutInfo
+from texelflow.shaders.geometry import (MAX_TEXTURE_RANK, as_layout, as_storage, buffer_rest_dims, padded_sizes,
+                                        texel_lanes, texture_extents, whcn_sizes)
 
-LANES = 4  # lanes of a texel, and int8 lanes of a word
+# Host dtypes packing handles: the stored lane is the host element (int8 lanes are bytes of a word).
 _NP_DTYPES = {"float32": np.float32, "int32": np.int32, "int8": np.int8}
 # numpy axis of each WHCN dim in an (N, C, H, W) array
 _AXIS = {0: 3, 1: 2, 2: 1, 3: 0}
-
-
-def as_layout(layout: Layout | str | int) -> Layout:
-    return Layout[layout] if isinstance(layout, str) else Layout(layout)
-
-
-def as_storage(storage: Storage | str | int) -> Storage:
-    return Storage[storage.upper()] if isinstance(storage, str) else Storage(storage)
-
-
-def whcn_sizes(shape) -> tuple[int, int, int, int]:
-    """(W, H, C, N) of an NCHW shape; missing dims are 1 and dims before C fold into N."""
-    shape = tuple(int(s) for s in shape)
-    padded = (1,) * max(0, 4 - len(shape)) + shape
-    return padded[-1], padded[-2], padded[-3], math.prod(padded[:-3])
 
 
 def check_representation(shape, dtype: str, storage, layout) -> LayoutInfo:
@@ -39,45 +27,20 @@ def check_representation(shape, dtype: str, storage, layout) -> LayoutInfo:
     info = LAYOUT_INFO[layout]
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPES)}")
+    if dtype not in _NP_DTYPES:
+        raise ValueError(f"no host packing for dtype {dtype} yet; packing handles {sorted(_NP_DTYPES)}")
     if DTYPES[dtype].family != info.family:
         raise ValueError(f"dtype {dtype} belongs to the {DTYPES[dtype].family} family, "
                          f"layout {layout.name} to the {info.family} family")
     if storage not in info.storages:
         raise ValueError(f"layout {layout.name} has no {storage.name} storage")
-    if storage == Storage.TEXTURE_3D and len(tuple(shape)) > 4:
+    if STORAGE_INFO[storage].is_image and len(tuple(shape)) > MAX_TEXTURE_RANK:
         raise ValueError(f"rank {len(tuple(shape))} tensors have no texture representation (buffers only)")
     return info
 
 
-def padded_sizes(shape, layout) -> tuple[int, int, int, int]:
-    """WHCN sizes of a buffer with the packed dim and outer dim rounded up to their blocks."""
-    info = LAYOUT_INFO[as_layout(layout)]
-    p = list(whcn_sizes(shape))
-    p[info.packed_dim] = -(-p[info.packed_dim] // info.buffer_block) * info.buffer_block
-    p[info.outer_dim] = -(-p[info.outer_dim] // info.outer_block) * info.outer_block
-    return tuple(p)
-
-
-def buffer_words(shape, layout) -> int:
-    """Number of 32-bit words of a buffer representation."""
-    info = LAYOUT_INFO[as_layout(layout)]
-    return math.prod(padded_sizes(shape, layout)) // info.buffer_block
-
-
-def texture_extents(shape, layout) -> tuple[int, int, int]:
-    """(x, y, z) texel extents of a texture: packed axis divided by 4, batches stacked on z."""
-    info = LAYOUT_INFO[as_layout(layout)]
-    s = whcn_sizes(shape)
-    e = list(s[:3])
-    e[info.packed_dim] = -(-s[info.packed_dim] // LANES)
-    return e[0], e[1], e[2] * s[3]
-
-
-def units(shape, storage, layout) -> int:
-    """Output units a shader processes: texels of a texture, words of a buffer."""
-    if as_storage(storage) == Storage.TEXTURE_3D:
-        return math.prod(texture_extents(shape, layout))
-    return buffer_words(shape, layout)
+def _is_image(storage) -> bool:
+    return STORAGE_INFO[as_storage(storage)].is_image
 
 
 def _nchw(array: np.ndarray) -> np.ndarray:
@@ -91,19 +54,13 @@ def _pad_to(a4: np.ndarray, sizes) -> np.ndarray:
     return np.pad(a4, [(0, t - have) for t, have in zip(want, a4.shape)])
 
 
-def _buffer_axes(info: LayoutInfo) -> tuple[int, int]:
-    """(r1, r0): the two dims not in {P, O}; r0, the lower WHCN index, runs faster."""
-    r0, r1 = (d for d in range(4) if d not in (info.packed_dim, info.outer_dim))
-    return r1, r0
-
-
 def pack(array: np.ndarray, storage, layout) -> np.ndarray:
     """Pack a contiguous NCHW array into buffer words (1-D) or texels (z, y, x, 4)."""
     array = np.asarray(array)
     dtype = str(array.dtype)
     info = check_representation(array.shape, dtype, storage, layout)
     a4 = _nchw(array)
-    if as_storage(storage) == Storage.TEXTURE_3D:
+    if _is_image(storage):
         return _pack_texture(a4, info)
     return _pack_buffer(a4, info)
 
@@ -111,7 +68,7 @@ def pack(array: np.ndarray, storage, layout) -> np.ndarray:
 def _pack_buffer(a4: np.ndarray, info: LayoutInfo) -> np.ndarray:
     p = padded_sizes(a4.shape, info.layout)
     P, O, B, Bo = info.packed_dim, info.outer_dim, info.buffer_block, info.outer_block
-    r1, r0 = _buffer_axes(info)
+    r0, r1 = buffer_rest_dims(info.layout)
     e = _pad_to(a4, p).transpose(_AXIS[r1], _AXIS[r0], _AXIS[O], _AXIS[P])
     e = e.reshape(p[r1], p[r0], p[O] // Bo, Bo, p[P] // B, B)  # r1, r0, wo, lo, wp, lane
     order = (0, 1, 4, 2, 3, 5) if info.block_transposed else (0, 1, 2, 4, 3, 5)
@@ -123,15 +80,15 @@ def _pack_buffer(a4: np.ndarray, info: LayoutInfo) -> np.ndarray:
 
 def _pack_texture(a4: np.ndarray, info: LayoutInfo) -> np.ndarray:
     s = _whcn_of(a4)
-    P = info.packed_dim
+    P, lanes = info.packed_dim, texel_lanes(info.layout)
     p = list(s)
-    p[P] = -(-s[P] // LANES) * LANES
+    p[P] = -(-s[P] // lanes) * lanes
     t = _pad_to(a4, p)
     ax = _AXIS[P]
-    split = t.reshape(t.shape[:ax] + (p[P] // LANES, LANES) + t.shape[ax + 1:])  # 5-D, lane after ax
-    texels = np.moveaxis(split, ax + 1, -1)  # (N, C', H', W', 4)
+    split = t.reshape(t.shape[:ax] + (p[P] // lanes, lanes) + t.shape[ax + 1:])  # 5-D, lane after ax
+    texels = np.moveaxis(split, ax + 1, -1)  # (N, C', H', W', lanes)
     x, y, z = texture_extents(_shape_of(s), info.layout)
-    return np.ascontiguousarray(texels).reshape(z, y, x, LANES)
+    return np.ascontiguousarray(texels).reshape(z, y, x, lanes)
 
 
 def unpack(data: np.ndarray, shape, dtype: str, storage, layout) -> np.ndarray:
@@ -139,7 +96,7 @@ def unpack(data: np.ndarray, shape, dtype: str, storage, layout) -> np.ndarray:
     shape = tuple(int(s) for s in shape)
     info = check_representation(shape, dtype, storage, layout)
     s = whcn_sizes(shape)
-    if as_storage(storage) == Storage.TEXTURE_3D:
+    if _is_image(storage):
         a4 = _unpack_texture(np.asarray(data), s, info, dtype)
     else:
         a4 = _unpack_buffer(np.asarray(data), s, info, dtype)
@@ -149,7 +106,7 @@ def unpack(data: np.ndarray, shape, dtype: str, storage, layout) -> np.ndarray:
 def _unpack_buffer(words: np.ndarray, s, info: LayoutInfo, dtype: str) -> np.ndarray:
     p = padded_sizes(_shape_of(s), info.layout)
     P, O, B, Bo = info.packed_dim, info.outer_dim, info.buffer_block, info.outer_block
-    r1, r0 = _buffer_axes(info)
+    r0, r1 = buffer_rest_dims(info.layout)
     words = np.ascontiguousarray(words).reshape(-1)[: math.prod(p) // B]
     if B == 1:
         lanes = words.view(_NP_DTYPES[dtype])
@@ -165,14 +122,14 @@ def _unpack_buffer(words: np.ndarray, s, info: LayoutInfo, dtype: str) -> np.nda
 
 
 def _unpack_texture(texels: np.ndarray, s, info: LayoutInfo, dtype: str) -> np.ndarray:
-    P = info.packed_dim
+    P, lanes = info.packed_dim, texel_lanes(info.layout)
     x, y, z = texture_extents(_shape_of(s), info.layout)
-    t = np.ascontiguousarray(texels).reshape(-1)[: x * y * z * LANES].view(_NP_DTYPES[dtype])
+    t = np.ascontiguousarray(texels).reshape(-1)[: x * y * z * lanes].view(_NP_DTYPES[dtype])
     ez = z // s[3]
-    t = t.reshape(s[3], ez, y, x, LANES)  # N, C', H', W', lane
+    t = t.reshape(s[3], ez, y, x, lanes)  # N, C', H', W', lane
     ax = _AXIS[P]
     t = np.moveaxis(t, -1, ax + 1)  # lane right after the packed axis
-    shape = list(t.shape[:ax]) + [t.shape[ax] * LANES] + list(t.shape[ax + 2:])
+    shape = list(t.shape[:ax]) + [t.shape[ax] * lanes] + list(t.shape[ax + 2:])
     return t.reshape(shape)
 
 

@@ -12,21 +12,40 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from texelflow.runtime.vulkan.errors import MissingVariantError, UnsupportedError, translate
+from texelflow.runtime.vulkan.errors import MissingFeatureError, MissingVariantError, UnsupportedError, translate
 
 _PUSH_FORMATS = {"int": "<i", "float": "<f", "ivec4": "<4i", "uint": "<I", "vec4": "<4f"}
 LOCAL_SIZE_NAMES = ("local_size_x", "local_size_y", "local_size_z")
 
 
-def find_variant(op: str, **axes: str):
-    """The generated variant for `op` and `axes`; MissingVariantError lists what exists."""
+def find_variant(op: str, *, device=None, **axes: str):
+    """The generated variant for `op` and `axes`; MissingVariantError lists what exists.
+
+    With `device` (a Device), a variant needing device features the device lacks is refused with
+    MissingFeatureError, never returned.
+    """
     from texelflow.generated.variants import find_variant as generated_find
 
     try:
-        return generated_find(op, **axes)
+        variant = generated_find(op, **axes)
     except KeyError as exc:
         msg = exc.args[0] if exc.args else f"no variant of {op!r} with {axes}"
         raise MissingVariantError(f"no shader variant for op {op!r} with axes {axes}: {msg}") from None
+    if device is not None:
+        check_features(variant, device)
+    return variant
+
+
+def check_features(variant, device) -> None:
+    """Raise MissingFeatureError when `device` lacks a device feature `variant` requires."""
+    from texelflow.generated.variants import missing_features
+
+    have = getattr(device, "enabled_features", None)
+    lacking = missing_features(variant, have if have is not None else device.limits.features)
+    if lacking:
+        raise MissingFeatureError(
+            f"shader variant {variant.name} needs device features {', '.join(lacking)}, which "
+            f"{device.limits.name} does not offer; use a variant of another dtype")
 
 
 def spec_values(variant, values: Mapping[str, int] | None = None) -> dict[int, int]:
@@ -76,6 +95,21 @@ def workgroups(units: int, local_x: int, max_count: tuple[int, int, int]) -> tup
     return gx, gy, 1
 
 
+def generated_spirv(variant) -> bytes:
+    """SPIR-V of a generated variant from the shared cache (texelflow.shaders.spirv_cache), compiled
+    with glslc only on a miss; never through the code generator, and no glslc when it is cached."""
+    from pathlib import Path
+
+    import texelflow.generated as generated
+    import texelflow.shaders as shaders
+    from texelflow.shaders import spirv_cache
+
+    glsl = Path(generated.__file__).parent / "glsl"
+    source = (glsl / variant.source).read_text(encoding="utf-8")
+    return spirv_cache.spirv(source, [glsl / "include", Path(shaders.__file__).parent / "include"],
+                             variant.target_env, variant.name)
+
+
 @dataclass(frozen=True)
 class ComputePipeline:
     """A specialised pipeline with the layouts needed to bind and dispatch it."""
@@ -121,17 +155,13 @@ class PipelineCache:
         and each lookup reads and hashes the GLSL and every include."""
         code = self._spirv_code.get(variant.name)
         if code is None:
-            if self._spirv_for is not None:
-                code = self._spirv_for(variant)
-            else:
-                from texelflow.codegen.spirv import spirv_for
-
-                code = spirv_for(variant)
+            code = (self._spirv_for or generated_spirv)(variant)
             self._spirv_code[variant.name] = code
         return code
 
     def get(self, variant, spec: Mapping[str, int] | None = None, *, spirv: bytes | None = None) -> ComputePipeline:
         """The pipeline for `variant` specialised with `spec` (names from its reflection)."""
+        check_features(variant, self.device)
         values = spec_values(variant, spec)
         code = spirv if spirv is not None else self.spirv(variant)
         code_key = hashlib.sha256(code).hexdigest()
@@ -177,12 +207,11 @@ class PipelineCache:
     def _layouts(self, variant):
         """Descriptor set layout (set 0) and pipeline layout from the bindings and push constants."""
         vk = self.vk
-        kinds = {"STORAGE_BUFFER": vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                 "STORAGE_IMAGE": vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE}
         key = (tuple((b.index, b.descriptor) for b in variant.bindings), variant.push_constant_size)
         if key in self._set_layouts:
             return self._set_layouts[key]
-        bindings = [vk.VkDescriptorSetLayoutBinding(binding=b.index, descriptorType=kinds[b.descriptor],
+        bindings = [vk.VkDescriptorSetLayoutBinding(binding=b.index,
+                                                    descriptorType=getattr(vk, f"VK_DESCRIPTOR_TYPE_{b.descriptor}"),
                                                     descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
                     for b in variant.bindings]
         with translate(f"creating the layouts of {variant.name}"):

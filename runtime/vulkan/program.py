@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from texelflow.generated.layouts import Storage
+from texelflow.generated.layouts import STORAGE_BY_AXIS, STORAGE_INFO
 from texelflow.runtime.vulkan import commands
 from texelflow.runtime.vulkan.errors import UnsupportedError, VulkanError, translate
 from texelflow.runtime.vulkan.lifetime import Interval, plan_offsets
@@ -21,7 +21,6 @@ from texelflow.runtime.vulkan.memory import HostBuffer, MemoryBlock
 from texelflow.runtime.vulkan.pipeline import PipelineCache, pack_push_constants, workgroups
 from texelflow.runtime.vulkan.tensor import VkTensor
 
-_STORAGE_NAMES = {"buffer": Storage.BUFFER, "texture3d": Storage.TEXTURE_3D}
 STAGING_ALIGN = 16
 
 
@@ -49,7 +48,7 @@ class Dispatch:
             if len(out) != len(bindings):
                 raise ValueError(f"{self.variant.name} binds {len(bindings)} tensors, got {len(out)}")
         for b, t in zip(bindings, out):
-            if _STORAGE_NAMES[b.storage] != t.storage:
+            if STORAGE_BY_AXIS[b.storage] != t.storage:
                 raise ValueError(f"{self.variant.name}: binding {b.tensor!r} is a {b.storage}, "
                                  f"got a {t.storage.name} tensor")
         return out
@@ -137,7 +136,7 @@ class Program:
     def _prepare(self) -> None:
         vk, dev = self.vk, self.device
         self._pipes, self._push, self._groups = [], [], []
-        n_buf = n_img = 0
+        descriptors = {info.descriptor: 0 for info in STORAGE_INFO.values()}  # descriptor type -> count
         for d, ts in zip(self.dispatches, self._bound):
             v = d.variant
             names = {s.name for s in v.spec_constants}
@@ -153,14 +152,14 @@ class Program:
             self._pipes.append(pipe)
             self._push.append(vk.ffi.new("char[]", pack_push_constants(v, values)))
             self._groups.append(workgroups(out.units, pipe.local_size[0], dev.limits.max_workgroup_count))
-            n_img += sum(t.is_texture for t in ts)
-            n_buf += sum(not t.is_texture for t in ts)
-        sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=max(n_buf, 1)),
-                 vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE, descriptorCount=max(n_img, 1))]
+            for b in self._bindings(v):
+                descriptors[b.descriptor] += 1
+        sizes = [vk.VkDescriptorPoolSize(type=getattr(vk, f"VK_DESCRIPTOR_TYPE_{kind}"), descriptorCount=max(n, 1))
+                 for kind, n in descriptors.items()]
         with translate("creating descriptor sets"):
             self.descriptor_pool = vk.vkCreateDescriptorPool(dev.handle, vk.VkDescriptorPoolCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, maxSets=max(len(self.dispatches), 1),
-                poolSizeCount=2, pPoolSizes=sizes), None)
+                poolSizeCount=len(sizes), pPoolSizes=sizes), None)
             self._sets = []
             if self.dispatches:
                 self._sets = list(vk.vkAllocateDescriptorSets(dev.handle, vk.VkDescriptorSetAllocateInfo(
@@ -170,13 +169,14 @@ class Program:
             for dset, d, ts in zip(self._sets, self.dispatches, self._bound):
                 for b, t in zip(self._bindings(d.variant), ts):
                     if t.is_texture:
-                        info = dict(descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE, pImageInfo=[
+                        info = dict(pImageInfo=[
                             vk.VkDescriptorImageInfo(imageView=t.view, imageLayout=vk.VK_IMAGE_LAYOUT_GENERAL)])
                     else:
-                        info = dict(descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[
+                        info = dict(pBufferInfo=[
                             vk.VkDescriptorBufferInfo(buffer=t.buffer, offset=0, range=max(t.nbytes, 4))])
-                    writes.append(vk.VkWriteDescriptorSet(sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
-                                                          dstSet=dset, dstBinding=b.index, descriptorCount=1, **info))
+                    writes.append(vk.VkWriteDescriptorSet(
+                        sType=vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, dstSet=dset, dstBinding=b.index,
+                        descriptorCount=1, descriptorType=getattr(vk, f"VK_DESCRIPTOR_TYPE_{b.descriptor}"), **info))
             if writes:
                 vk.vkUpdateDescriptorSets(dev.handle, len(writes), writes, 0, None)
         if self.timestamps:

@@ -7,27 +7,31 @@ buffers are written directly when their memory is host-visible, else through sta
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from texelflow.generated.layouts import Layout, Storage
+from texelflow.generated.layouts import DTYPES, STORAGE_INFO, Layout, Storage
 from texelflow.runtime.vulkan import commands, packing
+from texelflow.shaders import geometry
 from texelflow.runtime.vulkan.errors import (BufferTooLargeError, TextureTooLargeError, UnsupportedError,
                                              translate)
 from texelflow.runtime.vulkan.memory import (MemoryBlock, Requirements, buffer_requirements, create_buffer,
                                              image_requirements, staging_buffer)
 
-TEXEL_BYTES = 16  # rgba32f / rgba32i
 _NP = {"float32": np.float32, "int32": np.int32, "int8": np.int8}
 
 
 def image_format(vk, dtype: str) -> int:
-    """rgba32f for float32 textures, rgba32i for int32 ones."""
-    formats = {"float32": vk.VK_FORMAT_R32G32B32A32_SFLOAT, "int32": vk.VK_FORMAT_R32G32B32A32_SINT}
-    if dtype not in formats:
+    """The VkFormat of a texture of `dtype` (layouts.yaml dtypes: vk_format)."""
+    fmt = DTYPES[dtype].vk_format if dtype in DTYPES else None
+    if fmt is None:
         raise UnsupportedError(f"no texture format for dtype {dtype}")
-    return formats[dtype]
+    return getattr(vk, f"VK_FORMAT_{fmt}")
+
+
+def image_type(vk, storage: Storage) -> tuple[int, int]:
+    """(VkImageType, VkImageViewType) of an image storage, from its dimensionality."""
+    dims = STORAGE_INFO[storage].image_dims
+    return getattr(vk, f"VK_IMAGE_TYPE_{dims}D"), getattr(vk, f"VK_IMAGE_VIEW_TYPE_{dims}D")
 
 
 def _check_format(device, fmt: int) -> None:
@@ -51,10 +55,11 @@ class VkTensor:
         self.device, self.label = device, label
         self.shape = tuple(int(s) for s in shape)
         self.dtype = dtype
-        self.storage, self.layout = packing.as_storage(storage), packing.as_layout(layout)
+        self.storage, self.layout = geometry.as_storage(storage), geometry.as_layout(layout)
         packing.check_representation(self.shape, dtype, self.storage, self.layout)
-        self.sizes = packing.whcn_sizes(self.shape)
-        self.units = packing.units(self.shape, self.storage, self.layout)
+        self.sizes = geometry.whcn_sizes(self.shape)
+        self.units = geometry.units(self.shape, self.storage, self.layout)
+        self.nbytes = geometry.nbytes(self.shape, dtype, self.storage, self.layout)
         self.memory: MemoryBlock | None = None
         self.offset = 0
         self.view = None
@@ -62,18 +67,17 @@ class VkTensor:
         self.buffer = self.image = None
         vk = device.vk
         if self.is_texture:
-            self.extents = packing.texture_extents(self.shape, self.layout)
+            self.extents = geometry.texture_extents(self.shape, self.layout, self.storage)
             limit = device.limits.max_image_extent_3d
             if any(e > m for e, m in zip(self.extents, limit)):
                 raise TextureTooLargeError(
                     f"tensor {self.shape} as {self.storage.name}/{self.layout.name} needs texture extents "
                     f"{self.extents}, over the device limit {limit} ({device.limits.name}); use a buffer")
-            self.nbytes = math.prod(self.extents) * TEXEL_BYTES
             fmt = image_format(vk, dtype)
             _check_format(device, fmt)
             with translate(f"creating a {self.extents} image"):
                 self.image = vk.vkCreateImage(device.handle, vk.VkImageCreateInfo(
-                    sType=vk.VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO, imageType=vk.VK_IMAGE_TYPE_3D, format=fmt,
+                    sType=vk.VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO, imageType=image_type(vk, self.storage)[0], format=fmt,
                     extent=vk.VkExtent3D(*self.extents), mipLevels=1, arrayLayers=1,
                     samples=vk.VK_SAMPLE_COUNT_1_BIT, tiling=vk.VK_IMAGE_TILING_OPTIMAL,
                     usage=(vk.VK_IMAGE_USAGE_STORAGE_BIT | vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT
@@ -82,7 +86,6 @@ class VkTensor:
             self.requirements: Requirements = image_requirements(device, self.image)
         else:
             self.extents = None
-            self.nbytes = packing.buffer_words(self.shape, self.layout) * 4
             limit = device.limits.max_storage_buffer_range
             if self.nbytes > limit:
                 raise BufferTooLargeError(
@@ -101,7 +104,7 @@ class VkTensor:
     # ---- memory -------------------------------------------------------------------------------
     @property
     def is_texture(self) -> bool:
-        return self.storage == Storage.TEXTURE_3D
+        return STORAGE_INFO[self.storage].is_image
 
     @property
     def bound(self) -> bool:
@@ -131,7 +134,7 @@ class VkTensor:
                                                  levelCount=1, baseArrayLayer=0, layerCount=1)
                 self.view = vk.vkCreateImageView(dev.handle, vk.VkImageViewCreateInfo(
                     sType=vk.VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO, image=self.image,
-                    viewType=vk.VK_IMAGE_VIEW_TYPE_3D, format=image_format(vk, self.dtype),
+                    viewType=image_type(vk, self.storage)[1], format=image_format(vk, self.dtype),
                     subresourceRange=rng), None)
             else:
                 vk.vkBindBufferMemory(dev.handle, self.buffer, block.handle, offset)
@@ -187,7 +190,8 @@ class VkTensor:
         word = np.dtype(np.int32 if self.dtype == "int8" else _NP[self.dtype])
         data = np.frombuffer(raw.tobytes() if not raw.flags.c_contiguous else raw, dtype=word)
         if self.is_texture:
-            data = data.reshape(self.extents[2], self.extents[1], self.extents[0], 4)
+            data = data.reshape(self.extents[2], self.extents[1], self.extents[0],
+                                geometry.texel_lanes(self.layout, self.storage))
         return packing.unpack(data, self.shape, self.dtype, self.storage, self.layout)
 
     def upload(self, array, *, staging: bool | None = None) -> None:
@@ -213,9 +217,13 @@ class VkTensor:
 
     def download(self, *, staging: bool | None = None) -> np.ndarray:
         """Copy the tensor out to a new host array (contiguous NCHW)."""
+        return self.unpack(self.download_raw(staging=staging))
+
+    def download_raw(self, *, staging: bool | None = None) -> np.ndarray:
+        """The tensor's packed bytes (uint8) exactly as stored, padding included."""
         self._require_bound()
         if not staging and self.host_mappable:
-            return self.unpack(self.memory.host_view(self.offset, self.nbytes).copy())
+            return self.memory.host_view(self.offset, self.nbytes).copy()
         if staging is False:
             raise ValueError("this tensor is not host-mappable; it needs the staging path")
         stage = staging_buffer(self.device, self.nbytes)
@@ -227,7 +235,7 @@ class VkTensor:
             commands.work_to_host(vk, cmd)
 
         self.device.run_once(record, "a download")
-        return self.unpack(stage.view(self.nbytes).copy())
+        return stage.view(self.nbytes).copy()
 
     def _require_bound(self) -> None:
         if self.memory is None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-import texelflow.runtime.graph.optimal as optimal_module
+import texelflow.runtime.graph.optimal.planner as optimal_planner
+from texelflow.runtime.graph.optimal import plan_optimal
 from texelflow.runtime.graph.plan import plan_graph
 from texelflow.runtime.graph.problem import Problem
 from texelflow.runtime.graph.repr import TensorRepr, TensorRepSet
 from texelflow.runtime.graph.verify import PlanVerificationError, verify
-from texelflow.runtime.graph.optimal import plan_optimal
-from tests.graph.builders import Builder, variant_of
+from tests.graph.synthetic import GraphBuilder, variant_of
 
 CP_TEX = variant_of("relu", "cp_texture_op", "CHANNELS_PACKED_TEXTURE")
 WP_ANY = variant_of("relu", "wp_any_op", "CONTIGUOUS_ANY")
@@ -20,7 +20,7 @@ INT8_4C1W = variant_of("clone", "int8_4c1w_op", "PACKED_INT8_4C1W_BUFFER")
 
 
 def test_identity_ops_in_one_representation_are_folded():
-    b = Builder()
+    b = GraphBuilder()
     x = b.input((1, 4, 16, 16))
     c = b.unary("clone", b.unary("relu", x))
     a = b.unary("alias_copy", c)
@@ -31,7 +31,7 @@ def test_identity_ops_in_one_representation_are_folded():
 
 
 def test_reshape_that_moves_texels_is_not_folded():
-    b = Builder()
+    b = GraphBuilder()
     x = b.input((1, 4, 16, 16))
     v = b.view(b.unary("relu", x), (64, 16))
     plan = plan_graph(b.output(b.unary("relu", v)), "optimal")
@@ -39,7 +39,7 @@ def test_reshape_that_moves_texels_is_not_folded():
 
 
 def test_int8_clone_bridges_compatible_layouts_without_a_transition():
-    b = Builder()
+    b = GraphBuilder()
     x = b.input((1, 8, 4, 4), "int8")
     q = b.unary(INT8_4W4C, x)
     c = b.unary("clone", q)
@@ -50,22 +50,22 @@ def test_int8_clone_bridges_compatible_layouts_without_a_transition():
     clone = next(n for n in b.graph.nodes if n.op.name == "clone")
     slots = {s: str(plan.assignment.slots[(clone, s)]) for s in ("self", "out")}
     assert slots == {"self": "BUFFER/PACKED_INT8_4W4C", "out": "BUFFER/PACKED_INT8_4C1W"}
-    assert not clone.meta.get("folded")  # different layouts: the clone really moves bytes
+    assert not clone.folded  # different layouts: the clone really moves bytes
 
 
 def test_transition_nodes_are_marked_and_shared():
-    b = Builder()
+    b = GraphBuilder()
     x = b.input((1, 4, 16, 16))
     p = b.unary(CP_TEX, x)
     plan = plan_graph(b.output(b.unary(WP_ANY, p), b.unary(WP_ANY, p), b.unary(CP_TEX, p)), "optimal")
     (t,) = plan.transitions
-    assert t.meta["transition"] and t.op.name == "to_layout" and not t.meta.get("folded")
+    assert t.transition and t.op.name == "to_layout" and not t.folded
     assert len(t.outputs[0][1].users) == 2
     assert plan.reprs[t.name] == "TEXTURE_3D/WIDTH_PACKED"
 
 
 def test_verification_catches_a_broken_plan():
-    b = Builder()
+    b = GraphBuilder()
     x = b.input((1, 4, 16, 16))
     b.output(b.unary(CP_TEX, x))
     problem = Problem.build(b.graph)
@@ -77,8 +77,8 @@ def test_verification_catches_a_broken_plan():
 
 
 def test_solver_failure_keeps_the_greedy_plan_uncertified(monkeypatch):
-    monkeypatch.setattr(optimal_module, "_solve_component", lambda *a, **k: None)
-    b = Builder()
+    monkeypatch.setattr(optimal_planner, "solve_component", lambda *a, **k: None)
+    b = GraphBuilder()
     x = b.input((1, 4, 16, 16))
     p = b.unary(CP_TEX, x)
     b.output(b.unary(WP_ANY, p))
@@ -89,7 +89,7 @@ def test_solver_failure_keeps_the_greedy_plan_uncertified(monkeypatch):
 
 
 def test_free_value_domain_respects_texture_limits():
-    b = Builder()
+    b = GraphBuilder()
     x = b.input((1, 1, 20000, 8))
     problem = Problem.build(b.output(b.unary("relu", x)))
     dom = problem.free_domain(x)
@@ -100,7 +100,7 @@ def test_free_value_domain_respects_texture_limits():
 
 
 def test_int8_clone_in_one_layout_is_folded():
-    b = Builder()
+    b = GraphBuilder()
     x = b.input((1, 8, 4, 4), "int8")
     c = b.unary("clone", b.unary(INT8_4W4C, x))
     plan = plan_graph(b.output(b.unary(INT8_4W4C, c)), "optimal")

@@ -14,7 +14,7 @@ from texelflow.runtime.graph.plan import plan_graph
 from texelflow.runtime.graph.problem import Assignment, Problem
 from texelflow.runtime.graph.repr import TensorRepSet
 from texelflow.runtime.graph.verify import verify
-from tests.graph.builders import Builder, variant_of
+from tests.graph.synthetic import GraphBuilder, variant_of
 
 # Registry ops plus test-only copies with the constraining repsets of the reference's kernels.
 CP_TEX = variant_of("relu", "cp_texture_op", "CHANNELS_PACKED_TEXTURE")
@@ -85,7 +85,7 @@ REAL = [
 
 @st.composite
 def random_graphs(draw, ops_unary=UNARY, ops_binary=BINARY, max_nodes=4, dtype="float32", shapes=None):
-    b = Builder()
+    b = GraphBuilder()
     shape = draw(st.sampled_from(shapes or [(1, 4, 16, 16), (1, 3, 5, 7), (2, 8, 4)]))
     values = [b.input(shape, dtype) for _ in range(draw(st.integers(1, 2)))]
     for _ in range(draw(st.integers(1, max_nodes))):
@@ -138,13 +138,13 @@ def test_int8_graphs_mix_compatible_layouts(graph):
 @given(random_graphs(max_nodes=8))
 def test_full_pipeline_verifies_and_counts_match(graph):
     plan = plan_graph(graph, "optimal")
-    assert plan.num_transitions == len([n for n in graph.nodes if n.meta.get("transition")])
+    assert plan.num_transitions == len([n for n in graph.nodes if n.transition])
     for n in plan.transitions:
         assert n.op.name == "to_layout"
 
 
 def chain(n_ops: int):
-    b = Builder()
+    b = GraphBuilder()
     x = b.input((1, 4, 16, 16))
     for i in range(n_ops):
         x = b.unary("sigmoid" if i % 2 == 0 else "tanh", x)
@@ -167,7 +167,7 @@ def test_b63_both_planners_find_zero():
 
 def test_shared_transition_for_two_consumers():
     """E2's shape: one pooled value feeding two WP consumers gets exactly one shared copy."""
-    b = Builder()
+    b = GraphBuilder()
     x = b.input((1, 4, 16, 16))
     p = b.unary(CP_TEX, x)
     b.output(b.unary(WP_ANY, p), b.unary(WP_ANY, p))
@@ -179,24 +179,24 @@ def test_shared_transition_for_two_consumers():
 
 
 def _e2():
-    b = Builder()
+    b = GraphBuilder()
     x = b.input((1, 4, 16, 16))
     p = b.unary(CP_TEX, x)
     return b.output(b.unary(WP_ANY, p), b.unary(WP_ANY, p))
 
 
 def test_transitions_are_never_folded_and_identity_is():
-    b = Builder()
+    b = GraphBuilder()
     x = b.input((1, 4, 16, 16))
     c = b.unary("clone", b.unary(CP_TEX, x))
     plan = plan_graph(b.output(b.unary(WP_ANY, c)), "optimal")
     assert plan.num_transitions == 1
     assert plan.dispatches["to_layout"] == 1
-    assert all(not t.meta.get("folded") for t in plan.transitions)
+    assert all(not t.folded for t in plan.transitions)
 
 
 def test_free_domain_of_int8_input_is_int8_only():
-    b = Builder()
+    b = GraphBuilder()
     x = b.input((1, 8, 4, 4), "int8")
     problem = Problem.build(b.output(b.unary("clone", x)))
     dom = problem.free_domain(x)

@@ -11,6 +11,7 @@ import pathlib
 import subprocess
 import tempfile
 
+from texelflow.generated.layouts import STORAGE_BY_AXIS, STORAGE_INFO
 from texelflow.generated.variants import Binding, PushConstant, ShaderVariant, SpecConstant
 
 _HEADER = """#version 450
@@ -50,7 +51,7 @@ void main() {
 @functools.lru_cache(maxsize=None)
 def add_scalar(storage: str) -> tuple[ShaderVariant, bytes]:
     """`out = self + alpha` over every unit, for 'buffer' or 'texture3d' float32 tensors."""
-    descriptor = "STORAGE_BUFFER" if storage == "buffer" else "STORAGE_IMAGE"
+    descriptor = STORAGE_INFO[STORAGE_BY_AXIS[storage]].descriptor
     variant = ShaderVariant(
         name=f"test_add_scalar_{storage}", op="test_add_scalar", axes=(("storage", storage),), dtype="float32",
         source=f"test_add_scalar_{storage}.comp",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from texelflow.generated.layouts import LAYOUT_INFO, Storage
+from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_AXIS, Storage
 from texelflow.generated.variants import VARIANTS
 from texelflow.runtime.vulkan.errors import MissingVariantError, VulkanError
 from texelflow.runtime.vulkan.pipeline import PipelineCache, find_variant
@@ -14,7 +14,6 @@ from texelflow.runtime.vulkan.tensor import VkTensor
 from .helpers import random_array
 
 FLOAT_LAYOUTS = [lay for lay, info in LAYOUT_INFO.items() if info.family == "float"]
-STORAGE_AXIS = {Storage.BUFFER: "buffer", Storage.TEXTURE_3D: "texture3d"}
 
 
 def run(device, variant, tensors: dict, inputs: dict, output: str, scalars=None):

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from texelflow.generated.layouts import LAYOUT_INFO, Layout, Storage
 from texelflow.runtime.vulkan import packing
+from texelflow.shaders import geometry
 
 from .helpers import random_array, representations
 
@@ -19,7 +20,7 @@ NP = {"float32": np.float32, "int32": np.int32, "int8": np.int8}
 def reference_pack(a: np.ndarray, storage, layout) -> np.ndarray:
     """The contract's formulas, one element at a time (slow; small shapes only)."""
     info = LAYOUT_INFO[layout]
-    s = packing.whcn_sizes(a.shape)
+    s = geometry.whcn_sizes(a.shape)
     a4 = a.reshape(s[3], s[2], s[1], s[0])
     P = info.packed_dim
     if storage == Storage.TEXTURE_3D:
@@ -81,7 +82,7 @@ def test_float_buffers_are_the_familiar_dim_orders():
 
 def test_texture_extents_and_padding_lanes_are_zero():
     a = np.ones((2, 5, 3, 7), np.float32)  # N=2, C=5 -> ceil(5/4)=2 channel texels per batch
-    assert packing.texture_extents(a.shape, Layout.CHANNELS_PACKED) == (7, 3, 4)
+    assert geometry.texture_extents(a.shape, Layout.CHANNELS_PACKED) == (7, 3, 4)
     t = packing.pack(a, Storage.TEXTURE_3D, Layout.CHANNELS_PACKED)
     assert t.shape == (4, 3, 7, 4)
     assert t.sum() == a.size  # every padding lane is zero
@@ -94,3 +95,28 @@ def test_invalid_representations_are_refused():
         packing.pack(np.zeros((4,), np.int8), Storage.TEXTURE_3D, Layout.PACKED_INT8_4W)
     with pytest.raises(ValueError, match="rank 5"):
         packing.pack(np.zeros((1, 1, 1, 1, 1), np.float32), Storage.TEXTURE_3D, Layout.WIDTH_PACKED)
+
+
+@pytest.mark.parametrize("storage,layout,dtype", representations(), ids=lambda x: getattr(x, "name", x))
+def test_geometry_sizes_match_the_packed_data(storage, layout, dtype):
+    """shaders/geometry.py's sizes are the sizes of what packing produces (one math for both)."""
+    for shape in [(), (5,), (3, 7), (5, 3, 7), (2, 5, 3, 7), (3, 2, 5, 3, 6)]:
+        if storage == Storage.TEXTURE_3D and len(shape) > geometry.MAX_TEXTURE_RANK:
+            assert not geometry.fits_texture(shape, layout, (1 << 20,) * 3)
+            continue
+        packed = packing.pack(random_array(shape, dtype, 0), storage, layout)
+        assert packed.nbytes == geometry.nbytes(shape, dtype, storage, layout), shape
+        units = packed.shape[0] * packed.shape[1] * packed.shape[2] if packed.ndim == 4 else packed.size
+        assert units == geometry.units(shape, storage, layout), shape
+        if storage == Storage.BUFFER:
+            assert packed.size == geometry.buffer_words(shape, layout)
+        else:
+            assert packed.shape[:3][::-1] == geometry.texture_extents(shape, layout)
+
+
+def test_whcn_numbering():
+    assert geometry.whcn_sizes((2, 3, 4, 5, 6)) == (6, 5, 4, 6)
+    assert [geometry.whcn_dim(d, 4) for d in (0, 1, 2, 3, -1)] == [3, 2, 1, 0, 0]
+    assert geometry.whcn_dim(0, 0) == 0
+    assert geometry.permute_dims_whcn([0, 2, 3, 1], 4) == (2, 0, 1, 3)  # NCHW -> NHWC
+    assert geometry.as_storage("texture3d") == geometry.as_storage("TEXTURE_3D") == Storage.TEXTURE_3D

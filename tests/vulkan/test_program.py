@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from texelflow.generated.layouts import Layout, Storage
+from texelflow.generated.layouts import STORAGE_AXIS, Layout, Storage
 from texelflow.runtime.vulkan.pipeline import find_variant
 from texelflow.runtime.vulkan.program import Dispatch, Program
 from texelflow.runtime.vulkan.tensor import VkTensor
@@ -18,7 +18,7 @@ def chain(device, n, shape, storage, layout=Layout.WIDTH_PACKED, *, staging=None
 
     Intermediates are left unbound so the program places them by lifetime.
     """
-    variant = find_variant("add", dtype="float32", storage="buffer" if storage == Storage.BUFFER else "texture3d")
+    variant = find_variant("add", dtype="float32", storage=STORAGE_AXIS[storage])
     ones = VkTensor(device, shape, "float32", storage, layout, label="ones")
     ones.upload(np.ones(shape, np.float32))
     ts = [VkTensor(device, shape, "float32", storage, layout, allocate=(i in (0, n)), label=f"t{i}")

@@ -4,6 +4,10 @@
 torch.export. `model_like(n)` stacks blocks shaped like vision and transformer models (conv,
 residual adds, pooling, layer norm, linear) until it has n nodes; `random_dag(n)` wires registry
 ops at random, skip connections included, as a stress test.
+
+It lives with the tests, not in the package: nothing at run time builds graphs this way. The
+planner benchmark (bench/planner.py) imports it as `tests.graph.synthetic`, from the repository
+root it already puts on sys.path for the acceptance cases.
 """
 
 from __future__ import annotations
@@ -12,8 +16,7 @@ import dataclasses
 import random
 
 from texelflow.generated.ops import OPS, OpEntry
-
-from .ir import PlanGraph, Value
+from texelflow.runtime.graph.ir import PlanGraph, Value
 
 
 def variant_of(base: str, name: str, repset: str) -> OpEntry:

@@ -1,0 +1,107 @@
+"""The optimal planner's driver: contract, split into components, solve each, read the plan back.
+
+A component the solver cannot finish in time keeps its greedy plan (computed only then), and the
+plan is then not certified; its lower bound is the sum of the components' bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ..greedy import plan_greedy
+from ..problem import Assignment, Problem, gc_paused
+from ..repr import REPRS
+from .components import components, settle, unsettled
+from .contraction import contract_chains
+from .integer_program import build_program
+from .local_search import polish_preference, round_relaxation
+from .solver import BINARY_ONE, DUAL_BOUND_SLACK, MIN_SOLVE_S, lp_then_mip
+from .tables import Tables, build_tables, count_transitions, crossing_edges
+
+
+def plan(problem: Problem, time_limit: float) -> Assignment:
+    with gc_paused():
+        return _plan(problem, time_limit)
+
+
+def _plan(problem: Problem, time_limit: float) -> Assignment:
+    t = build_tables(problem)
+    classes = t.classes
+    contract_chains(t, classes.roots().tolist())
+    root = classes.roots()  # final: every later lookup reads this instead of calling find
+    domain = np.asarray(classes.domain, dtype=np.int64)
+    ev, ecc, evc = crossing_edges(t, root)
+    groups = [[int(root[k]) for k in keys] for keys in t.int8_groups]
+    comp = components(len(root), ecc, evc, groups)
+    roots = np.nonzero(root == np.arange(len(root)))[0]
+    label, todo = settle(comp, roots, domain, ecc, groups)
+
+    fallback: dict[int, object] = {}  # class index -> greedy representation, where a solve failed
+    greedy: list[Assignment] = []  # computed only if a component has to fall back to it
+    certified = True
+    lower = 0
+    deadline = time.monotonic() + time_limit
+    for cid, cls, (cev, cecc, cevc), cgroups in unsettled(comp, todo, ev, ecc, evc, groups):
+        remaining = max(MIN_SOLVE_S, deadline - time.monotonic())
+        solved = solve_component(cls, cev, cecc, cevc, cgroups, domain, t.vbytes, remaining)
+        if solved is None:
+            certified = False
+            if not greedy:
+                greedy.append(plan_greedy(problem))
+            for k in np.nonzero(comp[root] == cid)[0].tolist():
+                key = classes.keys[k]
+                fallback[k] = greedy[0].values.get(key[1]) if key[0] == "free" else greedy[0].slots.get(key)
+            continue
+        picks, bound, exact = solved
+        label[cls] = picks
+        certified &= exact
+        lower += bound
+
+    key_bit = label[root]
+    result = _assignment(problem, t, key_bit.tolist(), fallback)
+    result.optimal = certified
+    result.lower_bound = count_transitions(t, key_bit) if certified else lower
+    if not certified:
+        result.notes.append("time limit reached in a component: its greedy plan was kept")
+    return result
+
+
+def solve_component(cls, ev, ecc, evc, groups, domain, vbytes, time_limit):
+    """One program over a component (LP first); None when no solution was found in time.
+
+    cls: the component's class roots (sorted); ev/ecc/evc: its edges (value, consumer root,
+    producer root); groups: its int8 sync groups (lists of class roots). Returns (the bit picked
+    per class of cls, lower bound on the count, certified).
+    """
+    prog = build_program(cls, ev, ecc, evc, groups, domain, vbytes)
+    # Rounding ignores int8 groups, so it could break them: with groups only the MIP decides.
+    rounded = None if groups else (lambda x: round_relaxation(x, prog, vbytes))
+    solved = lp_then_mip(prog, time_limit, rounded)
+    if solved is None:
+        return None
+    sol, exact, dual = solved
+    count = round(float(sol[prog.n_x:prog.n_x + prog.n_z].sum()))
+    bound = count if exact else max(0, math.floor(dual + DUAL_BOUND_SLACK))
+    chosen = prog.has & (sol[np.maximum(prog.xcol, 0)] > BINARY_ONE)
+    picks = np.argmax(chosen, axis=1).tolist()  # the first representation set per class
+    pinned = {prog.local[r] for g in groups for r in g}
+    polish_preference(picks, domain[cls].tolist(), pinned, prog, vbytes)
+    return picks, bound, exact
+
+
+def _assignment(problem: Problem, t: Tables, key_bit: list[int], fallback: dict) -> Assignment:
+    """The Assignment of a bit per class index (or a greedy representation where one fell back)."""
+    reps = [REPRS[b] for b in key_bit]
+    for k, r in fallback.items():
+        reps[k] = r
+    result = Assignment(planner="optimal")
+    slots = result.slots
+    for key, r in zip(t.classes.keys, reps):
+        if key[0] != "free":
+            slots[key] = r
+    for v, c in zip(problem.planned, t.value_class):
+        result.values[v] = reps[c]
+    return result

@@ -1,0 +1,166 @@
+"""The vocabulary ops.yaml and template contracts use to derive push constants and to check nodes.
+
+Each rule is a pure function of a node's arguments and tensor shapes, so `make gen` can check
+that every declaration names a rule with the right parameters, and the runtime (and the kernel
+tests, through the same dispatch code) evaluates the very same functions. A derivation the
+vocabulary cannot say is a named hook in shaders/hooks.py.
+
+A rule sees the node through `NodeFacts`: `value(name)` is an argument's value (its schema
+default when the node leaves it out; a tensor argument is anything with a `.shape`, or None when
+an optional one is absent), `shape(name)` a tensor argument's or output's shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+
+class NodeFacts(Protocol):
+    def value(self, name: str): ...
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    required: tuple[str, ...]  # parameter keys besides the rule's own key
+    optional: tuple[str, ...]
+    type: str | None  # int, float or ivec4; None: the argument's kind decides (rule `arg`)
+    fn: Callable
+    doc: str
+
+
+PUSH_RULES: dict[str, Rule] = {}
+CHECK_RULES: dict[str, Rule] = {}
+
+
+def _rule(table: dict, name: str, type_: str | None, required=(), optional=()):
+    def register(fn):
+        table[name] = Rule(name, tuple(required), tuple(optional), type_, fn, (fn.__doc__ or "").strip())
+        return fn
+
+    return register
+
+
+def whcn(dim: int, rank: int) -> int:
+    """A torch dim (maybe negative) of a rank-`rank` tensor, in WHCN numbering (0 = last dim)."""
+    return rank - 1 - (dim % rank) if rank else 0
+
+
+def pair_wh(value, default=None) -> tuple[int, int]:
+    """A 2-D op's int-list argument as (w, h): one value means both; empty or None -> default."""
+    if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+        return default
+    if isinstance(value, int):
+        return (value, value)
+    return (value[0], value[0]) if len(value) == 1 else (value[1], value[0])
+
+
+# ---- push constants -----------------------------------------------------------------------------
+@_rule(PUSH_RULES, "arg", None, optional=("none", "values"))
+def _arg(node: NodeFacts, p: dict, element=None):
+    """The scalar argument `arg` (bool as 0/1, an enum as its index in `values`); `none` is what
+    the shader gets when an optional argument is None."""
+    v = node.value(p["arg"])
+    if v is None:
+        if p.get("none") is None:
+            raise ValueError(f"argument '{p['arg']}' is None and its push constant has no `none` value")
+        return p["none"]
+    if p.get("values"):
+        return list(p["values"]).index(v)
+    return int(v) if isinstance(v, bool) else v
+
+
+@_rule(PUSH_RULES, "present", "int")
+def _present(node: NodeFacts, p: dict, element=None):
+    """1 when the optional tensor `present` is given, else 0 (a dummy buffer is bound instead)."""
+    return int(node.value(p["present"]) is not None)
+
+
+@_rule(PUSH_RULES, "whcn_dim", "int", required=("of",))
+def _whcn_dim(node: NodeFacts, p: dict, element=None):
+    """The int argument `whcn_dim` (a torch dim of tensor `of`) in WHCN numbering."""
+    return whcn(node.value(p["whcn_dim"]), len(node.shape(p["of"])))
+
+
+@_rule(PUSH_RULES, "ivec4", "ivec4")
+def _ivec4(node: NodeFacts, p: dict, element=None):
+    """Four ints from pieces: an int literal, or {pair: ARG, default: ARG | [h, w]} giving the
+    (w, h) of a 2-D int-list argument; missing lanes are 0."""
+    out: list[int] = []
+    for piece in p["ivec4"]:
+        if isinstance(piece, int):
+            out.append(piece)
+            continue
+        _, arg, default = piece
+        if isinstance(default, str):
+            default = pair_wh(node.value(default))
+        elif default is not None:
+            default = pair_wh(list(default))
+        out.extend(pair_wh(node.value(arg), default))
+    return tuple(out + [0] * (4 - len(out)))
+
+
+@_rule(PUSH_RULES, "dims_mask", "ivec4", required=("of",))
+def _dims_mask(node: NodeFacts, p: dict, element=None):
+    """1 in each WHCN lane named by the int-list argument `dims_mask` (torch dims of `of`)."""
+    rank = len(node.shape(p["of"]))
+    mask = [0, 0, 0, 0]
+    for d in node.value(p["dims_mask"]) or ():
+        mask[whcn(d, rank)] = 1
+    return tuple(mask)
+
+
+@_rule(PUSH_RULES, "list_offset", "int", required=("dim",))
+def _list_offset(node: NodeFacts, p: dict, element=None):
+    """For one element of the tensor list `list_offset` (a per-element dispatch): the summed sizes
+    along torch dim `dim` of the elements before it."""
+    items = node.value(p["list_offset"])
+    rank = len(items[0].shape)
+    dim = node.value(p["dim"]) % rank
+    return sum(x.shape[dim] for x in items[:element])
+
+
+@_rule(PUSH_RULES, "hook", None)
+def _hook(node: NodeFacts, p: dict, element=None):
+    """A named function of shaders/hooks.py."""
+    from .hooks import HOOKS
+
+    return HOOKS[p["hook"]].fn(node)
+
+
+# ---- checks: a reason when the node cannot run on Vulkan, else None ----------------------------------
+@_rule(CHECK_RULES, "rank", None)
+def _rank(node: NodeFacts, p: dict) -> str | None:
+    """`rank: {TENSOR: [ranks]}`: each given tensor has one of these ranks."""
+    for tensor, ranks in dict(p["rank"]).items():
+        v = node.value(tensor)
+        if v is not None and not isinstance(v, (list, tuple)) and len(v.shape) not in ranks:
+            return f"'{tensor}' has rank {len(v.shape)}; the kernel takes rank {' or '.join(map(str, ranks))}"
+    return None
+
+
+@_rule(CHECK_RULES, "normalized_last", None, required=("of",))
+def _normalized_last(node: NodeFacts, p: dict) -> str | None:
+    """The int-list argument `normalized_last` is exactly the last dim of tensor `of`."""
+    normalized = node.value(p["normalized_last"])
+    shape = node.shape(p["of"])
+    if normalized is None or len(normalized) != 1 or tuple(shape[-1:]) != tuple(normalized):
+        return f"normalizes over {list(normalized or [])} (only the last dim is implemented)"
+    return None
+
+
+def run_checks(node: NodeFacts, checks: Sequence) -> str | None:
+    """The first failing check's reason, or None. `checks`: items with `.rule` and `.params`."""
+    for check in checks:
+        reason = CHECK_RULES[check.rule].fn(node, dict(check.params))
+        if reason:
+            return reason
+    return None
+
+
+def push_values(node: NodeFacts, pushes: Sequence, element: int | None = None) -> dict:
+    """Push constant name -> value; `pushes`: items with `.name`, `.rule` and `.params`."""
+    return {p.name: PUSH_RULES[p.rule].fn(node, dict(p.params), element) for p in pushes}

@@ -1,0 +1,72 @@
+"""The op-class refactor of ops.yaml kept every fact of the expanded registry, apart from the
+deliberate fixes listed here (each one a place where the hand-typed YAML disagreed with torch's
+schema or carried dead data).
+
+`data/registry_before_classes.json` is generated/ops.py's OPS as it was before classes, push
+derivations and schema-derived arguments (dumped once, field by field).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from texelflow.generated.ops import OPS
+
+BEFORE = json.loads((Path(__file__).parent / "data" / "registry_before_classes.json").read_text())
+
+# Fields the refactor added (push, checks, grid) or removed as dead (dim_order).
+NEW_FIELDS = {"push", "checks", "grid"}
+REMOVED_FIELDS = {"dim_order"}
+# (op, arg) -> {field: (before, after)}: arguments now taken from torch's schema.
+ARG_FIXES = {
+    ("avg_pool2d", "padding"): {"default": ([0], [0, 0])},
+    ("avg_pool2d", "divisor_override"): {"default": (0, None)},  # "0 = None" is now `none: 0` on its push
+    ("max_pool2d", "padding"): {"default": ([0], [0, 0])},
+    ("max_pool2d", "dilation"): {"default": ([1], [1, 1])},
+    ("clamp", "min"): {"default": (-3.4028234663852886e38, None)},  # FLT_MAX is now `none: -inf`
+    ("clamp", "max"): {"default": (3.4028234663852886e38, None)},
+    ("layer_norm", "cudnn_enable"): {"kind": ("any", "bool")},
+}
+# Schema arguments the hand-written entries left out.
+ADDED_ARGS = {"clone": ["memory_format"], "clone_dim_order": ["non_blocking", "dim_order"]}
+
+
+def _plain(x):
+    if dataclasses.is_dataclass(x):
+        return {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, (tuple, list)):
+        return [_plain(i) for i in x]
+    if isinstance(x, frozenset):
+        return sorted(x)
+    return x
+
+
+def _fixed_before(name: str, entry: dict) -> dict:
+    """The old entry with the deliberate fixes applied."""
+    entry = {k: v for k, v in entry.items() if k not in REMOVED_FIELDS}
+    entry["flags"] = [f for f in entry["flags"] if f != "supports_resize"]  # dead flag, removed
+    args = []
+    for a in entry["args"]:
+        a = dict(a)
+        for field, (old, new) in ARG_FIXES.get((name, a["name"]), {}).items():
+            assert a[field] == old, f"{name}.{a['name']}.{field}: the snapshot says {a[field]!r}, not {old!r}"
+            a[field] = new
+        args.append(a)
+    entry["args"] = args
+    return entry
+
+
+def test_every_op_survives_the_refactor():
+    assert sorted(OPS) == sorted(BEFORE) or set(BEFORE) <= set(OPS)
+
+
+def test_expanded_entries_equal_apart_from_listed_fixes():
+    for name, before in sorted(BEFORE.items()):
+        after = json.loads(json.dumps(_plain(OPS[name])))
+        for field in NEW_FIELDS:
+            after.pop(field)
+        added = ADDED_ARGS.get(name, [])
+        assert [a["name"] for a in after["args"] if a["name"] in added] == added, name
+        after["args"] = [a for a in after["args"] if a["name"] not in added]
+        assert after == _fixed_before(name, before), f"op '{name}' changed beyond the listed fixes"

@@ -1,0 +1,467 @@
+"""Run registry ops as one-node plan graphs on the device, for the generic kernel test.
+
+Nothing here names an op's push constants or bindings: a case is a PlanGraph node built from a
+sample of generated/samples.py, `node_dispatches` (the runtime's own lowering) turns it into
+dispatches with push constants derived from the registry, and every case of one (variant,
+representations) runs in one Program, one submit. Outputs come back unpacked and raw, so padding
+lanes can be checked to stay zero.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+import zlib
+from dataclasses import dataclass, field
+from importlib import resources
+
+import numpy as np
+import torch
+
+from texelflow.generated.layouts import DTYPES, LAYOUT_INFO, STORAGE_BY_AXIS
+from texelflow.generated.ops import OPS, OpEntry
+from texelflow.generated.samples import SAMPLES, VALUE_RANGES
+from texelflow.generated.variants import VARIANTS
+from texelflow.runtime.graph.ir import Node, PlanGraph, Role, Value
+from texelflow.runtime.graph.op_repsets import OpRepSets
+from texelflow.runtime.graph.repr import TensorRepr, TensorRepSet
+from texelflow.runtime.lower_dispatch import DUMMY_BUFFER, node_dispatches
+from texelflow.runtime.vulkan import commands
+from texelflow.runtime.vulkan.memory import staging_buffer
+from texelflow.runtime.vulkan.program import Dispatch, Program
+from texelflow.runtime.vulkan.tensor import VkTensor
+from texelflow.shaders.node_rules import run_checks
+
+DISPATCHED: set[str] = set()  # names of the variants run_nodes dispatched (for the coverage test)
+
+DEFAULT_FLOAT_RANGE = (-3.0, 3.0)  # uniform float inputs where the op declares no sample_values
+TORCH_DTYPES = {"float32": torch.float32, "int32": torch.int32, "int8": torch.int8}
+
+# Special float values injected into inputs of float elementwise ops (templates below).
+SPECIALS = ("nan", "inf", "-inf")
+INJECT_TEMPLATES = ("unary", "binary", "copy")
+
+
+# ---- the registry, queried ---------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def template_of(op_name: str) -> str:
+    """The shader template of an op, as its generated GLSL names it.
+
+    OpEntry does not carry its template (codegen/templates/ops.py.j2 could add it); every
+    generated variant's header says "@generated ... from ops.yaml (op 'X') and shaders/T.glsl.j2".
+    """
+    variant = VARIANTS[OPS[op_name].variants[0]]
+    head = resources.files("texelflow.generated").joinpath("glsl", variant.source).read_text()[:600]
+    m = re.search(r"shaders/(\w+)\.glsl\.j2", head)
+    assert m, f"{variant.source}: no template named in its header"
+    return m.group(1)
+
+
+def ops_with_variants() -> list[str]:
+    return sorted(name for name, op in OPS.items() if op.variants)
+
+
+def declared_repsets(op: OpEntry) -> dict[str, str]:
+    """Every tensor slot of the op (tensor arguments, then outputs) -> its repset name."""
+    out = {a.name: a.repset for a in op.args if a.repset is not None}
+    out.update({o.name: o.repset for o in op.outputs})
+    return out
+
+
+def short(r: TensorRepr) -> str:
+    return f"{r.storage.name}-{LAYOUT_INFO[r.layout].short}"
+
+
+def repr_combos(op: OpEntry, variant) -> list[dict[str, TensorRepr]]:
+    """Every assignment of representations to the op's tensor slots that the planner may choose
+    for this variant: each slot in its repset (its dtype's family, the variant's storage for that
+    binding), weights in their repset's preferred representation, and the members of each sync
+    group on one packed-dim info (for floats: one representation)."""
+    family = DTYPES[variant.dtype].family
+    storage = {b.tensor: STORAGE_BY_AXIS[b.storage] for b in variant.bindings}
+    choices = {}
+    for name, repset in declared_repsets(op).items():
+        allowed = [r for r in TensorRepSet.named(repset).filter_for_family(family) if r.storage == storage[name]]
+        if name in op.weights and allowed:
+            allowed = [TensorRepSet.of(*allowed).pick()]
+        choices[name] = allowed
+    names = list(choices)
+    sync = OpRepSets(op, {}, op.sync)
+    combos = []
+    for picked in itertools.product(*(choices[n] for n in names)):
+        combo = dict(zip(names, picked))
+        if sync.is_sync_compatible(combo):
+            combos.append(combo)
+    return combos
+
+
+def combo_id(op: OpEntry, combo: dict[str, TensorRepr]) -> str:
+    """One representation's name when every non-weight slot shares it, else slot=repr pairs."""
+    slots = {n: r for n, r in combo.items() if n not in op.weights}
+    if len(set(slots.values())) == 1:
+        return short(next(iter(slots.values())))
+    return ",".join(f"{n}={short(r)}" for n, r in slots.items())
+
+
+def variant_cases() -> list[tuple[str, dict[str, TensorRepr]]]:
+    """(variant name, representations) for every variant of every op, in every combination."""
+    out = []
+    for op_name in ops_with_variants():
+        op = OPS[op_name]
+        for vname in op.variants:
+            for combo in repr_combos(op, VARIANTS[vname]):
+                out.append((vname, combo))
+    return out
+
+
+# ---- samples: inputs and torch's answer ----------------------------------------------------------
+def _seed(*key) -> int:
+    return zlib.crc32(repr(key).encode())  # stable across processes
+
+
+def random_array(rng: np.random.Generator, shape, dtype: str, value_range=None) -> np.ndarray:
+    if dtype == "float32":
+        low, high = value_range or DEFAULT_FLOAT_RANGE
+        return rng.uniform(low, high, size=shape).astype(np.float32)
+    info = np.iinfo(dtype)
+    low, high = (int(np.ceil(value_range[0])), int(np.floor(value_range[1]))) if value_range else (info.min, info.max)
+    return rng.integers(low, high, size=shape, endpoint=True, dtype=np.int64).astype(dtype)
+
+
+def inject_specials(arr: np.ndarray, offset: int, values: tuple[float, ...]) -> np.ndarray:
+    """A copy with `values` (NaN, +Inf, -Inf) at spread-out elements (rotated by `offset`)."""
+    out = arr.copy()
+    flat = out.reshape(-1)
+    n = flat.size
+    for k, value in enumerate(values):
+        if n:
+            flat[(k * n // len(values) + offset) % n] = value
+    return out
+
+
+def tensor_args(op: OpEntry, sample: dict) -> list[tuple[str, object]]:
+    """(name, shape or list of shapes) of the tensor arguments the sample gives, in schema order."""
+    return [(a.name, sample[a.name]) for a in op.args
+            if a.kind in ("tensor", "tensor_list") and sample.get(a.name) is not None]
+
+
+def sample_inputs(op: OpEntry, dtype: str, index: int, specials: tuple = ()) -> dict[str, object]:
+    """Random input arrays for sample `index` of the op (lists for a tensor list), reproducible;
+    `specials`: values injected into every input array."""
+    sample = SAMPLES[op.name][index]
+    rng = np.random.default_rng(_seed(op.name, dtype, index))
+    ranges = VALUE_RANGES.get(op.name, {})
+    out = {}
+    for k, (name, shape) in enumerate(tensor_args(op, sample)):
+        is_list = next(a for a in op.args if a.name == name).kind == "tensor_list"
+        shapes = shape if is_list else [shape]
+        arrays = [random_array(rng, s, dtype, ranges.get(name)) for s in shapes]
+        if specials:
+            arrays = [inject_specials(a, k + i, specials) for i, a in enumerate(arrays)]
+        out[name] = arrays if is_list else arrays[0]
+    return out
+
+
+def _resolve(target: str):
+    """The torch OpOverload of a target 'ns.op.overload', or None when torch does not have it."""
+    ns, name, overload = target.split(".")
+    try:
+        return getattr(getattr(getattr(torch.ops, ns), name), overload)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+# Ops none of whose targets torch implements, and their reference.
+NO_TORCH_TARGET = {
+    "to_layout": "identity",  # texelflow's transition: a copy into another representation
+}
+
+
+def torch_reference(op: OpEntry, sample: dict, inputs: dict) -> list[np.ndarray]:
+    """The outputs torch gives for the sample: the first target that accepts its arguments.
+
+    Ops torch does not know at all (namespace texelflow, or a library torch lacks) copy their
+    input when they are identity ops or listed in NO_TORCH_TARGET.
+    """
+    kwargs = {}
+    for a in op.args:
+        if a.name not in sample:
+            if a.kind == "tensor" and a.optional:
+                kwargs[a.name] = None  # absent (torch's schema may give it no default)
+            continue
+        v = sample[a.name]
+        if a.kind == "tensor" and v is not None:
+            v = torch.from_numpy(inputs[a.name].copy())
+        elif a.kind == "tensor_list":
+            v = [torch.from_numpy(x.copy()) for x in inputs[a.name]]
+        elif isinstance(v, tuple):
+            v = list(v)
+        kwargs[a.name] = v
+    targets = [(t, _resolve(t)) for t in op.targets]
+    known = [(t, fn) for t, fn in targets if fn is not None]
+    if not known:
+        assert op.is_identity or NO_TORCH_TARGET.get(op.name) == "identity", (
+            f"{op.name}: torch implements none of {op.targets} and no reference is declared")
+        results = (kwargs["self"].clone(),)
+    else:
+        errors = []
+        for t, fn in known:
+            names = {a.name for a in fn._schema.arguments}
+            extra = [k for k, v in kwargs.items() if k not in names and v is not None]
+            if extra:  # this overload lacks an argument the sample gives
+                errors.append(f"{t}: no argument {extra}")
+                continue
+            try:
+                results = fn(**{k: v for k, v in kwargs.items() if k in names})
+                break
+            except (RuntimeError, TypeError) as exc:  # this overload does not take these arguments
+                errors.append(f"{t}: {str(exc).splitlines()[0]}")
+        else:
+            raise AssertionError(f"{op.name}: no target accepts sample {sample}: " + "; ".join(errors))
+    if isinstance(results, torch.Tensor):
+        results = (results,)
+    assert len(results) == len(op.outputs), f"{op.name}: torch gives {len(results)} outputs"
+    return [r.contiguous().numpy() for r in results]
+
+
+@dataclass
+class SampleCase:
+    """One sample, ready to run: its inputs, torch's outputs, and the one-node graph."""
+
+    label: str
+    sample: dict  # argument -> value, as generated/samples.py has it
+    specials: tuple  # the special values injected into its inputs
+    inputs: dict  # tensor argument -> array (list of arrays for a tensor list)
+    want: list  # torch's outputs, in op.outputs order
+    shapes: dict  # every present tensor slot -> shape (list of shapes for a tensor list)
+    node: Node = None
+    arrays: dict = field(default_factory=dict)  # graph input / constant Value -> array
+
+
+@functools.lru_cache(maxsize=None)
+def sample_case(op_name: str, dtype: str, index: int, specials: tuple[str, ...] = ()) -> SampleCase:
+    """Sample `index` of the op with random inputs; `specials` (of "nan", "inf", "-inf")
+    injected into every input array."""
+    op = OPS[op_name]
+    sample = SAMPLES[op_name][index]
+    inputs = sample_inputs(op, dtype, index, tuple(float(v) for v in specials))
+    label = f"sample {index}{' with ' + '/'.join(specials) if specials else ''} {dict(sample)}"
+    return explicit_case(op, sample, inputs, label, specials)
+
+
+def explicit_case(op: OpEntry, sample: dict, inputs: dict, label: str, specials: tuple = ()) -> SampleCase:
+    """A case of given input arrays: `sample` as in SAMPLES (tensors as shapes), `inputs` the
+    array of each tensor argument it gives (a list of arrays for a tensor list)."""
+    want = torch_reference(op, sample, inputs)
+    shapes = {name: shape for name, shape in tensor_args(op, sample)}
+    shapes.update({o.name: w.shape for o, w in zip(op.outputs, want)})
+    return SampleCase(label, sample, specials, inputs, want, shapes)
+
+
+def build_node(op: OpEntry, dtype: str, case: SampleCase) -> tuple[Node, dict]:
+    """A PlanGraph of one node for the sample: tensor inputs as graph inputs, weights as
+    constants. Returns the node and the array of every input / constant Value."""
+    sample = case.sample
+    graph = PlanGraph()
+    arrays, args = {}, []
+    for a in op.args:
+        if a.name not in sample:
+            continue
+        v = sample[a.name]
+        if a.kind in ("tensor", "tensor_list") and v is not None:
+            add = graph.add_const if a.name in op.weights else graph.add_input
+            data = case.inputs[a.name]
+            if a.kind == "tensor_list":
+                v = [add(f"{a.name}{i}", x.shape, dtype) for i, x in enumerate(data)]
+                arrays.update(zip(v, data))
+            else:
+                v = add(a.name, data.shape, dtype)
+                arrays[v] = data
+        args.append((a.name, v))
+    node = graph.add_node(op.name, op.targets[0], op, args, [(o.name, w.shape, dtype) for o, w in zip(op.outputs, case.want)])
+    graph.outputs = [v for _, v in node.outputs]
+    return node, arrays
+
+
+def sample_problem(op: OpEntry, dtype: str, case: SampleCase, node: Node) -> str | None:
+    """Why the sample cannot be a Vulkan node at all (then the sample is wrong), else None."""
+    if "supports_highdim" not in op.flags:
+        ranks = [len(v.shape) for _, v in node.tensor_args()] + [len(v.shape) for _, v in node.outputs]
+        if max(ranks) > 4:
+            return f"rank {max(ranks)} tensors, but {op.name} lacks supports_highdim"
+    return run_checks(node, op.checks)
+
+
+def fits(op: OpEntry, dtype: str, case: SampleCase, combo: dict[str, TensorRepr]) -> bool:
+    """Whether the planner could give the sample's tensors these representations (texture
+    extents and rank, sync groups narrowed as the planner narrows them)."""
+    sets = OpRepSets.build(op, case.shapes, dtype=dtype).sets
+    return all(combo[name] in sets[name] for name in case.shapes)
+
+
+# ---- running -------------------------------------------------------------------------------------
+@dataclass
+class Output:
+    got: np.ndarray  # unpacked, NCHW
+    raw: np.ndarray  # the stored elements: int32 words (float family) or int8 lanes
+    padding: np.ndarray  # True where `raw` is padding
+
+
+def padding_mask(t: VkTensor) -> np.ndarray:
+    """True for every stored element (as raw_elements gives them) that is padding: where the
+    host packer puts none of the ones of an all-ones tensor."""
+    ones = t.pack(np.ones(t.shape, dtype=np.float32 if t.dtype == "float32" else np.int8))
+    return ones.view(np.int8 if t.dtype == "int8" else np.int32) == 0
+
+
+def raw_elements(device, ts: list[VkTensor]) -> list[np.ndarray]:
+    """The stored elements of every tensor (int32 words, or int8 lanes for int8), padding
+    included, copied out with one submit."""
+    offsets, total = [], 0
+    for t in ts:
+        offsets.append(total)
+        total += -(-t.nbytes // 16) * 16
+    stage = staging_buffer(device, total)
+    vk = device.vk
+
+    def record(cmd):
+        commands.work_to_work(vk, cmd)
+        for t, off in zip(ts, offsets):
+            t.record_copy_out(cmd, stage.handle, off)
+        commands.work_to_host(vk, cmd)
+
+    device.run_once(record, "raw downloads")
+    view = stage.view(total)
+    return [view[off:off + t.nbytes].copy().view(np.int8 if t.dtype == "int8" else np.int32)
+            for t, off in zip(ts, offsets)]
+
+
+def run_nodes(device, nodes: list[tuple[Node, dict]], slot_reprs: dict[str, TensorRepr], dtype: str,
+              expect_variant: str | None = None) -> list[list[Output]]:
+    """Lower every node with node_dispatches and run all their dispatches in one Program.
+
+    nodes: (node, {input or constant Value: array}). Returns each node's outputs."""
+    tensors: dict[Value, VkTensor] = {}
+    ins, in_arrays, dispatches, every = [], [], [], []
+    dummy = None
+    try:
+        for node, arrays in nodes:
+            present = {n for n, v in node.tensor_args()} | {n for n, _ in node.outputs}
+            for spec in node_dispatches(node, {n: r for n, r in slot_reprs.items() if n in present}, dtype):
+                if expect_variant is not None:
+                    assert spec.variant.name == expect_variant, f"lowered to {spec.variant.name}, not {expect_variant}"
+                bound = {}
+                for name, v in spec.tensors.items():
+                    if v is DUMMY_BUFFER:
+                        if dummy is None:
+                            dummy = VkTensor(device, (1,), "float32", label="absent")
+                            every.append(dummy)
+                            ins.append(dummy)
+                            in_arrays.append(np.zeros(1, np.float32))
+                        bound[name] = dummy
+                        continue
+                    t = tensors.get(v)
+                    if t is None:
+                        r = slot_reprs[name]
+                        t = VkTensor(device, v.shape, v.dtype, r.storage, r.layout, label=v.name)
+                        tensors[v] = t
+                        every.append(t)
+                        if v.role is not Role.NODE:
+                            ins.append(t)
+                            in_arrays.append(arrays[v])
+                    bound[name] = t
+                dispatches.append(Dispatch(spec.variant, bound, spec.scalars, label=spec.label))
+        outs = [tensors[v] for node, _ in nodes for _, v in node.outputs]
+        prog = Program(device, dispatches, ins, outs, timestamps=False)
+        try:
+            got = prog(*in_arrays)
+        finally:
+            prog.close()
+        for d in dispatches:
+            DISPATCHED.add(d.variant.name)
+        raws = raw_elements(device, outs)
+        results = [Output(g, raw, padding_mask(t)) for g, raw, t in zip(got, raws, outs)]
+        grouped, k = [], 0
+        for node, _ in nodes:
+            grouped.append(results[k:k + len(node.outputs)])
+            k += len(node.outputs)
+        return grouped
+    finally:
+        for t in every:
+            t.close()
+
+
+# ---- comparing -----------------------------------------------------------------------------------
+# (rtol, atol) of float32 outputs per shader template (an op's name overrides its template's
+# entry); None: bit-exact, NaN payloads and the sign of zero included. Integers: always exact.
+TOLERANCES: dict[str, tuple[float, float] | None] = {
+    "copy": None,  # identity ops and to_layout move elements
+    "permute": None,
+    "cat": None,
+    "flip": None,
+    "unary": (1e-5, 1e-6),  # GLSL's exp/tanh/erf approximations against libm
+    "binary": (1e-5, 1e-6),
+    "pool2d": (1e-5, 1e-6),  # avg: a sum of up to 9 elements, then a division
+    "max_pool2d": None,  # an op of pool2d that only selects elements (op names override templates)
+    "matmul": (1e-4, 1e-5),  # dot products accumulated in another order than torch's
+    "linear": (1e-4, 1e-5),
+    "conv2d": (1e-4, 1e-4),
+    "layer_norm": (1e-4, 1e-4),  # mean and variance reductions, rsqrt
+}
+
+
+def tolerance(op_name: str) -> tuple[float, float] | None:
+    key = op_name if op_name in TOLERANCES else template_of(op_name)
+    assert key in TOLERANCES, f"no tolerance for template '{key}' (op '{op_name}') in nodecheck.TOLERANCES"
+    return TOLERANCES[key]
+
+
+def assert_matches(got: np.ndarray, want: np.ndarray, op_name: str, what: str) -> None:
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != torch's {want.shape}"
+    tol = tolerance(op_name)
+    if want.dtype != np.float32 or tol is None:
+        if want.dtype == np.float32:
+            bad = got.view(np.int32) != want.view(np.int32)
+            if bad.any():
+                i = np.flatnonzero(bad.reshape(-1))
+                raise AssertionError(f"{what}: {i.size} elements differ from torch bit for bit; first at "
+                                     f"{i[:6].tolist()}: got {got.reshape(-1)[i[:6]]}, want {want.reshape(-1)[i[:6]]}")
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=what)
+        return
+    np.testing.assert_allclose(got, want, rtol=tol[0], atol=tol[1], equal_nan=True, err_msg=what)
+
+
+def assert_padding_zero(out: Output, what: str) -> None:
+    bad = np.flatnonzero(out.padding & (out.raw != 0))
+    assert bad.size == 0, f"{what}: {bad.size} padding elements are not zero (first at {bad[:8].tolist()})"
+
+
+def check_variant(device, vname: str, combo: dict[str, TensorRepr], cases: list[SampleCase]) -> list[tuple[SampleCase, str]]:
+    """Run the cases that fit `combo` on one variant (one Program); (case, message) per failure.
+
+    Raises when a case cannot be a Vulkan node at all (a bad sample) or when no case fits."""
+    variant = VARIANTS[vname]
+    op, dtype = OPS[variant.op], variant.dtype
+    where = f"{vname} {combo_id(op, combo)}"
+    runs = []
+    for case in cases:
+        if not fits(op, dtype, case, combo):
+            continue
+        node, arrays = build_node(op, dtype, case)
+        problem = sample_problem(op, dtype, case, node)
+        assert problem is None, f"{op.name} {case.label} cannot run on Vulkan: {problem}"
+        runs.append((case, node, arrays))
+    assert runs, f"{where}: no sample of '{op.name}' fits these representations; add one to ops.yaml"
+    results = run_nodes(device, [(node, arrays) for _, node, arrays in runs], combo, dtype, expect_variant=vname)
+    failures = []
+    for (case, _, _), outs in zip(runs, results):
+        for spec, want, out in zip(op.outputs, case.want, outs):
+            what = f"{where} {case.label}: output '{spec.name}'"
+            for check in (lambda: assert_matches(out.got, want, op.name, what),
+                          lambda: assert_padding_zero(out, what)):
+                try:
+                    check()
+                except AssertionError as exc:
+                    failures.append((case, str(exc).strip()))
+    return failures
