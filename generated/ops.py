@@ -53,6 +53,7 @@ class OpEntry:
     push: tuple[Push, ...]
     checks: tuple[Check, ...]
     grid: tuple[str, ...]  # ("per_output_unit",) or ("per_list_element", LIST_ARG)
+    template: str | None  # shaders/TEMPLATE.glsl.j2, None for an op without a shader
     shader_axes: tuple[str, ...]
     variants: tuple[str, ...]
 
@@ -85,6 +86,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'abs_float32_buffer',
@@ -115,6 +117,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(),
         grid=('per_output_unit',),
+        template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'add_float32_buffer',
@@ -152,6 +155,7 @@ OPS: dict[str, OpEntry] = {
             Check('rank', (('rank', (('mat2', (2,)),)),)),
         ),
         grid=('per_output_unit',),
+        template='matmul',
         shader_axes=('dtype', 'storage'),
         variants=(
             'addmm_float32_buffer',
@@ -179,6 +183,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='copy',
         shader_axes=('dtype', 'storage'),
         variants=(
             'alias_copy_float32_buffer',
@@ -221,6 +226,7 @@ OPS: dict[str, OpEntry] = {
             Check('rank', (('rank', (('self', (3, 4)),)),)),
         ),
         grid=('per_output_unit',),
+        template='pool2d',
         shader_axes=('dtype', 'storage'),
         variants=(
             'avg_pool2d_float32_texture3d',
@@ -250,6 +256,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(),
         grid=('per_list_element', 'tensors'),
+        template='cat',
         shader_axes=('dtype', 'storage'),
         variants=(
             'cat_float32_buffer',
@@ -283,6 +290,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(),
         grid=('per_output_unit',),
+        template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'clamp_float32_buffer',
@@ -310,6 +318,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='copy',
         shader_axes=('dtype', 'storage'),
         variants=(
             'clone_float32_buffer',
@@ -341,6 +350,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='copy',
         shader_axes=('dtype', 'storage'),
         variants=(
             'clone_dim_order_float32_buffer',
@@ -383,6 +393,7 @@ OPS: dict[str, OpEntry] = {
             Check('rank', (('rank', (('input', (4,)),)),)),
         ),
         grid=('per_output_unit',),
+        template='conv2d',
         shader_axes=('dtype', 'storage'),
         variants=(
             'conv2d_float32_texture3d',
@@ -409,6 +420,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'div_float32_buffer',
@@ -435,6 +447,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'erf_float32_buffer',
@@ -461,6 +474,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'exp_float32_buffer',
@@ -490,6 +504,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(),
         grid=('per_output_unit',),
+        template='flip',
         shader_axes=('dtype', 'storage'),
         variants=(
             'flip_float32_buffer',
@@ -521,6 +536,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(),
         grid=('per_output_unit',),
+        template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'gelu_float32_buffer',
@@ -547,6 +563,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'hardswish_float32_buffer',
@@ -584,6 +601,7 @@ OPS: dict[str, OpEntry] = {
             Check('normalized_last', (('normalized_last', 'normalized_shape'), ('of', 'input'))),
         ),
         grid=('per_output_unit',),
+        template='layer_norm',
         shader_axes=('dtype', 'storage'),
         variants=(
             'layer_norm_float32_buffer',
@@ -613,6 +631,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(),
         grid=('per_output_unit',),
+        template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'leaky_relu_float32_buffer',
@@ -645,6 +664,7 @@ OPS: dict[str, OpEntry] = {
             Check('rank', (('rank', (('weight', (2,)),)),)),
         ),
         grid=('per_output_unit',),
+        template='linear',
         shader_axes=('dtype', 'storage'),
         variants=(
             'linear_float32_buffer',
@@ -681,6 +701,7 @@ OPS: dict[str, OpEntry] = {
             Check('rank', (('rank', (('self', (3, 4)),)),)),
         ),
         grid=('per_output_unit',),
+        template='pool2d',
         shader_axes=('dtype', 'storage'),
         variants=(
             'max_pool2d_float32_texture3d',
@@ -707,6 +728,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'maximum_float32_buffer',
@@ -736,6 +758,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'minimum_float32_buffer',
@@ -767,6 +790,7 @@ OPS: dict[str, OpEntry] = {
             Check('rank', (('rank', (('mat2', (2,)),)),)),
         ),
         grid=('per_output_unit',),
+        template='matmul',
         shader_axes=('dtype', 'storage'),
         variants=(
             'mm_float32_buffer',
@@ -794,6 +818,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'mul_float32_buffer',
@@ -834,6 +859,7 @@ OPS: dict[str, OpEntry] = {
             Check('normalized_last', (('normalized_last', 'normalized_shape'), ('of', 'input'))),
         ),
         grid=('per_output_unit',),
+        template='layer_norm',
         shader_axes=('dtype', 'storage'),
         variants=(
             'native_layer_norm_float32_buffer',
@@ -860,6 +886,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'neg_float32_buffer',
@@ -890,6 +917,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(),
         grid=('per_output_unit',),
+        template='permute',
         shader_axes=('dtype', 'storage'),
         variants=(
             'permute_copy_float32_buffer',
@@ -919,6 +947,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'pow_float32_buffer',
@@ -945,6 +974,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'relu_float32_buffer',
@@ -971,6 +1001,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'sigmoid_float32_buffer',
@@ -997,6 +1028,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'sqrt_float32_buffer',
@@ -1029,6 +1061,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='copy',
         shader_axes=('dtype', 'storage'),
         variants=(
             'squeeze_copy_float32_buffer',
@@ -1062,6 +1095,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(),
         grid=('per_output_unit',),
+        template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'sub_float32_buffer',
@@ -1090,6 +1124,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
             'tanh_float32_buffer',
@@ -1115,6 +1150,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='copy',
         shader_axes=('dtype', 'in_storage', 'out_storage'),
         variants=(
             'to_layout_float32_buffer_buffer',
@@ -1150,6 +1186,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='copy',
         shader_axes=('dtype', 'storage'),
         variants=(
             'unsqueeze_copy_float32_buffer',
@@ -1182,6 +1219,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(),
         grid=('per_output_unit',),
+        template='copy',
         shader_axes=('dtype', 'storage'),
         variants=(
             'view_copy_float32_buffer',

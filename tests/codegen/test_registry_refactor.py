@@ -16,7 +16,7 @@ from texelflow.generated.ops import OPS
 BEFORE = json.loads((Path(__file__).parent / "data" / "registry_before_classes.json").read_text())
 
 # Fields the refactor added (push, checks, grid) or removed as dead (dim_order).
-NEW_FIELDS = {"push", "checks", "grid"}
+NEW_FIELDS = {"push", "checks", "grid", "template"}
 REMOVED_FIELDS = {"dim_order"}
 # (op, arg) -> {field: (before, after)}: arguments now taken from torch's schema.
 ARG_FIXES = {
