@@ -289,26 +289,27 @@ class _Context:
     # ---- arguments from torch's schema ----
     def _args(self, where, b: LMap, schemas, outputs) -> list[ArgSpec] | None:
         c = self.c
-        first_target, tline, schema = schemas[0]
+        first_target, _, schema = schemas[0]
         tensor_args = [a for a in schema.args if a.kind in ("tensor", "tensor_list")]
         reprs = c.mapping(b.get("tensors", LMap()), b.line_of("tensors"), f"{where} tensors") or LMap()
-        repset_of, repset_line = {}, {}
-        for key, rep in reprs.items():
-            m = POSITION_RE.match(str(key))
+        repset_of = {}
+        for ref, rep in reprs.items():
+            name = ref
+            m = POSITION_RE.match(str(ref))
             if m:
                 idx = int(m.group(1))
                 if idx >= len(tensor_args):
-                    c.error(reprs.line_of(key), f"{where}: tensors names '{key}', but {first_target} has "
+                    c.error(reprs.line_of(ref), f"{where}: tensors names '{ref}', but {first_target} has "
                             f"{len(tensor_args)} tensor argument(s)")
                     continue
-                key = tensor_args[idx].name
-            elif schema.arg(key) is None or schema.arg(key).kind not in ("tensor", "tensor_list"):
+                name = tensor_args[idx].name
+            elif schema.arg(ref) is None or schema.arg(ref).kind not in ("tensor", "tensor_list"):
                 names = [a.name for a in tensor_args]
-                c.error(reprs.line_of(key), f"{where}: '{key}' is no tensor argument of {first_target} "
-                        f"(its tensors: {', '.join(names) or 'none'}){did_you_mean(key, names)}")
+                c.error(reprs.line_of(ref), f"{where}: '{ref}' is no tensor argument of {first_target} "
+                        f"(its tensors: {', '.join(names) or 'none'}){did_you_mean(ref, names)}")
                 continue
-            if c.name_in(rep, self.repsets, reprs.line_of(key if key in reprs else str(key)), "repset"):
-                repset_of[key] = rep
+            if c.name_in(rep, self.repsets, reprs.line_of(ref), "repset"):
+                repset_of[name] = rep
         refine = c.mapping(b.get("args", LMap()), b.line_of("args"), f"{where} args") or LMap()
         for key in refine:
             sa = schema.arg(key)

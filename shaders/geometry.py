@@ -29,7 +29,7 @@ from texelflow.generated.layouts import (
     Layout,
     Storage,
 )
-from texelflow.shaders.node_rules import whcn as whcn_dim  # one definition, shared with the push rules
+from texelflow.shaders.node_rules import whcn as whcn_dim  # noqa: F401  (one definition, shared with the push rules)
 
 MAX_TEXTURE_RANK = 4  # rank 5+ tensors live only in buffers (leading dims folded into N)
 

@@ -57,6 +57,6 @@ void main() {
   if (u >= pc.units) { return; }
 #line 18
   T X = t_self[u];
-  t_out[u] = clamp(X, VEC(pc.min), VEC(pc.max));
+  t_out[u] = tf_clamp(X, VEC(pc.min), VEC(pc.max));
 #line 26
 }

@@ -73,6 +73,6 @@ void main() {
   }
   T X = t_self[wa];
   T Y = t_other[wb];
-  t_out[u] = min(X, Y);
+  t_out[u] = tf_min(X, Y);
 #line 54
 }

@@ -89,6 +89,6 @@ void main() {
   if (pc.self_sizes[pd] == 1) { X = VEC4(X.x); }
   if (pc.other_sizes[pd] == 1) { Y = VEC4(Y.x); }
   // Padding lanes stay zero whatever OP(0, 0) is.
-  store_texel_out(pos, mix(min(X, Y), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
+  store_texel_out(pos, mix(tf_min(X, Y), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
 #line 54
 }

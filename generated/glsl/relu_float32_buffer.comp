@@ -53,6 +53,6 @@ void main() {
   if (u >= pc.units) { return; }
 #line 18
   T X = t_self[u];
-  t_out[u] = max(X, VEC(0.0));
+  t_out[u] = tf_max(X, VEC(0.0));
 #line 26
 }

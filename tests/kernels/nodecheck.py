@@ -416,7 +416,8 @@ def assert_matches(got: np.ndarray, want: np.ndarray, op_name: str, what: str) -
     tol = tolerance(op_name)
     if want.dtype != np.float32 or tol is None:
         if want.dtype == np.float32:
-            bad = got.view(np.int32) != want.view(np.int32)
+            # Bit for bit, -0.0 included; any NaN matches any NaN (payload and sign carry no meaning).
+            bad = (got.view(np.int32) != want.view(np.int32)) & ~(np.isnan(got) & np.isnan(want))
             if bad.any():
                 i = np.flatnonzero(bad.reshape(-1))
                 raise AssertionError(f"{what}: {i.size} elements differ from torch bit for bit; first at "

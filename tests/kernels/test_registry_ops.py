@@ -35,12 +35,6 @@ CASES = variant_cases()
 
 # Special values not injected into an op's inputs, where torch and the kernel legitimately differ.
 NOT_INJECTED = {
-    # GLSL leaves min, max and clamp undefined for a NaN operand (lavapipe returns the other
-    # operand, like IEEE minNum/maxNum); torch propagates NaN. +Inf and -Inf are still injected.
-    "clamp": (("nan",), "clamp(X, min, max) with X = NaN is undefined in GLSL"),
-    "relu": (("nan",), "max(X, 0) with X = NaN is undefined in GLSL"),
-    "minimum": (("nan",), "min(X, Y) with a NaN operand is undefined in GLSL"),
-    "maximum": (("nan",), "max(X, Y) with a NaN operand is undefined in GLSL"),
     # torch's own exact gelu is inconsistent at +Inf: its vectorized CPU kernel returns NaN (a
     # 16-element tensor), its scalar path +Inf (a 1-element one; the limit, which the kernel returns).
     "gelu": (("inf",), "torch.nn.functional.gelu(+inf) is NaN or +inf depending on the tensor size"),
