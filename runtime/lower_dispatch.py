@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from texelflow.generated.layouts import STORAGE_AXIS, Storage
-from texelflow.generated.variants import VARIANTS
+from texelflow.generated.variants import variants_of
 from texelflow.shaders.node_rules import push_values
 
 
@@ -37,9 +37,10 @@ class _Absent:
 DUMMY_BUFFER = _Absent()
 
 
-def select_variant(op_name: str, dtype: str, storages: dict[str, Storage]):
-    """The variant of `op_name` whose dtype and binding storages match; KeyError lists them."""
-    candidates = [v for v in VARIANTS.values() if v.op == op_name]
+def select_variant(op_name: str, dtype: str, storages: dict[str, Storage], device_features=None):
+    """The variant of `op_name` whose dtype and binding storages match, among those the device can
+    run (all of them when `device_features` is None); KeyError lists the candidates."""
+    candidates = variants_of(op_name, device_features)
     for v in candidates:
         if v.dtype == dtype and all(STORAGE_AXIS[storages[b.tensor]] == b.storage for b in v.bindings if b.tensor in storages):
             return v
@@ -48,12 +49,14 @@ def select_variant(op_name: str, dtype: str, storages: dict[str, Storage]):
     raise KeyError(f"no shader variant of '{op_name}' for dtype={dtype}, {want}; variants: {have}")
 
 
-def node_dispatches(node, slot_reprs: dict, dtype: str) -> list[DispatchSpec]:
-    """Dispatches for one planned node. `slot_reprs`: tensor slot name -> TensorRepr."""
+def node_dispatches(node, slot_reprs: dict, dtype: str, device_features=None) -> list[DispatchSpec]:
+    """Dispatches for one planned node. `slot_reprs`: tensor slot name -> TensorRepr;
+    `device_features`: what the device has (None: every variant is a candidate)."""
     op = node.op
     tensors = {name: v for name, v in node.args if name in slot_reprs}
     tensors.update(node.outputs)
-    variant = select_variant(op.name, dtype, {name: slot_reprs[name].storage for name in tensors})
+    storages = {name: slot_reprs[name].storage for name in tensors}
+    variant = select_variant(op.name, dtype, storages, device_features)
     bound = {b.tensor for b in variant.bindings}
     for a in op.args:
         if a.kind == "tensor" and a.optional and tensors.get(a.name) is None and a.name in bound:

@@ -57,7 +57,7 @@ class CompiledProgram:
                     slots = {name: assignment.slots[(node, name)]
                              for name in set([n for n, _ in node.tensor_args()] + [n for n, _ in node.outputs])}
                     dtype = node.outputs[0][1].dtype
-                    specs += node_dispatches(node, slots, dtype)
+                    specs += node_dispatches(node, slots, dtype, device.enabled_features)
                 dispatches = [self._dispatch(s, assignment, persistent) for s in specs]
                 ins = [self._tensor(v, assignment, persistent) for v in seg.inputs]
                 outs = [self._tensor(v, assignment, persistent) for v in seg.outputs]
