@@ -7,5 +7,13 @@ texelflow.generated (generated/), texelflow.runtime (runtime/), texelflow.shader
 __version__ = "0.1.0"
 
 from texelflow.api import compile, plan  # noqa: E402
+from texelflow.runtime.errors import (  # noqa: E402
+    InputTypeError,
+    InputValueError,
+    ProgramClosedError,
+    TexelflowError,
+    UnsupportedModelError,
+)
 
-__all__ = ["compile", "plan", "__version__"]
+__all__ = ["compile", "plan", "__version__", "TexelflowError", "InputTypeError", "InputValueError",
+           "UnsupportedModelError", "ProgramClosedError"]

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import contextlib
 
+from texelflow.runtime.errors import TexelflowError
+
 INSTALL_HINT = (
     "install a Vulkan loader and driver, e.g. `apt-get install libvulkan1 mesa-vulkan-drivers` "
     "(Mesa's lavapipe runs Vulkan on the CPU), and the Python binding with `pip install vulkan`"
 )
 
 
-class VulkanError(RuntimeError):
+class VulkanError(TexelflowError, RuntimeError):
     """Base class of every error raised by texelflow.runtime.vulkan."""
 
 
