@@ -743,11 +743,19 @@ class _Context:
                     self._error(file, iline, f"{where}: check '{rule.name}' "
                                 + (f"takes no parameter '{unknown[0]}'" if unknown else f"needs parameter '{missing[0]}'"))
                     continue
-                named = list(params[rule.name]) if rule.name == "rank" else [params[rule.name], params["of"]]
+                main = params[rule.name]
+                if isinstance(main, list):  # a list of tensors (in0, in1, ... or names): resolved here
+                    resolved = [refs.resolve(n) for n in main]
+                    bad = [n for n, r in zip(main, resolved) if r is None]
+                    if not bad:
+                        params[rule.name] = [n for r in resolved for n in r]
+                    named = [n for n in params[rule.name] if not bad] + bad + [params["of"]]
+                else:
+                    named = list(main) if rule.name == "rank" else [main, params["of"]]
                 bad = [n for n in named if n not in by_arg]
                 if bad:
                     self._error(file, iline, f"{where}: check '{rule.name}' names '{bad[0]}', which the op does "
-                                f"not have{did_you_mean(bad[0], by_arg)}")
+                                f"not have{did_you_mean(str(bad[0]), by_arg)}")
                     continue
                 result.append(CheckSpec(rule.name, tuple(sorted((k, _freeze(v)) for k, v in params.items()))))
         return result

@@ -38,8 +38,10 @@ from texelflow.shaders.spirv_cache import (  # noqa: F401  (re-exported: the gen
     include_fingerprint,
     portable_key,
     portable_path,
+    read_entry,
     store,
     write_atomic,
+    write_entry,
 )
 
 from .glsl_lines import SourceMap, remove_markers
@@ -116,17 +118,23 @@ def compile_many(jobs: list[CompileJob], include_dirs: list[Path], progress: boo
     results: dict[str, Path] = {}
     todo: dict[str, tuple[CompileJob, str]] = {}  # key -> (first job with that source, portable key)
     twins: dict[str, list[CompileJob]] = {}  # first job's name -> later jobs with the same source
+    checked: set[str] = set()
     for job in jobs:
         key = cache_key(job.source, includes, job.target_env)
         results[job.name] = entry_path(key)
         if key in todo:
             twins.setdefault(todo[key][0].name, []).append(job)
-        elif not results[job.name].exists():
+            continue
+        if key in checked:  # a twin of a cached job
+            continue
+        checked.add(key)
+        code = read_entry(results[job.name])  # None when absent or bad (then recompiled, with a warning)
+        if code is None:
             todo[key] = (job, portable_key(job.source, includes, job.target_env))
         else:  # cached; make sure a glslc-less runtime finds it too (entries from older versions)
             portable = portable_path(portable_key(job.source, includes, job.target_env))
-            if not portable.exists():
-                write_atomic(portable, results[job.name].read_bytes())
+            if read_entry(portable) is None:
+                write_entry(portable, code)
     if not todo:
         return results
     batches = _batches(list(todo.items()), os.cpu_count() or 1)
@@ -302,5 +310,8 @@ def spirv_for(variant) -> bytes:
 
     source = (Path(generated.__file__).parent / "glsl" / variant.source).read_text(encoding="utf-8")
     job = CompileJob(variant.name, source, variant.target_env, f"generated/glsl/{variant.source}")
-    path = compile_many([job], installed_include_dirs(), progress=False)[variant.name]
-    return path.read_bytes()
+    for _ in range(2):  # a second time only if the entry was removed or spoilt since it was written
+        code = read_entry(compile_many([job], installed_include_dirs(), progress=False)[variant.name])
+        if code is not None:  # (from memory when the cache folder cannot be written)
+            return code
+    raise ShaderCompileError([Problem(variant.name, job.display, "error: its SPIR-V cache entry keeps going bad")])

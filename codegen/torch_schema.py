@@ -12,8 +12,12 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+from texelflow.shaders.spirv_cache import CacheWarning
 
 from .diagnostics import Diagnostic, GenError
 
@@ -62,8 +66,49 @@ def kind_of(real_type: str) -> tuple[str, bool]:
 def _cache_path() -> Path:
     root = os.environ.get("TEXELFLOW_CACHE_DIR")
     base = Path(root) if root else Path.home() / ".cache" / "texelflow"
-    base.mkdir(parents=True, exist_ok=True)
     return base / "torch-schemas.json"
+
+
+def _read_cache(path: Path, version: str) -> dict:
+    """The cache for this torch version; a fresh one when it is absent, unreadable or not ours
+    (a corrupted file is ignored and rebuilt)."""
+    try:
+        cache = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cache = None
+    if not isinstance(cache, dict) or cache.get("torch") != version or not isinstance(cache.get("targets"), dict):
+        cache = {"torch": version, "targets": {}}
+    return cache
+
+
+def _write_cache(path: Path, cache: dict) -> None:
+    """Write atomically within the cache folder; without a usable folder, warn and go on uncached."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(cache, sort_keys=True, default=str))
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        warnings.warn(f"texelflow: cannot write the torch schema cache {path} ({exc.strerror or exc}); "
+                      "going on without it (torch is imported on every gen)", CacheWarning, stacklevel=3)
+
+
+def _cached(entries: dict, key: str, target: str):
+    """The decoded entry, or None when absent or malformed (a hand-edited or foreign file)."""
+    entry = entries.get(key)
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return _decode(target, entry)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def torch_version() -> str | None:
@@ -87,23 +132,18 @@ def lookup(wanted: dict[str, str | None]) -> dict[str, Schema | str]:
         raise GenError([Diagnostic("ops.yaml", 0, "torch is needed to check ops.yaml against torch's op schemas: "
                                    "pip install torch==2.13.0 (or run `make gen`, which installs it)")])
     path = _cache_path()
-    try:
-        cache = json.loads(path.read_text())
-        if cache.get("torch") != version:
-            cache = {"torch": version, "targets": {}}
-    except (OSError, ValueError):
-        cache = {"torch": version, "targets": {}}
+    cache = _read_cache(path, version)
     entries = cache["targets"]
-    missing = {t: s for t, s in wanted.items() if _key(t, s) not in entries}
+    found = {t: _cached(entries, _key(t, s), t) for t, s in wanted.items()}
+    missing = {t: s for t, s in wanted.items() if found[t] is None}
     if missing:
         import torch  # only on a cache miss
 
         for target, declared in missing.items():
             entries[_key(target, declared)] = _describe(torch, target, declared)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, sort_keys=True, default=str))
-        os.replace(tmp, path)
-    return {t: _decode(t, entries[_key(t, s)]) for t, s in wanted.items()}
+            found[target] = _decode(target, entries[_key(target, declared)])
+        _write_cache(path, cache)
+    return found
 
 
 def _describe(torch, target: str, declared: str | None) -> dict:

@@ -115,7 +115,9 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
         ),
-        checks=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='binary',
         shader_axes=('dtype', 'storage'),
@@ -418,7 +420,9 @@ OPS: dict[str, OpEntry] = {
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
-        checks=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='binary',
         shader_axes=('dtype', 'storage'),
@@ -726,7 +730,9 @@ OPS: dict[str, OpEntry] = {
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
-        checks=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='binary',
         shader_axes=('dtype', 'storage'),
@@ -756,7 +762,9 @@ OPS: dict[str, OpEntry] = {
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
-        checks=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='binary',
         shader_axes=('dtype', 'storage'),
@@ -816,7 +824,9 @@ OPS: dict[str, OpEntry] = {
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
-        checks=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='binary',
         shader_axes=('dtype', 'storage'),
@@ -945,7 +955,9 @@ OPS: dict[str, OpEntry] = {
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
-        checks=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'exponent')), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='binary',
         shader_axes=('dtype', 'storage'),
@@ -1093,7 +1105,9 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
         ),
-        checks=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='binary',
         shader_axes=('dtype', 'storage'),

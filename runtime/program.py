@@ -5,14 +5,25 @@ Program (one queue submit per call); fallback nodes run in PyTorch between segme
 inputs downloaded and their outputs uploaded straight into the planned representation. Constants
 are prepacked once, at load, into every representation their consumers want. Values that live
 across segments or leave the program get their own memory; the rest share memory by lifetime.
+
+Threads and lifetime: a call holds the program's lock from the argument upload to the last output
+(segments share device memory between them, so calls are serialised per program; programs on one
+device run concurrently). What the program holds on the device lives in `_Resources`, freed by
+close(), by the context manager, by a finalizer when the program is garbage collected, or by the
+device's own close(); a closed program raises ProgramClosedError when called, and closing twice is
+a no-op. Call arguments are checked by `runtime/call_args.py` before anything runs.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from texelflow.runtime.call_args import AnySpec, ConstSpec, TensorSpec, check_call
+from texelflow.runtime.errors import ProgramClosedError
 from texelflow.runtime.graph.ir import Node, Role, Value
 from texelflow.runtime.lower_dispatch import DUMMY_BUFFER, DispatchSpec, node_dispatches
 from texelflow.runtime.vulkan.program import Dispatch, Program
@@ -28,8 +39,43 @@ class _Segment:
     outputs: list[Value] = field(default_factory=list)  # device values the host needs after it
 
 
+class _Resources:
+    """Everything a CompiledProgram holds on its device, apart from the program object itself, so a
+    finalizer (and the device's close()) can free it without keeping the program alive."""
+
+    _close_rank = 0  # Device.close closes compiled programs first (see Device.close)
+
+    def __init__(self, device, owns_device: bool, tensors: dict, consts: dict):
+        self.device, self.owns_device = device, owns_device
+        self.tensors, self.consts = tensors, consts
+        self.segments: list[_Segment] = []
+        self.lock = threading.RLock()  # held by every call: one call of a program at a time
+        self.closed = False
+        device.adopt(self)
+
+    def close(self) -> None:
+        with self.lock:  # waits for a call in flight
+            if self.closed:
+                return
+            self.closed = True
+            for seg in self.segments:
+                if seg.program is not None:
+                    seg.program.close()
+            for t in list(self.tensors.values()) + list(self.consts.values()):
+                t.close()
+            self.tensors.clear()
+            self.consts.clear()
+        self.device.release(self)
+        if self.owns_device:
+            self.device.close()
+
+
 class CompiledProgram:
-    """`prog(*inputs)` runs the planned model; `prog.plan` is its Plan."""
+    """`prog(*inputs)` runs the planned model; `prog.plan` is its Plan.
+
+    Safe to call from any number of threads (calls of one program are serialised). Free it with
+    close() or `with texelflow.compile(...) as prog:`; a program dropped without either is freed
+    by a finalizer."""
 
     def __init__(self, plan, exported, device, owns_device: bool = False):
         import torch
@@ -45,8 +91,12 @@ class CompiledProgram:
         self._by_name = None
         self._tensors: dict[Value, VkTensor] = {}
         self._consts: dict[tuple[Value, object], VkTensor] = {}
+        self._res = _Resources(device, owns_device, self._tensors, self._consts)
+        self._finalizer = weakref.finalize(self, self._res.close)
         self._state = self._constant_data(exported)
-        self.segments = self._cut(graph)
+        self.segments = self._res.segments
+        self.segments.extend(self._cut(graph))
+        self._input_specs = self._build_input_specs()
         persistent = self._persistent(graph)
         try:
             for seg in self.segments:
@@ -154,11 +204,19 @@ class CompiledProgram:
             elif isinstance(v, VkTensor):
                 tensors[name] = v
             elif v.role is Role.CONST:
-                node = next(n for n in v.users if (n, name) in assignment.slots)
-                tensors[name] = self._const(v, assignment.slots[(node, name)])
+                tensors[name] = self._const(v, self._const_slot(v, name, spec.label, assignment))
             else:
                 tensors[name] = self._tensor(v, assignment, persistent)
         return Dispatch(spec.variant, tensors, spec.scalars, label=spec.label)
+
+    @staticmethod
+    def _const_slot(v: Value, name: str, label: str, assignment):
+        """The representation the dispatch labelled `label` (its node's name, or NAME[i] for one
+        element of a per-element dispatch) wants for constant `v` in slot `name`: a constant read
+        by several nodes is prepacked once per representation they want, not the first one's."""
+        users = [n for n in v.users if (n, name) in assignment.slots]
+        node = next((n for n in users if label == n.name or label.startswith(n.name + "[")), users[0])
+        return assignment.slots[(node, name)]
 
     def _dummy(self) -> VkTensor:
         """The 1-element buffer bound where an optional tensor (a bias, say) is absent."""
@@ -183,23 +241,86 @@ class CompiledProgram:
     # ---- running ----------------------------------------------------------------------------------
     def __call__(self, *args):
         torch = self._torch
-        flat, _ = torch.utils._pytree.tree_flatten(args)
-        graph = self.plan.graph
-        if len(flat) != len(graph.inputs):
-            raise ValueError(f"the program takes {len(graph.inputs)} tensor inputs, got {len(flat)}")
-        env: dict[Value, object] = {v: t for v, t in zip(graph.inputs, flat)}
-        for seg in self.segments:
-            if seg.program is not None and (seg.nodes or seg.inputs):
-                arrays = [self._host(env[v], v) for v in seg.inputs]
-                for v, out in zip(seg.outputs, seg.program(*arrays)):
-                    env[v] = torch.from_numpy(np.ascontiguousarray(out))
-            if seg.cpu is not None:
-                self._run_cpu(seg.cpu, env)
-        results = []
-        for v in graph.outputs:
-            r = self._root(v)
-            results.append(env[r].reshape(v.shape) if r is not v else env[v])
-        return torch.utils._pytree.tree_unflatten(results, self.exported.call_spec.out_spec)
+        flat = self._flat_args(args)
+        self._check_open()
+        env: dict[Value, object] = self._checked_inputs(flat)
+        with self._res.lock:
+            self._check_open()
+            for seg in self.segments:
+                if seg.program is not None and (seg.nodes or seg.inputs):
+                    arrays = [self._host(env[v], v) for v in seg.inputs]
+                    for v, out in zip(seg.outputs, seg.program(*arrays)):
+                        # (np.ascontiguousarray makes a 0-d array 1-d: keep the shape)
+                        env[v] = torch.from_numpy(np.ascontiguousarray(out).reshape(np.shape(out)))
+                if seg.cpu is not None:
+                    self._run_cpu(seg.cpu, env)
+            from texelflow.runtime.call_results import finish_call
+
+            result = finish_call(self, flat, env)  # outputs; buffer and input mutations written back
+        return self._finished_outputs(result)
+
+    # ---- call arguments and results (runtime/call_args.py) -----------------------------------------
+    def _build_input_specs(self) -> list:
+        """One spec per flattened call argument, from the exported signature's user inputs."""
+        by_name = {v.name: v for v in self.plan.graph.inputs}
+        sig = getattr(self.exported, "graph_signature", None)
+        names = list(sig.user_inputs) if sig is not None else [v.name for v in self.plan.graph.inputs]
+        specs = []
+        for entry in names:
+            if isinstance(entry, str) and entry in by_name:
+                v = by_name[entry]
+                specs.append(TensorSpec(v.name, tuple(v.shape), v.dtype))
+            elif isinstance(entry, str):
+                specs.append(AnySpec(entry))
+            else:  # a non-tensor input torch.export specialised to its value
+                specs.append(ConstSpec(entry))
+        return specs
+
+    def _flat_args(self, args: tuple) -> list:
+        """The call's arguments, one per flattened input of the exported signature: positional
+        as they are when the model takes plain arguments (so a list passed where a tensor is
+        expected is reported as a list), else pytree-flattened like torch.export's inputs."""
+        pytree = self._torch.utils._pytree
+        spec = getattr(getattr(self.exported, "call_spec", None), "in_spec", None)
+        try:
+            arg_spec = spec.child(0)
+            flat_model = all(c.is_leaf() for c in arg_spec.children())
+        except (AttributeError, IndexError, TypeError):
+            flat_model = False
+        return list(args) if flat_model else pytree.tree_flatten(args)[0]
+
+    def _checked_inputs(self, flat: list) -> dict:
+        """Graph input value -> checked tensor; raises InputTypeError/InputValueError first."""
+        checked = check_call(flat, self._input_specs)
+        by_name = {v.name: v for v in self.plan.graph.inputs}
+        return {by_name[s.name]: x for s, x in zip(self._input_specs, checked) if isinstance(s, TensorSpec)}
+
+    def _finished_outputs(self, result):
+        """Every returned tensor with torch's shape and dtype (0-d stays 0-d), contiguous."""
+        torch = self._torch
+        leaves, spec = torch.utils._pytree.tree_flatten(result)
+        specs = getattr(self.plan.graph, "output_specs", None)
+        outs = [v for kind, _, v in specs if kind == "user"] if specs is not None else list(self.plan.graph.outputs)
+        if len(outs) != len(leaves):
+            outs = [None] * len(leaves)
+        fixed = []
+        for x, v in zip(leaves, outs):
+            if isinstance(x, torch.Tensor) and isinstance(v, Value) and x is not v:
+                if tuple(x.shape) != tuple(v.shape) and x.numel() == v.numel:
+                    x = x.reshape(v.shape)
+                want = getattr(torch, v.dtype, None)
+                if isinstance(want, torch.dtype) and x.dtype != want:
+                    x = x.to(want)
+                if not x.is_contiguous():
+                    x = x.contiguous()
+            fixed.append(x)
+        return torch.utils._pytree.tree_unflatten(fixed, spec)
+
+    def _check_open(self) -> None:
+        if self._res.closed:
+            dev = self.device
+            why = " (its device was closed)" if dev is not None and dev.closed else ""
+            raise ProgramClosedError(f"this compiled program was closed{why}; compile it again to run it")
 
     def _host(self, value, v: Value) -> np.ndarray:
         return value.detach().to(getattr(self._torch, v.dtype)).contiguous().numpy()
@@ -257,13 +378,22 @@ class CompiledProgram:
                 rows += seg.program.profile()
         return rows
 
+    @property
+    def closed(self) -> bool:
+        return self._res.closed
+
     def close(self) -> None:
-        for seg in getattr(self, "segments", []):
-            if seg.program is not None:
-                seg.program.close()
-        for t in list(self._tensors.values()) + list(self._consts.values()):
-            t.close()
-        self._tensors, self._consts = {}, {}
-        if self._owns_device and self.device is not None:
-            self.device.close()
-            self.device = None
+        """Free the program's device memory, pipelines' descriptor sets and command buffers (the
+        device itself stays, unless the program owns it). Idempotent; waits for a call in flight."""
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()  # runs _Resources.close once, and detaches the finalizer
+        elif getattr(self, "_res", None) is not None:
+            self._res.close()
+
+    def __enter__(self) -> "CompiledProgram":
+        self._check_open()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -152,6 +152,27 @@ def _normalized_last(node: NodeFacts, p: dict) -> str | None:
     return None
 
 
+@_rule(CHECK_RULES, "broadcast_foldable", None, required=("of",))
+def _broadcast_foldable(node: NodeFacts, p: dict) -> str | None:
+    """`{broadcast_foldable: [TENSORS], of: TENSOR}`: each tensor broadcasts to `of` without
+    broadcasting inside WHCN's N, which folds every dim but the last 3: aligned to the right, a
+    tensor's folded dims equal those of `of` or are all 1 (a lower-rank tensor pads with 1s)."""
+    out = tuple(node.shape(p["of"]))
+    folded = len(out) - 3
+    if folded < 2:  # N is at most one dim: the kernels broadcast it like W, H and C
+        return None
+    for name in p["broadcast_foldable"]:
+        v = node.value(name)
+        if v is None or not hasattr(v, "shape"):
+            continue
+        padded = (1,) * (len(out) - len(v.shape)) + tuple(v.shape)
+        lead = padded[:folded]
+        if lead != out[:folded] and any(d != 1 for d in lead):
+            return (f"'{name}' {list(v.shape)} broadcasts to {list(out)} within the leading dims "
+                    f"{list(out[:folded])} that WHCN folds into N")
+    return None
+
+
 def run_checks(node: NodeFacts, checks: Sequence) -> str | None:
     """The first failing check's reason, or None. `checks`: items with `.rule` and `.params`."""
     for check in checks:

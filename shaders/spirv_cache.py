@@ -3,8 +3,14 @@
 An entry is keyed by the hash of the GLSL source, every include file (name and content), the
 compiler version and the flags, so it can never be stale, and it is shared by every checkout on
 the machine: `TEXELFLOW_CACHE_DIR`, default ~/.cache/texelflow/spirv. Entries are written
-atomically (a temporary file in the cache folder, then a rename), so concurrent writers and readers
-never see half a file.
+atomically (a temporary file in the entry's own folder, then a rename, so the cache may live on any
+filesystem), so concurrent writers and readers never see half a file.
+
+Each entry `KEY.spv` has a sidecar `KEY.sha256` (the hex SHA-256 of the entry, written first). An
+entry is used only when it is a whole number of 32-bit words, starts with the SPIR-V magic and
+matches its hash; a bad one (truncated, overwritten, edited) is recompiled and rewritten with a
+SpirvCacheWarning, never handed to the driver. When the folder cannot be created or written,
+entries are kept in memory for the life of the process instead, with one SpirvCacheWarning.
 
 `texelflow gen` fills the cache in batches (texelflow.codegen.spirv); the runtime asks `spirv()`
 for one variant and compiles it with glslc only on a miss. So that a machine without glslc can run
@@ -21,11 +27,22 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
+import warnings
 from pathlib import Path
 from typing import Iterable
 
 BASE_FLAGS = ("-fshader-stage=compute", "-O", "-Werror")
 SPIRV_MAGIC = b"\x03\x02\x23\x07"  # little endian
+
+
+class CacheWarning(UserWarning):
+    """An on-disk cache of texelflow could not be used as it is (an unusable folder, a bad entry);
+    work goes on without it."""
+
+
+class SpirvCacheWarning(CacheWarning):
+    """The SPIR-V cache could not be used as it is (an unusable folder, a bad entry); work goes on."""
 
 
 class GlslcMissingError(Exception):
@@ -63,10 +80,16 @@ def glslc_available() -> bool:
 
 
 def cache_dir() -> Path:
+    """The cache folder (`TEXELFLOW_CACHE_DIR`, default ~/.cache/texelflow/spirv); created on the
+    first write, not here, so that naming an unusable folder is not yet an error."""
     root = os.environ.get("TEXELFLOW_CACHE_DIR")
-    path = Path(root) if root else Path.home() / ".cache" / "texelflow" / "spirv"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return Path(root) if root else Path.home() / ".cache" / "texelflow" / "spirv"
+
+
+# Entries of cache folders that cannot be written, by full path, for the life of the process.
+_memory: dict[str, bytes] = {}
+_unusable: set[str] = set()  # cache folders found unusable (each warned about once)
+_lock = threading.Lock()
 
 
 def flags_for(target_env: str) -> tuple[str, ...]:
@@ -106,13 +129,17 @@ def entry_path(key: str) -> Path:
 
 
 def portable_path(key: str) -> Path:
-    path = cache_dir() / "by-source"
-    path.mkdir(exist_ok=True)
-    return path / f"{key}.spv"
+    return cache_dir() / "by-source" / f"{key}.spv"
+
+
+def hash_path(entry: Path) -> Path:
+    """The sidecar holding the hex SHA-256 of `entry`."""
+    return entry.with_suffix(".sha256")
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".spv")
+    """Write `data` to `path` through a temporary file in the same folder (never across filesystems)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.suffix)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -125,13 +152,82 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def spirv_problem(data: bytes) -> str | None:
+    """Why `data` is not a SPIR-V module (too short, not whole words, no magic), or None."""
+    if len(data) < 20:
+        return f"{len(data)} bytes, shorter than a SPIR-V header"
+    if len(data) % 4:
+        return f"{len(data)} bytes, not a whole number of 32-bit words"
+    if data[:4] != SPIRV_MAGIC:
+        return f"no SPIR-V magic number (starts with {data[:4].hex()})"
+    return None
+
+
+def _warn_unusable(root: Path, exc: OSError) -> None:
+    with _lock:
+        if str(root) in _unusable:
+            return
+        _unusable.add(str(root))
+    why = exc.strerror or str(exc)
+    warnings.warn(f"texelflow: the SPIR-V cache folder {root} cannot be used ({why}: "
+                  f"{getattr(exc, 'filename', None) or root}); keeping compiled shaders in memory for this "
+                  "process only. Set TEXELFLOW_CACHE_DIR to a writable folder to keep them.",
+                  SpirvCacheWarning, stacklevel=3)
+
+
+def write_entry(path: Path, data: bytes) -> None:
+    """File one entry and its hash sidecar (hash first, so a reader that sees the entry sees its
+    hash); in memory when the cache folder cannot be created or written."""
+    root = cache_dir()
+    if str(root) not in _unusable:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(hash_path(path), hashlib.sha256(data).hexdigest().encode() + b"\n")
+            write_atomic(path, data)
+            with _lock:
+                _memory.pop(str(path), None)
+            return
+        except OSError as exc:
+            _warn_unusable(root, exc)
+    with _lock:
+        _memory[str(path)] = data
+
+
+def read_entry(path: Path, *, unverified_ok: bool = False) -> bytes | None:
+    """The SPIR-V of an entry, or None when it is absent, unreadable or bad (a bad one is reported
+    with a SpirvCacheWarning and must be recompiled). An entry without its hash sidecar (written by
+    an older texelflow) counts as absent unless `unverified_ok` (no compiler to rebuild it)."""
+    with _lock:
+        data = _memory.get(str(path))
+    if data is not None:
+        return data
+    try:
+        data = path.read_bytes()
+    except OSError:  # absent, or a folder we cannot read: a miss
+        return None
+    problem = spirv_problem(data)
+    if problem is None:
+        try:
+            want = hash_path(path).read_text(encoding="ascii").strip()
+        except (OSError, ValueError):
+            return data if unverified_ok else None
+        if hashlib.sha256(data).hexdigest() != want:
+            problem = f"{len(data)} bytes that do not match their recorded SHA-256"
+    if problem is not None:
+        warnings.warn(f"texelflow: bad SPIR-V cache entry {path} ({problem}); "
+                      f"{'ignoring it' if unverified_ok else 'recompiling it'}", SpirvCacheWarning, stacklevel=3)
+        return None
+    return data
+
+
 def store(key: str, portable: str, data: bytes) -> Path:
     """File SPIR-V under its key (and its portable key); returns the entry's path."""
-    if data[:4] != SPIRV_MAGIC or len(data) % 4:
-        raise SpirvCompileError(f"glslc wrote something that is not SPIR-V ({len(data)} bytes)")
+    problem = spirv_problem(data)
+    if problem is not None:
+        raise SpirvCompileError(f"glslc wrote something that is not SPIR-V ({problem})")
     path = entry_path(key)
-    write_atomic(path, data)
-    write_atomic(portable_path(portable), data)
+    write_entry(path, data)
+    write_entry(portable_path(portable), data)
     return path
 
 
@@ -156,17 +252,16 @@ def spirv(source: str, include_dirs: list[Path], target_env: str = "vulkan1.1", 
     includes = include_fingerprint(include_dirs)
     portable = portable_key(source, includes, target_env)
     if not glslc_available():
-        try:
-            return portable_path(portable).read_bytes()
-        except FileNotFoundError:
+        data = read_entry(portable_path(portable), unverified_ok=True)
+        if data is None:
             raise GlslcMissingError(f"shader {name} is not in the SPIR-V cache ({cache_dir()}) and glslc is not "
                                     "installed: install it (`apt-get install glslc`) or run `texelflow gen` "
-                                    "where it is") from None
+                                    "where it is")
+        return data
     key = cache_key(source, includes, target_env)
-    try:
-        return entry_path(key).read_bytes()
-    except FileNotFoundError:
-        pass
+    data = read_entry(entry_path(key))
+    if data is not None:
+        return data
     data = compile_source(source, include_dirs, target_env, name)
     store(key, portable, data)
     return data

@@ -38,11 +38,16 @@ def plan(model, example_inputs: Sequence = (), planner: str = "optimal", texture
 
 def compile(model, example_inputs: Sequence = (), planner: str = "optimal", device=None, texture_limits=None,
             time_limit: float = SOLVER_TIME_LIMIT_S):
-    """Plan `model` for `device` (default: the best one found) and build a callable program."""
-    from texelflow.runtime.program import CompiledProgram
-    from texelflow.runtime.vulkan.device import Device
+    """Plan `model` for `device` and build a callable program.
 
-    owns_device = device is None
-    device = Device() if owns_device else device
+    With `device=None` every program shares one process-wide default device (the best one found,
+    created on first use and closed at interpreter exit: `runtime.vulkan.device.default_device`).
+    The program is freed by close(), by `with texelflow.compile(...) as prog:`, or by a finalizer
+    when it is garbage collected; it never closes a device it was given or the default one."""
+    from texelflow.runtime.program import CompiledProgram
+    from texelflow.runtime.vulkan.device import default_device
+
+    device = default_device() if device is None else device
+    device.check_open("compiling a program")
     result = _plan(model, example_inputs, planner, _texture_limits(texture_limits, device), time_limit)
-    return CompiledProgram(result, result.exported, device, owns_device=owns_device)
+    return CompiledProgram(result, result.exported, device)

@@ -103,28 +103,67 @@ def load_target(spec: str):
 DEFAULT_MODEL = "texelflow.models:tiny_resnet"
 
 
+class SvgError(Exception):
+    """`plan --svg` cannot write its file; the message is one line saying why."""
+
+
+def check_svg_target(path: str) -> None:
+    """Refuse, before planning, a file that cannot be written: a missing folder, a folder in its
+    place, or an SVG without Graphviz's `dot`."""
+    import shutil
+
+    target = Path(path)
+    folder = target.parent
+    if not folder.exists():
+        raise SvgError(f"cannot write {path}: folder {folder} does not exist")
+    if not folder.is_dir():
+        raise SvgError(f"cannot write {path}: {folder} is not a folder")
+    if target.is_dir():
+        raise SvgError(f"cannot write {path}: it is a folder")
+    if not path.endswith(".dot") and shutil.which("dot") is None:
+        raise SvgError(f"cannot write {path}: drawing an SVG needs Graphviz's `dot` (apt-get install graphviz), "
+                       "or name a .dot file to get the Graphviz source")
+
+
 def write_svg(dot_source: str, path: str) -> None:
+    """Draw `dot_source` to `path` (SVG; Graphviz source for a .dot name); SvgError says what failed."""
     import shutil
     import subprocess
 
-    dot = shutil.which("dot")
-    if dot is None:
-        raise SystemExit("texelflow: --svg needs Graphviz's `dot` (apt-get install graphviz)")
+    check_svg_target(path)
     if path.endswith(".dot"):
-        Path(path).write_text(dot_source)
-        return
-    subprocess.run([dot, "-Tsvg", "-o", path], input=dot_source, text=True, check=True)
+        data = dot_source.encode()
+    else:
+        try:
+            proc = subprocess.run([shutil.which("dot") or "dot", "-Tsvg"], input=dot_source.encode(),
+                                  capture_output=True)
+        except OSError as exc:
+            raise SvgError(f"cannot write {path}: cannot run Graphviz's `dot`: {exc.strerror or exc}") from None
+        if proc.returncode != 0:
+            why = (proc.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {proc.returncode}"])[0]
+            raise SvgError(f"cannot write {path}: Graphviz's `dot` failed: {why}")
+        data = proc.stdout
+    try:
+        Path(path).write_bytes(data)
+    except OSError as exc:
+        raise SvgError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def cmd_plan(args) -> int:
     import texelflow
 
-    model, inputs = load_target(args.target)
-    plan = texelflow.plan(model, inputs, planner=args.planner)
-    print(plan.summary())
-    if args.svg:
-        write_svg(plan.to_dot(), args.svg)
-        print(f"\nwrote {args.svg}")
+    try:
+        if args.svg:  # before planning, which can take a while
+            check_svg_target(args.svg)
+        model, inputs = load_target(args.target)
+        plan = texelflow.plan(model, inputs, planner=args.planner)
+        print(plan.summary())
+        if args.svg:
+            write_svg(plan.to_dot(), args.svg)
+            print(f"\nwrote {args.svg}")
+    except SvgError as exc:
+        print(f"texelflow plan: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

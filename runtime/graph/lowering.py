@@ -40,9 +40,15 @@ def lower(ep, texture_limits: Sequence[int] = TEXTURE_LIMITS) -> PlanGraph:
     sig = ep.graph_signature
     user_inputs = set(sig.user_inputs)
     consts = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    # Buffers forward mutates: their prepacked copy would go stale, so their readers run on the CPU
+    # (which reads the live state tensor that the call writes back).
+    mutated = set(sig.buffers_to_mutate.values())
     for node in ep.graph.nodes:
         if node.op == "placeholder":
-            val = node.meta["val"]
+            val = node.meta.get("val")
+            if not isinstance(val, torch.Tensor) and not node.users:
+                continue  # a Python number torch.export specialised into the graph: the call checks it
+            _check_placeholder(node, val, torch)
             if node.name in user_inputs:
                 v = graph.add_input(node.name, val.shape, dtype_name(val.dtype))
             else:
@@ -54,13 +60,75 @@ def lower(ep, texture_limits: Sequence[int] = TEXTURE_LIMITS) -> PlanGraph:
                 src, idx = node.args
                 values[node.name] = values[src.name][idx]
                 continue
+            if node.meta.get("val") is None and not node.users:
+                continue  # a runtime assertion (aten._assert_tensor_metadata, ...): nothing to compute
+            _check_static(node, node.meta.get("val"), torch)
             values[node.name] = _lower_node(graph, node, values, texture_limits, torch)
+            ir_node = graph.nodes[-1]
+            if ir_node.fallback is None and any(v.role is Role.CONST and v.source in mutated
+                                                for _, v in ir_node.tensor_args()):
+                ir_node.fallback = "reads a buffer that forward mutates (it runs on the CPU, on the live buffer)"
         elif node.op == "output":
-            for out in node.args[0]:
-                v = values.get(out.name) if hasattr(out, "name") else None
-                if isinstance(v, Value):
-                    graph.outputs.append(v)
+            _lower_outputs(graph, node, values, sig)
     return graph
+
+
+def _unsupported(message: str):
+    from texelflow.runtime.errors import UnsupportedModelError
+
+    return UnsupportedModelError(message)
+
+
+def _check_placeholder(node, val, torch) -> None:
+    """Refuse, clearly, a graph input texelflow cannot feed: a symbolic scalar or a dynamic shape."""
+    if not isinstance(val, torch.Tensor):
+        kind = type(val).__name__
+        raise _unsupported(
+            f"input '{node.name}' is a {kind} the graph computes with, not a tensor: texelflow compiles "
+            f"tensor inputs and Python numbers torch.export specialises; pass a tensor (a 0-d one for a scalar)")
+    _check_static(node, val, torch)
+
+
+def _check_static(node, val, torch) -> None:
+    vals = val if isinstance(val, (tuple, list)) else (val,)
+    for v in vals:
+        if node.op == "call_function" and v is not None and not isinstance(v, torch.Tensor):
+            raise _unsupported(
+                f"node '{node.name}' ({target_name(node.target)}) computes a {type(v).__name__}, not a tensor "
+                f"(a Python number read from tensor data, e.g. .item() or .tolist()): texelflow compiles "
+                f"graphs of tensors only")
+        shape = getattr(v, "shape", ())
+        if any(not isinstance(d, int) for d in shape):
+            raise _unsupported(
+                f"node '{node.name}' has the dynamic shape {list(shape)}: texelflow compiles static shapes "
+                f"only; export without dynamic_shapes (torch.export.Dim)")
+
+
+def _lower_outputs(graph: PlanGraph, node, values, sig) -> None:
+    """graph.outputs: every tensor the host needs back; graph.output_specs: for each output of the
+    exported graph, in order, (kind, target, value) with kind "user" (returned to the caller),
+    "buffer" (target: the state-dict key written back) or "input" (target: the position of the
+    user input written back among the flattened call arguments); value is a Value or a literal."""
+    from torch.export.graph_signature import OutputKind
+
+    specs = list(sig.output_specs)
+    # the position of each user input among the call's flattened arguments (Python numbers included)
+    user_index = {name: i for i, name in enumerate(sig.user_inputs) if isinstance(name, str)}
+    graph.output_specs = []
+    for i, out in enumerate(node.args[0]):
+        v = values.get(out.name) if hasattr(out, "name") else out
+        spec = specs[i] if i < len(specs) else None
+        kind, target = "user", None
+        if spec is not None and spec.kind == OutputKind.BUFFER_MUTATION:
+            kind, target = "buffer", spec.target
+        elif spec is not None and spec.kind == OutputKind.USER_INPUT_MUTATION:
+            kind, target = "input", user_index[spec.target]
+        elif spec is not None and spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.LOSS_OUTPUT):
+            raise _unsupported(f"output '{getattr(out, 'name', out)}' is a {spec.kind.name} output, "
+                               f"which texelflow does not support")
+        if isinstance(v, Value):
+            graph.outputs.append(v)
+        graph.output_specs.append((kind, target, v))
 
 
 def _lower_node(graph: PlanGraph, node, values, limits, torch):
@@ -153,6 +221,9 @@ def _partition_reason(node: Node, limits) -> str | None:
             return f"dtype {v.dtype} of '{v.name}' (op '{op.name}' takes {', '.join(op.dtypes)})"
     if len({v.dtype for v in tensors}) > 1:
         return f"mixed dtypes {sorted({v.dtype for v in tensors})}"
+    for v in tensors:
+        if 0 in v.shape:
+            return f"'{v.name}' has no elements (shape {list(v.shape)})"
     if "supports_highdim" not in op.flags and any(len(v.shape) > 4 for v in tensors):
         return "a tensor has more than 4 dims and the op does not support that"
     for w in op.weights:

@@ -3,15 +3,29 @@
 One `Device` owns everything the rest of the layer allocates from: the logical device, one compute
 queue, a command pool, and memory type selection. It counts queue submissions so tests can check
 that a Program call costs exactly one submit.
+
+Threads and lifetime: a Device may be used from any number of threads. `lock` (re-entrant) guards
+host access to the command pool (allocating, freeing and recording command buffers), the one-shot
+command buffer and fence of `run_once`, the shared staging buffer and `resources`; a separate queue
+lock serialises `vkQueueSubmit` (the queue must be externally synchronised). Every object that
+holds handles of the device (tensors, memory, programs, pipeline caches) registers itself with
+`adopt`; `close()` first closes every one still alive, so closing a device under live programs
+cannot crash: their later calls raise ProgramClosedError and their close() is a no-op.
+`default_device()` is the process-wide device that `texelflow.compile` shares.
 """
 from __future__ import annotations
 
+import atexit
+import itertools
 import os
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
 from texelflow.generated.layouts import DEVICE_FEATURES
+from texelflow.runtime.errors import ProgramClosedError
 from texelflow.runtime.vulkan.errors import INSTALL_HINT, NoDeviceError, translate
 
 ENV_VAR = "TEXELFLOW_DEVICE"
@@ -132,7 +146,11 @@ class Device:
         self.resources: dict[str, object] = {}  # per-device singletons of higher layers (closed with us)
         self.submit_count = 0
         self.submit_seconds = 0.0  # wall time spent inside submit(): queue submit + fence wait
-        self._closed = False
+        self._closed = self._closing = False
+        self.lock = threading.RLock()  # command pool, one-shot commands, staging, resources
+        self._queue_lock = threading.Lock()  # vkQueueSubmit and the submit counters
+        self._children: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._child_ids = itertools.count()
         self.instance = self._create_instance()
         try:
             self.physical, self.limits = self._choose(select if select is not None else os.environ.get(ENV_VAR))
@@ -286,50 +304,89 @@ class Device:
         return picks[0]
 
     # ---- commands and submission ---------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._closing
+
+    def check_open(self, what: str = "using the device") -> None:
+        """Raise ProgramClosedError when the device is closed (or closing)."""
+        if self._closed or self._closing:
+            raise ProgramClosedError(f"{what}: device {self.limits.name!r} was closed")
+
+    def adopt(self, obj) -> None:
+        """Register `obj` (anything with close() that holds handles of this device): close() of the
+        device closes it first. Weakly held: an object freed without close() is simply dropped."""
+        with self.lock:
+            self.check_open(f"creating {type(obj).__name__}")
+            key = next(self._child_ids)
+            obj._device_key = key
+            self._children[key] = obj
+
+    def release(self, obj) -> None:
+        """Unregister `obj` (its close() calls this)."""
+        key = getattr(obj, "_device_key", None)
+        if key is not None:
+            with self.lock:
+                self._children.pop(key, None)
+
     def allocate_command_buffer(self):
         vk = self.vk
-        with translate("allocating a command buffer"):
+        with self.lock, translate("allocating a command buffer"):
+            self.check_open("allocating a command buffer")
             return vk.vkAllocateCommandBuffers(self.handle, vk.VkCommandBufferAllocateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, commandPool=self.command_pool,
                 level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
 
     def free_command_buffer(self, cmd) -> None:
-        self.vk.vkFreeCommandBuffers(self.handle, self.command_pool, 1, [cmd])
+        with self.lock:
+            if self.handle is not None:
+                self.vk.vkFreeCommandBuffers(self.handle, self.command_pool, 1, [cmd])
 
     def create_fence(self):
         vk = self.vk
+        self.check_open("creating a fence")
         with translate("creating a fence"):
             return vk.vkCreateFence(self.handle, vk.VkFenceCreateInfo(sType=vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO), None)
 
     def submit(self, cmd, fence) -> None:
-        """Submit one command buffer and wait for it; the only place this layer calls vkQueueSubmit."""
+        """Submit one command buffer and wait for it; the only place this layer calls vkQueueSubmit.
+
+        The caller owns `cmd` and `fence` for the duration (a Program holds its own lock); the
+        queue is shared, so the submit itself runs under the device's queue lock. The wait does
+        not hold it: programs of other threads may submit meanwhile."""
         vk = self.vk
         start = time.perf_counter()
-        with translate("submitting work to the queue"):
-            vk.vkResetFences(self.handle, 1, [fence])
-            vk.vkQueueSubmit(self.queue, 1, [vk.VkSubmitInfo(
-                sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, commandBufferCount=1, pCommandBuffers=[cmd])], fence)
-            self.submit_count += 1
+        with self._queue_lock:
+            self.check_open("submitting work")
+            with translate("submitting work to the queue"):
+                vk.vkResetFences(self.handle, 1, [fence])
+                vk.vkQueueSubmit(self.queue, 1, [vk.VkSubmitInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, commandBufferCount=1, pCommandBuffers=[cmd])], fence)
+                self.submit_count += 1
         with translate("waiting for the device"):
             vk.vkWaitForFences(self.handle, 1, [fence], vk.VK_TRUE, FENCE_TIMEOUT_NS)
-        self.submit_seconds += time.perf_counter() - start
+        with self._queue_lock:
+            self.submit_seconds += time.perf_counter() - start
 
     def run_once(self, record: Callable[[object], None], what: str = "one-shot commands") -> None:
         """Record commands with `record(cmd)`, submit them once and wait (uploads, layout changes)."""
         vk = self.vk
-        cmd = self._one_shot_cmd
-        with translate(f"recording {what}"):
-            vk.vkResetCommandBuffer(cmd, 0)
-            vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
-                sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-                flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
-            try:
-                record(cmd)
-            finally:
-                vk.vkEndCommandBuffer(cmd)
-        self.submit(cmd, self._one_shot_fence)
+        with self.lock:  # one command buffer and fence for every thread: one user at a time
+            self.check_open(f"running {what}")
+            cmd = self._one_shot_cmd
+            with translate(f"recording {what}"):
+                vk.vkResetCommandBuffer(cmd, 0)
+                vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+                    flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+                try:
+                    record(cmd)
+                finally:
+                    vk.vkEndCommandBuffer(cmd)
+            self.submit(cmd, self._one_shot_fence)
 
     def wait_idle(self) -> None:
+        self.check_open("waiting for the device")
         with translate("waiting for the device to go idle"):
             self.vk.vkDeviceWaitIdle(self.handle)
 
@@ -347,20 +404,39 @@ class Device:
         self.handle = self.instance = self.command_pool = self._one_shot_fence = None
 
     def close(self) -> None:
-        """Destroy the device and what hangs off it; later use is an error."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self.vk.vkDeviceWaitIdle(self.handle)
-        except Exception:
-            pass
-        for res in reversed(list(self.resources.values())):
-            close = getattr(res, "close", None)
-            if close is not None:
-                close()
-        self.resources.clear()
-        self._destroy_partial()
+        """Destroy the device and what hangs off it; closing twice is a no-op.
+
+        Every registered object still alive (programs, tensors, memory, pipeline caches) is closed
+        first, newest first; a program busy in another thread finishes its call before it closes.
+        Later use of any of them raises ProgramClosedError."""
+        with self.lock:
+            if self._closed or self._closing:
+                return
+            self._closing = True
+            # Owners first (compiled programs, then programs: each waits for a call in flight and
+            # frees what it holds), then anything left, newest first.
+            children = [self._children.get(k) for k in sorted(self._children.keys(), reverse=True)]
+            children.sort(key=lambda c: getattr(c, "_close_rank", 2))
+        # Not under self.lock: a child's close takes its own lock and then, briefly, self.lock.
+        for child in children:
+            if child is not None:
+                try:
+                    child.close()
+                except Exception:  # best effort: the device goes away regardless
+                    pass
+        with self.lock, self._queue_lock:
+            try:
+                self.vk.vkDeviceWaitIdle(self.handle)
+            except Exception:
+                pass
+            for res in reversed(list(self.resources.values())):
+                close = getattr(res, "close", None)
+                if close is not None:
+                    close()
+            self.resources.clear()
+            self._children.clear()
+            self._destroy_partial()
+            self._closed = True
 
     def __enter__(self) -> "Device":
         return self
@@ -369,4 +445,30 @@ class Device:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Device({self.limits.name!r}, {self.limits.device_type})"
+        state = ", closed" if self.closed else ""
+        return f"Device({self.limits.name!r}, {self.limits.device_type}{state})"
+
+
+_default_lock = threading.Lock()
+_default: Device | None = None
+
+
+def default_device() -> Device:
+    """The process-wide Device shared by every program compiled without `device=`: created on first
+    use (thread-safe), created again if it was closed, and closed at interpreter exit."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.closed:
+            _default = Device()
+        return _default
+
+
+def _close_default() -> None:
+    global _default
+    with _default_lock:
+        dev, _default = _default, None
+    if dev is not None:
+        dev.close()
+
+
+atexit.register(_close_default)

@@ -3,6 +3,10 @@
 Tensors bind to (block, offset) rather than owning memory, so a Program can place many
 intermediates into one shared block at offsets chosen by their lifetimes (see lifetime.py).
 Staging buffers for uploads and downloads live here too.
+
+Every block and host buffer registers with its device (`Device.adopt`), so closing the device
+frees them first; close() is idempotent and a no-op once the device is gone. The device's shared
+staging buffer (`staging_buffer`) may only be used while holding `device.lock`.
 """
 from __future__ import annotations
 
@@ -28,6 +32,8 @@ class MemoryBlock:
     def __init__(self, device, size: int, type_bits: int, *, host_visible: bool = False):
         vk = device.vk
         self.device, self.size = device, int(size)
+        self.handle = self._mapped = None
+        device.check_open("allocating device memory")
         mtype = device.memory_type(type_bits, host_visible=host_visible)
         self.type_index = mtype.index
         self.host_visible = mtype.host_visible and mtype.host_coherent
@@ -48,6 +54,7 @@ class MemoryBlock:
             except BaseException:
                 vk.vkFreeMemory(device.handle, self.handle, None)
                 raise
+        device.adopt(self)
 
     def host_view(self, offset: int, nbytes: int) -> np.ndarray:
         """A writable uint8 numpy view of [offset, offset + nbytes) of the mapped memory."""
@@ -56,13 +63,15 @@ class MemoryBlock:
         return np.frombuffer(self._mapped, dtype=np.uint8, count=nbytes, offset=offset)
 
     def close(self) -> None:
-        if self.handle is not None:
-            vk = self.device.vk
-            if self._mapped is not None:
-                vk.vkUnmapMemory(self.device.handle, self.handle)
-                self._mapped = None
-            vk.vkFreeMemory(self.device.handle, self.handle, None)
-            self.handle = None
+        with self.device.lock:
+            handle, self.handle = self.handle, None
+            mapped, self._mapped = self._mapped, None
+            if handle is not None and self.device.handle is not None:
+                vk = self.device.vk
+                if mapped is not None:
+                    vk.vkUnmapMemory(self.device.handle, handle)
+                vk.vkFreeMemory(self.device.handle, handle, None)
+            self.device.release(self)
 
 
 def buffer_requirements(device, buffer) -> Requirements:
@@ -90,6 +99,7 @@ class HostBuffer:
     def __init__(self, device, nbytes: int):
         vk = device.vk
         self.device, self.nbytes = device, int(nbytes)
+        device.check_open("creating a staging buffer")
         self.handle = create_buffer(device, self.nbytes,
                                     vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
         try:
@@ -100,23 +110,31 @@ class HostBuffer:
         except BaseException:
             vk.vkDestroyBuffer(device.handle, self.handle, None)
             raise
+        device.adopt(self)
 
     def view(self, nbytes: int | None = None) -> np.ndarray:
         return self.memory.host_view(0, self.nbytes if nbytes is None else nbytes)
 
     def close(self) -> None:
-        if self.handle is not None:
-            self.device.vk.vkDestroyBuffer(self.device.handle, self.handle, None)
-            self.memory.close()
-            self.handle = None
+        with self.device.lock:
+            handle, self.handle = self.handle, None
+            if handle is not None and self.device.handle is not None:
+                self.device.vk.vkDestroyBuffer(self.device.handle, handle, None)
+            if handle is not None:
+                self.memory.close()
+            self.device.release(self)
 
 
 def staging_buffer(device, nbytes: int) -> HostBuffer:
-    """The device's shared staging buffer, grown to at least `nbytes` (used synchronously only)."""
-    current = device.resources.get("staging")
-    if current is None or current.nbytes < nbytes:
-        if current is not None:
-            current.close()
-            del device.resources["staging"]
-        device.resources["staging"] = HostBuffer(device, max(int(nbytes), 1 << 16))
-    return device.resources["staging"]
+    """The device's shared staging buffer, grown to at least `nbytes` (used synchronously only).
+
+    The caller must hold `device.lock` from here until it has read what it needs from the buffer:
+    another thread's upload would otherwise overwrite (or replace) it."""
+    with device.lock:
+        current = device.resources.get("staging")
+        if current is None or current.nbytes < nbytes:
+            if current is not None:
+                current.close()
+                del device.resources["staging"]
+            device.resources["staging"] = HostBuffer(device, max(int(nbytes), 1 << 16))
+        return device.resources["staging"]

@@ -3,16 +3,21 @@
 Descriptor set layouts, push constant ranges and specialization constants come from
 `texelflow.generated.variants` (never from reading GLSL). Pipelines are cached per
 (variant, SPIR-V, specialization values) on top of a VkPipelineCache that can persist to disk.
+
+A PipelineCache may be shared by programs built in several threads (`PipelineCache.shared` is the
+device's): its lookups and builds run under its own lock.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from texelflow.runtime.vulkan.errors import MissingFeatureError, MissingVariantError, UnsupportedError, translate
+from texelflow.runtime.vulkan.errors import (MissingFeatureError, MissingVariantError, UnsupportedError,
+                                            VulkanError, translate)
 
 _PUSH_FORMATS = {"int": "<i", "float": "<f", "ivec4": "<4i", "uint": "<I", "vec4": "<4f"}
 LOCAL_SIZE_NAMES = ("local_size_x", "local_size_y", "local_size_z")
@@ -133,6 +138,9 @@ class PipelineCache:
         self._modules: dict[tuple, object] = {}
         self._set_layouts: dict[tuple, tuple[object, object]] = {}
         self._spirv_code: dict[str, bytes] = {}
+        self._lock = threading.RLock()
+        self.handle = None
+        device.check_open("creating a pipeline cache")
         initial = b""
         if path is not None and os.path.exists(path):
             with open(path, "rb") as f:
@@ -142,25 +150,35 @@ class PipelineCache:
             self.handle = vk.vkCreatePipelineCache(device.handle, vk.VkPipelineCacheCreateInfo(
                 sType=vk.VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, initialDataSize=len(initial),
                 pInitialData=self._initial), None)
+        device.adopt(self)
 
     @classmethod
     def shared(cls, device) -> "PipelineCache":
         """The device's default cache, closed with the device."""
-        if "pipelines" not in device.resources:
-            device.resources["pipelines"] = cls(device)
-        return device.resources["pipelines"]
+        with device.lock:
+            if "pipelines" not in device.resources:
+                device.resources["pipelines"] = cls(device)
+            return device.resources["pipelines"]
 
     def spirv(self, variant) -> bytes:
         """The variant's SPIR-V, looked up once per cache: building a program asks per dispatch,
         and each lookup reads and hashes the GLSL and every include."""
-        code = self._spirv_code.get(variant.name)
-        if code is None:
-            code = (self._spirv_for or generated_spirv)(variant)
-            self._spirv_code[variant.name] = code
-        return code
+        with self._lock:
+            code = self._spirv_code.get(variant.name)
+            if code is None:
+                code = (self._spirv_for or generated_spirv)(variant)
+                self._spirv_code[variant.name] = code
+            return code
 
     def get(self, variant, spec: Mapping[str, int] | None = None, *, spirv: bytes | None = None) -> ComputePipeline:
         """The pipeline for `variant` specialised with `spec` (names from its reflection)."""
+        with self._lock:
+            if self.handle is None:
+                from texelflow.runtime.errors import ProgramClosedError
+                raise ProgramClosedError("the pipeline cache (or its device) was closed")
+            return self._get(variant, spec, spirv)
+
+    def _get(self, variant, spec, spirv) -> ComputePipeline:
         check_features(variant, self.device)
         values = spec_values(variant, spec)
         code = spirv if spirv is not None else self.spirv(variant)
@@ -198,6 +216,11 @@ class PipelineCache:
 
     def _module(self, name: str, code_key: str, code: bytes):
         if (name, code_key) not in self._modules:
+            from texelflow.shaders.spirv_cache import spirv_problem
+
+            problem = spirv_problem(bytes(code))  # the driver would answer a bad module with VkErrorUnknown
+            if problem is not None:
+                raise VulkanError(f"creating the shader module of {name}: its SPIR-V is not valid ({problem})")
             vk = self.vk
             with translate(f"creating the shader module of {name}"):
                 self._modules[(name, code_key)] = vk.vkCreateShaderModule(self.device.handle, vk.VkShaderModuleCreateInfo(
@@ -244,9 +267,18 @@ class PipelineCache:
         return len(self._pipelines)
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+        self.device.release(self)
+
+    def _close(self) -> None:
         if self.handle is None:
             return
         vk, h = self.vk, self.device.handle
+        if h is None:  # the device is gone, and everything made from it
+            self._pipelines.clear(), self._set_layouts.clear(), self._modules.clear()
+            self.handle = None
+            return
         for p in self._pipelines.values():
             vk.vkDestroyPipeline(h, p.handle, None)
         for set_layout, layout in self._set_layouts.values():

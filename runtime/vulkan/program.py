@@ -5,15 +5,23 @@ pipelines and descriptor sets, and records: input copies (when staged), each dis
 barriers its data dependencies need (computed from overlapping memory ranges, so reused memory is
 ordered too), timestamps around each dispatch, and output copies. A call writes the inputs, submits
 once, waits, and reads the outputs.
+
+Threads: a call holds the program's lock from the input writes to the output reads (the staging
+memory, the command buffer and the fence are the program's own), so calls from several threads
+are serialised, never interleaved. The queue submit itself takes the device's queue lock, so
+programs on one device may be called from different threads at once. close() takes the same
+lock (it waits for a call in flight), is idempotent, and a later call raises ProgramClosedError.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from texelflow.generated.layouts import STORAGE_BY_AXIS, STORAGE_INFO
+from texelflow.runtime.errors import ProgramClosedError
 from texelflow.runtime.vulkan import commands
 from texelflow.runtime.vulkan.errors import UnsupportedError, VulkanError, translate
 from texelflow.runtime.vulkan.lifetime import Interval, plan_offsets
@@ -65,6 +73,8 @@ def _overlap(a, b) -> bool:
 class Program:
     """A fixed sequence of dispatches over fixed tensors; `program(*arrays)` runs it once."""
 
+    _close_rank = 1  # Device.close closes programs before the memory and tensors they use
+
     def __init__(self, device, dispatches: Sequence[Dispatch], inputs: Sequence[VkTensor] = (),
                  outputs: Sequence[VkTensor] = (), *, pipelines: PipelineCache | None = None,
                  staging: bool | None = None, timestamps: bool = True):
@@ -76,9 +86,12 @@ class Program:
         self._blocks: list[MemoryBlock] = []
         self._host: HostBuffer | None = None
         self.descriptor_pool = self.query_pool = self.cmd = self.fence = None
-        self._ran = False
+        self._ran = self._closed = False
+        self._lock = threading.Lock()
+        device.check_open("building a program")
         self.timestamps = timestamps and device.limits.timestamp_valid_bits > 0 and bool(self.dispatches)
         try:
+            device.adopt(self)
             self._bound = [d.bound() for d in self.dispatches]
             self._allocate(staging)
             self._prepare()
@@ -195,7 +208,8 @@ class Program:
         self.cmd, self.fence = dev.allocate_command_buffer(), dev.create_fence()
         cmd = self.cmd
         self.num_barriers = 0
-        with translate("recording the program"):
+        # Recording touches the device's command pool, which other threads use too.
+        with dev.lock, translate("recording the program"):
             vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO))
             if self.query_pool is not None:
                 vk.vkCmdResetQueryPool(cmd, self.query_pool, 0, 2 * len(self.dispatches))
@@ -238,6 +252,13 @@ class Program:
         if len(arrays) != len(self.inputs):
             raise ValueError(f"program takes {len(self.inputs)} inputs, got {len(arrays)}")
         packed = [t.pack(a) for t, a in zip(self.inputs, arrays)]  # validate everything first
+        with self._lock:
+            if self._closed:
+                raise ProgramClosedError("the program was closed" if self.device.handle is not None
+                                         else "the program was closed (its device was closed)")
+            return self._run(packed)
+
+    def _run(self, packed) -> list[np.ndarray]:
         for t, raw in zip(self.inputs, packed):
             if id(t) in self._stage_offsets:
                 o = self._stage_offsets[id(t)]
@@ -264,7 +285,9 @@ class Program:
             raise VulkanError("profile() needs a call of the program first")
         vk, n = self.vk, 2 * len(self.dispatches)
         data = vk.ffi.new("uint64_t[]", n)
-        with translate("reading timestamps"):
+        with self._lock, translate("reading timestamps"):
+            if self._closed:
+                raise ProgramClosedError("the program was closed")
             vk.vkGetQueryPoolResults(self.device.handle, self.query_pool, 0, n, 8 * n, data, 8,
                                      vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
         bits = self.device.limits.timestamp_valid_bits
@@ -275,8 +298,19 @@ class Program:
 
     def close(self) -> None:
         """Free what the program owns: command buffer, sets, queries, shared memory and the
-        intermediate tensors bound into it (their buffers/images cannot outlive that memory)."""
+        intermediate tensors bound into it (their buffers/images cannot outlive that memory).
+        Waits for a call in flight in another thread; closing twice is a no-op."""
+        with self._lock:
+            self._closed = True
+            self._free()
+        self.device.release(self)
+
+    def _free(self) -> None:
         vk, h = self.vk, self.device.handle
+        if h is None:  # the device was destroyed, and everything made from it
+            self._blocks, self._host, self.intermediates = [], None, []
+            self.cmd = self.fence = self.query_pool = self.descriptor_pool = None
+            return
         if self.cmd is not None:
             self.device.free_command_buffer(self.cmd)
         if self.fence is not None:
@@ -291,5 +325,5 @@ class Program:
             t.close()
         for b in self._blocks:
             b.close()
-        self._blocks, self._host = [], None
+        self._blocks, self._host, self.intermediates = [], None, []
         self.cmd = self.fence = self.query_pool = self.descriptor_pool = None

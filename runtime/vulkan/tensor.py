@@ -4,6 +4,10 @@ A tensor is created for a representation (shape, dtype, storage, layout) and bou
 either by itself (dedicated allocation) or later by a Program at an offset of a shared block.
 Host data moves through numpy packing (packing.py); images always go through a staging buffer,
 buffers are written directly when their memory is host-visible, else through staging too.
+
+Lifetime: a tensor registers with its device (`Device.adopt`); closing the device closes it, and
+close() is idempotent. Uploads and downloads through the device's shared staging buffer hold
+`device.lock` from the staging write to the read back, so they are safe from any thread.
 """
 from __future__ import annotations
 
@@ -36,7 +40,8 @@ def image_type(vk, storage: Storage) -> tuple[int, int]:
 
 def _check_format(device, fmt: int) -> None:
     vk = device.vk
-    cache = device.resources.setdefault("checked_formats", set())
+    with device.lock:
+        cache = device.resources.setdefault("checked_formats", set())
     if fmt in cache:
         return
     props = vk.vkGetPhysicalDeviceFormatProperties(device.physical, fmt)
@@ -66,6 +71,7 @@ class VkTensor:
         self._owned: MemoryBlock | None = None
         self.buffer = self.image = None
         vk = device.vk
+        device.check_open(f"creating a tensor {label}".rstrip())
         if self.is_texture:
             self.extents = geometry.texture_extents(self.shape, self.layout, self.storage)
             limit = device.limits.max_image_extent_3d
@@ -94,6 +100,7 @@ class VkTensor:
             self.buffer = create_buffer(device, self.nbytes, vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT
                                         | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
             self.requirements = buffer_requirements(device, self.buffer)
+        device.adopt(self)
         if allocate:
             try:
                 self.allocate()
@@ -197,23 +204,26 @@ class VkTensor:
     def upload(self, array, *, staging: bool | None = None) -> None:
         """Copy a host array in. staging=None: direct when host-mappable; True forces staging."""
         raw = self.pack(array)
-        self._require_bound()
-        if not staging and self.host_mappable:
-            self.memory.host_view(self.offset, self.nbytes)[:] = raw
-            return
-        if staging is False:
-            raise ValueError("this tensor is not host-mappable; it needs the staging path")
-        stage = staging_buffer(self.device, self.nbytes)
-        stage.view(self.nbytes)[:] = raw
         vk = self.device.vk
+        # Under the device lock: the tensor is not closed by another thread meanwhile, and the
+        # staging buffer is shared by every thread.
+        with self.device.lock:
+            self._require_bound()
+            if not staging and self.host_mappable:
+                self.memory.host_view(self.offset, self.nbytes)[:] = raw
+                return
+            if staging is False:
+                raise ValueError("this tensor is not host-mappable; it needs the staging path")
+            stage = staging_buffer(self.device, self.nbytes)
+            stage.view(self.nbytes)[:] = raw
 
-        def record(cmd):
-            commands.host_to_work(vk, cmd)
-            self.record_copy_in(cmd, stage.handle)
-            commands.work_to_work(vk, cmd)
-            commands.work_to_host(vk, cmd)  # a later direct (mapped) read must see the copy
+            def record(cmd):
+                commands.host_to_work(vk, cmd)
+                self.record_copy_in(cmd, stage.handle)
+                commands.work_to_work(vk, cmd)
+                commands.work_to_host(vk, cmd)  # a later direct (mapped) read must see the copy
 
-        self.device.run_once(record, "an upload")
+            self.device.run_once(record, "an upload")
 
     def download(self, *, staging: bool | None = None) -> np.ndarray:
         """Copy the tensor out to a new host array (contiguous NCHW)."""
@@ -221,39 +231,48 @@ class VkTensor:
 
     def download_raw(self, *, staging: bool | None = None) -> np.ndarray:
         """The tensor's packed bytes (uint8) exactly as stored, padding included."""
-        self._require_bound()
-        if not staging and self.host_mappable:
-            return self.memory.host_view(self.offset, self.nbytes).copy()
-        if staging is False:
-            raise ValueError("this tensor is not host-mappable; it needs the staging path")
-        stage = staging_buffer(self.device, self.nbytes)
         vk = self.device.vk
+        with self.device.lock:  # as in upload()
+            self._require_bound()
+            if not staging and self.host_mappable:
+                return self.memory.host_view(self.offset, self.nbytes).copy()
+            if staging is False:
+                raise ValueError("this tensor is not host-mappable; it needs the staging path")
+            stage = staging_buffer(self.device, self.nbytes)
 
-        def record(cmd):
-            commands.work_to_work(vk, cmd)
-            self.record_copy_out(cmd, stage.handle)
-            commands.work_to_host(vk, cmd)
+            def record(cmd):
+                commands.work_to_work(vk, cmd)
+                self.record_copy_out(cmd, stage.handle)
+                commands.work_to_host(vk, cmd)
 
-        self.device.run_once(record, "a download")
-        return stage.view(self.nbytes).copy()
+            self.device.run_once(record, "a download")
+            return stage.view(self.nbytes).copy()
 
     def _require_bound(self) -> None:
+        if self.buffer is None and self.image is None:
+            from texelflow.runtime.errors import ProgramClosedError
+            raise ProgramClosedError(f"tensor {self.label or self.shape} was closed")
         if self.memory is None:
             raise ValueError(f"tensor {self.label or self.shape} has no memory bound yet")
 
     # ---- teardown -----------------------------------------------------------------------------
     def close(self) -> None:
-        """Destroy the buffer or image (and its memory when dedicated)."""
-        vk, h = self.device.vk, self.device.handle
-        if self.view is not None:
-            vk.vkDestroyImageView(h, self.view, None)
-        if self.image is not None:
-            vk.vkDestroyImage(h, self.image, None)
-        if self.buffer is not None:
-            vk.vkDestroyBuffer(h, self.buffer, None)
-        if self._owned is not None:
-            self._owned.close()
-        self.view = self.image = self.buffer = self._owned = self.memory = None
+        """Destroy the buffer or image (and its memory when dedicated); a no-op when closed."""
+        dev = self.device
+        with dev.lock:
+            view, image, buffer, owned = self.view, self.image, self.buffer, self._owned
+            self.view = self.image = self.buffer = self._owned = self.memory = None
+            vk, h = dev.vk, dev.handle
+            if h is not None:
+                if view is not None:
+                    vk.vkDestroyImageView(h, view, None)
+                if image is not None:
+                    vk.vkDestroyImage(h, image, None)
+                if buffer is not None:
+                    vk.vkDestroyBuffer(h, buffer, None)
+            if owned is not None:
+                owned.close()
+            dev.release(self)
 
     def __repr__(self) -> str:
         return (f"VkTensor({self.label + ' ' if self.label else ''}{self.shape} {self.dtype} "

@@ -106,6 +106,8 @@ CASES = [
     ("hook-missing", "ops.yaml", ("    shader: {template: permute, axes: [dtype, storage]}",
                                   "    push: {permute_dims: {hook: whcn_perm}}\n    shader: {template: permute, axes: [dtype, storage]}"),
      "hook 'whcn_perm' does not exist in shaders/hooks.py (did you mean 'whcn_permutation'?)", "{hook: whcn_perm}"),
+    ("check-unknown-list-ref", "ops.yaml", ("{broadcast_foldable: [in0, in1], of: out}", "{broadcast_foldable: [in0, in2], of: out}"),
+     "check 'broadcast_foldable' names 'in2', which the op does not have", "{broadcast_foldable: [in0, in2], of: out}"),
     ("check-unknown-arg", "ops.yaml", ("    shader: {template: matmul}\n", "    checks: [{rank: {mat3: [2]}}]\n    shader: {template: matmul}\n"),
      "check 'rank' names 'mat3', which the op does not have", "checks: [{rank: {mat3: [2]}}]"),
     ("sample-missing-tensor", "ops.yaml", ("      - {self: [3, 7], mat2: [7, 5]}", "      - {self: [3, 7]}"),

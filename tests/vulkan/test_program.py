@@ -126,3 +126,40 @@ def test_failed_call_leaves_program_usable(device):
         np.testing.assert_array_equal(prog(x)[0], x + 3)
     finally:
         close_all(prog, ts)
+
+
+def test_calls_from_threads_do_not_interleave(device):
+    """Each call owns the program's staging memory and fence until its outputs are read."""
+    import threading
+
+    prog, ts = chain(device, 4, (16, 16), Storage.TEXTURE_3D, Layout.CHANNELS_PACKED, alpha=1.0)
+    wrong, errors = [], []
+
+    def work(k):
+        try:
+            for i in range(20):
+                x = np.full((16, 16), 10.0 * k + i, np.float32)
+                if not np.array_equal(prog(x)[0], x + 4):
+                    wrong.append((k, i))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and not wrong, (errors, wrong)
+    finally:
+        close_all(prog, ts)
+
+
+def test_closed_program_raises_and_closes_once(device):
+    from texelflow.runtime.errors import ProgramClosedError
+
+    prog, ts = chain(device, 2, (4, 4), Storage.BUFFER)
+    close_all(prog, ts)
+    with pytest.raises(ProgramClosedError, match="^the program was closed$"):
+        prog(np.zeros((4, 4), np.float32))
+    close_all(prog, ts)  # closing twice is a no-op
