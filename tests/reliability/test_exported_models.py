@@ -13,14 +13,8 @@ import torch
 import texelflow
 from texelflow.runtime.errors import UnsupportedModelError
 
+from .models import Call
 
-class _Call(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
 
 
 def _compile(device, model, inputs):
@@ -33,7 +27,7 @@ def _compile(device, model, inputs):
     ("to", lambda x: x.to(torch.int32) + x.to(torch.float32).to(torch.int32), torch.linspace(-2, 2, 6)),
 ])
 def test_dtype_casts(device, name, fn, x):
-    prog = _compile(device, _Call(fn), (x,))
+    prog = _compile(device, Call(fn), (x,))
     try:
         got, want = prog(x), fn(x)
         assert got.dtype == want.dtype
@@ -115,7 +109,7 @@ def test_zero_size_inputs(device, shape):
         return torch.relu(x + y) * 2, x.sum(-1)
 
     x, y = torch.randn(shape), torch.randn(shape[-1:])
-    prog = _compile(device, _Call(fn), (x, y))
+    prog = _compile(device, Call(fn), (x, y))
     try:
         for g, w in zip(prog(x, y), fn(x, y)):
             assert g.shape == w.shape
@@ -126,7 +120,7 @@ def test_zero_size_inputs(device, shape):
 
 def test_python_float_input(device):
     # torch.export specialises a Python number into the graph; the call must pass the same value
-    model, x = _Call(lambda x, a: x * a), torch.randn(3)
+    model, x = Call(lambda x, a: x * a), torch.randn(3)
     prog = _compile(device, model, (x, 2.0))
     try:
         torch.testing.assert_close(prog(x, 2.0), x * 2.0)

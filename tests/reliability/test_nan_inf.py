@@ -13,6 +13,8 @@ import torch
 import texelflow
 from texelflow.generated.ops import OPS
 
+from .models import Call
+
 SPECIAL = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.5, -2.25, 0.5, -0.75, 3.0, 7.0, -1.0])
 # torch's own exact gelu is inconsistent at +Inf (NaN from its vectorised kernel, +Inf from its
 # scalar path, depending on the tensor's size), so +Inf is left out of its input.
@@ -26,19 +28,11 @@ def _target(op):
     return getattr(getattr(getattr(torch.ops, ns), name), overload)
 
 
-class _Call(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
-
 
 def _compare(device, fn, *inputs):
     want = fn(*inputs)
     with torch.no_grad():
-        prog = texelflow.compile(_Call(fn), inputs, device=device)
+        prog = texelflow.compile(Call(fn), inputs, device=device)
     try:
         assert not prog.plan.fallbacks, prog.plan.fallbacks
         got = prog(*inputs)
