@@ -18,11 +18,6 @@ class StorageSpec:
     doc: str
 
     @property
-    def glsl(self) -> str:
-        """Former name of `axis`, kept for readers not yet switched over."""
-        return self.axis
-
-    @property
     def is_image(self) -> bool:
         return self.kind == "image"
 
@@ -108,7 +103,6 @@ class LayoutsModel:
     def storage_by_axis(self, axis: str) -> StorageSpec:
         return next(s for s in self.storages if s.axis == axis)
 
-    storage_by_glsl = storage_by_axis  # former name, kept for readers not yet switched over
 
     def layout(self, name: str) -> LayoutSpec:
         return next(x for x in self.layouts if x.name == name)

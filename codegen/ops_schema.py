@@ -97,7 +97,7 @@ def _axes(c: Checker, raw, line: int, layouts: LayoutsModel):
     result = []
     if m is None:
         return result
-    storages = [s.glsl for s in layouts.storages]
+    storages = [s.axis for s in layouts.storages]
     dtypes = [d.name for d in layouts.dtypes]
     for name, values in m.items():
         vals = c.listing(values, m.line_of(name), f"variant axis '{name}'")
@@ -562,7 +562,7 @@ class _Context:
                 c.error(at, f"{where}: template '{template}' binds tensor '{t}', which the op does not have "
                         f"({contract.file}:{contract.line_of('storage')})")
                 continue
-            sname = self.layouts.storage_by_glsl(storage).name
+            sname = self.layouts.storage_by_axis(storage).name
             others = [s for s in self.layouts.repset(rep).storages() if s != sname]
             if others:
                 c.error(b.line_of("tensors") if "tensors" in b else at, f"{where}: template '{template}' binds '{t}' as a {storage} "

@@ -54,9 +54,9 @@ def _expand_op(op: OpSpec, layouts: LayoutsModel, all_axes: dict) -> list[Varian
     return result
 
 
-def _reachable(layouts: LayoutsModel, repset: str, family: str, storage_glsl: str) -> bool:
+def _reachable(layouts: LayoutsModel, repset: str, family: str, storage_axis: str) -> bool:
     """Whether some layout of `family` in `repset` lives in this storage."""
-    storage = layouts.storage_by_glsl(storage_glsl).name
+    storage = layouts.storage_by_axis(storage_axis).name
     names = layouts.repset(repset).as_dict().get(storage, ())
     return any(layouts.layout(n).family == family for n in names)
 
@@ -104,8 +104,8 @@ def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of:
     )
 
 
-def _default_layout(layouts: LayoutsModel, repset: str, family: str, storage_glsl: str) -> int:
-    storage = layouts.storage_by_glsl(storage_glsl).name
+def _default_layout(layouts: LayoutsModel, repset: str, family: str, storage_axis: str) -> int:
+    storage = layouts.storage_by_axis(storage_axis).name
     allowed = set(layouts.repset(repset).as_dict().get(storage, ()))
     for name in layouts.layout_preference:
         if name in allowed and layouts.layout(name).family == family:
