@@ -19,12 +19,13 @@ def _texture_limits(texture_limits, device):
 
 
 def _plan(model, example_inputs, planner, limits, time_limit):
+    from texelflow.runtime.graph.fusion import fuse_patterns
     from texelflow.runtime.graph.importer import export_program
     from texelflow.runtime.graph.lowering import lower
     from texelflow.runtime.graph.plan import plan_graph
 
     ep = export_program(model, example_inputs)
-    result = plan_graph(lower(ep, limits), planner, limits, time_limit)
+    result = plan_graph(fuse_patterns(lower(ep, limits)), planner, limits, time_limit)
     result.exported = ep
     return result
 
