@@ -8,7 +8,8 @@ A template opens with a YAML block in a jinja comment:
     weights: [weight]                   tensors that must be prepacked constants
     checks: [{rank: {input: [4]}}]      node checks (shaders/node_rules.py CHECK_RULES)
     push: {groups: arg, tile: int}      push constants: a derivation, or a type the op must derive
-    grid: {per_list_element: tensors}   dispatches: one per output unit (default) or per list item
+    grid: {per_list_element: tensors}   dispatches: one per output unit (default) or per list item;
+                                        {per_row: out}: one invocation per W-row of a tensor
     read_outputs: [out]                 outputs the shader also reads (bound read-write)
     -#}
 
@@ -27,7 +28,7 @@ from .yamlsrc import LMap, loads
 
 CONTRACT_RE = re.compile(r"\A\{#-?\s*contract\b[^\n]*\n(?P<body>.*?)-?#\}", re.S)
 CONTRACT_KEYS = ("sync", "storage", "weights", "checks", "push", "grid", "read_outputs")
-GRIDS = ("per_output_unit", "per_list_element")
+GRIDS = ("per_output_unit", "per_list_element", "per_row")
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,9 @@ def parse_contract(text: str, file: str, out: Collector) -> Contract:
     grid = data.get("grid")
     if grid is not None and grid != "per_output_unit":
         g = c.mapping(grid, data.line_of("grid"), "contract grid")
-        if g is not None and (list(g) != ["per_list_element"] or not isinstance(g["per_list_element"], str)):
-            c.error(data.line_of("grid"), "contract grid must be per_output_unit or {per_list_element: LIST_ARG}")
+        if g is not None and (len(g) != 1 or list(g)[0] not in GRIDS[1:] or not isinstance(next(iter(g.values())), str)):
+            c.error(data.line_of("grid"), "contract grid must be per_output_unit, {per_list_element: LIST_ARG} "
+                    "or {per_row: TENSOR}")
     return Contract(file, data)
 
 

@@ -185,17 +185,24 @@ class OpSpec:
     weights: tuple[str, ...]
     push: tuple[PushSpec, ...]
     checks: tuple[CheckSpec, ...]
-    grid: tuple[str, ...]  # ("per_output_unit",) or ("per_list_element", LIST_ARG)
+    grid: tuple[str, ...]  # ("per_output_unit",), ("per_list_element", LIST_ARG) or ("per_row", TENSOR)
     shader: ShaderSpec | None
     doc: str
     samples: tuple[tuple[tuple[str, object], ...], ...] = ()
     sample_values: tuple[tuple[str, tuple[float, float]], ...] = ()
     line: int = 0
+    # tensors of a fixed dtype (a comparison's bool `out`, where's bool `condition`); every other
+    # tensor has the variant's dtype, one of `dtypes`
+    dtype_of: tuple[tuple[str, str], ...] = ()
 
     @property
     def tensors(self) -> tuple[str, ...]:
         """Bound tensors in binding order: outputs first, then tensor args."""
         return tuple(o.name for o in self.outputs) + tuple(a.name for a in self.args if a.is_tensor)
+
+    def tensor_dtype(self, tensor: str, variant_dtype: str) -> str:
+        """The dtype of `tensor` in the variant of dtype `variant_dtype`."""
+        return dict(self.dtype_of).get(tensor, variant_dtype)
 
 
 @dataclass(frozen=True)

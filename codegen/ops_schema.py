@@ -21,7 +21,7 @@ from .model import ArgSpec, CheckSpec, LayoutsModel, OpSpec, OutputSpec, PushSpe
 from .yamlsrc import LList, LMap
 
 TOP_KEYS = ("variant_axes", "dtype_sets", "classes", "ops")
-ENTRY_KEYS = ("class", "targets", "schema", "tensors", "args", "outputs", "sync", "dtypes", "flags", "weights",
+ENTRY_KEYS = ("class", "targets", "schema", "tensors", "args", "outputs", "sync", "dtypes", "dtype_of", "flags", "weights",
               "push", "checks", "samples", "sample_values", "shader", "doc")
 REQUIRED = ("targets", "outputs", "dtypes")
 CLASS_KEYS = tuple(k for k in ENTRY_KEYS if k not in ("targets", "schema", "class")) + ("base",)
@@ -250,6 +250,7 @@ class _Context:
         refs = _Refs([a.name for a in args if a.is_tensor], [o.name for o in outputs])
         sync = self._sync(where, b, refs, args)
         dtypes = self._dtypes(where, b["dtypes"], b.line_of("dtypes"))
+        dtype_of = self._dtype_of(where, b, refs, dtypes)
         flags = self._names(b, "flags", FLAGS, "flag", where)
         weights = []
         if "weights" in b:
@@ -270,7 +271,12 @@ class _Context:
         if contract is not None:
             self._check_contract(where, b, contract, refs, sync, weights, args, shader)
             g = contract.data.get("grid")
-            if isinstance(g, dict):
+            if isinstance(g, dict) and "per_row" in g:
+                grid = ("per_row", str(g["per_row"]))
+                if grid[1] not in tensor_names:
+                    c.error(b.line_of("shader"), f"{where}: template '{shader.template}' dispatches per row of "
+                            f"'{grid[1]}', which is not a tensor of the op ({contract.file}:{contract.line_of('grid')})")
+            elif isinstance(g, dict):
                 grid = ("per_list_element", str(g["per_list_element"]))
                 if not any(a.name == grid[1] and a.kind == "tensor_list" for a in args):
                     c.error(b.line_of("shader"), f"{where}: template '{shader.template}' dispatches per element of "
@@ -284,7 +290,7 @@ class _Context:
             name=name, targets=tuple(targets), args=tuple(args), outputs=tuple(outputs), sync=tuple(sync),
             dtypes=dtypes, flags=tuple(sorted(flags)), weights=tuple(weights), push=tuple(push),
             checks=tuple(checks), grid=grid, shader=shader, doc=str(b.get("doc", "")), samples=samples,
-            sample_values=sample_values, line=b.line)
+            sample_values=sample_values, line=b.line, dtype_of=dtype_of)
 
     # ---- arguments from torch's schema ----
     def _args(self, where, b: LMap, schemas, outputs) -> list[ArgSpec] | None:
@@ -440,6 +446,33 @@ class _Context:
         items = c.listing(raw, line, f"{where} dtypes")
         names = [d.name for d in self.layouts.dtypes]
         return tuple(d for i, d in enumerate(items or []) if c.name_in(d, names, items.line_of(i), "dtype"))
+
+    def _dtype_of(self, where, b: LMap, refs: "_Refs", dtypes) -> tuple[tuple[str, str], ...]:
+        """`dtype_of: {TENSOR: DTYPE}`: tensors whose dtype is fixed, whatever the variant's."""
+        c = self.c
+        if "dtype_of" not in b:
+            return ()
+        m = c.mapping(b["dtype_of"], b.line_of("dtype_of"), f"{where} dtype_of") or LMap()
+        names = [d.name for d in self.layouts.dtypes]
+        fixed: dict[str, str] = {}
+        for ref, d in m.items():
+            tensors = refs.resolve(ref)
+            if not tensors:
+                c.error(m.line_of(ref), f"{where}: dtype_of names '{ref}', which is no tensor of the op"
+                        f"{did_you_mean(str(ref), refs.names)}")
+            elif c.name_in(d, names, m.line_of(ref), "dtype"):
+                fixed.update((t, str(d)) for t in tensors)
+        if fixed and set(fixed) >= set(refs.names):
+            c.error(b.line_of("dtype_of"), f"{where}: dtype_of fixes every tensor, so `dtypes` would choose "
+                    f"nothing; list the dtype in `dtypes` instead")
+        # The prologue reads and writes every tensor of a variant in one family (float lanes or int8x4 words).
+        family = {d.name: d.family for d in self.layouts.dtypes}
+        for t, fd in sorted(fixed.items()):
+            other = next((d for d in dtypes if family[d] != family[fd]), None)
+            if other is not None:
+                c.error(b.line_of("dtype_of"), f"{where}: dtype_of gives '{t}' the {family[fd]} family dtype {fd}, "
+                        f"but the op's {other} variant is of the {family[other]} family; a variant's tensors share one")
+        return tuple(sorted(fixed.items()))
 
     def _names(self, b: LMap, key: str, choices, what: str, where: str) -> list[str]:
         result = []

@@ -104,7 +104,8 @@ def render_glsl(layouts: LayoutsModel, ops: OpsModel, shaders_dir: Path, out: Co
 
 def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
     """Template variables of one variant. Each tensor carries the facts of its storage and dtype
-    from layouts.yaml (is_buffer / is_image, word, vec4, image, format), so templates never
+    from layouts.yaml (is_buffer / is_image, word, vec4, image, format; its dtype is the variant's
+    unless the op's dtype_of fixes it, and T / VEC4 name its GLSL types), so templates never
     compare storage or GLSL type names: a new storage or dtype is a layouts.yaml entry (plus the
     prologue's access functions for a new kind of storage), not an edit of every template."""
     dtype = layouts.dtype(v.dtype)
@@ -112,6 +113,8 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
     tensors = []
     for b in v.bindings:
         storage = layouts.storage_by_axis(b.storage)
+        own = layouts.dtype(op.tensor_dtype(b.tensor, v.dtype))  # the variant's, or fixed by dtype_of
+        same = own.name == dtype.name
         tensors.append({
             "name": b.tensor,
             "binding": b.index,
@@ -120,10 +123,14 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
             "is_image": storage.is_image,
             "access": b.access,
             "qualifier": {"write": "writeonly", "read": "readonly", "readwrite": ""}[b.access],
-            "word": dtype.glsl,  # a buffer element (int8: a word of 4 lanes, also an int)
-            "vec4": dtype.vec4,
-            "image": dtype.image_type(storage),  # None in buffers
-            "format": dtype.image_format,
+            "dtype": own.name,
+            "word": own.glsl,  # a buffer element (int8: a word of 4 lanes, also an int)
+            "vec4": own.vec4,
+            "image": own.image_type(storage),  # None in buffers
+            "format": own.image_format,
+            # the element and texel types in GLSL: the T / VEC4 macros for the variant's dtype
+            "T": "T" if same else own.glsl,
+            "VEC4": "VEC4" if same else own.vec4,
         })
     n_out = len(op.outputs)
     return {

@@ -47,9 +47,9 @@ def _expand_op(op: OpSpec, layouts: LayoutsModel, all_axes: dict) -> list[Varian
     repset_of = {a.name: a.repset for a in op.args if a.is_tensor} | {o.name: o.repset for o in op.outputs}
     for combo in itertools.product(*value_lists):
         axes = dict(combo)
-        family = layouts.dtype(axes["dtype"]).family
+        family = {t: layouts.dtype(op.tensor_dtype(t, axes["dtype"])).family for t in op.tensors}
         storages = {t: axes.get(storage_of[t], storage_of[t]) for t in op.tensors}
-        if all(_reachable(layouts, repset_of[t], family, storages[t]) for t in op.tensors):
+        if all(_reachable(layouts, repset_of[t], family[t], storages[t]) for t in op.tensors):
             result.append(_variant(op, tuple(combo), storages, layouts, repset_of))
     return result
 
@@ -82,11 +82,12 @@ def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of:
         size = EXTRA_PUSH[ptype]
         push.append(PushConstant(pname, ptype, offset, size))
         offset += size
-    family = layouts.dtype(dict(axes)["dtype"]).family
+    dtype = dict(axes)["dtype"]
+    dtypes = {t: layouts.dtype(op.tensor_dtype(t, dtype)) for t in op.tensors}
     spec = [SpecConstant(i, n, "int", d) for i, (n, d) in enumerate(LOCAL_SIZE)]
     for t in op.tensors:
         spec.append(SpecConstant(len(spec), f"{t}_layout", "int",
-                                 _default_layout(layouts, repset_of[t], family, storages[t])))
+                                 _default_layout(layouts, repset_of[t], dtypes[t].family, storages[t])))
     return Variant(
         name=name,
         op=op.name,
@@ -100,7 +101,7 @@ def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of:
         target_env=op.shader.target_env,
         template=op.shader.template,
         params=op.shader.params,
-        features=layouts.dtype(dict(axes)["dtype"]).features,
+        features=tuple(sorted({f for d in dtypes.values() for f in d.features})),
     )
 
 

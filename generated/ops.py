@@ -47,12 +47,13 @@ class OpEntry:
     args: tuple[Arg, ...]
     outputs: tuple[Output, ...]
     sync: tuple[tuple[str, ...], ...]
-    dtypes: tuple[str, ...]
+    dtypes: tuple[str, ...]  # the variant dtypes: every tensor not in dtype_of has one of them
+    dtype_of: tuple[tuple[str, str], ...]  # tensor -> its fixed dtype (a comparison's bool out)
     flags: frozenset[str]
     weights: tuple[str, ...]
     push: tuple[Push, ...]
     checks: tuple[Check, ...]
-    grid: tuple[str, ...]  # ("per_output_unit",) or ("per_list_element", LIST_ARG)
+    grid: tuple[str, ...]  # ("per_output_unit",), ("per_list_element", LIST_ARG) or ("per_row", TENSOR)
     template: str | None  # shaders/TEMPLATE.glsl.j2, None for an op without a shader
     shader_axes: tuple[str, ...]
     variants: tuple[str, ...]
@@ -64,8 +65,86 @@ class OpEntry:
     def arg_spec(self, name: str) -> Arg | None:
         return next((a for a in self.args if a.name == name), None)
 
+    def tensor_dtype(self, tensor: str, variant_dtype: str) -> str:
+        """The dtype of tensor slot `tensor` in a variant of dtype `variant_dtype`."""
+        return dict(self.dtype_of).get(tensor, variant_dtype)
+
+    def variant_dtype(self, tensor_dtypes: dict[str, str]) -> str | None:
+        """The variant dtype of a node whose tensor slots have `tensor_dtypes`: that of its
+        tensors not in dtype_of (outputs first); None when every given tensor is fixed."""
+        fixed = dict(self.dtype_of)
+        return next((d for t, d in tensor_dtypes.items() if t not in fixed), None)
+
 
 OPS: dict[str, OpEntry] = {
+    '_log_softmax': OpEntry(
+        name='_log_softmax',
+        targets=(
+            'aten._log_softmax.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int'),
+            Arg('half_to_float', 'bool'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('softmax_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
+        ),
+        checks=(
+            Check('dim_unfolded', (('dim_unfolded', 'dim'), ('of', 'self'))),
+        ),
+        grid=('per_row', 'out'),
+        template='softmax',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            '_log_softmax_float32_buffer',
+            '_log_softmax_float32_texture3d',
+        ),
+    ),
+    '_softmax': OpEntry(
+        name='_softmax',
+        targets=(
+            'aten._softmax.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int'),
+            Arg('half_to_float', 'bool'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('softmax_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
+        ),
+        checks=(
+            Check('dim_unfolded', (('dim_unfolded', 'dim'), ('of', 'self'))),
+        ),
+        grid=('per_row', 'out'),
+        template='softmax',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            '_softmax_float32_buffer',
+            '_softmax_float32_texture3d',
+        ),
+    ),
     'abs': OpEntry(
         name='abs',
         targets=(
@@ -81,6 +160,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -91,6 +171,38 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'abs_float32_buffer',
             'abs_float32_texture3d',
+        ),
+    ),
+    'adaptive_avg_pool2d': OpEntry(
+        name='adaptive_avg_pool2d',
+        targets=(
+            'aten.adaptive_avg_pool2d.default',
+            'aten._adaptive_avg_pool2d.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('output_size', 'int_list'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(),
+        checks=(
+            Check('rank', (('rank', (('self', (3, 4)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='adaptive_pool2d',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'adaptive_avg_pool2d_float32_buffer',
+            'adaptive_avg_pool2d_float32_texture3d',
         ),
     ),
     'add': OpEntry(
@@ -110,6 +222,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'other', 'out'),
         ),
         dtypes=('float32', 'int32'),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(
@@ -126,6 +239,41 @@ OPS: dict[str, OpEntry] = {
             'add_float32_texture3d',
             'add_int32_buffer',
             'add_int32_texture3d',
+        ),
+    ),
+    'add_scalar': OpEntry(
+        name='add_scalar',
+        targets=(
+            'aten.add.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+            Arg('alpha', 'float', default=1.0),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+            Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'add_scalar_float32_buffer',
+            'add_scalar_float32_texture3d',
+            'add_scalar_int32_buffer',
+            'add_scalar_int32_texture3d',
         ),
     ),
     'addmm': OpEntry(
@@ -147,15 +295,14 @@ OPS: dict[str, OpEntry] = {
             ('mat1', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset([]),
         weights=('self', 'mat2'),
         push=(
             Push('beta', 'float', 'arg', (('arg', 'beta'),)),
             Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
         ),
-        checks=(
-            Check('rank', (('rank', (('mat2', (2,)),)),)),
-        ),
+        checks=(),
         grid=('per_output_unit',),
         template='matmul',
         shader_axes=('dtype', 'storage'),
@@ -179,7 +326,8 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8'),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
         push=(),
@@ -188,11 +336,81 @@ OPS: dict[str, OpEntry] = {
         template='copy',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'alias_copy_bool_buffer',
+            'alias_copy_bool_texture3d',
             'alias_copy_float32_buffer',
             'alias_copy_float32_texture3d',
             'alias_copy_int32_buffer',
             'alias_copy_int32_texture3d',
             'alias_copy_int8_buffer',
+        ),
+    ),
+    'amax': OpEntry(
+        name='amax',
+        targets=(
+            'aten.amax.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int_list', default=[]),
+            Arg('keepdim', 'bool', default=False),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='reduce',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'amax_float32_buffer',
+            'amax_float32_texture3d',
+            'amax_int32_buffer',
+            'amax_int32_texture3d',
+        ),
+    ),
+    'amin': OpEntry(
+        name='amin',
+        targets=(
+            'aten.amin.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int_list', default=[]),
+            Arg('keepdim', 'bool', default=False),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='reduce',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'amin_float32_buffer',
+            'amin_float32_texture3d',
+            'amin_int32_buffer',
+            'amin_int32_texture3d',
         ),
     ),
     'avg_pool2d': OpEntry(
@@ -216,6 +434,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset([]),
         weights=(),
         push=(
@@ -234,6 +453,181 @@ OPS: dict[str, OpEntry] = {
             'avg_pool2d_float32_texture3d',
         ),
     ),
+    'batch_norm': OpEntry(
+        name='batch_norm',
+        targets=(
+            'aten.batch_norm.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='ANY_STORAGE'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('running_mean', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('running_var', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('training', 'bool'),
+            Arg('momentum', 'float'),
+            Arg('eps', 'float'),
+            Arg('cudnn_enabled', 'bool'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=('weight', 'bias', 'running_mean', 'running_var'),
+        push=(
+            Push('has_weight', 'int', 'present', (('present', 'weight'),)),
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('has_running_mean', 'int', 'present', (('present', 'running_mean'),)),
+            Push('has_running_var', 'int', 'present', (('present', 'running_var'),)),
+            Push('eps', 'float', 'arg', (('arg', 'eps'),)),
+            Push('bn_lane', 'int', 'hook', (('hook', 'batch_norm_lane'),)),
+            Push('bn_inner', 'int', 'hook', (('hook', 'batch_norm_inner'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='batch_norm',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'batch_norm_float32_buffer',
+            'batch_norm_float32_texture3d',
+        ),
+    ),
+    'bitwise_and': OpEntry(
+        name='bitwise_and',
+        targets=(
+            'aten.bitwise_and.Tensor',
+            'aten.__and__.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('int32', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'bitwise_and_bool_buffer',
+            'bitwise_and_bool_texture3d',
+            'bitwise_and_int32_buffer',
+            'bitwise_and_int32_texture3d',
+        ),
+    ),
+    'bitwise_or': OpEntry(
+        name='bitwise_or',
+        targets=(
+            'aten.bitwise_or.Tensor',
+            'aten.__or__.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('int32', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'bitwise_or_bool_buffer',
+            'bitwise_or_bool_texture3d',
+            'bitwise_or_int32_buffer',
+            'bitwise_or_int32_texture3d',
+        ),
+    ),
+    'bitwise_xor': OpEntry(
+        name='bitwise_xor',
+        targets=(
+            'aten.bitwise_xor.Tensor',
+            'aten.__xor__.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('int32', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'bitwise_xor_bool_buffer',
+            'bitwise_xor_bool_texture3d',
+            'bitwise_xor_int32_buffer',
+            'bitwise_xor_int32_texture3d',
+        ),
+    ),
+    'bmm': OpEntry(
+        name='bmm',
+        targets=(
+            'aten.bmm.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('mat2', 'tensor', repset='CONTIGUOUS_ANY'),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('self', 'mat2', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='matmul',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'bmm_float32_buffer',
+            'bmm_float32_texture3d',
+        ),
+    ),
     'cat': OpEntry(
         name='cat',
         targets=(
@@ -250,13 +644,17 @@ OPS: dict[str, OpEntry] = {
             ('tensors', 'out'),
         ),
         dtypes=('float32', 'int32'),
-        flags=frozenset([]),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
         weights=(),
         push=(
             Push('cat_dim', 'int', 'whcn_dim', (('of', 'out'), ('whcn_dim', 'dim'))),
             Push('cat_offset', 'int', 'list_offset', (('dim', 'dim'), ('list_offset', 'tensors'))),
+            Push('out_lead', 'ivec4', 'hook', (('hook', 'out_lead_sizes'),)),
         ),
-        checks=(),
+        checks=(
+            Check('rank', (('rank', (('out', (0, 1, 2, 3, 4, 5, 6, 7)),)),)),
+        ),
         grid=('per_list_element', 'tensors'),
         template='cat',
         shader_axes=('dtype', 'storage'),
@@ -284,6 +682,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(
@@ -314,7 +713,8 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8'),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
         push=(),
@@ -323,6 +723,8 @@ OPS: dict[str, OpEntry] = {
         template='copy',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'clone_bool_buffer',
+            'clone_bool_texture3d',
             'clone_float32_buffer',
             'clone_float32_texture3d',
             'clone_int32_buffer',
@@ -346,7 +748,8 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8'),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
         push=(),
@@ -355,11 +758,87 @@ OPS: dict[str, OpEntry] = {
         template='copy',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'clone_dim_order_bool_buffer',
+            'clone_dim_order_bool_texture3d',
             'clone_dim_order_float32_buffer',
             'clone_dim_order_float32_texture3d',
             'clone_dim_order_int32_buffer',
             'clone_dim_order_int32_texture3d',
             'clone_dim_order_int8_buffer',
+        ),
+    ),
+    'constant_pad_nd': OpEntry(
+        name='constant_pad_nd',
+        targets=(
+            'aten.constant_pad_nd.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('pad', 'int_list'),
+            Arg('value', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('self_lead', 'ivec4', 'hook', (('hook', 'self_lead_sizes'),)),
+            Push('out_lead', 'ivec4', 'hook', (('hook', 'out_lead_sizes'),)),
+            Push('pad_before', 'ivec4', 'hook', (('hook', 'pad_before_lo'),)),
+            Push('pad_before_hi', 'ivec4', 'hook', (('hook', 'pad_before_hi'),)),
+            Push('value', 'float', 'arg', (('arg', 'value'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('out', (0, 1, 2, 3, 4, 5, 6, 7)), ('self', (0, 1, 2, 3, 4, 5, 6, 7)))),)),
+        ),
+        grid=('per_output_unit',),
+        template='pad',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'constant_pad_nd_float32_buffer',
+            'constant_pad_nd_float32_texture3d',
+            'constant_pad_nd_int32_buffer',
+            'constant_pad_nd_int32_texture3d',
+        ),
+    ),
+    'contiguous': OpEntry(
+        name='contiguous',
+        targets=(
+            'aten.contiguous.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE_INCL_PACKED_INT8'),
+            Arg('memory_format', 'any', default=0),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE_INCL_PACKED_INT8'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['identity', 'supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='copy',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'contiguous_bool_buffer',
+            'contiguous_bool_texture3d',
+            'contiguous_float32_buffer',
+            'contiguous_float32_texture3d',
+            'contiguous_int32_buffer',
+            'contiguous_int32_texture3d',
+            'contiguous_int8_buffer',
         ),
     ),
     'conv2d': OpEntry(
@@ -383,6 +862,7 @@ OPS: dict[str, OpEntry] = {
             ('input', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
         push=(
@@ -401,6 +881,169 @@ OPS: dict[str, OpEntry] = {
             'conv2d_float32_texture3d',
         ),
     ),
+    'conv2d_act': OpEntry(
+        name='conv2d_act',
+        targets=(
+            'texelflow.conv2d_act.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('stride', 'int_list', default=[1, 1]),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('dilation', 'int_list', default=[1, 1]),
+            Arg('groups', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('groups', 'int', 'arg', (('arg', 'groups'),)),
+            Push('conv_stride_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'stride', None), ('pair', 'padding', None))),)),
+            Push('conv_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'dilation', None), 0, 0)),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='conv2d_act',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_act_float32_texture3d',
+        ),
+    ),
+    'conv2d_dw': OpEntry(
+        name='conv2d_dw',
+        targets=(
+            'texelflow.conv2d_dw.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('stride', 'int_list', default=[1, 1]),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('dilation', 'int_list', default=[1, 1]),
+            Arg('groups', 'int', default=1),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_stride_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'stride', None), ('pair', 'padding', None))),)),
+            Push('conv_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'dilation', None), 0, 0)),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='conv2d_dw',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_dw_float32_texture3d',
+        ),
+    ),
+    'conv2d_dw_act': OpEntry(
+        name='conv2d_dw_act',
+        targets=(
+            'texelflow.conv2d_dw_act.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('stride', 'int_list', default=[1, 1]),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('dilation', 'int_list', default=[1, 1]),
+            Arg('groups', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_stride_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'stride', None), ('pair', 'padding', None))),)),
+            Push('conv_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'dilation', None), 0, 0)),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='conv2d_dw_act',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_dw_act_float32_texture3d',
+        ),
+    ),
+    'detach': OpEntry(
+        name='detach',
+        targets=(
+            'aten.detach.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE_INCL_PACKED_INT8'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE_INCL_PACKED_INT8'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['identity', 'supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='copy',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'detach_bool_buffer',
+            'detach_bool_texture3d',
+            'detach_float32_buffer',
+            'detach_float32_texture3d',
+            'detach_int32_buffer',
+            'detach_int32_texture3d',
+            'detach_int8_buffer',
+        ),
+    ),
     'div': OpEntry(
         name='div',
         targets=(
@@ -417,6 +1060,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'other', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -429,6 +1073,103 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'div_float32_buffer',
             'div_float32_texture3d',
+        ),
+    ),
+    'div_scalar': OpEntry(
+        name='div_scalar',
+        targets=(
+            'aten.div.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'div_scalar_float32_buffer',
+            'div_scalar_float32_texture3d',
+        ),
+    ),
+    'eq': OpEntry(
+        name='eq',
+        targets=(
+            'aten.eq.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'eq_float32_buffer',
+            'eq_float32_texture3d',
+            'eq_int32_buffer',
+            'eq_int32_texture3d',
+        ),
+    ),
+    'eq_scalar': OpEntry(
+        name='eq_scalar',
+        targets=(
+            'aten.eq.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'eq_scalar_float32_buffer',
+            'eq_scalar_float32_texture3d',
+            'eq_scalar_int32_buffer',
+            'eq_scalar_int32_texture3d',
         ),
     ),
     'erf': OpEntry(
@@ -446,6 +1187,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -473,6 +1215,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -483,6 +1226,81 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'exp_float32_buffer',
             'exp_float32_texture3d',
+        ),
+    ),
+    'expand': OpEntry(
+        name='expand',
+        targets=(
+            'aten.expand.default',
+            'aten.expand_copy.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('size', 'int_list'),
+            Arg('implicit', 'bool', default=False),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('self_lead', 'ivec4', 'hook', (('hook', 'self_lead_sizes'),)),
+            Push('out_lead', 'ivec4', 'hook', (('hook', 'out_lead_sizes'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('out', (0, 1, 2, 3, 4, 5, 6, 7)), ('self', (0, 1, 2, 3, 4, 5, 6, 7)))),)),
+        ),
+        grid=('per_output_unit',),
+        template='expand',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'expand_bool_buffer',
+            'expand_bool_texture3d',
+            'expand_float32_buffer',
+            'expand_float32_texture3d',
+            'expand_int32_buffer',
+            'expand_int32_texture3d',
+        ),
+    ),
+    'flatten': OpEntry(
+        name='flatten',
+        targets=(
+            'aten.flatten.using_ints',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE_INCL_PACKED_INT8'),
+            Arg('start_dim', 'int', default=0),
+            Arg('end_dim', 'int', default=-1),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE_INCL_PACKED_INT8'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['identity', 'supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='copy',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'flatten_bool_buffer',
+            'flatten_bool_texture3d',
+            'flatten_float32_buffer',
+            'flatten_float32_texture3d',
+            'flatten_int32_buffer',
+            'flatten_int32_texture3d',
+            'flatten_int8_buffer',
         ),
     ),
     'flip': OpEntry(
@@ -501,6 +1319,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32', 'int32'),
+        dtype_of=(),
         flags=frozenset([]),
         weights=(),
         push=(
@@ -515,6 +1334,72 @@ OPS: dict[str, OpEntry] = {
             'flip_float32_texture3d',
             'flip_int32_buffer',
             'flip_int32_texture3d',
+        ),
+    ),
+    'ge': OpEntry(
+        name='ge',
+        targets=(
+            'aten.ge.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'ge_float32_buffer',
+            'ge_float32_texture3d',
+            'ge_int32_buffer',
+            'ge_int32_texture3d',
+        ),
+    ),
+    'ge_scalar': OpEntry(
+        name='ge_scalar',
+        targets=(
+            'aten.ge.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'ge_scalar_float32_buffer',
+            'ge_scalar_float32_texture3d',
+            'ge_scalar_int32_buffer',
+            'ge_scalar_int32_texture3d',
         ),
     ),
     'gelu': OpEntry(
@@ -533,6 +1418,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(
@@ -545,6 +1431,141 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'gelu_float32_buffer',
             'gelu_float32_texture3d',
+        ),
+    ),
+    'group_norm': OpEntry(
+        name='group_norm',
+        targets=(
+            'aten.group_norm.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='ANY_STORAGE'),
+            Arg('num_groups', 'int'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('eps', 'float', default=1e-05),
+            Arg('cudnn_enabled', 'bool', default=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_weight', 'int', 'present', (('present', 'weight'),)),
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('eps', 'float', 'arg', (('arg', 'eps'),)),
+            Push('channel_dim', 'int', 'hook', (('hook', 'channel_whcn_dim'),)),
+            Push('groups', 'int', 'arg', (('arg', 'num_groups'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (2, 3, 4)),)),)),
+        ),
+        grid=('per_row', 'out'),
+        template='group_norm',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'group_norm_float32_buffer',
+            'group_norm_float32_texture3d',
+        ),
+    ),
+    'gt': OpEntry(
+        name='gt',
+        targets=(
+            'aten.gt.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'gt_float32_buffer',
+            'gt_float32_texture3d',
+            'gt_int32_buffer',
+            'gt_int32_texture3d',
+        ),
+    ),
+    'gt_scalar': OpEntry(
+        name='gt_scalar',
+        targets=(
+            'aten.gt.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'gt_scalar_float32_buffer',
+            'gt_scalar_float32_texture3d',
+            'gt_scalar_int32_buffer',
+            'gt_scalar_int32_texture3d',
+        ),
+    ),
+    'hardsigmoid': OpEntry(
+        name='hardsigmoid',
+        targets=(
+            'aten.hardsigmoid.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'hardsigmoid_float32_buffer',
+            'hardsigmoid_float32_texture3d',
         ),
     ),
     'hardswish': OpEntry(
@@ -562,6 +1583,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -572,6 +1594,39 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'hardswish_float32_buffer',
             'hardswish_float32_texture3d',
+        ),
+    ),
+    'hardtanh': OpEntry(
+        name='hardtanh',
+        targets=(
+            'aten.hardtanh.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('min_val', 'float', default=-1.0),
+            Arg('max_val', 'float', default=1.0),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('min_val', 'float', 'arg', (('arg', 'min_val'),)),
+            Push('max_val', 'float', 'arg', (('arg', 'max_val'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'hardtanh_float32_buffer',
+            'hardtanh_float32_texture3d',
         ),
     ),
     'layer_norm': OpEntry(
@@ -594,6 +1649,7 @@ OPS: dict[str, OpEntry] = {
             ('input', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
         push=(
@@ -612,6 +1668,72 @@ OPS: dict[str, OpEntry] = {
             'layer_norm_float32_texture3d',
         ),
     ),
+    'le': OpEntry(
+        name='le',
+        targets=(
+            'aten.le.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'le_float32_buffer',
+            'le_float32_texture3d',
+            'le_int32_buffer',
+            'le_int32_texture3d',
+        ),
+    ),
+    'le_scalar': OpEntry(
+        name='le_scalar',
+        targets=(
+            'aten.le.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'le_scalar_float32_buffer',
+            'le_scalar_float32_texture3d',
+            'le_scalar_int32_buffer',
+            'le_scalar_int32_texture3d',
+        ),
+    ),
     'leaky_relu': OpEntry(
         name='leaky_relu',
         targets=(
@@ -628,6 +1750,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(
@@ -640,6 +1763,39 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'leaky_relu_float32_buffer',
             'leaky_relu_float32_texture3d',
+        ),
+    ),
+    'lift_fresh_copy': OpEntry(
+        name='lift_fresh_copy',
+        targets=(
+            'aten.lift_fresh_copy.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE_INCL_PACKED_INT8'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE_INCL_PACKED_INT8'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['identity', 'supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='copy',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'lift_fresh_copy_bool_buffer',
+            'lift_fresh_copy_bool_texture3d',
+            'lift_fresh_copy_float32_buffer',
+            'lift_fresh_copy_float32_texture3d',
+            'lift_fresh_copy_int32_buffer',
+            'lift_fresh_copy_int32_texture3d',
+            'lift_fresh_copy_int8_buffer',
         ),
     ),
     'linear': OpEntry(
@@ -659,6 +1815,7 @@ OPS: dict[str, OpEntry] = {
             ('input', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
         push=(
@@ -673,6 +1830,274 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'linear_float32_buffer',
             'linear_float32_texture3d',
+        ),
+    ),
+    'log_softmax': OpEntry(
+        name='log_softmax',
+        targets=(
+            'aten.log_softmax.int',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int'),
+            Arg('dtype', 'any', optional=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('softmax_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
+        ),
+        checks=(
+            Check('dim_unfolded', (('dim_unfolded', 'dim'), ('of', 'self'))),
+        ),
+        grid=('per_row', 'out'),
+        template='softmax',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'log_softmax_float32_buffer',
+            'log_softmax_float32_texture3d',
+        ),
+    ),
+    'logical_and': OpEntry(
+        name='logical_and',
+        targets=(
+            'aten.logical_and.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'bool'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'logical_and_bool_buffer',
+            'logical_and_bool_texture3d',
+            'logical_and_float32_buffer',
+            'logical_and_float32_texture3d',
+            'logical_and_int32_buffer',
+            'logical_and_int32_texture3d',
+        ),
+    ),
+    'logical_not': OpEntry(
+        name='logical_not',
+        targets=(
+            'aten.logical_not.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'bool'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'logical_not_bool_buffer',
+            'logical_not_bool_texture3d',
+            'logical_not_float32_buffer',
+            'logical_not_float32_texture3d',
+            'logical_not_int32_buffer',
+            'logical_not_int32_texture3d',
+        ),
+    ),
+    'logical_or': OpEntry(
+        name='logical_or',
+        targets=(
+            'aten.logical_or.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'bool'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'logical_or_bool_buffer',
+            'logical_or_bool_texture3d',
+            'logical_or_float32_buffer',
+            'logical_or_float32_texture3d',
+            'logical_or_int32_buffer',
+            'logical_or_int32_texture3d',
+        ),
+    ),
+    'logical_xor': OpEntry(
+        name='logical_xor',
+        targets=(
+            'aten.logical_xor.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'bool'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'logical_xor_bool_buffer',
+            'logical_xor_bool_texture3d',
+            'logical_xor_float32_buffer',
+            'logical_xor_float32_texture3d',
+            'logical_xor_int32_buffer',
+            'logical_xor_int32_texture3d',
+        ),
+    ),
+    'lt': OpEntry(
+        name='lt',
+        targets=(
+            'aten.lt.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'lt_float32_buffer',
+            'lt_float32_texture3d',
+            'lt_int32_buffer',
+            'lt_int32_texture3d',
+        ),
+    ),
+    'lt_scalar': OpEntry(
+        name='lt_scalar',
+        targets=(
+            'aten.lt.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'lt_scalar_float32_buffer',
+            'lt_scalar_float32_texture3d',
+            'lt_scalar_int32_buffer',
+            'lt_scalar_int32_texture3d',
+        ),
+    ),
+    'matmul': OpEntry(
+        name='matmul',
+        targets=(
+            'aten.matmul.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('other', 'tensor', repset='CONTIGUOUS_ANY'),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('vector_operands', 'int', 'hook', (('hook', 'matmul_vector_operands'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='matmul',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'matmul_float32_buffer',
+            'matmul_float32_texture3d',
         ),
     ),
     'max_pool2d': OpEntry(
@@ -695,6 +2120,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset([]),
         weights=(),
         push=(
@@ -727,6 +2153,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'other', 'out'),
         ),
         dtypes=('float32', 'int32'),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -741,6 +2168,40 @@ OPS: dict[str, OpEntry] = {
             'maximum_float32_texture3d',
             'maximum_int32_buffer',
             'maximum_int32_texture3d',
+        ),
+    ),
+    'mean': OpEntry(
+        name='mean',
+        targets=(
+            'aten.mean.dim',
+            'aten.mean.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int_list', optional=True),
+            Arg('keepdim', 'bool', optional=True, default=False),
+            Arg('dtype', 'any', optional=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='reduce',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'mean_float32_buffer',
+            'mean_float32_texture3d',
         ),
     ),
     'minimum': OpEntry(
@@ -759,6 +2220,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'other', 'out'),
         ),
         dtypes=('float32', 'int32'),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -791,12 +2253,11 @@ OPS: dict[str, OpEntry] = {
             ('self', 'mat2', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset([]),
         weights=(),
         push=(),
-        checks=(
-            Check('rank', (('rank', (('mat2', (2,)),)),)),
-        ),
+        checks=(),
         grid=('per_output_unit',),
         template='matmul',
         shader_axes=('dtype', 'storage'),
@@ -821,6 +2282,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'other', 'out'),
         ),
         dtypes=('float32', 'int32'),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -835,6 +2297,121 @@ OPS: dict[str, OpEntry] = {
             'mul_float32_texture3d',
             'mul_int32_buffer',
             'mul_int32_texture3d',
+        ),
+    ),
+    'mul_scalar': OpEntry(
+        name='mul_scalar',
+        targets=(
+            'aten.mul.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'mul_scalar_float32_buffer',
+            'mul_scalar_float32_texture3d',
+            'mul_scalar_int32_buffer',
+            'mul_scalar_int32_texture3d',
+        ),
+    ),
+    'native_batch_norm_no_training': OpEntry(
+        name='native_batch_norm_no_training',
+        targets=(
+            'aten._native_batch_norm_legit_no_training.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='ANY_STORAGE'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('running_mean', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('running_var', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('momentum', 'float'),
+            Arg('eps', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+            Output('save_mean', 'ANY_STORAGE'),
+            Output('save_invstd', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=('weight', 'bias', 'running_mean', 'running_var'),
+        push=(
+            Push('has_weight', 'int', 'present', (('present', 'weight'),)),
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template=None,
+        shader_axes=(),
+        variants=(
+        ),
+    ),
+    'native_group_norm': OpEntry(
+        name='native_group_norm',
+        targets=(
+            'aten.native_group_norm.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='ANY_STORAGE'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('N', 'int'),
+            Arg('C', 'int'),
+            Arg('HxW', 'int'),
+            Arg('group', 'int'),
+            Arg('eps', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+            Output('mean', 'CONTIGUOUS_BUFFER'),
+            Output('rstd', 'CONTIGUOUS_BUFFER'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_weight', 'int', 'present', (('present', 'weight'),)),
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('eps', 'float', 'arg', (('arg', 'eps'),)),
+            Push('channel_dim', 'int', 'hook', (('hook', 'channel_whcn_dim'),)),
+            Push('groups', 'int', 'arg', (('arg', 'group'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (2, 3, 4)),)),)),
+        ),
+        grid=('per_row', 'out'),
+        template='group_norm',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'native_group_norm_float32_buffer',
+            'native_group_norm_float32_texture3d',
         ),
     ),
     'native_layer_norm': OpEntry(
@@ -858,6 +2435,7 @@ OPS: dict[str, OpEntry] = {
             ('input', 'out', 'mean', 'rstd'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
         push=(
@@ -876,6 +2454,72 @@ OPS: dict[str, OpEntry] = {
             'native_layer_norm_float32_texture3d',
         ),
     ),
+    'ne': OpEntry(
+        name='ne',
+        targets=(
+            'aten.ne.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'ne_float32_buffer',
+            'ne_float32_texture3d',
+            'ne_int32_buffer',
+            'ne_int32_texture3d',
+        ),
+    ),
+    'ne_scalar': OpEntry(
+        name='ne_scalar',
+        targets=(
+            'aten.ne.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'ne_scalar_float32_buffer',
+            'ne_scalar_float32_texture3d',
+            'ne_scalar_int32_buffer',
+            'ne_scalar_int32_texture3d',
+        ),
+    ),
     'neg': OpEntry(
         name='neg',
         targets=(
@@ -891,6 +2535,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -917,23 +2562,102 @@ OPS: dict[str, OpEntry] = {
             Output('out', 'ANY_STORAGE'),
         ),
         sync=(
-            ('self', 'out'),
         ),
-        dtypes=('float32', 'int32'),
-        flags=frozenset([]),
+        dtypes=('float32', 'int32', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
         weights=(),
         push=(
             Push('permute_dims', 'ivec4', 'hook', (('hook', 'whcn_permutation'),)),
+            Push('permute_dims_hi', 'ivec4', 'hook', (('hook', 'whcn_permutation_hi'),)),
+            Push('self_lead', 'ivec4', 'hook', (('hook', 'self_lead_sizes'),)),
+            Push('out_lead', 'ivec4', 'hook', (('hook', 'out_lead_sizes'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('out', (0, 1, 2, 3, 4, 5, 6, 7)), ('self', (0, 1, 2, 3, 4, 5, 6, 7)))),)),
+        ),
+        grid=('per_output_unit',),
+        template='permute',
+        shader_axes=('dtype', 'in_storage', 'out_storage'),
+        variants=(
+            'permute_copy_bool_buffer_buffer',
+            'permute_copy_bool_buffer_texture3d',
+            'permute_copy_bool_texture3d_buffer',
+            'permute_copy_bool_texture3d_texture3d',
+            'permute_copy_float32_buffer_buffer',
+            'permute_copy_float32_buffer_texture3d',
+            'permute_copy_float32_texture3d_buffer',
+            'permute_copy_float32_texture3d_texture3d',
+            'permute_copy_int32_buffer_buffer',
+            'permute_copy_int32_buffer_texture3d',
+            'permute_copy_int32_texture3d_buffer',
+            'permute_copy_int32_texture3d_texture3d',
+        ),
+    ),
+    'pixel_shuffle': OpEntry(
+        name='pixel_shuffle',
+        targets=(
+            'aten.pixel_shuffle.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('upscale_factor', 'int'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('factor', 'int', 'arg', (('arg', 'upscale_factor'),)),
         ),
         checks=(),
         grid=('per_output_unit',),
-        template='permute',
+        template='pixel_shuffle',
         shader_axes=('dtype', 'storage'),
         variants=(
-            'permute_copy_float32_buffer',
-            'permute_copy_float32_texture3d',
-            'permute_copy_int32_buffer',
-            'permute_copy_int32_texture3d',
+            'pixel_shuffle_float32_buffer',
+            'pixel_shuffle_float32_texture3d',
+            'pixel_shuffle_int32_buffer',
+            'pixel_shuffle_int32_texture3d',
+        ),
+    ),
+    'pixel_unshuffle': OpEntry(
+        name='pixel_unshuffle',
+        targets=(
+            'aten.pixel_unshuffle.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('downscale_factor', 'int'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('factor', 'int', 'arg', (('arg', 'downscale_factor'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='pixel_shuffle',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'pixel_unshuffle_float32_buffer',
+            'pixel_unshuffle_float32_texture3d',
+            'pixel_unshuffle_int32_buffer',
+            'pixel_unshuffle_int32_texture3d',
         ),
     ),
     'pow': OpEntry(
@@ -952,6 +2676,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'exponent', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -964,6 +2689,65 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'pow_float32_buffer',
             'pow_float32_texture3d',
+        ),
+    ),
+    'pow_tensor_scalar': OpEntry(
+        name='pow_tensor_scalar',
+        targets=(
+            'aten.pow.Tensor_Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('exponent', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('exponent', 'float', 'arg', (('arg', 'exponent'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'pow_tensor_scalar_float32_buffer',
+            'pow_tensor_scalar_float32_texture3d',
+        ),
+    ),
+    'reciprocal': OpEntry(
+        name='reciprocal',
+        targets=(
+            'aten.reciprocal.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'reciprocal_float32_buffer',
+            'reciprocal_float32_texture3d',
         ),
     ),
     'relu': OpEntry(
@@ -981,6 +2765,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -991,6 +2776,251 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'relu_float32_buffer',
             'relu_float32_texture3d',
+        ),
+    ),
+    'relu6': OpEntry(
+        name='relu6',
+        targets=(
+            'aten.relu6.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'relu6_float32_buffer',
+            'relu6_float32_texture3d',
+        ),
+    ),
+    'reshape': OpEntry(
+        name='reshape',
+        targets=(
+            'aten.reshape.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE_INCL_PACKED_INT8'),
+            Arg('shape', 'int_list'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE_INCL_PACKED_INT8'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['identity', 'supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='copy',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'reshape_bool_buffer',
+            'reshape_bool_texture3d',
+            'reshape_float32_buffer',
+            'reshape_float32_texture3d',
+            'reshape_int32_buffer',
+            'reshape_int32_texture3d',
+            'reshape_int8_buffer',
+        ),
+    ),
+    'rsqrt': OpEntry(
+        name='rsqrt',
+        targets=(
+            'aten.rsqrt.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'rsqrt_float32_buffer',
+            'rsqrt_float32_texture3d',
+        ),
+    ),
+    'rsub': OpEntry(
+        name='rsub',
+        targets=(
+            'aten.rsub.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+            Arg('alpha', 'float', default=1.0),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
+        ),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'rsub_float32_buffer',
+            'rsub_float32_texture3d',
+            'rsub_int32_buffer',
+            'rsub_int32_texture3d',
+        ),
+    ),
+    'rsub_scalar': OpEntry(
+        name='rsub_scalar',
+        targets=(
+            'aten.rsub.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+            Arg('alpha', 'float', default=1.0),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+            Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'rsub_scalar_float32_buffer',
+            'rsub_scalar_float32_texture3d',
+            'rsub_scalar_int32_buffer',
+            'rsub_scalar_int32_texture3d',
+        ),
+    ),
+    'scaled_dot_product_attention': OpEntry(
+        name='scaled_dot_product_attention',
+        targets=(
+            'aten.scaled_dot_product_attention.default',
+        ),
+        args=(
+            Arg('query', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('key', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('value', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('attn_mask', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('dropout_p', 'float', default=0.0),
+            Arg('is_causal', 'bool', default=False),
+            Arg('scale', 'float', optional=True),
+            Arg('enable_gqa', 'bool', default=False),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('query', 'key', 'value', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('has_attn_mask', 'int', 'present', (('present', 'attn_mask'),)),
+            Push('scale', 'float', 'hook', (('hook', 'sdpa_scale'),)),
+            Push('is_causal', 'int', 'arg', (('arg', 'is_causal'),)),
+        ),
+        checks=(
+            Check('arg_equals', (('arg_equals', 'dropout_p'), ('of', 'out'), ('value', 0.0))),
+            Check('arg_equals', (('arg_equals', 'enable_gqa'), ('of', 'out'), ('value', False))),
+        ),
+        grid=('per_row', 'out'),
+        template='sdpa',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'scaled_dot_product_attention_float32_buffer',
+            'scaled_dot_product_attention_float32_texture3d',
+        ),
+    ),
+    'select': OpEntry(
+        name='select',
+        targets=(
+            'aten.select.int',
+            'aten.select_copy.int',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int'),
+            Arg('index', 'int'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('self_lead', 'ivec4', 'hook', (('hook', 'self_lead_sizes'),)),
+            Push('out_lead', 'ivec4', 'hook', (('hook', 'out_lead_sizes'),)),
+            Push('select_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
+            Push('select_index', 'int', 'hook', (('hook', 'select_index'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('out', (0, 1, 2, 3, 4, 5, 6, 7)), ('self', (0, 1, 2, 3, 4, 5, 6, 7)))),)),
+        ),
+        grid=('per_output_unit',),
+        template='select',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'select_bool_buffer',
+            'select_bool_texture3d',
+            'select_float32_buffer',
+            'select_float32_texture3d',
+            'select_int32_buffer',
+            'select_int32_texture3d',
         ),
     ),
     'sigmoid': OpEntry(
@@ -1008,6 +3038,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -1018,6 +3049,113 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'sigmoid_float32_buffer',
             'sigmoid_float32_texture3d',
+        ),
+    ),
+    'silu': OpEntry(
+        name='silu',
+        targets=(
+            'aten.silu.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'silu_float32_buffer',
+            'silu_float32_texture3d',
+        ),
+    ),
+    'slice': OpEntry(
+        name='slice',
+        targets=(
+            'aten.slice.Tensor',
+            'aten.slice_copy.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int', default=0),
+            Arg('start', 'int', optional=True),
+            Arg('end', 'int', optional=True),
+            Arg('step', 'int', default=1),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('self_lead', 'ivec4', 'hook', (('hook', 'self_lead_sizes'),)),
+            Push('out_lead', 'ivec4', 'hook', (('hook', 'out_lead_sizes'),)),
+            Push('slice_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
+            Push('slice_start', 'int', 'hook', (('hook', 'slice_start'),)),
+            Push('step', 'int', 'arg', (('arg', 'step'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('out', (0, 1, 2, 3, 4, 5, 6, 7)), ('self', (0, 1, 2, 3, 4, 5, 6, 7)))),)),
+        ),
+        grid=('per_output_unit',),
+        template='slice',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'slice_bool_buffer',
+            'slice_bool_texture3d',
+            'slice_float32_buffer',
+            'slice_float32_texture3d',
+            'slice_int32_buffer',
+            'slice_int32_texture3d',
+        ),
+    ),
+    'softmax': OpEntry(
+        name='softmax',
+        targets=(
+            'aten.softmax.int',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int'),
+            Arg('dtype', 'any', optional=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('softmax_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
+        ),
+        checks=(
+            Check('dim_unfolded', (('dim_unfolded', 'dim'), ('of', 'self'))),
+        ),
+        grid=('per_row', 'out'),
+        template='softmax',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'softmax_float32_buffer',
+            'softmax_float32_texture3d',
         ),
     ),
     'sqrt': OpEntry(
@@ -1035,6 +3173,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -1067,7 +3206,8 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8'),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
         push=(),
@@ -1076,6 +3216,8 @@ OPS: dict[str, OpEntry] = {
         template='copy',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'squeeze_copy_bool_buffer',
+            'squeeze_copy_bool_texture3d',
             'squeeze_copy_float32_buffer',
             'squeeze_copy_float32_texture3d',
             'squeeze_copy_int32_buffer',
@@ -1100,6 +3242,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'other', 'out'),
         ),
         dtypes=('float32', 'int32'),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(
@@ -1118,6 +3261,75 @@ OPS: dict[str, OpEntry] = {
             'sub_int32_texture3d',
         ),
     ),
+    'sub_scalar': OpEntry(
+        name='sub_scalar',
+        targets=(
+            'aten.sub.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+            Arg('alpha', 'float', default=1.0),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+            Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'sub_scalar_float32_buffer',
+            'sub_scalar_float32_texture3d',
+            'sub_scalar_int32_buffer',
+            'sub_scalar_int32_texture3d',
+        ),
+    ),
+    'sum': OpEntry(
+        name='sum',
+        targets=(
+            'aten.sum.dim_IntList',
+            'aten.sum.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int_list', optional=True),
+            Arg('keepdim', 'bool', optional=True, default=False),
+            Arg('dtype', 'any', optional=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='reduce',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'sum_float32_buffer',
+            'sum_float32_texture3d',
+        ),
+    ),
     'tanh': OpEntry(
         name='tanh',
         targets=(
@@ -1133,6 +3345,7 @@ OPS: dict[str, OpEntry] = {
             ('self', 'out'),
         ),
         dtypes=('float32',),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -1158,7 +3371,8 @@ OPS: dict[str, OpEntry] = {
         ),
         sync=(
         ),
-        dtypes=('float32', 'int32', 'int8'),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
         push=(),
@@ -1167,6 +3381,10 @@ OPS: dict[str, OpEntry] = {
         template='copy',
         shader_axes=('dtype', 'in_storage', 'out_storage'),
         variants=(
+            'to_layout_bool_buffer_buffer',
+            'to_layout_bool_buffer_texture3d',
+            'to_layout_bool_texture3d_buffer',
+            'to_layout_bool_texture3d_texture3d',
             'to_layout_float32_buffer_buffer',
             'to_layout_float32_buffer_texture3d',
             'to_layout_float32_texture3d_buffer',
@@ -1176,6 +3394,41 @@ OPS: dict[str, OpEntry] = {
             'to_layout_int32_texture3d_buffer',
             'to_layout_int32_texture3d_texture3d',
             'to_layout_int8_buffer_buffer',
+        ),
+    ),
+    'unflatten': OpEntry(
+        name='unflatten',
+        targets=(
+            'aten.unflatten.int',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE_INCL_PACKED_INT8'),
+            Arg('dim', 'int'),
+            Arg('sizes', 'int_list'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE_INCL_PACKED_INT8'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
+        flags=frozenset(['identity', 'supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='copy',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'unflatten_bool_buffer',
+            'unflatten_bool_texture3d',
+            'unflatten_float32_buffer',
+            'unflatten_float32_texture3d',
+            'unflatten_int32_buffer',
+            'unflatten_int32_texture3d',
+            'unflatten_int8_buffer',
         ),
     ),
     'unsqueeze_copy': OpEntry(
@@ -1194,7 +3447,8 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8'),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
         push=(),
@@ -1203,11 +3457,85 @@ OPS: dict[str, OpEntry] = {
         template='copy',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'unsqueeze_copy_bool_buffer',
+            'unsqueeze_copy_bool_texture3d',
             'unsqueeze_copy_float32_buffer',
             'unsqueeze_copy_float32_texture3d',
             'unsqueeze_copy_int32_buffer',
             'unsqueeze_copy_int32_texture3d',
             'unsqueeze_copy_int8_buffer',
+        ),
+    ),
+    'upsample_bilinear2d': OpEntry(
+        name='upsample_bilinear2d',
+        targets=(
+            'aten.upsample_bilinear2d.vec',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='ANY_STORAGE'),
+            Arg('output_size', 'int_list', optional=True),
+            Arg('align_corners', 'bool'),
+            Arg('scale_factors', 'any', optional=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('scale_h', 'float', 'hook', (('hook', 'upsample_scale_h'),)),
+            Push('scale_w', 'float', 'hook', (('hook', 'upsample_scale_w'),)),
+            Push('align_corners', 'int', 'arg', (('arg', 'align_corners'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='upsample',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'upsample_bilinear2d_float32_buffer',
+            'upsample_bilinear2d_float32_texture3d',
+        ),
+    ),
+    'upsample_nearest2d': OpEntry(
+        name='upsample_nearest2d',
+        targets=(
+            'aten.upsample_nearest2d.vec',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='ANY_STORAGE'),
+            Arg('output_size', 'int_list', optional=True),
+            Arg('scale_factors', 'any', optional=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('scale_h', 'float', 'hook', (('hook', 'upsample_scale_h'),)),
+            Push('scale_w', 'float', 'hook', (('hook', 'upsample_scale_w'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='upsample',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'upsample_nearest2d_float32_buffer',
+            'upsample_nearest2d_float32_texture3d',
         ),
     ),
     'view_copy': OpEntry(
@@ -1227,7 +3555,8 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8'),
+        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
         push=(),
@@ -1236,6 +3565,8 @@ OPS: dict[str, OpEntry] = {
         template='copy',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'view_copy_bool_buffer',
+            'view_copy_bool_texture3d',
             'view_copy_float32_buffer',
             'view_copy_float32_texture3d',
             'view_copy_int32_buffer',
@@ -1243,42 +3574,215 @@ OPS: dict[str, OpEntry] = {
             'view_copy_int8_buffer',
         ),
     ),
+    'where': OpEntry(
+        name='where',
+        targets=(
+            'aten.where.self',
+        ),
+        args=(
+            Arg('condition', 'tensor', repset='ANY_STORAGE'),
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('condition', 'self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'int32', 'bool'),
+        dtype_of=(('condition', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('condition', 'self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='where',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'where_bool_buffer',
+            'where_bool_texture3d',
+            'where_float32_buffer',
+            'where_float32_texture3d',
+            'where_int32_buffer',
+            'where_int32_texture3d',
+        ),
+    ),
+    'where_scalar_other': OpEntry(
+        name='where_scalar_other',
+        targets=(
+            'aten.where.ScalarOther',
+        ),
+        args=(
+            Arg('condition', 'tensor', repset='ANY_STORAGE'),
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('condition', 'self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('condition', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+        ),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('condition', 'self')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='where',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'where_scalar_other_float32_buffer',
+            'where_scalar_other_float32_texture3d',
+            'where_scalar_other_int32_buffer',
+            'where_scalar_other_int32_texture3d',
+        ),
+    ),
+    'where_scalar_self': OpEntry(
+        name='where_scalar_self',
+        targets=(
+            'aten.where.ScalarSelf',
+        ),
+        args=(
+            Arg('condition', 'tensor', repset='ANY_STORAGE'),
+            Arg('self', 'float'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('condition', 'other', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(('condition', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('self', 'float', 'arg', (('arg', 'self'),)),
+        ),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('condition', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='where',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'where_scalar_self_float32_buffer',
+            'where_scalar_self_float32_texture3d',
+            'where_scalar_self_int32_buffer',
+            'where_scalar_self_int32_texture3d',
+        ),
+    ),
 }
 
 # torch target (e.g. "aten.add.Tensor") -> op name.
 TARGETS: dict[str, str] = {
+    'aten.__and__.Tensor': 'bitwise_and',
+    'aten.__or__.Tensor': 'bitwise_or',
+    'aten.__xor__.Tensor': 'bitwise_xor',
+    'aten._adaptive_avg_pool2d.default': 'adaptive_avg_pool2d',
+    'aten._log_softmax.default': '_log_softmax',
+    'aten._native_batch_norm_legit_no_training.default': 'native_batch_norm_no_training',
+    'aten._softmax.default': '_softmax',
     'aten._unsafe_view.default': 'view_copy',
     'aten.abs.default': 'abs',
+    'aten.adaptive_avg_pool2d.default': 'adaptive_avg_pool2d',
+    'aten.add.Scalar': 'add_scalar',
     'aten.add.Tensor': 'add',
     'aten.addmm.default': 'addmm',
     'aten.alias.default': 'alias_copy',
     'aten.alias_copy.default': 'alias_copy',
+    'aten.amax.default': 'amax',
+    'aten.amin.default': 'amin',
     'aten.avg_pool2d.default': 'avg_pool2d',
+    'aten.batch_norm.default': 'batch_norm',
+    'aten.bitwise_and.Tensor': 'bitwise_and',
+    'aten.bitwise_or.Tensor': 'bitwise_or',
+    'aten.bitwise_xor.Tensor': 'bitwise_xor',
+    'aten.bmm.default': 'bmm',
     'aten.cat.default': 'cat',
     'aten.clamp.default': 'clamp',
     'aten.clone.default': 'clone',
+    'aten.constant_pad_nd.default': 'constant_pad_nd',
+    'aten.contiguous.default': 'contiguous',
     'aten.conv2d.default': 'conv2d',
+    'aten.detach.default': 'detach',
+    'aten.div.Scalar': 'div_scalar',
     'aten.div.Tensor': 'div',
+    'aten.eq.Scalar': 'eq_scalar',
+    'aten.eq.Tensor': 'eq',
     'aten.erf.default': 'erf',
     'aten.exp.default': 'exp',
+    'aten.expand.default': 'expand',
+    'aten.expand_copy.default': 'expand',
+    'aten.flatten.using_ints': 'flatten',
     'aten.flip.default': 'flip',
+    'aten.ge.Scalar': 'ge_scalar',
+    'aten.ge.Tensor': 'ge',
     'aten.gelu.default': 'gelu',
+    'aten.group_norm.default': 'group_norm',
+    'aten.gt.Scalar': 'gt_scalar',
+    'aten.gt.Tensor': 'gt',
+    'aten.hardsigmoid.default': 'hardsigmoid',
     'aten.hardswish.default': 'hardswish',
+    'aten.hardtanh.default': 'hardtanh',
     'aten.layer_norm.default': 'layer_norm',
+    'aten.le.Scalar': 'le_scalar',
+    'aten.le.Tensor': 'le',
     'aten.leaky_relu.default': 'leaky_relu',
+    'aten.lift_fresh_copy.default': 'lift_fresh_copy',
     'aten.linear.default': 'linear',
+    'aten.log_softmax.int': 'log_softmax',
+    'aten.logical_and.default': 'logical_and',
+    'aten.logical_not.default': 'logical_not',
+    'aten.logical_or.default': 'logical_or',
+    'aten.logical_xor.default': 'logical_xor',
+    'aten.lt.Scalar': 'lt_scalar',
+    'aten.lt.Tensor': 'lt',
+    'aten.matmul.default': 'matmul',
     'aten.max_pool2d.default': 'max_pool2d',
     'aten.maximum.default': 'maximum',
+    'aten.mean.default': 'mean',
+    'aten.mean.dim': 'mean',
     'aten.minimum.default': 'minimum',
     'aten.mm.default': 'mm',
+    'aten.mul.Scalar': 'mul_scalar',
     'aten.mul.Tensor': 'mul',
+    'aten.native_group_norm.default': 'native_group_norm',
     'aten.native_layer_norm.default': 'native_layer_norm',
+    'aten.ne.Scalar': 'ne_scalar',
+    'aten.ne.Tensor': 'ne',
     'aten.neg.default': 'neg',
     'aten.permute.default': 'permute_copy',
     'aten.permute_copy.default': 'permute_copy',
+    'aten.pixel_shuffle.default': 'pixel_shuffle',
+    'aten.pixel_unshuffle.default': 'pixel_unshuffle',
+    'aten.pow.Tensor_Scalar': 'pow_tensor_scalar',
     'aten.pow.Tensor_Tensor': 'pow',
+    'aten.reciprocal.default': 'reciprocal',
     'aten.relu.default': 'relu',
+    'aten.relu6.default': 'relu6',
+    'aten.reshape.default': 'reshape',
+    'aten.rsqrt.default': 'rsqrt',
+    'aten.rsub.Scalar': 'rsub_scalar',
+    'aten.rsub.Tensor': 'rsub',
+    'aten.scaled_dot_product_attention.default': 'scaled_dot_product_attention',
+    'aten.select.int': 'select',
+    'aten.select_copy.int': 'select',
     'aten.sigmoid.default': 'sigmoid',
+    'aten.silu.default': 'silu',
+    'aten.slice.Tensor': 'slice',
+    'aten.slice_copy.Tensor': 'slice',
+    'aten.softmax.int': 'softmax',
     'aten.sqrt.default': 'sqrt',
     'aten.squeeze.default': 'squeeze_copy',
     'aten.squeeze.dim': 'squeeze_copy',
@@ -1286,13 +3790,25 @@ TARGETS: dict[str, str] = {
     'aten.squeeze_copy.default': 'squeeze_copy',
     'aten.squeeze_copy.dim': 'squeeze_copy',
     'aten.squeeze_copy.dims': 'squeeze_copy',
+    'aten.sub.Scalar': 'sub_scalar',
     'aten.sub.Tensor': 'sub',
+    'aten.sum.default': 'sum',
+    'aten.sum.dim_IntList': 'sum',
     'aten.tanh.default': 'tanh',
+    'aten.unflatten.int': 'unflatten',
     'aten.unsqueeze.default': 'unsqueeze_copy',
     'aten.unsqueeze_copy.default': 'unsqueeze_copy',
+    'aten.upsample_bilinear2d.vec': 'upsample_bilinear2d',
+    'aten.upsample_nearest2d.vec': 'upsample_nearest2d',
     'aten.view.default': 'view_copy',
     'aten.view_copy.default': 'view_copy',
+    'aten.where.ScalarOther': 'where_scalar_other',
+    'aten.where.ScalarSelf': 'where_scalar_self',
+    'aten.where.self': 'where',
     'dim_order_ops._clone_dim_order.default': 'clone_dim_order',
+    'texelflow.conv2d_act.default': 'conv2d_act',
+    'texelflow.conv2d_dw.default': 'conv2d_dw',
+    'texelflow.conv2d_dw_act.default': 'conv2d_dw_act',
     'texelflow.to_layout.default': 'to_layout',
 }
 

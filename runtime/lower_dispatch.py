@@ -4,7 +4,8 @@ Everything op-specific comes from the generated registry: the variant is chosen 
 dtype and the storage each binding must have (never by building a name); push constants are
 evaluated from their declared derivations (texelflow.shaders.node_rules); an absent optional
 tensor is bound as a 1-element dummy buffer; a template whose grid is `per_list_element` gets one
-dispatch per element of its tensor list. No op is named here: the kernel tests build their
+dispatch per element of its tensor list, one whose grid is `per_row` one invocation per W-row of
+the named tensor (H * C * N of its WHCN sizes) instead of one per output unit. No op is named here: the kernel tests build their
 dispatches through this same code.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from texelflow.generated.layouts import STORAGE_AXIS, Storage
 from texelflow.generated.variants import variants_of
+from texelflow.shaders.geometry import whcn_sizes
 from texelflow.shaders.node_rules import push_values
 
 
@@ -25,6 +27,7 @@ class DispatchSpec:
     tensors: dict  # binding name -> Value (the program maps values to device tensors)
     scalars: dict
     label: str
+    units: int | None = None  # invocations, when not one per unit of the output (grid per_row)
 
 
 class _Absent:
@@ -51,11 +54,16 @@ def select_variant(op_name: str, dtype: str, storages: dict[str, Storage], devic
 
 def node_dispatches(node, slot_reprs: dict, dtype: str, device_features=None) -> list[DispatchSpec]:
     """Dispatches for one planned node. `slot_reprs`: tensor slot name -> TensorRepr;
+    `dtype`: the node's dtype, used unless the op fixes some tensors' dtypes (`dtype_of`: a
+    comparison's bool out), when the variant's dtype is that of its other tensors;
     `device_features`: what the device has (None: every variant is a candidate)."""
     op = node.op
     tensors = {name: v for name, v in node.args if name in slot_reprs}
     tensors.update(node.outputs)
     storages = {name: slot_reprs[name].storage for name in tensors}
+    if op.dtype_of:
+        slots = dict(node.outputs) | dict(node.tensor_args())
+        dtype = op.variant_dtype({name: v.dtype for name, v in slots.items()}) or dtype
     variant = select_variant(op.name, dtype, storages, device_features)
     bound = {b.tensor for b in variant.bindings}
     for a in op.args:
@@ -69,4 +77,8 @@ def node_dispatches(node, slot_reprs: dict, dtype: str, device_features=None) ->
                 specs.append(DispatchSpec(variant, {**tensors, name: element}, push_values(node, op.push, i),
                                           f"{node.name}[{i}]"))
         return specs
-    return [DispatchSpec(variant, tensors, push_values(node, op.push), node.name)]
+    units = None
+    if op.grid[0] == "per_row":
+        w, h, c, n = whcn_sizes(tensors[op.grid[1]].shape)
+        units = h * c * n
+    return [DispatchSpec(variant, tensors, push_values(node, op.push), node.name, units)]

@@ -17,6 +17,7 @@ a no-op. Call arguments are checked by `runtime/call_args.py` before anything ru
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ from texelflow.runtime.graph.ir import Node, Role, Value
 from texelflow.runtime.lower_dispatch import DUMMY_BUFFER, DispatchSpec, node_dispatches
 from texelflow.runtime.vulkan.program import Dispatch, Program
 from texelflow.runtime.vulkan.tensor import VkTensor
+from texelflow.shaders.geometry import whcn_sizes
 
 
 @dataclass
@@ -77,7 +79,7 @@ class CompiledProgram:
     close() or `with texelflow.compile(...) as prog:`; a program dropped without either is freed
     by a finalizer."""
 
-    def __init__(self, plan, exported, device, owns_device: bool = False):
+    def __init__(self, plan, exported, device, owns_device: bool = False, progress=None):
         import torch
 
         self.plan, self.device, self.exported = plan, device, exported
@@ -98,25 +100,73 @@ class CompiledProgram:
         self.segments.extend(self._cut(graph))
         self._input_specs = self._build_input_specs()
         persistent = self._persistent(graph)
+        # compile's timings ("prepacking", "pipelines") join the plan's: prog.timings is plan.timings
+        self.timings = getattr(plan, "timings", None)
+        if self.timings is None:
+            self.timings = plan.timings = {}
+        report = progress or (lambda stage, done, total: None)
         try:
-            for seg in self.segments:
-                specs = []
-                for node in seg.nodes:
-                    if node.folded:
-                        continue
-                    slots = {name: assignment.slots[(node, name)]
-                             for name in set([n for n, _ in node.tensor_args()] + [n for n, _ in node.outputs])}
-                    dtype = node.outputs[0][1].dtype
-                    specs += node_dispatches(node, slots, dtype, device.enabled_features)
-                dispatches = [self._dispatch(s, assignment, persistent) for s in specs]
+            seg_specs = [self._segment_specs(seg, assignment) for seg in self.segments]
+            start = time.perf_counter()
+            self._prepack(seg_specs, assignment, report)
+            self.timings["prepacking"] = time.perf_counter() - start
+            start = time.perf_counter()
+            seg_dispatches = [[self._dispatch(s, assignment, persistent) for s in specs] for specs in seg_specs]
+            self._create_pipelines([d for ds in seg_dispatches for d in ds], report)
+            for seg, dispatches in zip(self.segments, seg_dispatches):
                 ins = [self._tensor(v, assignment, persistent) for v in seg.inputs]
                 outs = [self._tensor(v, assignment, persistent) for v in seg.outputs]
                 seg.program = Program(device, dispatches, ins, outs)
+            self.timings["pipelines"] = time.perf_counter() - start
         except BaseException:
             self.close()
             raise
 
     # ---- building ---------------------------------------------------------------------------------
+    def _segment_specs(self, seg: _Segment, assignment) -> list[DispatchSpec]:
+        specs = []
+        for node in seg.nodes:
+            if node.folded:
+                continue
+            slots = {name: assignment.slots[(node, name)]
+                     for name in set([n for n, _ in node.tensor_args()] + [n for n, _ in node.outputs])}
+            dtype = node.outputs[0][1].dtype
+            specs += node_dispatches(node, slots, dtype, self.device.enabled_features)
+        return specs
+
+    def _prepack(self, seg_specs, assignment, report) -> None:
+        """Upload every constant into each representation its dispatches want, reporting each."""
+        wanted = {}
+        for specs in seg_specs:
+            for spec in specs:
+                for name, v in spec.tensors.items():
+                    if isinstance(v, Value) and v.role is Role.CONST:
+                        wanted.setdefault((v, self._const_slot(v, name, spec.label, assignment)), None)
+        report("prepacking", 0, len(wanted))
+        for i, (v, repr_) in enumerate(wanted, 1):
+            self._const(v, repr_)
+            report("prepacking", i, len(wanted))
+
+    def _create_pipelines(self, dispatches: list[Dispatch], report) -> None:
+        """Create each distinct pipeline once, in the device's shared cache, before the programs
+        that use it are built (so the progress callback sees them one by one)."""
+        from texelflow.runtime.vulkan.pipeline import PipelineCache
+
+        cache = PipelineCache.shared(self.device)
+        wanted = {}
+        for d in dispatches:
+            names = {s.name for s in d.variant.spec_constants}
+            bindings = sorted(d.variant.bindings, key=lambda b: b.index)
+            spec = {f"{b.tensor}_layout": int(t.layout) for b, t in zip(bindings, d.bound())
+                    if f"{b.tensor}_layout" in names}
+            if d.local_size_x is not None:
+                spec["local_size_x"] = d.local_size_x
+            wanted.setdefault((d.variant.name, tuple(sorted(spec.items())), d.spirv), (d, spec))
+        report("pipelines", 0, len(wanted))
+        for i, (d, spec) in enumerate(wanted.values(), 1):
+            cache.get(d.variant, spec, spirv=d.spirv)
+            report("pipelines", i, len(wanted))
+
     def _root(self, v: Value) -> Value:
         while v in self._alias:
             v = self._alias[v]
@@ -197,7 +247,7 @@ class CompiledProgram:
         return t
 
     def _dispatch(self, spec: DispatchSpec, assignment, persistent) -> Dispatch:
-        tensors = {}
+        tensors, scalars = {}, dict(spec.scalars)
         for name, v in spec.tensors.items():
             if v is DUMMY_BUFFER:
                 tensors[name] = self._dummy()
@@ -207,7 +257,9 @@ class CompiledProgram:
                 tensors[name] = self._const(v, self._const_slot(v, name, spec.label, assignment))
             else:
                 tensors[name] = self._tensor(v, assignment, persistent)
-        return Dispatch(spec.variant, tensors, spec.scalars, label=spec.label)
+                if self._root(v) is not v:  # a folded view: its root's memory, read with its own sizes
+                    scalars[f"{name}_sizes"] = whcn_sizes(v.shape)
+        return Dispatch(spec.variant, tensors, scalars, label=spec.label, units=spec.units)
 
     @staticmethod
     def _const_slot(v: Value, name: str, label: str, assignment):
@@ -235,8 +287,17 @@ class CompiledProgram:
         torch = self._torch
         if v.literal is not None:
             return np.array(v.literal, dtype=np.dtype(v.dtype)).reshape(v.shape)
-        data = self._state[v.source]
+        data = self._const_tensor(v)
         return data.detach().to(getattr(torch, v.dtype)).contiguous().numpy()
+
+    def _const_tensor(self, v: Value):
+        """A constant's torch tensor: its state-dict entry, or a derived constant computed from
+        its sources (runtime/graph/derived.py), never stored back into the model."""
+        if v.derive is not None:
+            from texelflow.runtime.graph.derived import evaluate
+
+            return evaluate(v, lambda s: self._state[s.source] if s.literal is None else self._torch.tensor(s.literal))
+        return self._state[v.source]
 
     # ---- running ----------------------------------------------------------------------------------
     def __call__(self, *args):
@@ -338,7 +399,7 @@ class CompiledProgram:
 
     def _value_of(self, v: Value, env: dict):
         if v.role is Role.CONST:
-            return v.literal if v.literal is not None else self._state[v.source]
+            return v.literal if v.literal is not None else self._const_tensor(v)
         r = self._root(v)
         value = env[r]
         return value.reshape(v.shape) if r is not v else value
@@ -346,8 +407,9 @@ class CompiledProgram:
     def _fx_values(self, fx, node: Node, env: dict) -> dict:
         """fx input node name -> torch value, for the fx node behind a fallback IR node."""
         out = {}
-        for a in fx.all_input_nodes:
-            v = self._ir_value(a)
+        recorded = getattr(self.plan.graph, "fx_inputs", {}).get(node)  # lowering's record, when it has one
+        for i, a in enumerate(fx.all_input_nodes):
+            v = recorded[i] if recorded is not None else self._ir_value(a)
             out[a.name] = self._value_of(v, env) if isinstance(v, Value) else tuple(self._value_of(x, env) for x in v)
         return out
 
@@ -360,7 +422,8 @@ class CompiledProgram:
             self._nodes_by_name = {n.name: n for n in self.plan.graph.nodes}
         if fx_node.target is operator.getitem:  # a getitem of a multi-output node
             src, idx = fx_node.args
-            return self._ir_value(src)[idx]
+            base = self._ir_value(src)
+            return base[idx] if isinstance(base, list) else base  # (fusion may leave one output)
         node = self._nodes_by_name.get(fx_node.name)
         if node is not None and len(node.outputs) > 1:
             return [v for _, v in node.outputs]

@@ -173,6 +173,27 @@ def _broadcast_foldable(node: NodeFacts, p: dict) -> str | None:
     return None
 
 
+@_rule(CHECK_RULES, "dim_unfolded", None, required=("of",))
+def _dim_unfolded(node: NodeFacts, p: dict) -> str | None:
+    """The int argument `dim_unfolded` (a torch dim of tensor `of`) is a WHCN dim of its own: the
+    tensor has rank <= 4, or the dim is one of its last 3 (WHCN's N folds all the others)."""
+    rank = len(node.shape(p["of"]))
+    dim = node.value(p["dim_unfolded"])
+    if rank > 4 and dim % rank < rank - 3:
+        return f"dim {dim} of a rank-{rank} '{p['of']}' is folded into WHCN's N with other dims"
+    return None
+
+
+@_rule(CHECK_RULES, "arg_equals", None, required=("value", "of"))
+def _arg_equals(node: NodeFacts, p: dict) -> str | None:
+    """`{arg_equals: ARG, value: V, of: TENSOR}`: the scalar argument ARG is V, the only value the
+    kernel computing tensor `of` implements (sdpa's dropout_p 0.0); `of` names it in the reason."""
+    v = node.value(p["arg_equals"])
+    if v != p["value"]:
+        return f"{p['arg_equals']}={v!r} is not implemented for '{p['of']}' (only {p['value']!r})"
+    return None
+
+
 def run_checks(node: NodeFacts, checks: Sequence) -> str | None:
     """The first failing check's reason, or None. `checks`: items with `.rule` and `.params`."""
     for check in checks:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 from texelflow.runtime.graph.optimal import SOLVER_TIME_LIMIT_S  # light: scipy loads when planning
@@ -24,22 +25,39 @@ def _plan(model, example_inputs, planner, limits, time_limit):
     from texelflow.runtime.graph.lowering import lower
     from texelflow.runtime.graph.plan import plan_graph
 
-    ep = export_program(model, example_inputs)
-    result = plan_graph(fuse_patterns(lower(ep, limits)), planner, limits, time_limit)
+    timings: dict[str, float] = {}
+    ep = export_program(model, example_inputs, timings)
+    graph = lower(ep, limits, timings)
+    start = time.perf_counter()
+    graph = fuse_patterns(graph)
+    timings["fusion"] = time.perf_counter() - start
+    result = plan_graph(graph, planner, limits, time_limit)
+    timings["planning"] = result.seconds
+    result.timings = timings
     result.exported = ep
     return result
 
 
 def plan(model, example_inputs: Sequence = (), planner: str = "optimal", texture_limits=None,
          time_limit: float = SOLVER_TIME_LIMIT_S):
-    """Export `model` (an nn.Module with `example_inputs`, or an ExportedProgram), partition it and
-    plan a representation for every tensor. Returns a Plan; no Vulkan device is needed."""
+    """Export `model`, partition it and plan a representation for every tensor. Returns a Plan
+    (`plan.fallbacks`: every node that runs on the CPU and why; `plan.timings`: seconds per
+    stage); no Vulkan device is needed.
+
+    `model` is an nn.Module with `example_inputs` (a GraphModule from `torch.export(...).module()`
+    or torchao's `convert_pt2e` included), never changed, not even its training flags: it is
+    exported in inference mode through a shallow copy; or an ExportedProgram, used as it is."""
     return _plan(model, example_inputs, planner, _texture_limits(texture_limits, None), time_limit)
 
 
 def compile(model, example_inputs: Sequence = (), planner: str = "optimal", device=None, texture_limits=None,
-            time_limit: float = SOLVER_TIME_LIMIT_S):
+            time_limit: float = SOLVER_TIME_LIMIT_S, progress=None):
     """Plan `model` for `device` and build a callable program.
+
+    `progress`, when given, is called as `progress(stage, done, total)` while the program is
+    built: stage "prepacking" (constants uploaded into their representations) and then
+    "pipelines" (compute pipelines created), `done` counting up from 0 to `total`, enough to
+    draw a progress bar. Seconds per stage are in `prog.timings` (also `prog.plan.timings`).
 
     With `device=None` every program shares one process-wide default device (the best one found,
     created on first use and closed at interpreter exit: `runtime.vulkan.device.default_device`).
@@ -51,4 +69,4 @@ def compile(model, example_inputs: Sequence = (), planner: str = "optimal", devi
     device = default_device() if device is None else device
     device.check_open("compiling a program")
     result = _plan(model, example_inputs, planner, _texture_limits(texture_limits, device), time_limit)
-    return CompiledProgram(result, result.exported, device)
+    return CompiledProgram(result, result.exported, device, progress=progress)

@@ -158,6 +158,7 @@ def cmd_plan(args) -> int:
         model, inputs = load_target(args.target)
         plan = texelflow.plan(model, inputs, planner=args.planner)
         print(plan.summary())
+        print("\n" + plan.timing_summary())
         if args.svg:
             write_svg(plan.to_dot(), args.svg)
             print(f"\nwrote {args.svg}")
@@ -168,44 +169,26 @@ def cmd_plan(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    """Plan the default model with both planners, run it on the Vulkan device, check it."""
-    import time
+    """Plan a zoo model (ViT-S/16 by default) or a MODULE:ATTR target with both planners, compile
+    it for the Vulkan device, run it, check it against eager PyTorch and time both."""
+    from texelflow import demo
+    from texelflow.models import ZOO
 
-    import torch
+    name = args.model or (args.target if args.target and ":" not in args.target else None)
+    if args.target and ":" in args.target and not args.model:
+        model, inputs = load_target(args.target)
+        title = args.target
+    else:
+        name = name or demo.DEFAULT_MODEL
+        if name not in ZOO:
+            from texelflow.codegen.diagnostics import did_you_mean
 
-    import texelflow
-    from texelflow.runtime.vulkan.device import Device
-    from texelflow.runtime.vulkan.errors import NoDeviceError
-
-    model, inputs = load_target(args.target)
-    print(f"model: {args.target}")
-    for planner in ("greedy", "optimal"):
-        p = texelflow.plan(model, inputs, planner=planner)
-        print(f"  {planner:<8} transitions={p.num_transitions} ({p.transition_bytes} B)  optimal={p.optimal}  "
-              f"lower_bound={p.lower_bound}  fallbacks={len(p.fallbacks)}  planning {p.seconds * 1000:.1f} ms")
-    try:
-        device = Device()
-    except NoDeviceError as exc:
-        print(f"texelflow demo: {exc}", file=sys.stderr)
-        return 1
-    print(f"device: {device.limits.name}\n")
-    prog = texelflow.compile(model, inputs, device=device)
-    print(prog.plan.summary())
-    got, want = prog(*inputs), model(*inputs)
-    err = (got - want).abs().max().item()
-    runs = 20
-    start = time.perf_counter()
-    for _ in range(runs):
-        prog(*inputs)
-    per_call = (time.perf_counter() - start) / runs
-    print(f"\nmax |vulkan - torch| = {err:.2e}; {per_call * 1000:.2f} ms per call; "
-          f"{prog.num_submits_per_call} queue submit(s) per call")
-    slowest = sorted(prog.profile(), key=lambda r: -r[1])[:5]
-    print("slowest dispatches: " + ", ".join(f"{label} {us:.0f} us" for label, us in slowest))
-    prog.close()
-    ok = torch.allclose(got, want, rtol=1e-4, atol=1e-4)
-    print("demo: OK" if ok else "demo: MISMATCH")
-    return 0 if ok else 1
+            print(f"texelflow demo: unknown model '{name}'{did_you_mean(name, ZOO)}; "
+                  f"choose one of {', '.join(ZOO)} or give MODULE:ATTR", file=sys.stderr)
+            return 2
+        model, inputs = ZOO[name]()
+        title = name
+    return demo.run(model, inputs, title)
 
 
 def cmd_bench(args) -> int:
@@ -239,8 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--planner", choices=["optimal", "greedy"], default="optimal")
     plan.add_argument("--svg", help="also draw the planned graph (SVG, or Graphviz source for a .dot name)")
     plan.set_defaults(func=cmd_plan)
-    demo = sub.add_parser("demo", help="plan, compile and run the default model on the Vulkan device")
-    demo.add_argument("target", nargs="?", default=DEFAULT_MODEL, help=f"MODULE:ATTR (default {DEFAULT_MODEL})")
+    demo = sub.add_parser("demo", help="plan, compile and run a model on the Vulkan device (default: ViT-S/16)")
+    demo.add_argument("target", nargs="?", help="MODULE:ATTR giving (model, inputs), or a zoo model name")
+    demo.add_argument("--model", help="a zoo model from texelflow.models.ZOO (default vit_s16)")
     demo.set_defaults(func=cmd_demo)
     bench = sub.add_parser("bench", help="run the benchmarks under bench/")
     bench.add_argument("--quick", action="store_true", help="small sizes")

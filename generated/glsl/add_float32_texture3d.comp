@@ -66,16 +66,16 @@ T load_other(ivec4 idx) {
   return imageLoad(t_other, pl.xyz)[pl.w];
 }
 
-#line 17 "shaders/binary.glsl.j2"
+#line 18 "shaders/binary.glsl.j2"
 #define VEC VEC4
 
-#line 20
+#line 21
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   bool direct = self_layout == out_layout && other_layout == out_layout
       && pc.self_sizes == pc.out_sizes && pc.other_sizes == pc.out_sizes;
-#line 37
+#line 38
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec3 pa = pos;
   ivec3 pb = pos;
@@ -92,5 +92,5 @@ void main() {
   if (pc.other_sizes[pd] == 1) { Y = VEC4(Y.x); }
   // Padding lanes stay zero whatever OP(0, 0) is.
   store_texel_out(pos, mix(X + VEC(pc.alpha) * Y, VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
-#line 54
+#line 55
 }

@@ -27,6 +27,8 @@ layout(push_constant) uniform PushConstants {
 #line 27
   ivec4 tensors_sizes;
 #line 27
+  ivec4 out_lead;
+#line 27
   int units;
 #line 27
   int cat_dim;
@@ -59,20 +61,65 @@ T load_tensors(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.tensors_sizes, tensors_layout);
   return imageLoad(t_tensors, pl.xyz)[pl.w];
 }
+// WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
+#line 7 "shaders/_lead.glsl.j2"
+void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
+  e[0] = idx.x;
+  e[1] = idx.y;
+  e[2] = idx.z;
+  int n = idx.w;
+  for (int k = 0; k < 4; ++k) {
+    e[3 + k] = n % lead[k];
+    n /= lead[k];
+  }
+  e[7] = 0;
+}
+
+// 8 lanes -> WHCN index with the leading lanes folded into N again.
+ivec4 tf_fold8(int e[8], ivec4 lead) {
+  int n = 0;
+  for (int k = 3; k >= 0; --k) { n = n * lead[k] + e[3 + k]; }
+  return ivec4(e[0], e[1], e[2], n);
+}
+
+// The 8-lane sizes of a tensor from its WHCN sizes and leading sizes.
+void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
+  s[0] = sizes.x;
+  s[1] = sizes.y;
+  s[2] = sizes.z;
+  for (int k = 0; k < 4; ++k) { s[3 + k] = lead[k]; }
+  s[7] = 1;
+}
+
+// This input's leading sizes: out's, but along a leading cat_dim, where N says how many.
+#line 35 "shaders/cat.glsl.j2"
+ivec4 input_lead() {
+  ivec4 lead = pc.out_lead;
+  if (pc.cat_dim >= 3) {
+    int k = pc.cat_dim - 3;
+    lead[k] = 1;
+    lead[k] = pc.tensors_sizes.w / (lead.x * lead.y * lead.z * lead.w);
+  }
+  return lead;
+}
 
 // The input element for out index `e`, if e lies in this input's slab.
-#line 28 "shaders/cat.glsl.j2"
 bool in_slab(ivec4 e, out ivec4 src) {
-  src = e;
-  src[pc.cat_dim] -= pc.cat_offset;
-  return src[pc.cat_dim] >= 0 && src[pc.cat_dim] < pc.tensors_sizes[pc.cat_dim];
+  int i[8];
+  tf_unfold8(e, pc.out_lead, i);
+  i[pc.cat_dim] -= pc.cat_offset;
+  int s[8];
+  ivec4 lead = input_lead();
+  tf_sizes8(pc.tensors_sizes, lead, s);
+  src = tf_fold8(i, lead);
+  return i[pc.cat_dim] >= 0 && i[pc.cat_dim] < s[pc.cat_dim];
 }
 
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   ivec4 src;
-#line 42
+#line 65
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
@@ -89,5 +136,5 @@ void main() {
     }
   }
   if (mine) { store_texel_out(pos, r); }
-#line 59
+#line 82
 }

@@ -54,17 +54,17 @@ T load_self(ivec4 idx) {
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
 
-#line 11 "shaders/unary.glsl.j2"
+#line 13 "shaders/unary.glsl.j2"
 #define VEC VEC4
 
-#line 14
+#line 16
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 21
+#line 23
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   VEC4 X = load_texel_self(pos);
   // Padding lanes stay zero whatever OP(0) is.
   store_texel_out(pos, mix(tf_clamp(X, VEC(pc.min), VEC(pc.max)), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
-#line 26
+#line 28
 }

@@ -79,45 +79,266 @@ T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_si
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 #line 29 "shaders/conv2d.glsl.j2"
-T compute_out(ivec4 idx) {
-  ivec2 stride = pc.conv_stride_pad.xy;
-  ivec2 pad = pc.conv_stride_pad.zw;
-  ivec2 dil = pc.conv_dilation.xy;
-  ivec4 ws = pc.weight_sizes;
-  int co = idx.z;
+VEC4 conv_activation(VEC4 v) { return v; }
+
+#line 22 "shaders/_conv2d_main.glsl.j2"
+void main() {
+  int u = tf_unit_id();
+  ivec4 os = pc.out_sizes;
+  int cout = os.z;
+  int cout4 = tf_div_up(cout, 4);
+  int tiles_x = tf_div_up(os.x, 4);
+  int tiles_y = tf_div_up(os.y, 4);
+  if (u >= tiles_x * tiles_y * cout4 * os.w) { return; }
+  int x0 = (u % tiles_x) * 4;
+  int y0 = ((u / tiles_x) % tiles_y) * 4;
+  int zc = u / (tiles_x * tiles_y);  // channel block + n * cout4: the output texel's z
+  int block = zc % cout4;
+  int n = zc / cout4;
+  ivec4 lane_c = ivec4(block * 4) + ivec4(0, 1, 2, 3);
+  ivec4 co = min(lane_c, ivec4(cout - 1));
+
+  ivec4 ws = pc.weight_sizes;  // (KW, KH, Cin / groups, Cout)
+  int kw = ws.x;
+  int kh = ws.y;
   int cin_g = ws.z;
-  int cout_g = pc.out_sizes.z / pc.groups;
-  int c0 = (co / cout_g) * cin_g;
-  ivec2 origin = idx.xy * stride - pad;
-  T acc = pc.has_bias != 0 ? load_bias(ivec4(co, 0, 0, 0)) : T(0);
-  for (int ci = 0; ci < cin_g; ++ci) {
-    for (int ky = 0; ky < ws.y; ++ky) {
-      int iy = origin.y + ky * dil.y;
-      if (iy < 0 || iy >= pc.input_sizes.y) { continue; }
-      for (int kx = 0; kx < ws.x; ++kx) {
-        int ix = origin.x + kx * dil.x;
-        if (ix < 0 || ix >= pc.input_sizes.x) { continue; }
-        acc += load_input(ivec4(ix, iy, c0 + ci, idx.w)) * load_weight(ivec4(kx, ky, ci, co));
+  int taps = kw * kh;
+  int cin = pc.input_sizes.z;
+  int cin4 = tf_div_up(cin, 4);
+  int zin = n * cin4;
+  ivec2 stride = pc.conv_stride_pad.xy;
+  ivec2 origin = ivec2(x0, y0) * stride - pc.conv_stride_pad.zw;
+  ivec2 dil = pc.conv_dilation.xy;
+  ivec2 in_wh = pc.input_sizes.xy;
+  ivec4 wrow = co * (cin_g * taps);  // element offset of weight[co, 0, 0, 0]
+
+  VEC4 b0 = VEC4(0);
+  if (pc.has_bias != 0) {
+    b0 = VEC4(t_bias[co.x], t_bias[co.y], t_bias[co.z], t_bias[co.w]);
+  }
+#line 57
+  VEC4 acc0 = b0;
+#line 57
+  VEC4 acc1 = b0;
+#line 57
+  VEC4 acc2 = b0;
+#line 57
+  VEC4 acc3 = b0;
+#line 57
+  VEC4 acc4 = b0;
+#line 57
+  VEC4 acc5 = b0;
+#line 57
+  VEC4 acc6 = b0;
+#line 57
+  VEC4 acc7 = b0;
+#line 57
+  VEC4 acc8 = b0;
+#line 57
+  VEC4 acc9 = b0;
+#line 57
+  VEC4 acc10 = b0;
+#line 57
+  VEC4 acc11 = b0;
+#line 57
+  VEC4 acc12 = b0;
+#line 57
+  VEC4 acc13 = b0;
+#line 57
+  VEC4 acc14 = b0;
+#line 57
+  VEC4 acc15 = b0;
+
+#line 60
+  for (int ky = 0; ky < kh; ++ky) {
+#line 62
+    int iy0 = origin.y + 0 * stride.y + ky * dil.y;
+    bool yok0 = iy0 >= 0 && iy0 < in_wh.y;
+#line 62
+    int iy1 = origin.y + 1 * stride.y + ky * dil.y;
+    bool yok1 = iy1 >= 0 && iy1 < in_wh.y;
+#line 62
+    int iy2 = origin.y + 2 * stride.y + ky * dil.y;
+    bool yok2 = iy2 >= 0 && iy2 < in_wh.y;
+#line 62
+    int iy3 = origin.y + 3 * stride.y + ky * dil.y;
+    bool yok3 = iy3 >= 0 && iy3 < in_wh.y;
+#line 65
+    for (int kx = 0; kx < kw; ++kx) {
+#line 67
+      int ix0 = origin.x + 0 * stride.x + kx * dil.x;
+      bool xok0 = ix0 >= 0 && ix0 < in_wh.x;
+#line 67
+      int ix1 = origin.x + 1 * stride.x + kx * dil.x;
+      bool xok1 = ix1 >= 0 && ix1 < in_wh.x;
+#line 67
+      int ix2 = origin.x + 2 * stride.x + kx * dil.x;
+      bool xok2 = ix2 >= 0 && ix2 < in_wh.x;
+#line 67
+      int ix3 = origin.x + 3 * stride.x + kx * dil.x;
+      bool xok3 = ix3 >= 0 && ix3 < in_wh.x;
+#line 70
+      ivec4 w = wrow + ky * kw + kx;  // weight[co, 0, ky, kx]
+      if (pc.groups == 1) {
+        // One loop over every input channel block, the last one (Cin not a multiple of 4)
+        // included: its lanes past Cin are padding (0) and get weight 0 through the clamped,
+        // masked indices. (A separate tail block would run, masked, even when Cin % 4 == 0.)
+        ivec4 ci = ivec4(0, 1, 2, 3);
+        for (int b = 0; b < cin4; ++b) {
+          bvec4 real = lessThan(ci, ivec4(cin));
+          ivec4 k = min(ci, ivec4(cin - 1)) * taps;
+          mat4 m;  // column j: output lane j's weights over the block's 4 input channels
+          m[0] = mix(vec4(0), vec4(t_weight[w.x + k.x], t_weight[w.x + k.y], t_weight[w.x + k.z], t_weight[w.x + k.w]), real);
+          m[1] = mix(vec4(0), vec4(t_weight[w.y + k.x], t_weight[w.y + k.y], t_weight[w.y + k.z], t_weight[w.y + k.w]), real);
+          m[2] = mix(vec4(0), vec4(t_weight[w.z + k.x], t_weight[w.z + k.y], t_weight[w.z + k.z], t_weight[w.z + k.w]), real);
+          m[3] = mix(vec4(0), vec4(t_weight[w.w + k.x], t_weight[w.w + k.y], t_weight[w.w + k.z], t_weight[w.w + k.w]), real);
+#line 85
+          if (yok0 && xok0) { acc0 += imageLoad(t_input, ivec3(ix0, iy0, zin + b)) * m; }
+#line 85
+          if (yok0 && xok1) { acc1 += imageLoad(t_input, ivec3(ix1, iy0, zin + b)) * m; }
+#line 85
+          if (yok0 && xok2) { acc2 += imageLoad(t_input, ivec3(ix2, iy0, zin + b)) * m; }
+#line 85
+          if (yok0 && xok3) { acc3 += imageLoad(t_input, ivec3(ix3, iy0, zin + b)) * m; }
+#line 85
+          if (yok1 && xok0) { acc4 += imageLoad(t_input, ivec3(ix0, iy1, zin + b)) * m; }
+#line 85
+          if (yok1 && xok1) { acc5 += imageLoad(t_input, ivec3(ix1, iy1, zin + b)) * m; }
+#line 85
+          if (yok1 && xok2) { acc6 += imageLoad(t_input, ivec3(ix2, iy1, zin + b)) * m; }
+#line 85
+          if (yok1 && xok3) { acc7 += imageLoad(t_input, ivec3(ix3, iy1, zin + b)) * m; }
+#line 85
+          if (yok2 && xok0) { acc8 += imageLoad(t_input, ivec3(ix0, iy2, zin + b)) * m; }
+#line 85
+          if (yok2 && xok1) { acc9 += imageLoad(t_input, ivec3(ix1, iy2, zin + b)) * m; }
+#line 85
+          if (yok2 && xok2) { acc10 += imageLoad(t_input, ivec3(ix2, iy2, zin + b)) * m; }
+#line 85
+          if (yok2 && xok3) { acc11 += imageLoad(t_input, ivec3(ix3, iy2, zin + b)) * m; }
+#line 85
+          if (yok3 && xok0) { acc12 += imageLoad(t_input, ivec3(ix0, iy3, zin + b)) * m; }
+#line 85
+          if (yok3 && xok1) { acc13 += imageLoad(t_input, ivec3(ix1, iy3, zin + b)) * m; }
+#line 85
+          if (yok3 && xok2) { acc14 += imageLoad(t_input, ivec3(ix2, iy3, zin + b)) * m; }
+#line 85
+          if (yok3 && xok3) { acc15 += imageLoad(t_input, ivec3(ix3, iy3, zin + b)) * m; }
+#line 87
+          ci += 4;
+        }
+      } else {
+        int cout_g = cout / pc.groups;
+        for (int l = 0; l < 4; ++l) {
+          int c0 = (co[l] / cout_g) * cin_g;  // the group's first input channel
+          for (int ci = 0; ci < cin_g; ++ci) {
+            int c = c0 + ci;
+            int z = zin + c / 4;
+            int lane = c % 4;
+            T wl = t_weight[w[l] + ci * taps];
+#line 99
+            if (yok0 && xok0) { acc0[l] += imageLoad(t_input, ivec3(ix0, iy0, z))[lane] * wl; }
+#line 99
+            if (yok0 && xok1) { acc1[l] += imageLoad(t_input, ivec3(ix1, iy0, z))[lane] * wl; }
+#line 99
+            if (yok0 && xok2) { acc2[l] += imageLoad(t_input, ivec3(ix2, iy0, z))[lane] * wl; }
+#line 99
+            if (yok0 && xok3) { acc3[l] += imageLoad(t_input, ivec3(ix3, iy0, z))[lane] * wl; }
+#line 99
+            if (yok1 && xok0) { acc4[l] += imageLoad(t_input, ivec3(ix0, iy1, z))[lane] * wl; }
+#line 99
+            if (yok1 && xok1) { acc5[l] += imageLoad(t_input, ivec3(ix1, iy1, z))[lane] * wl; }
+#line 99
+            if (yok1 && xok2) { acc6[l] += imageLoad(t_input, ivec3(ix2, iy1, z))[lane] * wl; }
+#line 99
+            if (yok1 && xok3) { acc7[l] += imageLoad(t_input, ivec3(ix3, iy1, z))[lane] * wl; }
+#line 99
+            if (yok2 && xok0) { acc8[l] += imageLoad(t_input, ivec3(ix0, iy2, z))[lane] * wl; }
+#line 99
+            if (yok2 && xok1) { acc9[l] += imageLoad(t_input, ivec3(ix1, iy2, z))[lane] * wl; }
+#line 99
+            if (yok2 && xok2) { acc10[l] += imageLoad(t_input, ivec3(ix2, iy2, z))[lane] * wl; }
+#line 99
+            if (yok2 && xok3) { acc11[l] += imageLoad(t_input, ivec3(ix3, iy2, z))[lane] * wl; }
+#line 99
+            if (yok3 && xok0) { acc12[l] += imageLoad(t_input, ivec3(ix0, iy3, z))[lane] * wl; }
+#line 99
+            if (yok3 && xok1) { acc13[l] += imageLoad(t_input, ivec3(ix1, iy3, z))[lane] * wl; }
+#line 99
+            if (yok3 && xok2) { acc14[l] += imageLoad(t_input, ivec3(ix2, iy3, z))[lane] * wl; }
+#line 99
+            if (yok3 && xok3) { acc15[l] += imageLoad(t_input, ivec3(ix3, iy3, z))[lane] * wl; }
+#line 101
+          }
+        }
       }
     }
   }
-  return acc;
-}
 
-#line 5 "shaders/_per_element.glsl.j2"
-void main() {
-  int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 11
-  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
-  int pd = tf_packed_dim(out_layout);
-  VEC4 r = VEC4(0);
-  for (int k = 0; k < 4; ++k) {
-    ivec4 e = idx;
-    e[pd] += k;
-    if (tf_in_bounds(e, pc.out_sizes)) { r[k] = compute_out(e); }
+  bvec4 real_c = lessThan(lane_c, ivec4(cout));
+#line 109
+  if (x0 + 0 < os.x && y0 + 0 < os.y) {
+    store_texel_out(ivec3(x0 + 0, y0 + 0, zc), mix(VEC4(0), conv_activation(acc0), real_c));
   }
-  store_texel_out(pos, r);
-#line 22
+#line 109
+  if (x0 + 1 < os.x && y0 + 0 < os.y) {
+    store_texel_out(ivec3(x0 + 1, y0 + 0, zc), mix(VEC4(0), conv_activation(acc1), real_c));
+  }
+#line 109
+  if (x0 + 2 < os.x && y0 + 0 < os.y) {
+    store_texel_out(ivec3(x0 + 2, y0 + 0, zc), mix(VEC4(0), conv_activation(acc2), real_c));
+  }
+#line 109
+  if (x0 + 3 < os.x && y0 + 0 < os.y) {
+    store_texel_out(ivec3(x0 + 3, y0 + 0, zc), mix(VEC4(0), conv_activation(acc3), real_c));
+  }
+#line 109
+  if (x0 + 0 < os.x && y0 + 1 < os.y) {
+    store_texel_out(ivec3(x0 + 0, y0 + 1, zc), mix(VEC4(0), conv_activation(acc4), real_c));
+  }
+#line 109
+  if (x0 + 1 < os.x && y0 + 1 < os.y) {
+    store_texel_out(ivec3(x0 + 1, y0 + 1, zc), mix(VEC4(0), conv_activation(acc5), real_c));
+  }
+#line 109
+  if (x0 + 2 < os.x && y0 + 1 < os.y) {
+    store_texel_out(ivec3(x0 + 2, y0 + 1, zc), mix(VEC4(0), conv_activation(acc6), real_c));
+  }
+#line 109
+  if (x0 + 3 < os.x && y0 + 1 < os.y) {
+    store_texel_out(ivec3(x0 + 3, y0 + 1, zc), mix(VEC4(0), conv_activation(acc7), real_c));
+  }
+#line 109
+  if (x0 + 0 < os.x && y0 + 2 < os.y) {
+    store_texel_out(ivec3(x0 + 0, y0 + 2, zc), mix(VEC4(0), conv_activation(acc8), real_c));
+  }
+#line 109
+  if (x0 + 1 < os.x && y0 + 2 < os.y) {
+    store_texel_out(ivec3(x0 + 1, y0 + 2, zc), mix(VEC4(0), conv_activation(acc9), real_c));
+  }
+#line 109
+  if (x0 + 2 < os.x && y0 + 2 < os.y) {
+    store_texel_out(ivec3(x0 + 2, y0 + 2, zc), mix(VEC4(0), conv_activation(acc10), real_c));
+  }
+#line 109
+  if (x0 + 3 < os.x && y0 + 2 < os.y) {
+    store_texel_out(ivec3(x0 + 3, y0 + 2, zc), mix(VEC4(0), conv_activation(acc11), real_c));
+  }
+#line 109
+  if (x0 + 0 < os.x && y0 + 3 < os.y) {
+    store_texel_out(ivec3(x0 + 0, y0 + 3, zc), mix(VEC4(0), conv_activation(acc12), real_c));
+  }
+#line 109
+  if (x0 + 1 < os.x && y0 + 3 < os.y) {
+    store_texel_out(ivec3(x0 + 1, y0 + 3, zc), mix(VEC4(0), conv_activation(acc13), real_c));
+  }
+#line 109
+  if (x0 + 2 < os.x && y0 + 3 < os.y) {
+    store_texel_out(ivec3(x0 + 2, y0 + 3, zc), mix(VEC4(0), conv_activation(acc14), real_c));
+  }
+#line 109
+  if (x0 + 3 < os.x && y0 + 3 < os.y) {
+    store_texel_out(ivec3(x0 + 3, y0 + 3, zc), mix(VEC4(0), conv_activation(acc15), real_c));
+  }
+#line 113
 }

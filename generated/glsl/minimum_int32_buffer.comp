@@ -54,16 +54,16 @@ T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, s
 #line 42
 T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x]; }
 
-#line 15 "shaders/binary.glsl.j2"
+#line 16 "shaders/binary.glsl.j2"
 #define VEC T
 
-#line 20
+#line 21
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   bool direct = self_layout == out_layout && other_layout == out_layout
       && pc.self_sizes == pc.out_sizes && pc.other_sizes == pc.out_sizes;
-#line 26
+#line 27
   int wa = u;
   int wb = u;
   if (!direct) {
@@ -74,5 +74,5 @@ void main() {
   T X = t_self[wa];
   T Y = t_other[wb];
   t_out[u] = tf_min(X, Y);
-#line 54
+#line 55
 }

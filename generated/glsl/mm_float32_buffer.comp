@@ -53,22 +53,121 @@ T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, s
 // ---- element access for 'mat2' (buffer) ----
 #line 42
 T load_mat2(ivec4 idx) { return t_mat2[tf_buffer_word_lane(idx, pc.mat2_sizes, mat2_layout).x]; }
+#line 39 "shaders/_rows.glsl.j2"
+void store4_out(int r, int w, VEC4 v) {
+  int width = pc.out_sizes.x;
+  int o = r * width + w;
+  for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = v[j]; }
+}
+#line 21
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { VEC4 t4_self[]; };
+ivec2 row_self(int r) { return ivec2(r * pc.self_sizes.x, 0); }
+VEC4 vec4a_self(ivec2 row, int w) { return t4_self[(row.x + w) >> 2]; }
+VEC4 vec4_self(ivec2 row, int w) {
+  int o = row.x + w;
+  return VEC4(t_self[o], t_self[o + 1], t_self[o + 2], t_self[o + 3]);
+}
+VEC4 cols_self(ivec2 row, ivec4 w) {
+  return VEC4(t_self[row.x + w.x], t_self[row.x + w.y], t_self[row.x + w.z], t_self[row.x + w.w]);
+}
+T elem_self(ivec2 row, int w) { return t_self[row.x + w]; }
+#line 21
+layout(set = 0, binding = 2, std430) readonly buffer mat2_buf4 { VEC4 t4_mat2[]; };
+ivec2 row_mat2(int r) { return ivec2(r * pc.mat2_sizes.x, 0); }
+VEC4 vec4a_mat2(ivec2 row, int w) { return t4_mat2[(row.x + w) >> 2]; }
+VEC4 vec4_mat2(ivec2 row, int w) {
+  int o = row.x + w;
+  return VEC4(t_mat2[o], t_mat2[o + 1], t_mat2[o + 2], t_mat2[o + 3]);
+}
+VEC4 cols_mat2(ivec2 row, ivec4 w) {
+  return VEC4(t_mat2[row.x + w.x], t_mat2[row.x + w.y], t_mat2[row.x + w.z], t_mat2[row.x + w.w]);
+}
+T elem_mat2(ivec2 row, int w) { return t_mat2[row.x + w]; }
 
-#line 21 "shaders/matmul.glsl.j2"
-T compute_out(ivec4 idx) {
-  T acc = T(0);
-  for (int k = 0; k < pc.self_sizes.x; ++k) {
-    acc += load_self(ivec4(k, idx.y, idx.z, idx.w)) * load_mat2(ivec4(idx.x, k, idx.z, idx.w));
-  }
-#line 30
+// The value stored at out's logical index e = (n, m, batch z, batch w) from the product `acc`.
+#line 31 "shaders/matmul.glsl.j2"
+T finish(T acc, ivec4 e) {
+#line 36
   return acc;
 }
 
-#line 5 "shaders/_per_element.glsl.j2"
+#line 55
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 9
-  t_out[u] = compute_out(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout));
-#line 22
+#line 72
+  ivec4 os = pc.out_sizes;  // (N, M, batch z, batch w)
+  int tiles_n = (os.x + 3) >> 2;
+  int tiles_m = (os.y + 3) >> 2;
+  if (u >= tiles_n * tiles_m * os.z * os.w) { return; }
+  int n0 = (u % tiles_n) * 4;
+  int t = u / tiles_n;
+  int m0 = (t % tiles_m) * 4;
+  t /= tiles_m;
+  ivec4 batch = ivec4(0, 0, t % os.z, t / os.z);
+  ivec4 ab = tf_broadcast(batch, pc.self_sizes);
+  ivec4 bb = tf_broadcast(batch, pc.mat2_sizes);
+  int K = pc.self_sizes.x;
+  int a_first = (ab.w * pc.self_sizes.z + ab.z) * os.y;
+  int b_first = (bb.w * pc.mat2_sizes.z + bb.z) * K;
+  ivec2 a0 = row_self(a_first + min(m0, os.y - 1));
+  ivec2 a1 = row_self(a_first + min(m0 + 1, os.y - 1));
+  ivec2 a2 = row_self(a_first + min(m0 + 2, os.y - 1));
+  ivec2 a3 = row_self(a_first + min(m0 + 3, os.y - 1));
+  ivec4 cols = min(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(os.x - 1));
+  VEC4 acc0 = VEC4(0);
+  VEC4 acc1 = VEC4(0);
+  VEC4 acc2 = VEC4(0);
+  VEC4 acc3 = VEC4(0);
+  int k = 0;
+#line 112
+  if (((K | os.x) & 3) == 0) {  // every row of A and B starts on a vec4: aligned vec4 loads
+#line 97
+    for (; k + 4 <= K; k += 4) {
+      VEC4 b0 = vec4a_mat2(row_mat2(b_first + k), n0);
+      VEC4 b1 = vec4a_mat2(row_mat2(b_first + k + 1), n0);
+      VEC4 b2 = vec4a_mat2(row_mat2(b_first + k + 2), n0);
+      VEC4 b3 = vec4a_mat2(row_mat2(b_first + k + 3), n0);
+      VEC4 x = vec4a_self(a0, k);
+      acc0 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
+      x = vec4a_self(a1, k);
+      acc1 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
+      x = vec4a_self(a2, k);
+      acc2 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
+      x = vec4a_self(a3, k);
+      acc3 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
+    }
+#line 113
+  } else {
+#line 97
+    for (; k + 4 <= K; k += 4) {
+      VEC4 b0 = cols_mat2(row_mat2(b_first + k), cols);
+      VEC4 b1 = cols_mat2(row_mat2(b_first + k + 1), cols);
+      VEC4 b2 = cols_mat2(row_mat2(b_first + k + 2), cols);
+      VEC4 b3 = cols_mat2(row_mat2(b_first + k + 3), cols);
+      VEC4 x = vec4_self(a0, k);
+      acc0 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
+      x = vec4_self(a1, k);
+      acc1 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
+      x = vec4_self(a2, k);
+      acc2 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
+      x = vec4_self(a3, k);
+      acc3 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
+    }
+#line 114
+  }
+  for (; k < K; ++k) {
+    VEC4 b = cols_mat2(row_mat2(b_first + k), cols);
+    acc0 += elem_self(a0, k) * b;
+    acc1 += elem_self(a1, k) * b;
+    acc2 += elem_self(a2, k) * b;
+    acc3 += elem_self(a3, k) * b;
+  }
+  VEC4 accs[4] = VEC4[4](acc0, acc1, acc2, acc3);
+  int out_first = (batch.w * os.z + batch.z) * os.y;
+  for (int i = 0; i < 4 && m0 + i < os.y; ++i) {
+    VEC4 v = accs[i];
+    for (int j = 0; j < 4; ++j) { v[j] = finish(v[j], ivec4(cols[j], m0 + i, batch.zw)); }
+    store4_out(out_first + m0 + i, n0, v);
+  }
 }

@@ -44,15 +44,15 @@ layout(push_constant) uniform PushConstants {
 #line 42
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
-#line 9 "shaders/unary.glsl.j2"
+#line 11 "shaders/unary.glsl.j2"
 #define VEC T
 
-#line 14
+#line 16
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 18
+#line 20
   T X = t_self[u];
-  t_out[u] = tf_max(X, VEC(0.0));
-#line 26
+  t_out[u] = tf_relu(X);
+#line 28
 }

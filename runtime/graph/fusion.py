@@ -1,13 +1,213 @@
 """Pattern fusion on the planning IR, before layout planning (DESIGN §6 step 2).
 
-Filled by the fusion work of issue 10: conv + batch-norm folding, conv + activation.
+In order, in place on the graph:
+1. A decomposed inference batch norm (`_native_batch_norm_legit_no_training`, whose outputs 1 and 2
+   are empty) whose extra outputs nobody reads becomes a `batch_norm` node.
+2. A batch norm that is not inference (training=True, or no running statistics) falls back, with
+   its reason.
+3. conv + batch norm folding: a device conv2d whose only user is an inference batch norm with
+   constant parameters takes the batch norm's output; its weight and bias become derived
+   constants (runtime/graph/derived.py) computed when the program prepacks.
+4. A depthwise conv2d (groups == Cin == Cout) becomes a `conv2d_dw` node: its own kernel (on
+   lavapipe every path of a shader costs, taken or not, so depthwise and dense do not share one).
+5. conv + activation: a device conv2d or conv2d_dw (folded or not) whose only user is relu,
+   relu6 / hardtanh, hardswish, silu or gelu becomes one `conv2d_act` / `conv2d_dw_act` node
+   (ops.yaml), one dispatch.
+Each fused node lists what it absorbed in `node.fused`, which the plan shows.
 """
 
 from __future__ import annotations
 
-from .ir import PlanGraph
+from typing import Sequence
+
+from texelflow.generated.layouts import TEXTURE_LIMITS
+from texelflow.generated.ops import OPS
+
+from .ir import Node, PlanGraph, Role, Value
+
+DECOMPOSED_BN = "aten._native_batch_norm_legit_no_training.default"
+CONV_DW_TARGET = "texelflow.conv2d_dw.default"
+# conv op -> the op that also applies an activation
+WITH_ACTIVATION = {"conv2d": "conv2d_act", "conv2d_dw": "conv2d_dw_act"}
+
+# activation target -> (conv2d_act `activation` value, act_min, act_max, {arg: default} it reads)
+ACTIVATIONS = {
+    "aten.relu.default": ("relu", 0.0, 0.0),
+    "aten.relu6.default": ("hardtanh", 0.0, 6.0),
+    "aten.hardtanh.default": ("hardtanh", -1.0, 1.0),  # torch's defaults; min_val / max_val override
+    "aten.hardswish.default": ("hardswish", 0.0, 0.0),
+    "aten.silu.default": ("silu", 0.0, 0.0),
+    "aten.gelu.default": ("gelu", 0.0, 0.0),  # approximate='tanh' -> gelu_tanh
+}
 
 
-def fuse_patterns(graph: PlanGraph) -> PlanGraph:
+def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMITS) -> PlanGraph:
     """Rewrite `graph` in place with every fusion that applies; returns it."""
+    for node in list(graph.nodes):
+        if node.target == DECOMPOSED_BN:
+            _canonical_batch_norm(graph, node, texture_limits)
+    for node in graph.nodes:
+        if node.op is not None and node.op.name == "batch_norm" and node.fallback is None:
+            node.fallback = _not_inference(node)
+    for node in list(graph.nodes):
+        if _is_device_conv(node):
+            _fold_batch_norm(graph, node)
+    for node in list(graph.nodes):
+        if _is_device_conv(node) and _is_depthwise(node):
+            _to_depthwise(graph, node)
+    for node in list(graph.nodes):
+        if _is_device_conv(node) or (node.on_device and node.op.name == "conv2d_dw"):
+            _fuse_activation(graph, node)
     return graph
+
+
+# ---- graph surgery ---------------------------------------------------------------------------------
+def _only_user(graph: PlanGraph, v: Value) -> Node | None:
+    """The one node reading `v` once, when no one else (nor the graph's outputs) reads it."""
+    if len(v.users) != 1 or v in graph.outputs:
+        return None
+    return v.users[0]
+
+
+def _replace(graph: PlanGraph, old: Node, new: Node) -> None:
+    """Put `new` where `old` was; `new`'s inputs count it as a user instead of `old`."""
+    graph.nodes[graph.nodes.index(old)] = new
+    _drop_uses(old)
+    for _, v in new.tensor_args():
+        v.users.append(new)
+    for _, v in new.outputs:
+        v.producer = new
+
+
+def _drop_uses(node: Node) -> None:
+    for _, v in node.tensor_args():
+        if node in v.users:
+            v.users.remove(node)
+
+
+def _remove(graph: PlanGraph, node: Node) -> None:
+    graph.nodes.remove(node)
+    _drop_uses(node)
+
+
+# ---- 1, 2: batch norm --------------------------------------------------------------------------------
+def _canonical_batch_norm(graph: PlanGraph, node: Node, limits) -> None:
+    from .lowering import _partition_reason
+
+    extra = [v for _, v in node.outputs[1:]]
+    if any(v.users or v in graph.outputs for v in extra):
+        return
+    keep = {"input", "weight", "bias", "running_mean", "running_var", "momentum", "eps"}
+    bn = Node(node.name, node.target, OPS["batch_norm"], [(n, v) for n, v in node.args if n in keep],
+              [("out", node.outputs[0][1])], fx=node.fx)
+    bn.args.append(("training", False))
+    _replace(graph, node, bn)
+    bn.fallback = _partition_reason(bn, limits)
+
+
+def _not_inference(node: Node) -> str | None:
+    if node.arg("training"):
+        return "training=True: batch statistics are computed on the CPU (only inference batch norm runs on Vulkan)"
+    for name in ("running_mean", "running_var"):
+        if node.arg(name) is None:
+            return f"'{name}' is None: batch statistics are computed on the CPU"
+    return None
+
+
+def _is_device_conv(node: Node) -> bool:
+    return node.on_device and node.op.name == "conv2d"
+
+
+def _const_or_none(v) -> bool:
+    return v is None or (isinstance(v, Value) and v.role is Role.CONST and v.dtype == "float32")
+
+
+# ---- 3: conv + batch norm ------------------------------------------------------------------------------
+def _fold_batch_norm(graph: PlanGraph, conv: Node) -> None:
+    out = conv.outputs[0][1]
+    bn = _only_user(graph, out)
+    if bn is None or bn.op is None or bn.op.name != "batch_norm" or _not_inference(bn) or bn.arg("input") is not out:
+        return
+    params = [bn.arg(n) for n in ("weight", "bias", "running_mean", "running_var")]
+    weight, bias = conv.arg("weight"), conv.arg("bias")
+    if not all(_const_or_none(v) for v in [weight, bias] + params) or weight is None:
+        return
+    gamma, beta, mean, var = params
+    eps = float(bn.value("eps"))
+    cout = weight.shape[0]
+    new_w = graph.add_derived(f"{weight.name}_bn_folded", weight.shape, "float32", "bn_folded_conv_weight",
+                              (weight, gamma, var), eps=eps)
+    new_b = graph.add_derived(f"{bias.name if bias is not None else conv.name + '_bias'}_bn_folded", (cout,),
+                              "float32", "bn_folded_conv_bias", (bias, gamma, beta, mean, var), eps=eps)
+    args = [(n, v) for n, v in conv.args if n not in ("weight", "bias")]
+    args.insert(1, ("weight", new_w))
+    args.insert(2, ("bias", new_b))
+    folded = Node(conv.name, conv.target, conv.op, args, [("out", bn.outputs[0][1])])
+    folded.fused = conv.fused + [f"batch_norm {bn.name} folded into weight and bias"]
+    _remove(graph, bn)
+    _replace(graph, conv, folded)
+
+
+def _activation(node: Node) -> tuple[str, float, float] | None:
+    """(activation, act_min, act_max) of a node conv2d_act can absorb, else None."""
+    spec = ACTIVATIONS.get(node.target)
+    if spec is None:
+        return None
+    name, lo, hi = spec
+    if node.target == "aten.hardtanh.default":
+        lo, hi = float(node.arg("min_val", lo)), float(node.arg("max_val", hi))
+    if node.target == "aten.gelu.default":
+        approximate = node.arg("approximate", "none")
+        if approximate not in ("none", "tanh"):
+            return None
+        name = "gelu_tanh" if approximate == "tanh" else "gelu"
+    values = set(OPS["conv2d_act"].arg_spec("activation").values) & set(OPS["conv2d_dw_act"].arg_spec("activation").values)
+    return (name, lo, hi) if name in values else None
+
+
+# ---- 4: depthwise --------------------------------------------------------------------------------------
+def _is_depthwise(conv: Node) -> bool:
+    cin = conv.arg("input").shape[1]
+    groups = conv.value("groups")
+    return conv.arg("weight").shape[:2] == (cin, 1) and groups == cin
+
+
+def _to_depthwise(graph: PlanGraph, conv: Node) -> None:
+    dw = Node(conv.name, CONV_DW_TARGET, OPS["conv2d_dw"], list(conv.args), list(conv.outputs))
+    dw.fused = list(conv.fused)
+    _replace(graph, conv, dw)
+
+
+# ---- 5: conv + activation -------------------------------------------------------------------------------
+def _fuse_activation(graph: PlanGraph, conv: Node) -> None:
+    out = conv.outputs[0][1]
+    act = _only_user(graph, out)
+    if act is None or not act.outputs or next(iter(act.tensor_args()), (None, None))[1] is not out:
+        return
+    spec = _activation(act)
+    result = act.outputs[0][1]
+    if spec is None or len(act.outputs) != 1 or result.shape != out.shape or result.dtype != out.dtype:
+        return
+    name, lo, hi = spec
+    op = OPS[WITH_ACTIVATION[conv.op.name]]
+    args = list(conv.args) + [("activation", name), ("act_min", lo), ("act_max", hi)]
+    fused = Node(conv.name, op.targets[0], op, args, [("out", result)])
+    fused.fused = conv.fused + [f"{name} {act.name} applied in the same dispatch"]
+    _remove(graph, act)
+    _replace(graph, conv, fused)
+
+
+def conv2d_act_reference(input, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1,
+                         activation="none", act_min=0.0, act_max=0.0):
+    """What texelflow's conv2d_act, conv2d_dw and conv2d_dw_act compute, in torch (the kernel
+    test's reference)."""
+    import torch.nn.functional as F
+
+    y = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    if activation == "none":
+        return y
+    if activation == "hardtanh":
+        return F.hardtanh(y, act_min, act_max)
+    if activation in ("gelu", "gelu_tanh"):
+        return F.gelu(y, approximate="tanh" if activation == "gelu_tanh" else "none")
+    return {"relu": F.relu, "hardswish": F.hardswish, "silu": F.silu}[activation](y)

@@ -1,86 +1,111 @@
-"""Import: a torch model (or ExportedProgram) to an ATen graph that keeps the registry's ops.
+"""Import: a model as the user brings it to an ExportedProgram that lowering reads directly.
 
-torch.export keeps composite ops such as linear and layer_norm; the decomposition pass then
-lowers everything else to core ATen, except targets the registry implements, so those reach the
-partitioner whole instead of as their decomposed pieces.
+Accepted: an nn.Module with example inputs (a GraphModule from `torch.export(...).module()` or
+torchao's convert_pt2e included), or an ExportedProgram. torch.export's graph keeps composite ops
+(linear, layer_norm, scaled_dot_product_attention, ...), which is what the registry implements,
+so the program is not re-traced through `run_decompositions`: lowering decomposes, alone, only
+the nodes that need it, and rebinds in-place ops on fresh tensors (`relu_`) itself
+(`inplace.py`). The one exception is a graph with other mutations (a buffer's `add_`, a write
+seen through a view): torch.export's graph is not functional then, and `run_decompositions({})`
+(which functionalizes and keeps every composite op) is run once.
+
+The user's module is never changed, not even for a moment: it is exported through a shallow
+copy (its parameters and buffers shared, not copied) whose modules have `training` False.
 """
 
 from __future__ import annotations
 
+import copy
+import time
 import warnings
 from typing import Sequence
 
-from texelflow.generated.ops import TARGETS
+from .inplace import local_functionals
 
 
-def _registry_ops():
+# torch 2.13's own deepcopy of pytree specs (copying a GraphModule, run_decompositions) warns about
+# its own deprecated LeafSpec; the user can do nothing about it
+_LEAFSPEC_WARNING = r".*isinstance\(treespec, LeafSpec\)"
+
+
+def export_program(model, example_inputs: Sequence = (), timings: dict | None = None):
+    """An ExportedProgram of `model`, functional, with torch.export's ops kept. `timings` (when
+    given) gets "export" and "decomposition" seconds."""
     import torch
 
-    found = []
-    for target in TARGETS:
-        ns, _, rest = target.partition(".")
-        name, _, overload = rest.rpartition(".")
-        packet = getattr(getattr(torch.ops, ns, None), name, None)
-        op = getattr(packet, overload, None) if packet is not None else None
-        if op is not None:
-            found.append(op)
-    return found
-
-
-def decomposition_table() -> dict:
-    """The default core-ATen decompositions minus every op the registry implements."""
-    import torch
-
-    table = dict(torch.export.default_decompositions())
-    for op in _registry_ops():
-        table.pop(op, None)
-    return table
-
-
-def export_program(model, example_inputs: Sequence = ()):
-    """An ExportedProgram with the registry's ops kept and the rest decomposed."""
-    import torch
-
+    timings = {} if timings is None else timings
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)  # one bare tensor is one input, not a sequence of rows
+    start = time.perf_counter()
     if isinstance(model, torch.export.ExportedProgram):
         ep = model
-    else:
+    elif isinstance(model, torch.nn.Module):
+        module = inference_copy(model)
         try:
-            with _eval_mode(model, torch):
-                ep = torch.export.export(model, tuple(example_inputs))
+            ep = torch.export.export(module, tuple(example_inputs))
         except Exception as exc:  # torch's own error stays attached as __cause__
             raise _export_error("torch.export could not export the model", exc) from exc
+    else:
+        raise _unsupported(f"texelflow takes an nn.Module (with example inputs) or a torch.export "
+                           f"ExportedProgram, not a {type(model).__name__}")
+    timings["export"] = time.perf_counter() - start
+    start = time.perf_counter()
+    mutating = mutating_nodes(ep)
+    if mutating and local_functionals(ep.graph) is None:  # else lowering rebinds them itself
+        ep = _functionalize(ep, mutating)
+    timings["decomposition"] = timings.get("decomposition", 0.0) + time.perf_counter() - start
+    return ep
+
+
+def inference_copy(model):
+    """A shallow copy of `model` to export: the same parameter and buffer tensors, every module's
+    `training` False (set with object.__setattr__: GraphModules from torch.export or convert_pt2e
+    refuse `.eval()`). Always a copy: torch.export swaps a module's parameters for fake tensors
+    while it traces, which the user's module (perhaps running in another thread) must never see.
+    A module that cannot be copied is exported itself when it is in inference mode already."""
+    shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
     try:
         with warnings.catch_warnings():
-            # torch 2.13's own deepcopy of pytree specs warns about its own deprecated LeafSpec;
-            # the user can do nothing about it
-            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            return ep.run_decompositions(decomposition_table())
+            warnings.filterwarnings("ignore", message=_LEAFSPEC_WARNING, category=FutureWarning)
+            clone = copy.deepcopy(model, memo=shared)
     except Exception as exc:
-        raise _export_error("torch.export could not decompose the exported program", exc) from exc
+        if not any(m.training for m in model.modules()):
+            return model
+        raise _unsupported(
+            f"the model is in training mode and could not be copied to export it in inference mode "
+            f"({type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}); call .eval() on it first") from exc
+    for m in clone.modules():
+        object.__setattr__(m, "training", False)
+    return clone
+
+
+def mutating_nodes(ep) -> list[str]:
+    """Names of the graph's nodes whose target mutates a tensor (in-place or out= ops)."""
+    names = []
+    for node in ep.graph.nodes:
+        if node.op == "call_function":
+            schema = getattr(node.target, "_schema", None)
+            if schema is not None and schema.is_mutable:
+                names.append(node.name)
+    return names
+
+
+def _functionalize(ep, mutating: list[str]):
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_LEAFSPEC_WARNING, category=FutureWarning)
+            return ep.run_decompositions({})
+    except Exception as exc:
+        raise _export_error(f"torch.export could not functionalize the in-place ops ({', '.join(mutating[:3])})",
+                            exc) from exc
+
+
+def _unsupported(message: str):
+    from texelflow.runtime.errors import UnsupportedModelError
+
+    return UnsupportedModelError(message)
 
 
 def _export_error(what: str, exc: Exception):
-    from texelflow.runtime.errors import UnsupportedModelError
-
     first = (str(exc).strip().splitlines() or [""])[0]
-    return UnsupportedModelError(f"{what}: {type(exc).__name__}: {first}")
-
-
-class _eval_mode:
-    """Export in inference mode without changing the user's model: every submodule's `training`
-    flag is set directly (a GraphModule from torch.export or torchao's convert_pt2e refuses
-    `.eval()`) and restored on the way out, whatever happens."""
-
-    def __init__(self, model, torch):
-        self.flags = [(m, m.training) for m in model.modules()] if isinstance(model, torch.nn.Module) else []
-
-    def __enter__(self):
-        for m, _ in self.flags:
-            object.__setattr__(m, "training", False)
-
-    def __exit__(self, *exc):
-        for m, flag in self.flags:
-            object.__setattr__(m, "training", flag)
-        return False
+    return _unsupported(f"{what}: {type(exc).__name__}: {first}")

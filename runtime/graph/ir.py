@@ -28,6 +28,21 @@ class Role(enum.Enum):
     NODE = "node"  # an output of a node
 
 
+@dataclass(frozen=True, eq=False)
+class Derivation:
+    """How a derived constant is computed from source constants when the program prepacks:
+    `recipe` names a function of runtime/graph/derived.py, `sources` are its constant inputs (None
+    for an absent optional one), `params` its python arguments. The user's model is never touched."""
+
+    recipe: str
+    sources: tuple["Value | None", ...]
+    params: tuple[tuple[str, object], ...] = ()
+
+    def describe(self) -> str:
+        names = ", ".join(v.name if v is not None else "None" for v in self.sources)
+        return f"{self.recipe}({names})"
+
+
 @dataclass(eq=False)
 class Value:
     name: str
@@ -40,6 +55,9 @@ class Value:
     # constants; or `literal`, a python number that lowering lifted into a 0-d tensor.
     source: str | None = None
     literal: float | int | None = None
+    # A derived constant (no `source`, no `literal`): computed at load from other constants by a
+    # recipe of runtime/graph/derived.py (a conv weight with a batch norm folded in, ...).
+    derive: "Derivation | None" = None
 
     @functools.cached_property
     def numel(self) -> int:
@@ -65,6 +83,7 @@ class Node:
     fx: object = None  # the torch.fx node it was lowered from: what a CPU fallback runs
     transition: bool = False  # a to_layout the planner inserted (never a user's clone)
     folded: bool = False  # an identity op whose input and output share memory: no dispatch
+    fused: list[str] = field(default_factory=list)  # what the fusion pass merged into this node
 
     @property
     def on_device(self) -> bool:
@@ -120,6 +139,13 @@ class PlanGraph:
     def add_const(self, name: str, shape, dtype: str = "float32", source: str | None = None,
                   literal: float | int | None = None) -> Value:
         v = Value(name, tuple(shape), dtype, Role.CONST, source=source, literal=literal)
+        self.constants.append(v)
+        return v
+
+    def add_derived(self, name: str, shape, dtype: str, recipe: str, sources, **params) -> Value:
+        """A constant computed at load from `sources` (constants, or None) by `recipe`."""
+        v = Value(name, tuple(shape), dtype, Role.CONST,
+                  derive=Derivation(recipe, tuple(sources), tuple(sorted(params.items()))))
         self.constants.append(v)
         return v
 

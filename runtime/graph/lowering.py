@@ -2,18 +2,23 @@
 
 A node goes to Vulkan when the registry has its target and accepts its dtypes, ranks and
 arguments, and when every tensor keeps at least one representation under the device's texture
-limits. Everything else runs in PyTorch on the CPU; its reason goes into the plan.
+limits. A node that does not is decomposed alone (`decompose.py`) and replaced by its pieces when
+they all run on Vulkan; everything else runs in PyTorch on the CPU, one IR node per fx node, with
+its reason in the plan. The graph is torch.export's own, not re-traced: in-place ops on fresh
+tensors are rebound here (`inplace.py`), identity-like nodes become the registry's alias op.
 """
 
 from __future__ import annotations
 
 import operator
+import time
 from typing import Sequence
 
 from texelflow.generated.layouts import DTYPES, TEXTURE_LIMITS
 from texelflow.generated.ops import OpEntry, op_for_target
 from texelflow.shaders.node_rules import run_checks
 
+from .inplace import local_functionals
 from .ir import Node, PlanGraph, Role, Value
 from .op_repsets import OpRepSets
 
@@ -25,24 +30,49 @@ def dtype_name(torch_dtype) -> str:
     return str(torch_dtype).replace("torch.", "")
 
 
+_TARGET_NAMES: dict = {}
+
+
 def target_name(target) -> str:
-    if target is operator.getitem:
-        return "getitem"
-    return str(target)
+    name = _TARGET_NAMES.get(target)
+    if name is None:
+        name = _TARGET_NAMES[target] = "getitem" if target is operator.getitem else str(target)
+    return name
 
 
-def lower(ep, texture_limits: Sequence[int] = TEXTURE_LIMITS) -> PlanGraph:
-    """The planning IR of `ep` (an ExportedProgram), with every node partitioned."""
+def lower(ep, texture_limits: Sequence[int] = TEXTURE_LIMITS, timings: dict | None = None) -> PlanGraph:
+    """The planning IR of `ep` (an ExportedProgram), with every node partitioned.
+
+    The exported graph is lowered as it is (torch.export keeps composite ops such as linear and
+    scaled_dot_product_attention). A node that cannot run on Vulkan whole is decomposed alone
+    (`decompose.py`), recursively, and replaced by its pieces only when every piece runs on
+    Vulkan; otherwise it stays one CPU node with its reason. Identity-like nodes the exported
+    graph keeps (dropout in inference, to() that changes nothing) become the registry's alias op
+    (`IDENTITY_RULES`). `timings` (when given) gets "lowering" and "decomposition" seconds."""
+    from .problem import gc_paused  # (problem imports this module)
+
+    with gc_paused():  # a full collection rescans the exported program's objects: seconds, for nothing
+        return _lower(ep, texture_limits, timings)
+
+
+def _lower(ep, texture_limits, timings) -> PlanGraph:
     import torch
 
-    graph = PlanGraph()
-    values: dict[str, object] = {}
+    start = time.perf_counter()
+    ctx = _Lowering(PlanGraph(), texture_limits, torch)
+    values = ctx.values
+    graph = ctx.graph
+    # IR node -> the IR values of its fx node's inputs (all_input_nodes order): what a CPU fallback
+    # reads (by fx name a value could be read after an in-place op rebound it)
+    graph.fx_inputs = {}
     sig = ep.graph_signature
     user_inputs = set(sig.user_inputs)
     consts = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
     # Buffers forward mutates: their prepacked copy would go stale, so their readers run on the CPU
     # (which reads the live state tensor that the call writes back).
-    mutated = set(sig.buffers_to_mutate.values())
+    ctx.mutated = set(sig.buffers_to_mutate.values())
+    inplace = local_functionals(ep.graph) or {}  # the importer functionalized any other mutation
+    written: dict[str, list[str]] = {}  # an in-place op's tensor: its creator's and writers' fx names
     for node in ep.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
@@ -63,14 +93,203 @@ def lower(ep, texture_limits: Sequence[int] = TEXTURE_LIMITS) -> PlanGraph:
             if node.meta.get("val") is None and not node.users:
                 continue  # a runtime assertion (aten._assert_tensor_metadata, ...): nothing to compute
             _check_static(node, node.meta.get("val"), torch)
-            values[node.name] = _lower_node(graph, node, values, texture_limits, torch)
-            ir_node = graph.nodes[-1]
-            if ir_node.fallback is None and any(v.role is Role.CONST and v.source in mutated
-                                                for _, v in ir_node.tensor_args()):
-                ir_node.fallback = "reads a buffer that forward mutates (it runs on the CPU, on the live buffer)"
+            ins = [values[a.name] for a in node.all_input_nodes]
+            functional = inplace.get(node.name)
+            values[node.name] = ctx.lower_call(node, node.name, ins, target=functional)
+            if functional is not None:  # every later use of the written tensor reads the result
+                names = written.setdefault(node.args[0].name, [node.args[0].name])
+                names.append(node.name)
+                written[node.name] = names
+                for name in names:
+                    values[name] = values[node.name]
         elif node.op == "output":
             _lower_outputs(graph, node, values, sig)
+    if timings is not None:
+        timings["decomposition"] = timings.get("decomposition", 0.0) + ctx.decompose_seconds
+        timings["lowering"] = time.perf_counter() - start - ctx.decompose_seconds
     return graph
+
+
+# Targets that compute their input unchanged under a condition on the node (the fx node and its
+# lowered inputs): lowered as the registry's alias op, an identity op that planning folds away.
+# The exported graph keeps them because torch.export does not decompose them; core ATen would.
+def _dropout_inference(node, ins) -> bool:
+    train = node.kwargs.get("train", node.args[2] if len(node.args) > 2 else True)
+    p = node.kwargs.get("p", node.args[1] if len(node.args) > 1 else 0.5)
+    return train is False or p == 0
+
+
+def _unchanged(node, ins) -> bool:
+    """to() / _to_copy() whose output has its input's dtype and shape (device and memory format
+    mean nothing to the layout system)."""
+    out = node.meta.get("val")
+    src = node.args[0].meta.get("val") if node.args and hasattr(node.args[0], "meta") else None
+    return src is not None and out is not None and out.dtype == src.dtype and tuple(out.shape) == tuple(src.shape)
+
+
+IDENTITY_RULES = {
+    "aten.dropout.default": _dropout_inference,
+    "aten.feature_dropout.default": _dropout_inference,
+    "aten.alpha_dropout.default": _dropout_inference,
+    "aten._to_copy.default": _unchanged,
+    "aten.to.dtype": _unchanged,
+    "aten.to.dtype_layout": _unchanged,
+    "aten.to.device": _unchanged,
+    "aten.to.other": _unchanged,
+}
+IDENTITY_OP = "aten.alias.default"
+# Why a node with an identity rule that does not hold runs on the CPU (torch has no Vulkan-able
+# decomposition of it either).
+NOT_IDENTITY_REASONS = {
+    "aten.dropout.default": "dropout with train=True is random: it runs in PyTorch",
+    "aten.feature_dropout.default": "dropout with train=True is random: it runs in PyTorch",
+    "aten.alpha_dropout.default": "dropout with train=True is random: it runs in PyTorch",
+}
+# Pieces of a decomposition that make a one-element tensor from a number (lerp's weight, ...):
+# lowered as a 0-d literal constant, prepacked at load. Target -> the position of the number.
+CONSTANT_PIECES = {"aten.full.default": 1, "aten.scalar_tensor.default": 0}
+MAX_DECOMPOSITION_DEPTH = 8
+
+
+class _Lowering:
+    """One lowering pass: the IR being built and the fx value map (fx name -> Value or list)."""
+
+    def __init__(self, graph: PlanGraph, limits, torch):
+        self.graph, self.limits, self.torch = graph, limits, torch
+        self.values: dict[str, object] = {}
+        self.mutated: set[str] = set()
+        self.decompose_seconds = 0.0
+        self.piece_names: set[str] = set()
+        self.fits: dict = {}  # _partition_reason's representation check, per signature
+        self.last_fallback: str | None = None  # the reason of the last lower_call, None on Vulkan
+        self.last_cause = ""  # its innermost piece that needs the CPU: "target (reason)"
+
+    def lower_call(self, node, name: str, ins: list, depth: int = 0, target=None):
+        """Lower fx `node` (its tensor inputs' IR values `ins`, in `all_input_nodes` order) under
+        IR name `name`: one node, or the pieces of its decomposition. Returns its value(s).
+        `target` replaces the node's own (the functional op of an in-place one)."""
+        graph = self.graph
+        mark = (len(graph.nodes), len(graph.constants))
+        ir_node = self._add(node, name, ins, target or node.target)
+        self.last_fallback = ir_node.fallback
+        self.last_cause = f"{target_name(target or node.target)} ({ir_node.fallback})"
+        if ir_node.fallback is None or depth >= MAX_DECOMPOSITION_DEPTH:
+            return self._result(node, ir_node)
+        start = time.perf_counter()
+        from .decompose import decompose
+
+        pieces = decompose(node, target)
+        self.decompose_seconds += time.perf_counter() - start
+        if pieces is None:
+            return self._result(node, ir_node)
+        _truncate(graph, *mark)
+        try:
+            result, why = self._lower_pieces(pieces, name, ins, depth + 1)
+        except Exception as exc:  # a piece texelflow cannot lower: the node stays whole
+            result, why = None, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            self.last_cause = why
+        if why is None:
+            self.last_fallback = None
+            return result
+        _truncate(graph, *mark)
+        _restore(graph, ir_node)
+        ir_node.fallback = f"{ir_node.fallback}; its decomposition needs the CPU for {self.last_cause}"
+        self.last_fallback = ir_node.fallback
+        return self._result(node, ir_node)
+
+    def _lower_pieces(self, gm, name: str, ins: list, depth: int):
+        """Lower a decomposition's graph; (its output value(s), None) when every piece runs on
+        Vulkan, else (None, the first piece's reason)."""
+        env: dict[str, object] = {}
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for p, v in zip(placeholders, ins):
+            env[p.name] = v
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and n.target is operator.getitem:
+                src, idx = n.args
+                env[n.name] = env[src.name][idx]
+            elif n.op == "call_function" and self._constant_piece(n) is not None:
+                val = n.meta["val"]
+                env[n.name] = self.graph.add_const(self._piece_name(name, n.name), tuple(val.shape),
+                                                   dtype_name(val.dtype), literal=self._constant_piece(n))
+            elif n.op == "call_function":
+                _check_static(n, n.meta.get("val"), self.torch)
+                piece = self._piece_name(name, n.name)
+                env[n.name] = self.lower_call(n, piece, [env[a.name] for a in n.all_input_nodes], depth)
+                if self.last_fallback is not None:
+                    return None, self.last_fallback
+            elif n.op == "output":
+                conv = self.torch.fx.node.map_arg(n.args[0], lambda a: env[a.name])
+                outs = list(conv) if isinstance(conv, (tuple, list)) else [conv]
+                if not all(isinstance(v, Value) for v in outs):
+                    self.last_cause = "a decomposition whose outputs are not all tensors"
+                    return None, self.last_cause
+                return (outs if isinstance(conv, (tuple, list)) else conv), None
+        self.last_cause = "a decomposition without an output"
+        return None, self.last_cause
+
+    def _constant_piece(self, n):
+        """The number a CONSTANT_PIECES node fills its one-element tensor with, else None."""
+        pos = CONSTANT_PIECES.get(target_name(n.target))
+        val = n.meta.get("val")
+        if pos is None or n.all_input_nodes or not isinstance(val, self.torch.Tensor) or val.numel() != 1:
+            return None
+        number = n.args[pos] if len(n.args) > pos else None
+        return number if isinstance(number, (int, float)) and not isinstance(number, bool) else None
+
+    def _piece_name(self, parent: str, piece: str) -> str:
+        root = parent.split("/", 1)[0]
+        name, i = f"{root}/{piece}", 1
+        while name in self.piece_names:
+            name, i = f"{root}/{piece}_{i}", i + 1
+        self.piece_names.add(name)
+        return name
+
+    def _add(self, node, name: str, ins: list, target) -> Node:
+        """Append the IR node of fx `node` (computing `target`) with its partition (fallback
+        reason or None), and the inputs a CPU fallback of it reads (`graph.fx_inputs`)."""
+        rule = IDENTITY_RULES.get(target_name(target))
+        if rule is not None and ins and isinstance(ins[0], Value) and rule(node, ins):
+            op = op_for_target(IDENTITY_OP)
+            val = node.meta.get("val")
+            ir_node = self.graph.add_node(name, target_name(target), op, [("self", ins[0])],
+                                          [("out", tuple(val.shape), dtype_name(val.dtype))])
+            ir_node.fx = node
+            ir_node.fallback = _partition_reason(ir_node, self.limits, self.fits)
+        else:
+            by_fx = dict(zip(node.all_input_nodes, ins))
+            ir_node = _lower_node(self.graph, node, name, by_fx, self.limits, self.torch, self.fits, target)
+            if rule is not None and ir_node.op is None:
+                ir_node.fallback = NOT_IDENTITY_REASONS.get(target_name(target), ir_node.fallback)
+        self.graph.fx_inputs[ir_node] = ins
+        if ir_node.fallback is None and any(v.role is Role.CONST and v.source in self.mutated
+                                            for _, v in ir_node.tensor_args()):
+            ir_node.fallback = "reads a buffer that forward mutates (it runs on the CPU, on the live buffer)"
+        return ir_node
+
+    @staticmethod
+    def _result(node, ir_node: Node):
+        outs = [v for _, v in ir_node.outputs]
+        return outs if isinstance(node.meta.get("val"), (tuple, list)) else outs[0]
+
+
+def _truncate(graph: PlanGraph, num_nodes: int, num_consts: int) -> None:
+    """Drop the nodes and constants added after the given counts (a decomposition not taken)."""
+    for n in graph.nodes[num_nodes:]:
+        for _, v in n.tensor_args():
+            if n in v.users:
+                v.users.remove(n)
+    del graph.nodes[num_nodes:]
+    del graph.constants[num_consts:]
+
+
+def _restore(graph: PlanGraph, node: Node) -> None:
+    """Append a node that _truncate removed, with its inputs' use sites and constants back."""
+    for _, v in node.tensor_args():
+        v.users.append(node)
+        if v.role is Role.CONST and v.literal is not None and v not in graph.constants:
+            graph.constants.append(v)
+    graph.nodes.append(node)
 
 
 def _unsupported(message: str):
@@ -131,10 +350,14 @@ def _lower_outputs(graph: PlanGraph, node, values, sig) -> None:
         graph.output_specs.append((kind, target, v))
 
 
-def _lower_node(graph: PlanGraph, node, values, limits, torch):
-    target = target_name(node.target)
+def _lower_node(graph: PlanGraph, node, name: str, by_fx: dict, limits, torch, fits: dict | None = None,
+                target_op=None) -> Node:
+    """Append the IR node of fx `node` (its inputs' IR values in `by_fx`, fx node -> value),
+    computing `target_op` (default: the node's target)."""
+    target_op = target_op or node.target
+    target = target_name(target_op)
     op = op_for_target(target)
-    schema = node.target._schema
+    schema = target_op._schema
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else (val,)
     if op is not None and len(op.outputs) == len(vals):
@@ -143,17 +366,16 @@ def _lower_node(graph: PlanGraph, node, values, limits, torch):
         out_names = ["out"] if len(vals) == 1 else [f"out{i}" for i in range(len(vals))]
     outputs = [(n, tuple(v.shape), dtype_name(v.dtype)) for n, v in zip(out_names, vals) if v is not None]
 
-    args, reason = _resolve_args(graph, node, schema, op, values, torch)
-    ir_node = graph.add_node(node.name, target, op, args, outputs)
+    args, reason = _resolve_args(graph, node, name, schema, op, by_fx, torch)
+    ir_node = graph.add_node(name, target, op, args, outputs)
     ir_node.fx = node
     if reason is None:
-        reason = _partition_reason(ir_node, limits)
+        reason = _partition_reason(ir_node, limits, fits)
     ir_node.fallback = reason
-    outs = [v for _, v in ir_node.outputs]
-    return outs if isinstance(val, (tuple, list)) else outs[0]
+    return ir_node
 
 
-def _resolve_args(graph, node, schema, op: OpEntry | None, values, torch):
+def _resolve_args(graph, node, name: str, schema, op: OpEntry | None, by_fx: dict, torch):
     """(name, value) pairs in schema order; python numbers in tensor slots become constants."""
     given = {}
     for i, a in enumerate(node.args):
@@ -166,7 +388,7 @@ def _resolve_args(graph, node, schema, op: OpEntry | None, values, torch):
         if sarg.name not in given:
             continue
         raw = given[sarg.name]
-        value = _convert(raw, values)
+        value = _convert(raw, by_fx)
         spec = declared.get(sarg.name)
         if op is not None and spec is None:
             if sarg.name in IGNORED_ARGS or raw is None or raw == sarg.default_value:
@@ -174,16 +396,16 @@ def _resolve_args(graph, node, schema, op: OpEntry | None, values, torch):
             reason = reason or f"argument '{sarg.name}'={raw!r} is not supported by the Vulkan op"
         if spec is not None and spec.kind == "tensor" and isinstance(value, (int, float)) and not isinstance(value, bool):
             out_dtype = dtype_name(node.meta["val"].dtype) if hasattr(node.meta.get("val"), "dtype") else "float32"
-            value = graph.add_const(f"{node.name}_{sarg.name}", (), out_dtype, literal=value)
+            value = graph.add_const(f"{name}_{sarg.name}", (), out_dtype, literal=value)
         args.append((sarg.name, value))
     return args, reason
 
 
-def _convert(raw, values):
+def _convert(raw, by_fx: dict):
     if hasattr(raw, "name") and hasattr(raw, "op"):  # an fx Node
-        return values[raw.name]
+        return by_fx[raw]
     if isinstance(raw, (list, tuple)):
-        return [_convert(x, values) for x in raw]
+        return [_convert(x, by_fx) for x in raw]
     return raw
 
 
@@ -205,7 +427,9 @@ def node_repsets(node: Node, limits: Sequence[int] = TEXTURE_LIMITS) -> OpRepSet
     return OpRepSets.build(node.op, tensor_shapes(node), limits, dtype if dtype in DTYPES else None)
 
 
-def _partition_reason(node: Node, limits) -> str | None:
+def _partition_reason(node: Node, limits, fits: dict | None = None) -> str | None:
+    """Why `node` cannot run on Vulkan, or None. `fits` caches the representation check per
+    signature for one lowering (large graphs repeat a few signatures thousands of times)."""
     op = node.op
     if op is None:
         return f"no Vulkan op implements {node.target}"
@@ -216,11 +440,17 @@ def _partition_reason(node: Node, limits) -> str | None:
     for name, v in node.args:
         if isinstance(v, (Value, list)) and name not in declared and (isinstance(v, Value) or any(isinstance(x, Value) for x in v)):
             return f"tensor argument '{name}' is not declared by op '{op.name}'"
-    for v in tensors:
-        if v.dtype not in op.dtypes:
-            return f"dtype {v.dtype} of '{v.name}' (op '{op.name}' takes {', '.join(op.dtypes)})"
-    if len({v.dtype for v in tensors}) > 1:
-        return f"mixed dtypes {sorted({v.dtype for v in tensors})}"
+    fixed = dict(op.dtype_of)  # tensors of one dtype whatever the variant's (a comparison's bool out)
+    free = []
+    for name, v in list(node.tensor_args()) + list(node.outputs):
+        if name in fixed and v.dtype != fixed[name]:
+            return f"dtype {v.dtype} of '{v.name}' (op '{op.name}' takes {fixed[name]} as '{name}')"
+        if name not in fixed:
+            if v.dtype not in op.dtypes:
+                return f"dtype {v.dtype} of '{v.name}' (op '{op.name}' takes {', '.join(op.dtypes)})"
+            free.append(v)
+    if len({v.dtype for v in free}) > 1:
+        return f"mixed dtypes {sorted({v.dtype for v in free})}"
     for v in tensors:
         if 0 in v.shape:
             return f"'{v.name}' has no elements (shape {list(v.shape)})"
@@ -233,9 +463,22 @@ def _partition_reason(node: Node, limits) -> str | None:
     reason = run_checks(node, op.checks)
     if reason:
         return reason
-    sets = node_repsets(node, limits)
-    empty = sets.empty_tensors()
+    empty = _empty_tensors(node, limits, fits)
     if empty:
         shapes = tensor_shapes(node)
         return f"no representation fits {empty[0]} {list(shapes[empty[0]])} (texture limits {tuple(limits)})"
     return None
+
+
+def _empty_tensors(node: Node, limits, fits: dict | None) -> list[str]:
+    """The tensors of `node` that no representation of their repset fits (a pure function of the
+    op, the dtype and the shapes: cached in `fits` when given)."""
+    if fits is None:
+        return node_repsets(node, limits).empty_tensors()
+    shapes = tensor_shapes(node)
+    key = (id(node.op), node.outputs[0][1].dtype if node.outputs else None,
+           tuple((n, tuple(map(tuple, x)) if isinstance(x, list) else tuple(x)) for n, x in shapes.items()))
+    empty = fits.get(key)
+    if empty is None:
+        empty = fits[key] = node_repsets(node, limits).empty_tensors()
+    return empty

@@ -43,6 +43,9 @@ class Plan:
     texture_limits: tuple[int, int, int]
     prepacks: list[tuple[str, str]] = field(default_factory=list)  # (constant, representation) at load
     exported: object = None  # the ExportedProgram the plan came from, when it came from one
+    # Seconds per stage: export, decomposition, lowering, fusion, planning (texelflow.plan); compile
+    # adds prepacking and pipelines. A plan built from an IR graph has planning only.
+    timings: dict[str, float] = field(default_factory=dict)
 
     # ---- the numbers of DESIGN §10 -------------------------------------------------------------
     @property
@@ -94,7 +97,7 @@ class Plan:
             elif n.fallback is not None or n.op is None:
                 rows.append((n.name, n.target, "cpu", "-", f"fallback: {n.fallback}"))
             else:
-                note = "folded (no data moves)" if n.folded else ""
+                note = "folded (no data moves)" if n.folded else "; ".join(n.fused)
                 rows.append((n.name, n.op.name, "vulkan", rep, note))
         return rows
 
@@ -111,6 +114,13 @@ class Plan:
                 lines.append("  ".join("-" * w for w in widths))
         return "\n".join(lines)
 
+    def timing_summary(self) -> str:
+        """One line: the seconds of each stage that ran, in pipeline order, and their total."""
+        order = ("export", "decomposition", "lowering", "fusion", "planning", "prepacking", "pipelines")
+        stages = [k for k in order if k in self.timings] + sorted(set(self.timings) - set(order))
+        parts = [f"{k} {self.timings[k] * 1000:.1f} ms" for k in stages]
+        return f"timings: {', '.join(parts)}; total {sum(self.timings.values()) * 1000:.1f} ms"
+
     def to_dot(self) -> str:
         """Graphviz source: nodes coloured by output representation, transitions as red diamonds."""
         lines = ["digraph plan {", "  rankdir=TB;", '  node [shape=box, style=filled, fontname="Helvetica"];']
@@ -122,8 +132,9 @@ class Plan:
             rep = self.reprs.get(v.name, "")
             lines.append(f"  {q(v.name)} [shape=ellipse, fillcolor={q(COLOURS.get(rep, '#eeeeee'))}, "
                          f"label={q(v.name + chr(10) + rep)}];")
+        by_name = {x.name: x for x in self.graph.nodes}
         for n, op, where, rep, note in self.rows():
-            node = next(x for x in self.graph.nodes if x.name == n)
+            node = by_name[n]
             if node.transition:
                 attrs = f"shape=diamond, fillcolor=\"#e63946\", fontcolor=white, label={q('to_layout' + chr(10) + rep)}"
             elif where == "cpu":
@@ -162,4 +173,5 @@ def plan_graph(graph: PlanGraph, planner: str = "optimal", texture_limits: Seque
     folded = fold_identity_ops(problem, assignment)
     verify(problem, assignment)
     seconds = time.perf_counter() - start
-    return Plan(graph, assignment, planner, transitions, folded, seconds, tuple(texture_limits), prepacks)
+    return Plan(graph, assignment, planner, transitions, folded, seconds, tuple(texture_limits), prepacks,
+                timings={"planning": seconds})

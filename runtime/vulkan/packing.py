@@ -15,8 +15,10 @@ from texelflow.generated.layouts import DTYPES, LAYOUT_INFO, STORAGE_INFO, Layou
 from texelflow.shaders.geometry import (MAX_TEXTURE_RANK, as_layout, as_storage, buffer_rest_dims, padded_sizes,
                                         texel_lanes, texture_extents, whcn_sizes)
 
-# Host dtypes packing handles: the stored lane is the host element (int8 lanes are bytes of a word).
-_NP_DTYPES = {"float32": np.float32, "int32": np.int32, "int8": np.int8}
+# Host dtypes packing handles -> the numpy type of a stored lane: the host element itself (int8
+# lanes are bytes of a word), except bool, stored as int32 0 / 1 (layouts.yaml) and read back as
+# `lane != 0`, so what comes back is exactly a bool array.
+_NP_DTYPES = {"float32": np.float32, "int32": np.int32, "int8": np.int8, "bool": np.int32}
 # numpy axis of each WHCN dim in an (N, C, H, W) array
 _AXIS = {0: 3, 1: 2, 2: 1, 3: 0}
 
@@ -59,7 +61,7 @@ def pack(array: np.ndarray, storage, layout) -> np.ndarray:
     array = np.asarray(array)
     dtype = str(array.dtype)
     info = check_representation(array.shape, dtype, storage, layout)
-    a4 = _nchw(array)
+    a4 = _nchw(array.astype(_NP_DTYPES[dtype], copy=False))
     if _is_image(storage):
         return _pack_texture(a4, info)
     return _pack_buffer(a4, info)
@@ -100,7 +102,8 @@ def unpack(data: np.ndarray, shape, dtype: str, storage, layout) -> np.ndarray:
         a4 = _unpack_texture(np.asarray(data), s, info, dtype)
     else:
         a4 = _unpack_buffer(np.asarray(data), s, info, dtype)
-    return np.ascontiguousarray(a4[: s[3], : s[2], : s[1], : s[0]]).reshape(shape)
+    out = np.ascontiguousarray(a4[: s[3], : s[2], : s[1], : s[0]]).reshape(shape)
+    return out != 0 if dtype == "bool" else out
 
 
 def _unpack_buffer(words: np.ndarray, s, info: LayoutInfo, dtype: str) -> np.ndarray:

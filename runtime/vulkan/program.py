@@ -42,6 +42,7 @@ class Dispatch:
     label: str = ""
     local_size_x: int | None = None
     spirv: bytes | None = None  # override of the generated SPIR-V (tests, experiments)
+    units: int | None = None  # invocations (pc.units); None: one per unit of the written tensor
 
     def bound(self) -> list[VkTensor]:
         """Tensors in binding order, checked against the reflection."""
@@ -160,11 +161,12 @@ class Program:
             pipe = self.pipelines.get(v, spec, spirv=d.spirv)
             out = next((t for b, t in zip(self._bindings(v), ts) if b.access == "write"), ts[0])
             values = {f"{b.tensor}_sizes": t.sizes for b, t in zip(self._bindings(v), ts)}
-            values["units"] = out.units
+            units = out.units if d.units is None else d.units
+            values["units"] = units
             values.update(d.scalars)
             self._pipes.append(pipe)
             self._push.append(vk.ffi.new("char[]", pack_push_constants(v, values)))
-            self._groups.append(workgroups(out.units, pipe.local_size[0], dev.limits.max_workgroup_count))
+            self._groups.append(workgroups(units, pipe.local_size[0], dev.limits.max_workgroup_count))
             for b in self._bindings(v):
                 descriptors[b.descriptor] += 1
         sizes = [vk.VkDescriptorPoolSize(type=getattr(vk, f"VK_DESCRIPTOR_TYPE_{kind}"), descriptorCount=max(n, 1))

@@ -21,7 +21,7 @@ from texelflow.runtime.vulkan.errors import (BufferTooLargeError, TextureTooLarg
 from texelflow.runtime.vulkan.memory import (MemoryBlock, Requirements, buffer_requirements, create_buffer,
                                              image_requirements, staging_buffer)
 
-_NP = {"float32": np.float32, "int32": np.int32, "int8": np.int8}
+_NP = {"float32": np.float32, "int32": np.int32, "int8": np.int8, "bool": np.bool_}
 
 
 def image_format(vk, dtype: str) -> int:
@@ -194,7 +194,7 @@ class VkTensor:
 
     def unpack(self, raw: np.ndarray) -> np.ndarray:
         """Turn packed bytes of this tensor back into a contiguous NCHW array."""
-        word = np.dtype(np.int32 if self.dtype == "int8" else _NP[self.dtype])
+        word = np.dtype(np.int32 if self.dtype in ("int8", "bool") else _NP[self.dtype])  # bool: int32 0 / 1
         data = np.frombuffer(raw.tobytes() if not raw.flags.c_contiguous else raw, dtype=word)
         if self.is_texture:
             data = data.reshape(self.extents[2], self.extents[1], self.extents[0],

@@ -9,6 +9,7 @@ lanes can be checked to stay zero.
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 import zlib
 from dataclasses import dataclass
@@ -37,7 +38,12 @@ DEFAULT_FLOAT_RANGE = (-3.0, 3.0)  # uniform float inputs where the op declares 
 
 # Special float values injected into inputs of float elementwise ops (templates below).
 SPECIALS = ("nan", "inf", "-inf")
-INJECT_TEMPLATES = ("unary", "binary", "copy")
+INJECT_TEMPLATES = ("unary", "binary", "copy", "where")
+# Reductions, softmax, pooling and norms: a NaN or an infinity spreads over what it is reduced with.
+INJECT_TEMPLATES += ("reduce", "softmax", "adaptive_pool2d", "group_norm")
+INJECT_TEMPLATES += ("batch_norm",)  # elementwise per channel: NaN / Inf in input or statistics
+INJECT_TEMPLATES += ("matmul", "linear")  # a NaN or Inf spreads over its row and column of the product
+INJECT_TEMPLATES += ("permute", "slice", "select", "expand", "pad", "pixel_shuffle", "cat")  # moved bit for bit
 
 
 # ---- the registry, queried ---------------------------------------------------------------------
@@ -113,6 +119,8 @@ def random_array(rng: np.random.Generator, shape, dtype: str, value_range=None) 
     if dtype == "float32":
         low, high = value_range or DEFAULT_FLOAT_RANGE
         return rng.uniform(low, high, size=shape).astype(np.float32)
+    if dtype == "bool":
+        return rng.integers(0, 1, size=shape, endpoint=True).astype(bool)
     info = np.iinfo(dtype)
     low, high = (int(np.ceil(value_range[0])), int(np.floor(value_range[1]))) if value_range else (info.min, info.max)
     return rng.integers(low, high, size=shape, endpoint=True, dtype=np.int64).astype(dtype)
@@ -135,9 +143,15 @@ def tensor_args(op: OpEntry, sample: dict) -> list[tuple[str, object]]:
             if a.kind in ("tensor", "tensor_list") and sample.get(a.name) is not None]
 
 
+def gives_bool(op: OpEntry) -> bool:
+    """Whether the op computes a bool (comparisons, logical_not): its inputs then take few
+    values (multiples of 0.5 in [-3, 3], integers in [-3, 3]) so that ties and zeros occur."""
+    return any(dict(op.dtype_of).get(o.name) == "bool" for o in op.outputs)
+
+
 def sample_inputs(op: OpEntry, dtype: str, index: int, specials: tuple = ()) -> dict[str, object]:
     """Random input arrays for sample `index` of the op (lists for a tensor list), reproducible;
-    `specials`: values injected into every input array."""
+    `specials`: values injected into every float input array."""
     sample = SAMPLES[op.name][index]
     rng = np.random.default_rng(_seed(op.name, dtype, index))
     ranges = VALUE_RANGES.get(op.name, {})
@@ -145,8 +159,12 @@ def sample_inputs(op: OpEntry, dtype: str, index: int, specials: tuple = ()) -> 
     for k, (name, shape) in enumerate(tensor_args(op, sample)):
         is_list = next(a for a in op.args if a.name == name).kind == "tensor_list"
         shapes = shape if is_list else [shape]
-        arrays = [random_array(rng, s, dtype, ranges.get(name)) for s in shapes]
-        if specials:
+        own = op.tensor_dtype(name, dtype)  # the variant's dtype, or fixed by dtype_of
+        arrays = [random_array(rng, s, own, ranges.get(name) or ((-3, 3) if gives_bool(op) else None))
+                  for s in shapes]
+        if gives_bool(op) and own == "float32":
+            arrays = [np.asarray(np.round(a * 2) / 2, dtype=np.float32) for a in arrays]
+        if specials and own == "float32":
             arrays = [inject_specials(a, k + i, specials) for i, a in enumerate(arrays)]
         out[name] = arrays if is_list else arrays[0]
     return out
@@ -164,6 +182,9 @@ def _resolve(target: str):
 # Ops none of whose targets torch implements, and their reference.
 NO_TORCH_TARGET = {
     "to_layout": "identity",  # texelflow's transition: a copy into another representation
+    "conv2d_act": "texelflow.runtime.graph.fusion.conv2d_act_reference",  # conv2d + activation, fused
+    "conv2d_dw": "texelflow.runtime.graph.fusion.conv2d_act_reference",  # depthwise conv2d
+    "conv2d_dw_act": "texelflow.runtime.graph.fusion.conv2d_act_reference",  # depthwise conv2d + activation
 }
 
 
@@ -189,8 +210,12 @@ def torch_reference(op: OpEntry, sample: dict, inputs: dict) -> list[np.ndarray]
         kwargs[a.name] = v
     targets = [(t, _resolve(t)) for t in op.targets]
     known = [(t, fn) for t, fn in targets if fn is not None]
-    if not known:
-        assert op.is_identity or NO_TORCH_TARGET.get(op.name) == "identity", (
+    reference = NO_TORCH_TARGET.get(op.name, "")
+    if not known and "." in reference:  # a torch function of texelflow's, by module path
+        module, _, fn = reference.rpartition(".")
+        results = getattr(importlib.import_module(module), fn)(**kwargs)
+    elif not known:
+        assert op.is_identity or reference == "identity", (
             f"{op.name}: torch implements none of {op.targets} and no reference is declared")
         results = (kwargs["self"].clone(),)
     else:
@@ -259,14 +284,16 @@ def build_node(op: OpEntry, dtype: str, case: SampleCase) -> tuple[Node, dict]:
         if a.kind in ("tensor", "tensor_list") and v is not None:
             add = graph.add_const if a.name in op.weights else graph.add_input
             data = case.inputs[a.name]
+            own = op.tensor_dtype(a.name, dtype)
             if a.kind == "tensor_list":
-                v = [add(f"{a.name}{i}", x.shape, dtype) for i, x in enumerate(data)]
+                v = [add(f"{a.name}{i}", x.shape, own) for i, x in enumerate(data)]
                 arrays.update(zip(v, data))
             else:
-                v = add(a.name, data.shape, dtype)
+                v = add(a.name, data.shape, own)
                 arrays[v] = data
         args.append((a.name, v))
-    node = graph.add_node(op.name, op.targets[0], op, args, [(o.name, w.shape, dtype) for o, w in zip(op.outputs, case.want)])
+    outputs = [(o.name, w.shape, op.tensor_dtype(o.name, dtype)) for o, w in zip(op.outputs, case.want)]
+    node = graph.add_node(op.name, op.targets[0], op, args, outputs)
     graph.outputs = [v for _, v in node.outputs]
     return node, arrays
 
@@ -358,7 +385,7 @@ def run_nodes(device, nodes: list[tuple[Node, dict]], slot_reprs: dict[str, Tens
                             ins.append(t)
                             in_arrays.append(arrays[v])
                     bound[name] = t
-                dispatches.append(Dispatch(spec.variant, bound, spec.scalars, label=spec.label))
+                dispatches.append(Dispatch(spec.variant, bound, spec.scalars, label=spec.label, units=spec.units))
         outs = [tensors[v] for node, _ in nodes for _, v in node.outputs]
         prog = Program(device, dispatches, ins, outs, timestamps=False)
         try:
@@ -387,6 +414,7 @@ TOLERANCES: dict[str, tuple[float, float] | None] = {
     "permute": None,
     "cat": None,
     "flip": None,
+    "where": None,  # selects elements
     "unary": (1e-5, 1e-6),  # GLSL's exp/tanh/erf approximations against libm
     "binary": (1e-5, 1e-6),
     "pool2d": (1e-5, 1e-6),  # avg: a sum of up to 9 elements, then a division
@@ -396,13 +424,37 @@ TOLERANCES: dict[str, tuple[float, float] | None] = {
     "neg": None,
     "relu": None,
     "clamp": None,
+    "hardtanh": None,
+    "relu6": None,
     "minimum": None,
     "maximum": None,
     "matmul": (1e-4, 1e-5),  # dot products accumulated in another order than torch's
     "linear": (1e-4, 1e-5),
     "conv2d": (1e-4, 1e-4),
+    "conv2d_act": (1e-4, 1e-4),  # conv2d's sums, then exp / tanh / erf approximations
+    "conv2d_dw": (1e-4, 1e-4),
+    "conv2d_dw_act": (1e-4, 1e-4),
+    "batch_norm": (1e-5, 1e-5),  # one multiply-add per element, torch's order
     "layer_norm": (1e-4, 1e-4),  # mean and variance reductions, rsqrt
+    "sdpa": (1e-4, 1e-5),  # dot products, exp and an online softmax in another order than torch's
+    "reduce": (1e-5, 1e-5),  # sums accumulated in another order than torch's
+    "amax": None,  # max and min select an element
+    "amin": None,
+    "softmax": (1e-5, 1e-6),  # exp and log approximations, a sum in another order
+    "adaptive_pool2d": (1e-5, 1e-5),  # a sum of up to 49 elements, then a division
+    "group_norm": (1e-4, 1e-4),  # mean and variance reductions, rsqrt
 }
+
+# Shape ops move elements (bit-exact); bilinear upsampling mixes four with torch's float32 weights.
+TOLERANCES.update({
+    "expand": None,
+    "slice": None,
+    "select": None,
+    "pad": None,
+    "pixel_shuffle": None,
+    "upsample": (1e-5, 1e-6),
+    "upsample_nearest2d": None,
+})
 
 
 def tolerance(op_name: str) -> tuple[float, float] | None:

@@ -21,6 +21,10 @@ SPECIAL = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.
 NO_POS_INF = {"gelu"}
 # Scalar arguments torch requires a value for.
 SCALARS = {"clamp": (-1.0, 1.0)}
+# The scalar forms (aten.<op>.Scalar, pow.Tensor_Scalar): their Scalar operand.
+SCALARS.update({"add_scalar": (2.0,), "sub_scalar": (2.0,), "mul_scalar": (-3.0,), "div_scalar": (0.5,),
+                "rsub_scalar": (1.0,), "pow_tensor_scalar": (0.5,)})
+SCALARS.update({f"{cmp}_scalar": (0.0,) for cmp in ("eq", "ne", "lt", "le", "gt", "ge")})
 
 
 def _target(op):

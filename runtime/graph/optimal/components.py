@@ -8,8 +8,6 @@ is optimal and certified.
 from __future__ import annotations
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from ..repr import TensorRepSet
 from .tables import NB, lowest_bits
@@ -19,8 +17,21 @@ def components(n: int, ecc, evc, groups) -> np.ndarray:
     """Connected component of every class, classes being linked by edges and int8 groups."""
     a = np.concatenate([evc] + [np.full(len(g) - 1, g[0]) for g in groups]).astype(np.int64)
     b = np.concatenate([ecc] + [np.asarray(g[1:]) for g in groups]).astype(np.int64)
-    graph = coo_matrix((np.ones(len(a), dtype=np.int8), (a, b)), shape=(n, n))
-    return connected_components(graph, directed=False)[1]
+    # Union-find with the smallest index as root (no scipy: most plans never need the solver, and
+    # importing scipy.sparse costs more than planning a large graph). Components are numbered in
+    # the order of their smallest class, as scipy's connected_components numbers them.
+    parent = list(range(n))
+    for x, y in zip(a.tolist(), b.tolist()):
+        while parent[x] != x:
+            parent[x] = x = parent[parent[x]]
+        while parent[y] != y:
+            parent[y] = y = parent[parent[y]]
+        if x != y:
+            parent[max(x, y)] = min(x, y)
+    for i in range(n):  # parents have smaller indices: one pass in order resolves every root
+        parent[i] = parent[parent[i]]
+    return np.unique(np.asarray(parent, dtype=np.int64), return_inverse=True)[1].reshape(-1) if n else \
+        np.zeros(0, dtype=np.int64)
 
 
 def settle(comp, roots, domain, ecc, groups):

@@ -16,10 +16,10 @@ from ..problem import Assignment, Problem, gc_paused
 from ..repr import REPRS
 from .components import components, settle, unsettled
 from .contraction import contract_chains
-from .integer_program import build_program
-from .local_search import polish_preference, round_relaxation
-from .solver import BINARY_ONE, DUAL_BOUND_SLACK, MIN_SOLVE_S, lp_then_mip
 from .tables import Tables, build_tables, count_transitions, crossing_edges
+
+# integer_program, local_search and solver import scipy (about a second): they are imported only
+# when a component needs the solver; a plan whose components all settle never loads scipy.
 
 
 def plan(problem: Problem, time_limit: float) -> Assignment:
@@ -45,6 +45,8 @@ def _plan(problem: Problem, time_limit: float) -> Assignment:
     lower = 0
     deadline = time.monotonic() + time_limit
     for cid, cls, (cev, cecc, cevc), cgroups in unsettled(comp, todo, ev, ecc, evc, groups):
+        from .solver import MIN_SOLVE_S
+
         remaining = max(MIN_SOLVE_S, deadline - time.monotonic())
         solved = solve_component(cls, cev, cecc, cevc, cgroups, domain, t.vbytes, remaining)
         if solved is None:
@@ -76,6 +78,10 @@ def solve_component(cls, ev, ecc, evc, groups, domain, vbytes, time_limit):
     producer root); groups: its int8 sync groups (lists of class roots). Returns (the bit picked
     per class of cls, lower bound on the count, certified).
     """
+    from .integer_program import build_program
+    from .local_search import polish_preference, round_relaxation
+    from .solver import BINARY_ONE, DUAL_BOUND_SLACK, lp_then_mip
+
     prog = build_program(cls, ev, ecc, evc, groups, domain, vbytes)
     # Rounding ignores int8 groups, so it could break them: with groups only the MIP decides.
     rounded = None if groups else (lambda x: round_relaxation(x, prog, vbytes))

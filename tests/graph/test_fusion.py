@@ -1,0 +1,184 @@
+"""The fusion pass (runtime/graph/fusion.py) on real models: conv + batch norm folding into derived
+constants, conv + activation into one conv2d_act dispatch, the cases that must not fuse, and the
+user's model left as it was. Plans need no device; numerics run on the session's Vulkan device."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import texelflow
+from texelflow.runtime.graph.ir import Role
+
+ACTIVATIONS = {
+    "relu": nn.ReLU(),
+    "relu6": nn.ReLU6(),
+    "hardtanh": nn.Hardtanh(-0.5, 2.0),
+    "hardswish": nn.Hardswish(),
+    "silu": nn.SiLU(),
+    "gelu": nn.GELU(),
+    "gelu_tanh": nn.GELU(approximate="tanh"),
+}
+
+
+class ConvBn(nn.Module):
+    def __init__(self, cin=3, cout=5, groups=1, bias=True, act=None):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1, groups=groups, bias=bias)
+        self.bn = nn.BatchNorm2d(cout)
+        self.act = act if act is not None else nn.Identity()
+        with torch.no_grad():  # statistics far from the (0, 1) defaults, so folding shows
+            g = torch.Generator().manual_seed(cout)
+            self.bn.running_mean.copy_(torch.randn(cout, generator=g))
+            self.bn.running_var.copy_(torch.rand(cout, generator=g) * 2 + 0.2)
+            self.bn.weight.copy_(torch.randn(cout, generator=g))
+            self.bn.bias.copy_(torch.randn(cout, generator=g))
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x)))
+
+
+class ConvBnTwoUsers(ConvBn):
+    """The conv output is also returned: folding would change it, so nothing is folded."""
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.bn(y), y
+
+
+class ConvAct(nn.Module):
+    def __init__(self, act, cin=5, cout=7, groups=1):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, stride=2, padding=1, groups=groups)
+        self.act = act
+
+    def forward(self, x):
+        return self.act(self.conv(x))
+
+
+def _ops(plan) -> list[str]:
+    return [n.op.name for n in plan.graph.device_nodes() if not n.transition]
+
+
+def _run(device, model, x):
+    with texelflow.compile(model, (x,), device=device) as prog:
+        return prog(x), prog
+
+
+def _close(got, want, rtol=1e-4):
+    scale = want.abs().max().clamp_min(1e-6)
+    assert ((got - want).abs().max() / scale) <= rtol, f"max relative error {((got - want).abs().max() / scale):.2e}"
+
+
+def _params(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("groups,bias,op", [(1, True, "conv2d"), (1, False, "conv2d"), (5, True, "conv2d_dw")])
+def test_conv_bn_folds_into_one_conv(device, groups, bias, op):
+    model = ConvBn(cin=5 if groups == 5 else 3, cout=5, groups=groups, bias=bias).eval()
+    x = torch.randn(2, model.conv.in_channels, 7, 6)
+    before = _params(model)
+    plan = texelflow.plan(model, (x,))
+    assert _ops(plan) == [op], plan.summary()
+    conv = plan.graph.device_nodes()[0]
+    assert all(n.op is None or n.op.name != "batch_norm" for n in plan.graph.nodes)
+    weight, b = conv.arg("weight"), conv.arg("bias")
+    assert weight.role is Role.CONST and weight.derive.recipe == "bn_folded_conv_weight"
+    assert b is not None and b.derive.recipe == "bn_folded_conv_bias"
+    assert "batch_norm" in plan.summary() and "folded" in plan.summary()
+    got, prog = _run(device, model, x)
+    assert prog.plan.dispatches == {op: 1}
+    _close(got, model(x))
+    for k, v in model.state_dict().items():  # the user's model is untouched
+        assert torch.equal(v, before[k]), k
+
+
+def test_conv_bn_with_a_second_user_is_not_folded(device):
+    model = ConvBnTwoUsers().eval()
+    x = torch.randn(1, 3, 6, 5)
+    plan = texelflow.plan(model, (x,))
+    assert sorted(_ops(plan)) == ["batch_norm", "conv2d"], plan.summary()
+    assert not any(n.fused for n in plan.graph.nodes)
+    (got_bn, got_conv), prog = _run(device, model, x)
+    assert prog.plan.dispatches["batch_norm"] == 1
+    want_bn, want_conv = model(x)
+    _close(got_bn, want_bn)
+    _close(got_conv, want_conv)
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("op", ["conv2d_act", "conv2d_dw_act"])
+def test_conv_activation_is_one_dispatch(device, name, op):
+    groups = 5 if op == "conv2d_dw_act" else 1
+    model = ConvAct(copy.deepcopy(ACTIVATIONS[name]), cout=7 if groups == 1 else 5, groups=groups).eval()
+    x = torch.randn(2, 5, 9, 7) * 2
+    got, prog = _run(device, model, x)
+    assert prog.plan.dispatches == {op: 1}, prog.plan.summary()
+    assert not prog.plan.fallbacks, prog.plan.fallbacks
+    (node,) = prog.plan.graph.device_nodes()
+    assert node.fused and node.target == f"texelflow.{op}.default"
+    _close(got, model(x))
+
+
+def test_depthwise_conv_gets_its_own_kernel(device):
+    model = nn.Sequential(nn.Conv2d(6, 6, 5, stride=2, padding=2, groups=6), nn.Conv2d(6, 6, 3, groups=3)).eval()
+    x = torch.randn(1, 6, 11, 13)
+    got, prog = _run(device, model, x)
+    assert prog.plan.dispatches == {"conv2d_dw": 1, "conv2d": 1}, prog.plan.summary()
+    _close(got, model(x))
+
+
+def test_conv_bn_act_folds_and_fuses(device):
+    model = ConvBn(cin=4, cout=7, act=nn.ReLU6()).eval()
+    x = torch.randn(1, 4, 8, 8)
+    got, prog = _run(device, model, x)
+    assert prog.plan.dispatches == {"conv2d_act": 1}, prog.plan.summary()
+    (node,) = prog.plan.graph.device_nodes()
+    assert node.arg("weight").derive is not None and node.arg("activation") == "hardtanh"
+    assert len(node.fused) == 2
+    _close(got, model(x))
+
+
+def test_batch_norm_alone_runs_as_a_kernel(device):
+    model = nn.Sequential(nn.ReLU(), nn.BatchNorm1d(7)).eval()
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-1, 1)
+        model[1].running_var.uniform_(0.5, 2)
+    x = torch.randn(3, 7, 5)
+    got, prog = _run(device, model, x)
+    assert prog.plan.dispatches["batch_norm"] == 1
+    _close(got, model(x), 1e-5)
+
+
+def test_decomposed_batch_norm_becomes_the_kernel(device):
+    """An ExportedProgram after run_decompositions has _native_batch_norm_legit_no_training."""
+    model = nn.Sequential(nn.ReLU(), nn.BatchNorm2d(5)).eval()
+    x = torch.randn(2, 5, 3, 4)
+    ep = torch.export.export(model, (x,)).run_decompositions()
+    got, prog = _run(device, ep, x)
+    assert prog.plan.dispatches["batch_norm"] == 1, prog.plan.summary()
+    _close(got, model(x), 1e-5)
+
+
+class TrainingBatchNorm(nn.Module):
+    """Batch statistics (training=True), with or without running statistics to update."""
+
+    def __init__(self, running: bool):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(3) if running else None)
+        self.register_buffer("var", torch.ones(3) if running else None)
+
+    def forward(self, x):
+        return torch.nn.functional.batch_norm(x, self.mean, self.var, training=True)
+
+
+@pytest.mark.parametrize("running", [True, False])
+def test_training_batch_norm_falls_back_with_a_reason(running):
+    plan = texelflow.plan(TrainingBatchNorm(running), (torch.randn(2, 3, 4, 4),))
+    (reason,) = [why for name, why in plan.fallbacks if name == "batch_norm"]
+    assert "training=True" in reason and "\n" not in reason
+    assert "batch_norm" not in plan.dispatches

@@ -1,0 +1,45 @@
+"""texelflow's own decompositions of shape ops equal torch's ops, and lower to registry ops only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from texelflow.generated.ops import op_for_target
+from texelflow.runtime.graph.shape_decompositions import OWN_DECOMPOSITIONS, repeat, split_with_sizes, unbind
+
+
+@pytest.mark.parametrize("shape, repeats", [
+    ((2, 3, 5, 7), (1, 2, 1, 1)), ((2, 3, 5, 7), (2, 1, 3, 1, 2)), ((3,), (2, 2, 2)), ((2, 1, 3), (1, 4, 1)),
+    ((2, 3), (1, 1)), ((1,), (5,)), ((2, 3), (2, 1, 1, 3)), ((2, 3, 4), (1, 1, 2)),
+])
+def test_repeat(shape, repeats):
+    x = torch.randn(*shape)
+    assert torch.equal(repeat(x, list(repeats)), x.repeat(*repeats))
+
+
+@pytest.mark.parametrize("shape, sizes, dim", [((2, 3, 5), [1, 2], 1), ((7,), [3, 4], 0), ((2, 5, 7), [2, 2, 3], -1)])
+def test_split_with_sizes(shape, sizes, dim):
+    x = torch.randn(*shape)
+    for got, want in zip(split_with_sizes(x, sizes, dim), x.split_with_sizes(sizes, dim), strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("shape, dim", [((3, 2, 5), 0), ((2, 3, 1, 2, 5), 2), ((4,), -1)])
+def test_unbind(shape, dim):
+    x = torch.randn(*shape)
+    for got, want in zip(unbind(x, dim), x.unbind(dim), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_pieces_are_registry_ops():
+    """Each decomposition, traced, calls only ops the registry implements (or views of them)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x = torch.randn(2, 3, 5, 7)
+    calls = [lambda t: repeat(t, [2, 1, 3, 1]), lambda t: split_with_sizes(t, [1, 2], 1), lambda t: unbind(t, 1)]
+    for call in calls:
+        gm = make_fx(call)(x)
+        targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+        assert targets and all(op_for_target(t) is not None for t in targets), targets
+    assert set(OWN_DECOMPOSITIONS) >= {"aten.split_with_sizes.default", "aten.unbind.int", "aten.repeat.default"}

@@ -1,0 +1,118 @@
+"""Bool tensors through compiled programs: comparisons give them, where and logical_not take them,
+as inputs, outputs and across CPU fallbacks, with the values torch gives (issue 10).
+"""
+from __future__ import annotations
+
+import torch
+
+import texelflow
+
+from .models import Call
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _run(device, fn, *inputs, fallbacks=0):
+    """Compile `fn`, check the number of CPU fallbacks, and return (texelflow's, torch's) results."""
+    want = fn(*inputs)
+    with torch.no_grad():
+        prog = texelflow.compile(Call(fn), inputs, device=device)
+    try:
+        assert len(prog.plan.fallbacks) == fallbacks, prog.plan.fallbacks
+        got = prog(*inputs)
+    finally:
+        prog.close()
+    return got, want
+
+
+def _same(got, want):
+    got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype, (g.dtype, w.dtype)
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+
+
+def test_comparisons_give_torch_bools(device):
+    x = torch.tensor([[NAN, INF, -INF, 0.0, -0.0, 1.5], [2.0, -1.0, 0.5, NAN, 3.0, -0.0]])
+    y = torch.tensor([[NAN, INF, 0.0, -0.0, 0.0, 1.5]])
+
+    def fn(a, b):
+        return a == b, a != b, a < b, a <= b, a > b, a >= b, a == 0.0, a != 1.5, a > -1
+
+    _same(*_run(device, fn, x, y))
+
+
+def test_where_selects_with_a_computed_and_a_given_condition(device):
+    x = torch.randn(2, 3, 5, 7)
+    y = torch.randn(3, 1, 7)
+    mask = torch.rand(5, 7) > 0.5
+
+    def fn(a, b, m):
+        picked = torch.where(a > b, a, b * 2)
+        return torch.where(m, picked, a), torch.logical_not(m), torch.logical_not(a > 0)
+
+    _same(*_run(device, fn, x, y, mask))
+
+
+def test_where_with_a_scalar_side(device):
+    """torch.where(c, x, 0.0) and torch.where(c, 1.5, x) export as where.ScalarOther / ScalarSelf."""
+    x = torch.tensor([[NAN, INF, -INF, 0.0, -0.0, 1.5], [2.0, -1.0, 0.5, NAN, 3.0, -0.0]])
+
+    def fn(a):
+        return torch.where(a > 0, a, 0.0), torch.where(a < 1, -1.5, a)
+
+    _same(*_run(device, fn, x))
+
+
+def test_int32_comparisons_and_where(device):
+    x = torch.randint(-3, 4, (3, 5), dtype=torch.int32)
+    y = torch.randint(-3, 4, (5,), dtype=torch.int32)
+
+    def fn(a, b):
+        return torch.where(a >= b, a, b), a == 2, a < 0.5
+
+    _same(*_run(device, fn, x, y))
+
+
+def test_bool_from_a_cpu_fallback_feeds_the_device(device):
+    """signbit has no Vulkan op: its bool result comes from the CPU into the device's `|` and where."""
+    x = torch.tensor([[NAN, INF, -INF, 0.0, -0.0, 1.5], [2.0, -1.0, 0.5, NAN, 3.0, -0.0]])
+    y = torch.randn(2, 6)
+
+    def fn(a, b):
+        either = torch.signbit(a) | (b > 0)
+        return torch.where(either, a, b), either
+
+    _same(*_run(device, fn, x, y, fallbacks=1))
+
+
+def test_bool_logic(device):
+    m = torch.rand(3, 5) > 0.5
+    x = torch.tensor([[NAN, INF, -INF, 0.0, -0.0], [2.0, -1.0, 0.0, NAN, 3.0], [0.0, 1.0, -0.0, 0.5, 0.0]])
+
+    def fn(c, a):
+        return (c & (a > 0), c | (a < 0), c ^ (a == 0), torch.logical_and(a, a - 1), torch.logical_or(c, a > 1),
+                torch.logical_xor(a, 0.5 - a))
+
+    _same(*_run(device, fn, m, x))
+
+
+def test_logic_of_mixed_dtypes_falls_back_with_its_reason(device):
+    """logical_and(float, bool): torch compares each to zero; the kernels take one dtype."""
+    m = torch.rand(3, 5) > 0.5
+    x = torch.randn(3, 5)
+    got, want = _run(device, torch.logical_and, x, m, fallbacks=1)
+    _same(got, want)
+
+
+def test_mixed_dtype_comparison_falls_back_with_its_reason(device):
+    x = torch.randn(3, 4)
+    y = torch.randint(-2, 3, (3, 4), dtype=torch.int32)
+    with torch.no_grad():
+        prog = texelflow.compile(Call(lambda a, b: a < b), (x, y), device=device)
+    try:
+        reasons = [str(f) for f in prog.plan.fallbacks]
+        assert len(reasons) == 1 and "mixed dtypes" in reasons[0], reasons
+        _same(prog(x, y), x < y)
+    finally:
+        prog.close()

@@ -1,0 +1,122 @@
+"""Issue 10: reductions, softmax, adaptive pooling and group norm through torch.export.
+
+The kernel test (tests/kernels/test_registry_ops.py) runs each op alone in every representation;
+here whole exported models run: the training-IR targets torch.export emits (mean.dim, softmax.int,
+group_norm, ...) and their decomposed forms (_softmax, native_group_norm, ...), both on Vulkan with
+no fallback, and the arguments the kernels cannot take, each sent to the CPU with its reason.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import texelflow
+
+
+class Reductions(torch.nn.Module):
+    """Every reduction form: all dims (no dim argument, None, []), several dims, keepdim."""
+
+    def forward(self, x):
+        return (x.mean(), x.sum(), x.amax(), x.amin(),
+                x.mean((-1, -2), keepdim=True), x.sum(dim=[0, 2]), x.amax(dim=1), x.amin(dim=(1, 3), keepdim=True),
+                torch.mean(x, dim=None, keepdim=True), torch.amax(x, dim=[]))
+
+
+class Head(torch.nn.Module):
+    """Group norm, squeeze-excite style global pooling, adaptive pooling and classifier softmaxes."""
+
+    def __init__(self, affine=True):
+        super().__init__()
+        self.gn = torch.nn.GroupNorm(3, 6, affine=affine)
+        self.gn_one = torch.nn.GroupNorm(1, 6)
+        self.gn_each = torch.nn.GroupNorm(6, 6)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.pool_general = torch.nn.AdaptiveAvgPool2d((3, 2))
+
+    def forward(self, x):
+        a = self.gn(x)
+        squeeze = self.pool(a)
+        logits = self.pool_general(self.gn_one(x) + self.gn_each(x)).flatten(1)
+        return squeeze, F.softmax(logits, dim=-1), F.log_softmax(logits, dim=-1), F.softmax(x, dim=1)
+
+
+def _check(device, model, x, decompose):
+    ep = torch.export.export(model, (x,))
+    if decompose:
+        ep = ep.run_decompositions()
+    with texelflow.compile(ep, (x,), planner="greedy", device=device) as prog:
+        got = prog(x)
+        fallbacks = prog.plan.fallbacks
+    want = model(x)
+    assert fallbacks == []
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    return ep
+
+
+@pytest.mark.parametrize("decompose", [False, True], ids=["training-ir", "decomposed"])
+def test_reductions_on_vulkan_match_torch(device, decompose):
+    _check(device, Reductions(), torch.randn(2, 3, 5, 7), decompose)
+
+
+@pytest.mark.parametrize("decompose", [False, True], ids=["training-ir", "decomposed"])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "no-weights"])
+def test_norm_pool_softmax_on_vulkan_match_torch(device, decompose, affine):
+    torch.manual_seed(0)
+    model = Head(affine).eval()
+    if affine:
+        with torch.no_grad():
+            model.gn.weight.uniform_(0.5, 2.0)
+            model.gn.bias.uniform_(-1.0, 1.0)
+    ep = _check(device, model, torch.randn(2, 6, 7, 5) + 1.0, decompose)
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    if decompose:
+        expected = {"aten.native_group_norm.default", "aten._softmax.default", "aten._log_softmax.default",
+                    "aten._adaptive_avg_pool2d.default"}
+    else:
+        expected = {"aten.group_norm.default", "aten.softmax.int", "aten.log_softmax.int",
+                    "aten.adaptive_avg_pool2d.default"}
+    assert expected <= targets
+
+
+def test_global_average_pool_of_a_classifier_head(device):
+    """The MobileNetV3 / ResNet head: [1, 576, 7, 7] averaged to [1, 576, 1, 1]."""
+    model = torch.nn.AdaptiveAvgPool2d(1)
+    _check(device, model, torch.randn(1, 576, 7, 7), decompose=False)
+
+
+class _Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+@pytest.mark.parametrize("fn,shape,reason", [
+    (lambda x: torch.mean(x, dim=1, dtype=torch.float64), (2, 3, 5), "dtype float64"),
+    (lambda x: torch.sum(x, dim=(0, 1), dtype=torch.float64), (2, 3, 5), "dtype float64"),
+    (lambda x: F.softmax(x, dim=0), (2, 3, 2, 4, 5), "folded into WHCN's N"),
+    (lambda x: F.log_softmax(x, dim=1), (2, 3, 2, 4, 5), "folded into WHCN's N"),
+    (lambda x: x.mean(dim=-1), (2, 3, 2, 4, 5), "more than 4 dims"),
+], ids=["mean-dtype", "sum-dtype", "softmax-folded-dim", "log-softmax-folded-dim", "mean-rank5"])
+def test_unsupported_arguments_fall_back_with_reason(device, fn, shape, reason):
+    x = torch.randn(*shape)
+    model = _Fn(fn)
+    with texelflow.compile(model, (x,), planner="greedy", device=device) as prog:
+        got = prog(x)
+        reasons = [r for _, r in prog.plan.fallbacks]
+    assert any(reason in r for r in reasons), reasons
+    torch.testing.assert_close(got, fn(x))
+
+
+def test_softmax_rank5_along_an_unfolded_dim_stays_on_device(device):
+    x = torch.randn(2, 3, 2, 4, 5)
+    model = _Fn(lambda t: F.softmax(t, dim=2))
+    with texelflow.compile(model, (x,), planner="greedy", device=device) as prog:
+        got = prog(x)
+        assert prog.plan.fallbacks == []
+    torch.testing.assert_close(got, F.softmax(x, dim=2))
