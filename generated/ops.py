@@ -874,7 +874,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('rank', (('rank', (('input', (4,)),)),)),
         ),
-        grid=('per_output_unit',),
+        grid=('per_row', 'out'),
         template='conv2d',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -920,7 +920,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('rank', (('rank', (('input', (4,)),)),)),
         ),
-        grid=('per_output_unit',),
+        grid=('per_row', 'out'),
         template='conv2d_act',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -959,7 +959,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('rank', (('rank', (('input', (4,)),)),)),
         ),
-        grid=('per_output_unit',),
+        grid=('per_row', 'out'),
         template='conv2d_dw',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -1004,11 +1004,47 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('rank', (('rank', (('input', (4,)),)),)),
         ),
-        grid=('per_output_unit',),
+        grid=('per_row', 'out'),
         template='conv2d_dw_act',
         shader_axes=('dtype', 'storage'),
         variants=(
             'conv2d_dw_act_float32_texture3d',
+        ),
+    ),
+    'convolution': OpEntry(
+        name='convolution',
+        targets=(
+            'aten.convolution.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('stride', 'int_list'),
+            Arg('padding', 'int_list'),
+            Arg('dilation', 'int_list'),
+            Arg('transposed', 'bool'),
+            Arg('output_padding', 'int_list'),
+            Arg('groups', 'int'),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template=None,
+        shader_axes=(),
+        variants=(
         ),
     ),
     'detach': OpEntry(
@@ -1660,7 +1696,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('normalized_last', (('normalized_last', 'normalized_shape'), ('of', 'input'))),
         ),
-        grid=('per_output_unit',),
+        grid=('per_row', 'out'),
         template='layer_norm',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -2446,7 +2482,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('normalized_last', (('normalized_last', 'normalized_shape'), ('of', 'input'))),
         ),
-        grid=('per_output_unit',),
+        grid=('per_row', 'out'),
         template='layer_norm',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -3715,6 +3751,7 @@ TARGETS: dict[str, str] = {
     'aten.constant_pad_nd.default': 'constant_pad_nd',
     'aten.contiguous.default': 'contiguous',
     'aten.conv2d.default': 'conv2d',
+    'aten.convolution.default': 'convolution',
     'aten.detach.default': 'detach',
     'aten.div.Scalar': 'div_scalar',
     'aten.div.Tensor': 'div',

@@ -81,6 +81,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'beta': 2.0, 'mat1': (7, 2), 'mat2': (2, 5), 'self': (7, 1)},
         {'alpha': 1.5, 'beta': 0.0, 'mat1': (3, 5), 'mat2': (5, 6), 'self': (6,)},
         {'alpha': 2.0, 'beta': 0.5, 'mat1': (9, 13), 'mat2': (13, 11), 'self': (9, 1)},
+        {'alpha': 2.0, 'beta': 0.5, 'mat1': (10, 8), 'mat2': (8, 12), 'self': (12,)},
     ),
     'alias_copy': (
         {'self': ()},
@@ -186,6 +187,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'mat2': (2, 13, 11), 'self': (2, 9, 13)},
         {'mat2': (5, 3, 7), 'self': (5, 1, 3)},
         {'mat2': (2, 4, 8), 'self': (2, 8, 4)},
+        {'mat2': (3, 12, 20), 'self': (3, 9, 12)},
     ),
     'cat': (
         {'dim': 1, 'tensors': ((2, 3, 5), (2, 4, 5), (2, 1, 5))},
@@ -276,6 +278,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'bias': None, 'input': (1, 1, 7, 7), 'padding': (1, 1), 'weight': (1, 1, 3, 3)},
         {'bias': (12,), 'groups': 12, 'input': (2, 12, 5, 3), 'padding': (2, 0), 'weight': (12, 1, 5, 3)},
         {'bias': None, 'input': (1, 16, 6, 6), 'stride': (3, 3), 'weight': (4, 16, 3, 3)},
+        {'bias': (1,), 'input': (1, 2, 3, 41), 'weight': (1, 2, 3, 1)},
     ),
     'conv2d_act': (
         {'activation': 'relu', 'bias': (7,), 'input': (2, 5, 7, 7), 'padding': (1, 1), 'weight': (7, 5, 3, 3)},
@@ -297,6 +300,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'bias': (1,), 'groups': 1, 'input': (1, 1, 4, 3), 'padding': (1, 1), 'weight': (1, 1, 3, 3)},
         {'bias': (4,), 'groups': 4, 'input': (1, 4, 7, 7), 'padding': (1, 1), 'stride': (1, 2), 'weight': (4, 1, 3, 3)},
         {'bias': (8,), 'groups': 8, 'input': (1, 8, 3, 5), 'padding': (0, 0), 'weight': (8, 1, 3, 3)},
+        {'bias': (1,), 'groups': 1, 'input': (1, 1, 2, 37), 'weight': (1, 1, 2, 3)},
     ),
     'conv2d_dw_act': (
         {'activation': 'relu', 'bias': (7,), 'groups': 7, 'input': (2, 7, 6, 5), 'padding': (1, 1), 'stride': (2, 2), 'weight': (7, 1, 3, 3)},
@@ -307,6 +311,8 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'gelu_tanh', 'bias': (1,), 'groups': 1, 'input': (1, 1, 4, 3), 'padding': (1, 1), 'weight': (1, 1, 3, 3)},
         {'act_max': 0.5, 'act_min': -1.0, 'activation': 'hardtanh', 'bias': (4,), 'groups': 4, 'input': (1, 4, 7, 7), 'padding': (1, 1), 'stride': (1, 2), 'weight': (4, 1, 3, 3)},
         {'bias': (3,), 'groups': 3, 'input': (1, 3, 5, 5), 'padding': (1, 1), 'weight': (3, 1, 3, 3)},
+    ),
+    'convolution': (
     ),
     'detach': (
         {'self': ()},
@@ -588,6 +594,8 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'input': (3, 5, 9), 'weight': (6, 9)},
         {'bias': (11,), 'input': (2, 3, 9, 13), 'weight': (11, 13)},
         {'bias': (8,), 'input': (1, 5, 16), 'weight': (8, 16)},
+        {'bias': (20,), 'input': (2, 3, 4, 12), 'weight': (20, 12)},
+        {'input': (9, 8), 'weight': (3, 8)},
     ),
     'log_softmax': (
         {'dim': -1, 'self': (2, 3, 5, 7)},
@@ -690,6 +698,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'other': (7,), 'self': (2, 3, 5, 7)},
         {'other': (2, 3, 5, 6), 'self': (5,)},
         {'other': (2, 1, 4, 9), 'self': (1, 3, 1, 4)},
+        {'other': (3, 8, 12), 'self': (2, 1, 9, 8)},
     ),
     'max_pool2d': (
         {'kernel_size': (3, 3), 'padding': (1, 1), 'self': (1, 3, 7, 5), 'stride': (2, 2)},
@@ -753,6 +762,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'mat2': (9, 1), 'self': (6, 9)},
         {'mat2': (13, 11), 'self': (9, 13)},
         {'mat2': (4, 8), 'self': (2, 4)},
+        {'mat2': (8, 12), 'self': (11, 8)},
     ),
     'mul': (
         {'other': (2, 3, 5, 7), 'self': (2, 3, 5, 7)},

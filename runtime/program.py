@@ -407,7 +407,7 @@ class CompiledProgram:
     def _fx_values(self, fx, node: Node, env: dict) -> dict:
         """fx input node name -> torch value, for the fx node behind a fallback IR node."""
         out = {}
-        recorded = getattr(self.plan.graph, "fx_inputs", {}).get(node)  # lowering's record, when it has one
+        recorded = self.plan.graph.fx_inputs.get(node)  # lowering's record, when it has one
         for i, a in enumerate(fx.all_input_nodes):
             v = recorded[i] if recorded is not None else self._ir_value(a)
             out[a.name] = self._value_of(v, env) if isinstance(v, Value) else tuple(self._value_of(x, env) for x in v)

@@ -29,7 +29,7 @@ def _plan(model, example_inputs, planner, limits, time_limit):
     ep = export_program(model, example_inputs, timings)
     graph = lower(ep, limits, timings)
     start = time.perf_counter()
-    graph = fuse_patterns(graph)
+    graph = fuse_patterns(graph, limits)
     timings["fusion"] = time.perf_counter() - start
     result = plan_graph(graph, planner, limits, time_limit)
     timings["planning"] = result.seconds

@@ -199,7 +199,7 @@ def cmd_bench(args) -> int:
         print("texelflow bench: run it inside the texelflow repository (bench/ holds the scripts)", file=sys.stderr)
         return 2
     rc = 0
-    for script in ("codegen.py", "kernels.py", "planner.py"):
+    for script in ("codegen.py", "kernels.py", "planner.py", "models.py"):
         extra = ["--quick"] if args.quick and script != "codegen.py" else []
         print(f"## bench/{script}", flush=True)
         rc |= subprocess.run([sys.executable, str(root / "bench" / script), *extra]).returncode

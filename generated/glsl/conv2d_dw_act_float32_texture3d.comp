@@ -102,127 +102,130 @@ VEC4 conv_activation(VEC4 v) {
 
 
 
-#line 15 "shaders/_conv2d_dw_main.glsl.j2"
+#line 16 "shaders/_conv2d_dw_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   ivec4 os = pc.out_sizes;
   int cout4 = tf_div_up(os.z, 4);
   int tiles_x = tf_div_up(os.x, 4);
   int tiles_y = tf_div_up(os.y, 2);
-  if (u >= tiles_x * tiles_y * cout4 * os.w) { return; }
-  int x0 = (u % tiles_x) * 4;
-  int y0 = ((u / tiles_x) % tiles_y) * 2;
-  int z = u / (tiles_x * tiles_y);  // the channel block + n * cout4, in the input as in the output
-  int block = z % cout4;
-  ivec4 lane_c = ivec4(block * 4) + ivec4(0, 1, 2, 3);
-  ivec4 co = min(lane_c, ivec4(os.z - 1));
-  int kw = pc.weight_sizes.x;
-  int kh = pc.weight_sizes.y;
-  ivec2 stride = pc.conv_stride_pad.xy;
-  ivec2 origin = ivec2(x0, y0) * stride - pc.conv_stride_pad.zw;
-  ivec2 dil = pc.conv_dilation.xy;
-  ivec2 in_wh = pc.input_sizes.xy;
-  ivec4 wrow = co * (kw * kh);  // element offset of weight[co, 0, 0, 0]
+  int tiles = tiles_x * tiles_y * cout4 * os.w;
+  // The grid is a pool of pc.units invocations (per_row of out: H * C * N) walking the tiles.
+  for (int tile = u; u < pc.units && tile < tiles; tile += pc.units) {
+    int x0 = (tile % tiles_x) * 4;
+    int y0 = ((tile / tiles_x) % tiles_y) * 2;
+    int z = tile / (tiles_x * tiles_y);  // the channel block + n * cout4, in the input as in the output
+    int block = z % cout4;
+    ivec4 lane_c = ivec4(block * 4) + ivec4(0, 1, 2, 3);
+    ivec4 co = min(lane_c, ivec4(os.z - 1));
+    int kw = pc.weight_sizes.x;
+    int kh = pc.weight_sizes.y;
+    ivec2 stride = pc.conv_stride_pad.xy;
+    ivec2 origin = ivec2(x0, y0) * stride - pc.conv_stride_pad.zw;
+    ivec2 dil = pc.conv_dilation.xy;
+    ivec2 in_wh = pc.input_sizes.xy;
+    ivec4 wrow = co * (kw * kh);  // element offset of weight[co, 0, 0, 0]
 
-  VEC4 b0 = VEC4(0);
-  if (pc.has_bias != 0) {
-    b0 = VEC4(t_bias[co.x], t_bias[co.y], t_bias[co.z], t_bias[co.w]);
-  }
-#line 41
-  VEC4 acc0 = b0;
-#line 41
-  VEC4 acc1 = b0;
-#line 41
-  VEC4 acc2 = b0;
-#line 41
-  VEC4 acc3 = b0;
-#line 41
-  VEC4 acc4 = b0;
-#line 41
-  VEC4 acc5 = b0;
-#line 41
-  VEC4 acc6 = b0;
-#line 41
-  VEC4 acc7 = b0;
-
+    VEC4 b0 = VEC4(0);
+    if (pc.has_bias != 0) {
+      b0 = VEC4(t_bias[co.x], t_bias[co.y], t_bias[co.z], t_bias[co.w]);
+    }
 #line 44
-  {
-    for (int ky = 0; ky < kh; ++ky) {
+    VEC4 acc0 = b0;
+#line 44
+    VEC4 acc1 = b0;
+#line 44
+    VEC4 acc2 = b0;
+#line 44
+    VEC4 acc3 = b0;
+#line 44
+    VEC4 acc4 = b0;
+#line 44
+    VEC4 acc5 = b0;
+#line 44
+    VEC4 acc6 = b0;
+#line 44
+    VEC4 acc7 = b0;
+
 #line 47
-      int iy0 = origin.y + 0 * stride.y + ky * dil.y;
-      bool yok0 = iy0 >= 0 && iy0 < in_wh.y;
-#line 47
-      int iy1 = origin.y + 1 * stride.y + ky * dil.y;
-      bool yok1 = iy1 >= 0 && iy1 < in_wh.y;
+    {
+      for (int ky = 0; ky < kh; ++ky) {
 #line 50
-      for (int kx = 0; kx < kw; ++kx) {
-        int t = ky * kw + kx;
-        VEC4 wv = VEC4(t_weight[wrow.x + t], t_weight[wrow.y + t], t_weight[wrow.z + t], t_weight[wrow.w + t]);
-#line 54
-        int ix0 = origin.x + 0 * stride.x + kx * dil.x;
-        bool xok0 = ix0 >= 0 && ix0 < in_wh.x;
-#line 54
-        int ix1 = origin.x + 1 * stride.x + kx * dil.x;
-        bool xok1 = ix1 >= 0 && ix1 < in_wh.x;
-#line 54
-        int ix2 = origin.x + 2 * stride.x + kx * dil.x;
-        bool xok2 = ix2 >= 0 && ix2 < in_wh.x;
-#line 54
-        int ix3 = origin.x + 3 * stride.x + kx * dil.x;
-        bool xok3 = ix3 >= 0 && ix3 < in_wh.x;
-#line 58
-        if (yok0 && xok0) { acc0 += imageLoad(t_input, ivec3(ix0, iy0, z)) * wv; }
-#line 58
-        if (yok0 && xok1) { acc1 += imageLoad(t_input, ivec3(ix1, iy0, z)) * wv; }
-#line 58
-        if (yok0 && xok2) { acc2 += imageLoad(t_input, ivec3(ix2, iy0, z)) * wv; }
-#line 58
-        if (yok0 && xok3) { acc3 += imageLoad(t_input, ivec3(ix3, iy0, z)) * wv; }
-#line 58
-        if (yok1 && xok0) { acc4 += imageLoad(t_input, ivec3(ix0, iy1, z)) * wv; }
-#line 58
-        if (yok1 && xok1) { acc5 += imageLoad(t_input, ivec3(ix1, iy1, z)) * wv; }
-#line 58
-        if (yok1 && xok2) { acc6 += imageLoad(t_input, ivec3(ix2, iy1, z)) * wv; }
-#line 58
-        if (yok1 && xok3) { acc7 += imageLoad(t_input, ivec3(ix3, iy1, z)) * wv; }
-#line 60
+        int iy0 = origin.y + 0 * stride.y + ky * dil.y;
+        bool yok0 = iy0 >= 0 && iy0 < in_wh.y;
+#line 50
+        int iy1 = origin.y + 1 * stride.y + ky * dil.y;
+        bool yok1 = iy1 >= 0 && iy1 < in_wh.y;
+#line 53
+        for (int kx = 0; kx < kw; ++kx) {
+          int t = ky * kw + kx;
+          VEC4 wv = VEC4(t_weight[wrow.x + t], t_weight[wrow.y + t], t_weight[wrow.z + t], t_weight[wrow.w + t]);
+#line 57
+          int ix0 = origin.x + 0 * stride.x + kx * dil.x;
+          bool xok0 = ix0 >= 0 && ix0 < in_wh.x;
+#line 57
+          int ix1 = origin.x + 1 * stride.x + kx * dil.x;
+          bool xok1 = ix1 >= 0 && ix1 < in_wh.x;
+#line 57
+          int ix2 = origin.x + 2 * stride.x + kx * dil.x;
+          bool xok2 = ix2 >= 0 && ix2 < in_wh.x;
+#line 57
+          int ix3 = origin.x + 3 * stride.x + kx * dil.x;
+          bool xok3 = ix3 >= 0 && ix3 < in_wh.x;
+#line 61
+          if (yok0 && xok0) { acc0 += imageLoad(t_input, ivec3(ix0, iy0, z)) * wv; }
+#line 61
+          if (yok0 && xok1) { acc1 += imageLoad(t_input, ivec3(ix1, iy0, z)) * wv; }
+#line 61
+          if (yok0 && xok2) { acc2 += imageLoad(t_input, ivec3(ix2, iy0, z)) * wv; }
+#line 61
+          if (yok0 && xok3) { acc3 += imageLoad(t_input, ivec3(ix3, iy0, z)) * wv; }
+#line 61
+          if (yok1 && xok0) { acc4 += imageLoad(t_input, ivec3(ix0, iy1, z)) * wv; }
+#line 61
+          if (yok1 && xok1) { acc5 += imageLoad(t_input, ivec3(ix1, iy1, z)) * wv; }
+#line 61
+          if (yok1 && xok2) { acc6 += imageLoad(t_input, ivec3(ix2, iy1, z)) * wv; }
+#line 61
+          if (yok1 && xok3) { acc7 += imageLoad(t_input, ivec3(ix3, iy1, z)) * wv; }
+#line 63
+        }
       }
     }
-  }
 
-  bvec4 real_c = lessThan(lane_c, ivec4(os.z));
-#line 66
-  if (x0 + 0 < os.x && y0 + 0 < os.y) {
-    store_texel_out(ivec3(x0 + 0, y0 + 0, z), mix(VEC4(0), conv_activation(acc0), real_c));
+    bvec4 real_c = lessThan(lane_c, ivec4(os.z));
+#line 69
+    if (x0 + 0 < os.x && y0 + 0 < os.y) {
+      store_texel_out(ivec3(x0 + 0, y0 + 0, z), mix(VEC4(0), conv_activation(acc0), real_c));
+    }
+#line 69
+    if (x0 + 1 < os.x && y0 + 0 < os.y) {
+      store_texel_out(ivec3(x0 + 1, y0 + 0, z), mix(VEC4(0), conv_activation(acc1), real_c));
+    }
+#line 69
+    if (x0 + 2 < os.x && y0 + 0 < os.y) {
+      store_texel_out(ivec3(x0 + 2, y0 + 0, z), mix(VEC4(0), conv_activation(acc2), real_c));
+    }
+#line 69
+    if (x0 + 3 < os.x && y0 + 0 < os.y) {
+      store_texel_out(ivec3(x0 + 3, y0 + 0, z), mix(VEC4(0), conv_activation(acc3), real_c));
+    }
+#line 69
+    if (x0 + 0 < os.x && y0 + 1 < os.y) {
+      store_texel_out(ivec3(x0 + 0, y0 + 1, z), mix(VEC4(0), conv_activation(acc4), real_c));
+    }
+#line 69
+    if (x0 + 1 < os.x && y0 + 1 < os.y) {
+      store_texel_out(ivec3(x0 + 1, y0 + 1, z), mix(VEC4(0), conv_activation(acc5), real_c));
+    }
+#line 69
+    if (x0 + 2 < os.x && y0 + 1 < os.y) {
+      store_texel_out(ivec3(x0 + 2, y0 + 1, z), mix(VEC4(0), conv_activation(acc6), real_c));
+    }
+#line 69
+    if (x0 + 3 < os.x && y0 + 1 < os.y) {
+      store_texel_out(ivec3(x0 + 3, y0 + 1, z), mix(VEC4(0), conv_activation(acc7), real_c));
+    }
+#line 73
   }
-#line 66
-  if (x0 + 1 < os.x && y0 + 0 < os.y) {
-    store_texel_out(ivec3(x0 + 1, y0 + 0, z), mix(VEC4(0), conv_activation(acc1), real_c));
-  }
-#line 66
-  if (x0 + 2 < os.x && y0 + 0 < os.y) {
-    store_texel_out(ivec3(x0 + 2, y0 + 0, z), mix(VEC4(0), conv_activation(acc2), real_c));
-  }
-#line 66
-  if (x0 + 3 < os.x && y0 + 0 < os.y) {
-    store_texel_out(ivec3(x0 + 3, y0 + 0, z), mix(VEC4(0), conv_activation(acc3), real_c));
-  }
-#line 66
-  if (x0 + 0 < os.x && y0 + 1 < os.y) {
-    store_texel_out(ivec3(x0 + 0, y0 + 1, z), mix(VEC4(0), conv_activation(acc4), real_c));
-  }
-#line 66
-  if (x0 + 1 < os.x && y0 + 1 < os.y) {
-    store_texel_out(ivec3(x0 + 1, y0 + 1, z), mix(VEC4(0), conv_activation(acc5), real_c));
-  }
-#line 66
-  if (x0 + 2 < os.x && y0 + 1 < os.y) {
-    store_texel_out(ivec3(x0 + 2, y0 + 1, z), mix(VEC4(0), conv_activation(acc6), real_c));
-  }
-#line 66
-  if (x0 + 3 < os.x && y0 + 1 < os.y) {
-    store_texel_out(ivec3(x0 + 3, y0 + 1, z), mix(VEC4(0), conv_activation(acc7), real_c));
-  }
-#line 70
 }

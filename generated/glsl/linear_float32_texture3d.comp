@@ -108,483 +108,235 @@ VEC4 cols_bias(ivec2 row, ivec4 w) {
 }
 T elem_bias(ivec2 row, int w) { return t_bias[row.x + w]; }
 
-// The 8x8 tile at input row r0 and output column n0: K % 4 == 0, so every row starts on a vec4 (aligned vec4 loads).
-// (Two functions rather than one with two loops: lavapipe runs the single-loop one 1.5x faster.)
+// The 8x8 tile at input row r0 and output column n0, for K % 4 == 0: every row starts on a vec4.
 #line 32 "shaders/linear.glsl.j2"
-void tile_aligned(int r0, int n0, int rows, int N, int K) {
-#line 35
-  ivec2 a0 = row_input(min(r0 + 0, rows - 1));
-#line 35
-  ivec2 a1 = row_input(min(r0 + 1, rows - 1));
-#line 35
-  ivec2 a2 = row_input(min(r0 + 2, rows - 1));
-#line 35
-  ivec2 a3 = row_input(min(r0 + 3, rows - 1));
-#line 35
-  ivec2 a4 = row_input(min(r0 + 4, rows - 1));
-#line 35
-  ivec2 a5 = row_input(min(r0 + 5, rows - 1));
-#line 35
-  ivec2 a6 = row_input(min(r0 + 6, rows - 1));
-#line 35
-  ivec2 a7 = row_input(min(r0 + 7, rows - 1));
-#line 38
-  ivec2 w0 = row_weight(min(n0 + 0, N - 1));
-#line 38
-  ivec2 w1 = row_weight(min(n0 + 1, N - 1));
-#line 38
-  ivec2 w2 = row_weight(min(n0 + 2, N - 1));
-#line 38
-  ivec2 w3 = row_weight(min(n0 + 3, N - 1));
-#line 38
-  ivec2 w4 = row_weight(min(n0 + 4, N - 1));
-#line 38
-  ivec2 w5 = row_weight(min(n0 + 5, N - 1));
-#line 38
-  ivec2 w6 = row_weight(min(n0 + 6, N - 1));
-#line 38
-  ivec2 w7 = row_weight(min(n0 + 7, N - 1));
-#line 41
-  VEC4 acc00 = VEC4(0);
-#line 41
-  VEC4 acc01 = VEC4(0);
-#line 41
-  VEC4 acc10 = VEC4(0);
-#line 41
-  VEC4 acc11 = VEC4(0);
-#line 41
-  VEC4 acc20 = VEC4(0);
-#line 41
-  VEC4 acc21 = VEC4(0);
-#line 41
-  VEC4 acc30 = VEC4(0);
-#line 41
-  VEC4 acc31 = VEC4(0);
-#line 41
-  VEC4 acc40 = VEC4(0);
-#line 41
-  VEC4 acc41 = VEC4(0);
-#line 41
-  VEC4 acc50 = VEC4(0);
-#line 41
-  VEC4 acc51 = VEC4(0);
-#line 41
-  VEC4 acc60 = VEC4(0);
-#line 41
-  VEC4 acc61 = VEC4(0);
-#line 41
-  VEC4 acc70 = VEC4(0);
-#line 41
-  VEC4 acc71 = VEC4(0);
-#line 43
-  int k = 0;
-  for (; k + 4 <= K; k += 4) {
-#line 46
-    VEC4 b0 = vec4a_weight(w0, k);
-#line 46
-    VEC4 b1 = vec4a_weight(w1, k);
-#line 46
-    VEC4 b2 = vec4a_weight(w2, k);
-#line 46
-    VEC4 b3 = vec4a_weight(w3, k);
-#line 46
-    VEC4 b4 = vec4a_weight(w4, k);
-#line 46
-    VEC4 b5 = vec4a_weight(w5, k);
-#line 46
-    VEC4 b6 = vec4a_weight(w6, k);
-#line 46
-    VEC4 b7 = vec4a_weight(w7, k);
-#line 48
-    VEC4 x;
-#line 50
-    x = vec4a_input(a0, k);
-#line 52
-    acc00 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
-    acc01 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 50
-    x = vec4a_input(a1, k);
-#line 52
-    acc10 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
-    acc11 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 50
-    x = vec4a_input(a2, k);
-#line 52
-    acc20 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
-    acc21 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 50
-    x = vec4a_input(a3, k);
-#line 52
-    acc30 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
-    acc31 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 50
-    x = vec4a_input(a4, k);
-#line 52
-    acc40 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
-    acc41 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 50
-    x = vec4a_input(a5, k);
-#line 52
-    acc50 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
-    acc51 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 50
-    x = vec4a_input(a6, k);
-#line 52
-    acc60 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
-    acc61 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 50
-    x = vec4a_input(a7, k);
-#line 52
-    acc70 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
-    acc71 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 55
-  }
-#line 70
-  VEC4 bias0 = pc.has_bias != 0 ? cols_bias(row_bias(0), min(ivec4(n0 + 0) + ivec4(0, 1, 2, 3), ivec4(N - 1))) : VEC4(0);
-#line 70
-  VEC4 bias1 = pc.has_bias != 0 ? cols_bias(row_bias(0), min(ivec4(n0 + 4) + ivec4(0, 1, 2, 3), ivec4(N - 1))) : VEC4(0);
-#line 73
-  if (r0 + 0 < rows) {
-#line 75
-    if (n0 + 0 < N) { store4_out(r0 + 0, n0 + 0, acc00 + bias0); }
-#line 75
-    if (n0 + 4 < N) { store4_out(r0 + 0, n0 + 4, acc01 + bias1); }
-#line 77
-  }
-#line 73
-  if (r0 + 1 < rows) {
-#line 75
-    if (n0 + 0 < N) { store4_out(r0 + 1, n0 + 0, acc10 + bias0); }
-#line 75
-    if (n0 + 4 < N) { store4_out(r0 + 1, n0 + 4, acc11 + bias1); }
-#line 77
-  }
-#line 73
-  if (r0 + 2 < rows) {
-#line 75
-    if (n0 + 0 < N) { store4_out(r0 + 2, n0 + 0, acc20 + bias0); }
-#line 75
-    if (n0 + 4 < N) { store4_out(r0 + 2, n0 + 4, acc21 + bias1); }
-#line 77
-  }
-#line 73
-  if (r0 + 3 < rows) {
-#line 75
-    if (n0 + 0 < N) { store4_out(r0 + 3, n0 + 0, acc30 + bias0); }
-#line 75
-    if (n0 + 4 < N) { store4_out(r0 + 3, n0 + 4, acc31 + bias1); }
-#line 77
-  }
-#line 73
-  if (r0 + 4 < rows) {
-#line 75
-    if (n0 + 0 < N) { store4_out(r0 + 4, n0 + 0, acc40 + bias0); }
-#line 75
-    if (n0 + 4 < N) { store4_out(r0 + 4, n0 + 4, acc41 + bias1); }
-#line 77
-  }
-#line 73
-  if (r0 + 5 < rows) {
-#line 75
-    if (n0 + 0 < N) { store4_out(r0 + 5, n0 + 0, acc50 + bias0); }
-#line 75
-    if (n0 + 4 < N) { store4_out(r0 + 5, n0 + 4, acc51 + bias1); }
-#line 77
-  }
-#line 73
-  if (r0 + 6 < rows) {
-#line 75
-    if (n0 + 0 < N) { store4_out(r0 + 6, n0 + 0, acc60 + bias0); }
-#line 75
-    if (n0 + 4 < N) { store4_out(r0 + 6, n0 + 4, acc61 + bias1); }
-#line 77
-  }
-#line 73
-  if (r0 + 7 < rows) {
-#line 75
-    if (n0 + 0 < N) { store4_out(r0 + 7, n0 + 0, acc70 + bias0); }
-#line 75
-    if (n0 + 4 < N) { store4_out(r0 + 7, n0 + 4, acc71 + bias1); }
-#line 77
-  }
-#line 79
-}
-
-// The 8x8 tile at input row r0 and output column n0, any K.
-// (Two functions rather than one with two loops: lavapipe runs the single-loop one 1.5x faster.)
-#line 32
 void tile(int r0, int n0, int rows, int N, int K) {
-#line 35
+#line 34
   ivec2 a0 = row_input(min(r0 + 0, rows - 1));
-#line 35
+#line 34
   ivec2 a1 = row_input(min(r0 + 1, rows - 1));
-#line 35
+#line 34
   ivec2 a2 = row_input(min(r0 + 2, rows - 1));
-#line 35
+#line 34
   ivec2 a3 = row_input(min(r0 + 3, rows - 1));
-#line 35
+#line 34
   ivec2 a4 = row_input(min(r0 + 4, rows - 1));
-#line 35
+#line 34
   ivec2 a5 = row_input(min(r0 + 5, rows - 1));
-#line 35
+#line 34
   ivec2 a6 = row_input(min(r0 + 6, rows - 1));
-#line 35
+#line 34
   ivec2 a7 = row_input(min(r0 + 7, rows - 1));
-#line 38
+#line 37
   ivec2 w0 = row_weight(min(n0 + 0, N - 1));
-#line 38
+#line 37
   ivec2 w1 = row_weight(min(n0 + 1, N - 1));
-#line 38
+#line 37
   ivec2 w2 = row_weight(min(n0 + 2, N - 1));
-#line 38
+#line 37
   ivec2 w3 = row_weight(min(n0 + 3, N - 1));
-#line 38
+#line 37
   ivec2 w4 = row_weight(min(n0 + 4, N - 1));
-#line 38
+#line 37
   ivec2 w5 = row_weight(min(n0 + 5, N - 1));
-#line 38
+#line 37
   ivec2 w6 = row_weight(min(n0 + 6, N - 1));
-#line 38
+#line 37
   ivec2 w7 = row_weight(min(n0 + 7, N - 1));
-#line 41
+#line 40
   VEC4 acc00 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc01 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc10 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc11 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc20 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc21 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc30 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc31 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc40 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc41 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc50 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc51 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc60 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc61 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc70 = VEC4(0);
-#line 41
+#line 40
   VEC4 acc71 = VEC4(0);
-#line 43
-  int k = 0;
-  for (; k + 4 <= K; k += 4) {
+#line 42
+  for (int k = 0; k < K; k += 4) {
+#line 44
+    VEC4 b0 = vec4a_weight(w0, k);
+#line 44
+    VEC4 b1 = vec4a_weight(w1, k);
+#line 44
+    VEC4 b2 = vec4a_weight(w2, k);
+#line 44
+    VEC4 b3 = vec4a_weight(w3, k);
+#line 44
+    VEC4 b4 = vec4a_weight(w4, k);
+#line 44
+    VEC4 b5 = vec4a_weight(w5, k);
+#line 44
+    VEC4 b6 = vec4a_weight(w6, k);
+#line 44
+    VEC4 b7 = vec4a_weight(w7, k);
 #line 46
-    VEC4 b0 = vec4_weight(w0, k);
-#line 46
-    VEC4 b1 = vec4_weight(w1, k);
-#line 46
-    VEC4 b2 = vec4_weight(w2, k);
-#line 46
-    VEC4 b3 = vec4_weight(w3, k);
-#line 46
-    VEC4 b4 = vec4_weight(w4, k);
-#line 46
-    VEC4 b5 = vec4_weight(w5, k);
-#line 46
-    VEC4 b6 = vec4_weight(w6, k);
-#line 46
-    VEC4 b7 = vec4_weight(w7, k);
-#line 48
     VEC4 x;
+#line 48
+    x = vec4a_input(a0, k);
 #line 50
-    x = vec4_input(a0, k);
-#line 52
     acc00 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
+#line 50
     acc01 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 48
+    x = vec4a_input(a1, k);
 #line 50
-    x = vec4_input(a1, k);
-#line 52
     acc10 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
+#line 50
     acc11 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 48
+    x = vec4a_input(a2, k);
 #line 50
-    x = vec4_input(a2, k);
-#line 52
     acc20 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
+#line 50
     acc21 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 48
+    x = vec4a_input(a3, k);
 #line 50
-    x = vec4_input(a3, k);
-#line 52
     acc30 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
+#line 50
     acc31 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 48
+    x = vec4a_input(a4, k);
 #line 50
-    x = vec4_input(a4, k);
-#line 52
     acc40 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
+#line 50
     acc41 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 48
+    x = vec4a_input(a5, k);
 #line 50
-    x = vec4_input(a5, k);
-#line 52
     acc50 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
+#line 50
     acc51 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 48
+    x = vec4a_input(a6, k);
 #line 50
-    x = vec4_input(a6, k);
-#line 52
     acc60 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
-    acc61 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
 #line 50
-    x = vec4_input(a7, k);
-#line 52
+    acc61 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 48
+    x = vec4a_input(a7, k);
+#line 50
     acc70 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 52
+#line 50
     acc71 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 53
+  }
 #line 55
-  }
-#line 57
-  for (; k < K; ++k) {
-#line 59
-    VEC4 b0 = VEC4(elem_weight(w0, k), elem_weight(w1, k), elem_weight(w2, k), elem_weight(w3, k));
-#line 59
-    VEC4 b1 = VEC4(elem_weight(w4, k), elem_weight(w5, k), elem_weight(w6, k), elem_weight(w7, k));
-#line 62
-    T x0 = elem_input(a0, k);
-#line 64
-    acc00 += x0 * b0;
-#line 64
-    acc01 += x0 * b1;
-#line 62
-    T x1 = elem_input(a1, k);
-#line 64
-    acc10 += x1 * b0;
-#line 64
-    acc11 += x1 * b1;
-#line 62
-    T x2 = elem_input(a2, k);
-#line 64
-    acc20 += x2 * b0;
-#line 64
-    acc21 += x2 * b1;
-#line 62
-    T x3 = elem_input(a3, k);
-#line 64
-    acc30 += x3 * b0;
-#line 64
-    acc31 += x3 * b1;
-#line 62
-    T x4 = elem_input(a4, k);
-#line 64
-    acc40 += x4 * b0;
-#line 64
-    acc41 += x4 * b1;
-#line 62
-    T x5 = elem_input(a5, k);
-#line 64
-    acc50 += x5 * b0;
-#line 64
-    acc51 += x5 * b1;
-#line 62
-    T x6 = elem_input(a6, k);
-#line 64
-    acc60 += x6 * b0;
-#line 64
-    acc61 += x6 * b1;
-#line 62
-    T x7 = elem_input(a7, k);
-#line 64
-    acc70 += x7 * b0;
-#line 64
-    acc71 += x7 * b1;
-#line 67
-  }
-#line 70
   VEC4 bias0 = pc.has_bias != 0 ? cols_bias(row_bias(0), min(ivec4(n0 + 0) + ivec4(0, 1, 2, 3), ivec4(N - 1))) : VEC4(0);
-#line 70
+#line 55
   VEC4 bias1 = pc.has_bias != 0 ? cols_bias(row_bias(0), min(ivec4(n0 + 4) + ivec4(0, 1, 2, 3), ivec4(N - 1))) : VEC4(0);
-#line 73
+#line 58
   if (r0 + 0 < rows) {
-#line 75
+#line 60
     if (n0 + 0 < N) { store4_out(r0 + 0, n0 + 0, acc00 + bias0); }
-#line 75
+#line 60
     if (n0 + 4 < N) { store4_out(r0 + 0, n0 + 4, acc01 + bias1); }
-#line 77
+#line 62
   }
-#line 73
+#line 58
   if (r0 + 1 < rows) {
-#line 75
+#line 60
     if (n0 + 0 < N) { store4_out(r0 + 1, n0 + 0, acc10 + bias0); }
-#line 75
+#line 60
     if (n0 + 4 < N) { store4_out(r0 + 1, n0 + 4, acc11 + bias1); }
-#line 77
+#line 62
   }
-#line 73
+#line 58
   if (r0 + 2 < rows) {
-#line 75
+#line 60
     if (n0 + 0 < N) { store4_out(r0 + 2, n0 + 0, acc20 + bias0); }
-#line 75
+#line 60
     if (n0 + 4 < N) { store4_out(r0 + 2, n0 + 4, acc21 + bias1); }
-#line 77
+#line 62
   }
-#line 73
+#line 58
   if (r0 + 3 < rows) {
-#line 75
+#line 60
     if (n0 + 0 < N) { store4_out(r0 + 3, n0 + 0, acc30 + bias0); }
-#line 75
+#line 60
     if (n0 + 4 < N) { store4_out(r0 + 3, n0 + 4, acc31 + bias1); }
-#line 77
+#line 62
   }
-#line 73
+#line 58
   if (r0 + 4 < rows) {
-#line 75
+#line 60
     if (n0 + 0 < N) { store4_out(r0 + 4, n0 + 0, acc40 + bias0); }
-#line 75
+#line 60
     if (n0 + 4 < N) { store4_out(r0 + 4, n0 + 4, acc41 + bias1); }
-#line 77
+#line 62
   }
-#line 73
+#line 58
   if (r0 + 5 < rows) {
-#line 75
+#line 60
     if (n0 + 0 < N) { store4_out(r0 + 5, n0 + 0, acc50 + bias0); }
-#line 75
+#line 60
     if (n0 + 4 < N) { store4_out(r0 + 5, n0 + 4, acc51 + bias1); }
-#line 77
+#line 62
   }
-#line 73
+#line 58
   if (r0 + 6 < rows) {
-#line 75
+#line 60
     if (n0 + 0 < N) { store4_out(r0 + 6, n0 + 0, acc60 + bias0); }
-#line 75
+#line 60
     if (n0 + 4 < N) { store4_out(r0 + 6, n0 + 4, acc61 + bias1); }
-#line 77
+#line 62
   }
-#line 73
+#line 58
   if (r0 + 7 < rows) {
-#line 75
+#line 60
     if (n0 + 0 < N) { store4_out(r0 + 7, n0 + 0, acc70 + bias0); }
-#line 75
+#line 60
     if (n0 + 4 < N) { store4_out(r0 + 7, n0 + 4, acc71 + bias1); }
-#line 77
+#line 62
   }
-#line 79
+#line 64
 }
 
-#line 82
+// The same tile for K % 4 != 0 (rows off the vec4 grid): element by element, 4 columns at a time.
+// Kept small on purpose: a second register-tiled copy in the shader made lavapipe run the tiled
+// path above 2-4x slower, although it never executes.
+void tile_unaligned(int r0, int n0, int rows, int N, int K) {
+  for (int i = 0; i < 8 && r0 + i < rows; ++i) {
+    ivec2 a = row_input(r0 + i);
+    for (int g = 0; g < 2 && n0 + 4 * g < N; ++g) {
+      ivec4 cols = min(ivec4(n0 + 4 * g) + ivec4(0, 1, 2, 3), ivec4(N - 1));
+      ivec2 w0 = row_weight(cols.x);
+      ivec2 w1 = row_weight(cols.y);
+      ivec2 w2 = row_weight(cols.z);
+      ivec2 w3 = row_weight(cols.w);
+      VEC4 acc = pc.has_bias != 0 ? cols_bias(row_bias(0), cols) : VEC4(0);
+      for (int k = 0; k < K; ++k) {
+        acc += elem_input(a, k) * VEC4(elem_weight(w0, k), elem_weight(w1, k), elem_weight(w2, k), elem_weight(w3, k));
+      }
+      store4_out(r0 + i, n0 + 4 * g, acc);
+    }
+  }
+}
+
 void main() {
   int u = tf_unit_id();
   int N = pc.out_sizes.x;
@@ -595,8 +347,8 @@ void main() {
   int n0 = (u % tiles_n) * 8;
   int r0 = (u / tiles_n) * 8;
   if ((K & 3) == 0) {
-    tile_aligned(r0, n0, rows, N, K);
-  } else {
     tile(r0, n0, rows, N, K);
+  } else {
+    tile_unaligned(r0, n0, rows, N, K);
   }
 }

@@ -83,89 +83,272 @@ VEC4 cols_mat2(ivec2 row, ivec4 w) { return imageLoad(t_mat2, ivec3(w.x >> 2, ro
 T elem_mat2(ivec2 row, int w) { return imageLoad(t_mat2, ivec3(w >> 2, row))[w & 3]; }
 
 // The value stored at out's logical index e = (n, m, batch z, batch w) from the product `acc`.
-#line 31 "shaders/matmul.glsl.j2"
+#line 32 "shaders/matmul.glsl.j2"
 T finish(T acc, ivec4 e) {
-#line 36
+#line 37
   return acc;
 }
 
-#line 55
+// Where a tile reads and writes: out's rows, the first rows of its batch in A and B, and sizes.
+#line 57
+struct Tile {
+  int m0;
+  int n0;
+  ivec4 batch;  // (0, 0, batch z, batch w) of out
+  int a_first;  // A's row of m = 0 in this batch (its batch dims broadcast)
+  int b_first;  // B's row of k = 0 in this batch
+  int out_first;
+  int M;
+  int N;
+  int K;
+};
+
+// Stores row i, columns c .. c+3 (c a multiple of 4, c < N) of the tile, finished (addmm).
+void store_cols(Tile t, int i, int c, VEC4 v) {
+  for (int j = 0; j < 4; ++j) { v[j] = finish(v[j], ivec4(min(c + j, t.N - 1), t.m0 + i, t.batch.zw)); }
+  store4_out(t.out_first + t.m0 + i, c, v);
+}
+
+// The 8x8 tile when K and N are multiples of 4 (rows of A and B start on a vec4): per step of 4
+// along K, 8 vec4 of A rows and 8 of B rows (4 rows x 2 column groups) for 64 vec4 multiply-adds.
+#line 79
+void tile(Tile t) {
+#line 81
+  ivec2 a0 = row_self(t.a_first + min(t.m0 + 0, t.M - 1));
+#line 81
+  ivec2 a1 = row_self(t.a_first + min(t.m0 + 1, t.M - 1));
+#line 81
+  ivec2 a2 = row_self(t.a_first + min(t.m0 + 2, t.M - 1));
+#line 81
+  ivec2 a3 = row_self(t.a_first + min(t.m0 + 3, t.M - 1));
+#line 81
+  ivec2 a4 = row_self(t.a_first + min(t.m0 + 4, t.M - 1));
+#line 81
+  ivec2 a5 = row_self(t.a_first + min(t.m0 + 5, t.M - 1));
+#line 81
+  ivec2 a6 = row_self(t.a_first + min(t.m0 + 6, t.M - 1));
+#line 81
+  ivec2 a7 = row_self(t.a_first + min(t.m0 + 7, t.M - 1));
+#line 84
+  int c0 = min(t.n0 + 0, t.N - 4);
+#line 84
+  int c1 = min(t.n0 + 4, t.N - 4);
+#line 87
+  VEC4 acc00 = VEC4(0);
+#line 87
+  VEC4 acc01 = VEC4(0);
+#line 87
+  VEC4 acc10 = VEC4(0);
+#line 87
+  VEC4 acc11 = VEC4(0);
+#line 87
+  VEC4 acc20 = VEC4(0);
+#line 87
+  VEC4 acc21 = VEC4(0);
+#line 87
+  VEC4 acc30 = VEC4(0);
+#line 87
+  VEC4 acc31 = VEC4(0);
+#line 87
+  VEC4 acc40 = VEC4(0);
+#line 87
+  VEC4 acc41 = VEC4(0);
+#line 87
+  VEC4 acc50 = VEC4(0);
+#line 87
+  VEC4 acc51 = VEC4(0);
+#line 87
+  VEC4 acc60 = VEC4(0);
+#line 87
+  VEC4 acc61 = VEC4(0);
+#line 87
+  VEC4 acc70 = VEC4(0);
+#line 87
+  VEC4 acc71 = VEC4(0);
+#line 89
+  for (int k = 0; k < t.K; k += 4) {
+#line 91
+    ivec2 br0 = row_mat2(t.b_first + k + 0);
+#line 93
+    VEC4 b00 = vec4a_mat2(br0, c0);
+#line 93
+    VEC4 b01 = vec4a_mat2(br0, c1);
+#line 91
+    ivec2 br1 = row_mat2(t.b_first + k + 1);
+#line 93
+    VEC4 b10 = vec4a_mat2(br1, c0);
+#line 93
+    VEC4 b11 = vec4a_mat2(br1, c1);
+#line 91
+    ivec2 br2 = row_mat2(t.b_first + k + 2);
+#line 93
+    VEC4 b20 = vec4a_mat2(br2, c0);
+#line 93
+    VEC4 b21 = vec4a_mat2(br2, c1);
+#line 91
+    ivec2 br3 = row_mat2(t.b_first + k + 3);
+#line 93
+    VEC4 b30 = vec4a_mat2(br3, c0);
+#line 93
+    VEC4 b31 = vec4a_mat2(br3, c1);
+#line 96
+    VEC4 x;
+#line 98
+    x = vec4a_self(a0, k);
+#line 100
+    acc00 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
+#line 100
+    acc01 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
+#line 98
+    x = vec4a_self(a1, k);
+#line 100
+    acc10 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
+#line 100
+    acc11 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
+#line 98
+    x = vec4a_self(a2, k);
+#line 100
+    acc20 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
+#line 100
+    acc21 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
+#line 98
+    x = vec4a_self(a3, k);
+#line 100
+    acc30 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
+#line 100
+    acc31 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
+#line 98
+    x = vec4a_self(a4, k);
+#line 100
+    acc40 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
+#line 100
+    acc41 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
+#line 98
+    x = vec4a_self(a5, k);
+#line 100
+    acc50 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
+#line 100
+    acc51 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
+#line 98
+    x = vec4a_self(a6, k);
+#line 100
+    acc60 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
+#line 100
+    acc61 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
+#line 98
+    x = vec4a_self(a7, k);
+#line 100
+    acc70 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
+#line 100
+    acc71 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
+#line 103
+  }
+#line 105
+  if (t.m0 + 0 < t.M) {
+#line 107
+    if (t.n0 + 0 < t.N) { store_cols(t, 0, t.n0 + 0, acc00); }
+#line 107
+    if (t.n0 + 4 < t.N) { store_cols(t, 0, t.n0 + 4, acc01); }
+#line 109
+  }
+#line 105
+  if (t.m0 + 1 < t.M) {
+#line 107
+    if (t.n0 + 0 < t.N) { store_cols(t, 1, t.n0 + 0, acc10); }
+#line 107
+    if (t.n0 + 4 < t.N) { store_cols(t, 1, t.n0 + 4, acc11); }
+#line 109
+  }
+#line 105
+  if (t.m0 + 2 < t.M) {
+#line 107
+    if (t.n0 + 0 < t.N) { store_cols(t, 2, t.n0 + 0, acc20); }
+#line 107
+    if (t.n0 + 4 < t.N) { store_cols(t, 2, t.n0 + 4, acc21); }
+#line 109
+  }
+#line 105
+  if (t.m0 + 3 < t.M) {
+#line 107
+    if (t.n0 + 0 < t.N) { store_cols(t, 3, t.n0 + 0, acc30); }
+#line 107
+    if (t.n0 + 4 < t.N) { store_cols(t, 3, t.n0 + 4, acc31); }
+#line 109
+  }
+#line 105
+  if (t.m0 + 4 < t.M) {
+#line 107
+    if (t.n0 + 0 < t.N) { store_cols(t, 4, t.n0 + 0, acc40); }
+#line 107
+    if (t.n0 + 4 < t.N) { store_cols(t, 4, t.n0 + 4, acc41); }
+#line 109
+  }
+#line 105
+  if (t.m0 + 5 < t.M) {
+#line 107
+    if (t.n0 + 0 < t.N) { store_cols(t, 5, t.n0 + 0, acc50); }
+#line 107
+    if (t.n0 + 4 < t.N) { store_cols(t, 5, t.n0 + 4, acc51); }
+#line 109
+  }
+#line 105
+  if (t.m0 + 6 < t.M) {
+#line 107
+    if (t.n0 + 0 < t.N) { store_cols(t, 6, t.n0 + 0, acc60); }
+#line 107
+    if (t.n0 + 4 < t.N) { store_cols(t, 6, t.n0 + 4, acc61); }
+#line 109
+  }
+#line 105
+  if (t.m0 + 7 < t.M) {
+#line 107
+    if (t.n0 + 0 < t.N) { store_cols(t, 7, t.n0 + 0, acc70); }
+#line 107
+    if (t.n0 + 4 < t.N) { store_cols(t, 7, t.n0 + 4, acc71); }
+#line 109
+  }
+#line 111
+}
+
+// The same tile for other K or N (rows off the vec4 grid): element by element along K, 4 columns
+// at a time. Kept small on purpose: a second register-tiled copy slows lavapipe's tiled path.
+void tile_unaligned(Tile t) {
+  for (int i = 0; i < 8 && t.m0 + i < t.M; ++i) {
+    ivec2 a = row_self(t.a_first + t.m0 + i);
+    for (int c = t.n0; c < t.n0 + 8 && c < t.N; c += 4) {
+      ivec4 cols = min(ivec4(c) + ivec4(0, 1, 2, 3), ivec4(t.N - 1));
+      VEC4 acc = VEC4(0);
+      for (int k = 0; k < t.K; ++k) { acc += elem_self(a, k) * cols_mat2(row_mat2(t.b_first + k), cols); }
+      store_cols(t, i, c, acc);
+    }
+  }
+}
+
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 72
+#line 144
   ivec4 os = pc.out_sizes;  // (N, M, batch z, batch w)
-  int tiles_n = (os.x + 3) >> 2;
-  int tiles_m = (os.y + 3) >> 2;
+  int tiles_n = (os.x + 7) >> 3;
+  int tiles_m = (os.y + 7) >> 3;
   if (u >= tiles_n * tiles_m * os.z * os.w) { return; }
-  int n0 = (u % tiles_n) * 4;
-  int t = u / tiles_n;
-  int m0 = (t % tiles_m) * 4;
-  t /= tiles_m;
-  ivec4 batch = ivec4(0, 0, t % os.z, t / os.z);
-  ivec4 ab = tf_broadcast(batch, pc.self_sizes);
-  ivec4 bb = tf_broadcast(batch, pc.mat2_sizes);
-  int K = pc.self_sizes.x;
-  int a_first = (ab.w * pc.self_sizes.z + ab.z) * os.y;
-  int b_first = (bb.w * pc.mat2_sizes.z + bb.z) * K;
-  ivec2 a0 = row_self(a_first + min(m0, os.y - 1));
-  ivec2 a1 = row_self(a_first + min(m0 + 1, os.y - 1));
-  ivec2 a2 = row_self(a_first + min(m0 + 2, os.y - 1));
-  ivec2 a3 = row_self(a_first + min(m0 + 3, os.y - 1));
-  ivec4 cols = min(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(os.x - 1));
-  VEC4 acc0 = VEC4(0);
-  VEC4 acc1 = VEC4(0);
-  VEC4 acc2 = VEC4(0);
-  VEC4 acc3 = VEC4(0);
-  int k = 0;
-#line 112
-  if (((K | os.x) & 3) == 0) {  // every row of A and B starts on a vec4: aligned vec4 loads
-#line 97
-    for (; k + 4 <= K; k += 4) {
-      VEC4 b0 = vec4a_mat2(row_mat2(b_first + k), n0);
-      VEC4 b1 = vec4a_mat2(row_mat2(b_first + k + 1), n0);
-      VEC4 b2 = vec4a_mat2(row_mat2(b_first + k + 2), n0);
-      VEC4 b3 = vec4a_mat2(row_mat2(b_first + k + 3), n0);
-      VEC4 x = vec4a_self(a0, k);
-      acc0 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
-      x = vec4a_self(a1, k);
-      acc1 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
-      x = vec4a_self(a2, k);
-      acc2 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
-      x = vec4a_self(a3, k);
-      acc3 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
-    }
-#line 113
+  Tile t;
+  t.N = os.x;
+  t.M = os.y;
+  t.K = pc.self_sizes.x;
+  t.n0 = (u % tiles_n) * 8;
+  int rest = u / tiles_n;
+  t.m0 = (rest % tiles_m) * 8;
+  rest /= tiles_m;
+  t.batch = ivec4(0, 0, rest % os.z, rest / os.z);
+  ivec4 ab = tf_broadcast(t.batch, pc.self_sizes);
+  ivec4 bb = tf_broadcast(t.batch, pc.mat2_sizes);
+  t.a_first = (ab.w * pc.self_sizes.z + ab.z) * t.M;
+  t.b_first = (bb.w * pc.mat2_sizes.z + bb.z) * t.K;
+  t.out_first = (t.batch.w * os.z + t.batch.z) * t.M;
+  if (((t.K | t.N) & 3) == 0) {
+    tile(t);
   } else {
-#line 97
-    for (; k + 4 <= K; k += 4) {
-      VEC4 b0 = cols_mat2(row_mat2(b_first + k), cols);
-      VEC4 b1 = cols_mat2(row_mat2(b_first + k + 1), cols);
-      VEC4 b2 = cols_mat2(row_mat2(b_first + k + 2), cols);
-      VEC4 b3 = cols_mat2(row_mat2(b_first + k + 3), cols);
-      VEC4 x = vec4_self(a0, k);
-      acc0 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
-      x = vec4_self(a1, k);
-      acc1 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
-      x = vec4_self(a2, k);
-      acc2 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
-      x = vec4_self(a3, k);
-      acc3 += x.x * b0 + x.y * b1 + x.z * b2 + x.w * b3;
-    }
-#line 114
-  }
-  for (; k < K; ++k) {
-    VEC4 b = cols_mat2(row_mat2(b_first + k), cols);
-    acc0 += elem_self(a0, k) * b;
-    acc1 += elem_self(a1, k) * b;
-    acc2 += elem_self(a2, k) * b;
-    acc3 += elem_self(a3, k) * b;
-  }
-  VEC4 accs[4] = VEC4[4](acc0, acc1, acc2, acc3);
-  int out_first = (batch.w * os.z + batch.z) * os.y;
-  for (int i = 0; i < 4 && m0 + i < os.y; ++i) {
-    VEC4 v = accs[i];
-    for (int j = 0; j < 4; ++j) { v[j] = finish(v[j], ivec4(cols[j], m0 + i, batch.zw)); }
-    store4_out(out_first + m0 + i, n0, v);
+    tile_unaligned(t);
   }
 }

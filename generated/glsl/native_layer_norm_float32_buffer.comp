@@ -86,41 +86,88 @@ T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_si
 #line 42
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
-// (mean, rstd) of the row through `e`: input elements (0..W-1, e.y, e.z, e.w).
-#line 30 "shaders/layer_norm.glsl.j2"
-vec2 row_stats(ivec4 e) {
-  int width = pc.input_sizes.x;
-  float sum = 0.0;
-  for (int w = 0; w < width; ++w) { e.x = w; sum += load_input(e); }
-  float mean = sum / float(width);
-  float sq = 0.0;
-  for (int w = 0; w < width; ++w) {
-    e.x = w;
-    float d = load_input(e) - mean;
-    sq += d * d;
-  }
-  return vec2(mean, inversesqrt(sq / float(width) + pc.eps));
+// weight[w] and bias[w]: 1 and 0 when the tensor is absent.
+#line 36 "shaders/layer_norm.glsl.j2"
+float weight_at(int w) { return pc.has_weight != 0 ? t_weight[w] : 1.0; }
+float bias_at(int w) { return pc.has_bias != 0 ? t_bias[w] : 0.0; }
+
+// weight4 and bias4: four consecutive w from `w`; lanes past W read W - 1 (they are padding,
+// masked by the caller).
+ivec4 four_w(int w) { return min(ivec4(w) + ivec4(0, 1, 2, 3), ivec4(pc.input_sizes.x - 1)); }
+vec4 weight4(int w) {
+  ivec4 i = four_w(w);
+  return vec4(weight_at(i.x), weight_at(i.y), weight_at(i.z), weight_at(i.w));
+}
+vec4 bias4(int w) {
+  ivec4 i = four_w(w);
+  return vec4(bias_at(i.x), bias_at(i.y), bias_at(i.z), bias_at(i.w));
 }
 
-float normalized(ivec4 e, vec2 st) {
-  float y = (load_input(e) - st.x) * st.y;
-  if (pc.has_weight != 0) { y *= load_weight(ivec4(e.x, 0, 0, 0)); }
-  if (pc.has_bias != 0) { y += load_bias(ivec4(e.x, 0, 0, 0)); }
-  return y;
+float lanes_sum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
+
+// torch's row moments (Welford updates) make the mean of a row holding an infinity NaN (an inf
+// at a few positions, the last of a full vector of 8 on AVX2, stays inf there: not copied).
+#line 56
+float moments_mean(float mean) { return isinf(mean) ? uintBitsToFloat(0x7fc00000u) : mean; }
+vec4 moments_mean(vec4 mean) { return mix(mean, vec4(uintBitsToFloat(0x7fc00000u)), isinf(mean)); }
+
+// The words of the row through `row` (row.x = 0) in a buffer of `sizes` and layout `lid`:
+// (first word, stride between consecutive w).
+#line 63
+ivec2 row_words(ivec4 row, ivec4 sizes, int lid) {
+  int first = tf_buffer_word_lane(row, sizes, lid).x;
+  int stride = sizes.x > 1 ? tf_buffer_word_lane(row + ivec4(1, 0, 0, 0), sizes, lid).x - first : 0;
+  return ivec2(first, stride);
+}
+
+// Input elements w .. w + 3 of the row at `rw` (all four inside the row).
+vec4 input4(ivec2 rw, int w) {
+  int i = rw.x + w * rw.y;
+  return vec4(t_input[i], t_input[i + rw.y], t_input[i + 2 * rw.y], t_input[i + 3 * rw.y]);
 }
 
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 55
-  ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
-  vec2 st = row_stats(idx);
-  t_out[u] = normalized(idx, st);
-#line 59
-  if (idx.x == 0) {
-    int m = tf_buffer_word_lane(idx, pc.mean_sizes, mean_layout).x;
-    t_mean[m] = st.x;
-    t_rstd[tf_buffer_word_lane(idx, pc.rstd_sizes, rstd_layout).x] = st.y;
+  ivec4 sz = pc.out_sizes;
+  int width = sz.x;
+  int whole = width / 4 * 4;  // elements in whole groups of four
+  ivec4 row = ivec4(0, u % sz.y, (u / sz.y) % sz.z, u / (sz.y * sz.z));
+  ivec2 rin = row_words(row, pc.input_sizes, input_layout);
+  ivec2 rout = row_words(row, sz, out_layout);
+
+  vec4 s4 = vec4(0.0);
+  float s = 0.0;
+  for (int w = 0; w < whole; w += 4) { s4 += input4(rin, w); }
+  for (int w = whole; w < width; ++w) { s += t_input[rin.x + w * rin.y]; }
+  float mean = (lanes_sum(s4) + s) / float(width);
+
+  vec4 q4 = vec4(0.0);
+  float q = 0.0;
+  for (int w = 0; w < whole; w += 4) {
+    vec4 d = input4(rin, w) - mean;
+    q4 += d * d;
   }
-#line 95
+  for (int w = whole; w < width; ++w) {
+    float d = t_input[rin.x + w * rin.y] - mean;
+    q += d * d;
+  }
+  float rstd = inversesqrt((lanes_sum(q4) + q) / float(width) + pc.eps);
+
+  for (int w = 0; w < whole; w += 4) {
+    vec4 y = (input4(rin, w) - mean) * rstd * weight4(w) + bias4(w);
+    int o = rout.x + w * rout.y;
+    t_out[o] = y.x;
+    t_out[o + rout.y] = y.y;
+    t_out[o + 2 * rout.y] = y.z;
+    t_out[o + 3 * rout.y] = y.w;
+  }
+  for (int w = whole; w < width; ++w) {
+    float y = (t_input[rin.x + w * rin.y] - mean) * rstd * weight_at(w) + bias_at(w);
+    t_out[rout.x + w * rout.y] = y;
+  }
+#line 116
+  t_mean[tf_buffer_word_lane(row, pc.mean_sizes, mean_layout).x] = moments_mean(mean);
+  t_rstd[tf_buffer_word_lane(row, pc.rstd_sizes, rstd_layout).x] = rstd;
+#line 119
 }

@@ -96,59 +96,115 @@ T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_si
 #line 42
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
-// (mean, rstd) of the row through `e`: input elements (0..W-1, e.y, e.z, e.w).
-#line 30 "shaders/layer_norm.glsl.j2"
-vec2 row_stats(ivec4 e) {
-  int width = pc.input_sizes.x;
-  float sum = 0.0;
-  for (int w = 0; w < width; ++w) { e.x = w; sum += load_input(e); }
-  float mean = sum / float(width);
-  float sq = 0.0;
-  for (int w = 0; w < width; ++w) {
-    e.x = w;
-    float d = load_input(e) - mean;
-    sq += d * d;
-  }
-  return vec2(mean, inversesqrt(sq / float(width) + pc.eps));
+// weight[w] and bias[w]: 1 and 0 when the tensor is absent.
+#line 36 "shaders/layer_norm.glsl.j2"
+float weight_at(int w) { return pc.has_weight != 0 ? t_weight[w] : 1.0; }
+float bias_at(int w) { return pc.has_bias != 0 ? t_bias[w] : 0.0; }
+
+// weight4 and bias4: four consecutive w from `w`; lanes past W read W - 1 (they are padding,
+// masked by the caller).
+ivec4 four_w(int w) { return min(ivec4(w) + ivec4(0, 1, 2, 3), ivec4(pc.input_sizes.x - 1)); }
+vec4 weight4(int w) {
+  ivec4 i = four_w(w);
+  return vec4(weight_at(i.x), weight_at(i.y), weight_at(i.z), weight_at(i.w));
+}
+vec4 bias4(int w) {
+  ivec4 i = four_w(w);
+  return vec4(bias_at(i.x), bias_at(i.y), bias_at(i.z), bias_at(i.w));
 }
 
-float normalized(ivec4 e, vec2 st) {
-  float y = (load_input(e) - st.x) * st.y;
-  if (pc.has_weight != 0) { y *= load_weight(ivec4(e.x, 0, 0, 0)); }
-  if (pc.has_bias != 0) { y += load_bias(ivec4(e.x, 0, 0, 0)); }
-  return y;
+float lanes_sum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
+
+// torch's row moments (Welford updates) make the mean of a row holding an infinity NaN (an inf
+// at a few positions, the last of a full vector of 8 on AVX2, stays inf there: not copied).
+#line 56
+float moments_mean(float mean) { return isinf(mean) ? uintBitsToFloat(0x7fc00000u) : mean; }
+vec4 moments_mean(vec4 mean) { return mix(mean, vec4(uintBitsToFloat(0x7fc00000u)), isinf(mean)); }
+
+// Width-packed: texel t of the row that starts at texel `pos`, lanes past W zeroed.
+#line 123
+vec4 row_texel(ivec3 pos, int t, bvec4 pad) {
+  return mix(load_texel_input(pos + ivec3(t, 0, 0)), vec4(0.0), pad);
+}
+
+// Lanes of texel t (of `texels`) past W: only the last texel has any.
+bvec4 pad_of(int t, int texels, bvec4 last_pad) { return t == texels - 1 ? last_pad : bvec4(false); }
+
+void width_packed_row(ivec4 row) {
+  ivec4 sz = pc.out_sizes;
+  int width = sz.x;
+  int texels = tf_div_up(width, 4);
+  bvec4 last_pad = greaterThanEqual(ivec4(4 * (texels - 1)) + ivec4(0, 1, 2, 3), ivec4(width));
+  ivec3 pin = tf_texel_pos_lane(row, pc.input_sizes, input_layout).xyz;
+  ivec3 pout = tf_texel_pos_lane(row, sz, out_layout).xyz;
+
+  vec4 s = vec4(0.0);
+  for (int t = 0; t < texels; ++t) { s += row_texel(pin, t, pad_of(t, texels, last_pad)); }
+  float mean = lanes_sum(s) / float(width);
+
+  vec4 q = vec4(0.0);
+  for (int t = 0; t < texels; ++t) {
+    bvec4 pad = pad_of(t, texels, last_pad);
+    vec4 d = mix(row_texel(pin, t, pad) - mean, vec4(0.0), pad);
+    q += d * d;
+  }
+  float rstd = inversesqrt(lanes_sum(q) / float(width) + pc.eps);
+
+  for (int t = 0; t < texels; ++t) {
+    bvec4 pad = pad_of(t, texels, last_pad);
+    vec4 y = (row_texel(pin, t, pad) - mean) * rstd * weight4(4 * t) + bias4(4 * t);
+    store_texel_out(pout + ivec3(t, 0, 0), mix(y, vec4(0.0), pad));
+  }
+#line 156
+  store_texel_mean(tf_texel_pos_lane(row, pc.mean_sizes, mean_layout).xyz, vec4(moments_mean(mean), 0.0, 0.0, 0.0));
+  store_texel_rstd(tf_texel_pos_lane(row, pc.rstd_sizes, rstd_layout).xyz, vec4(rstd, 0.0, 0.0, 0.0));
+#line 159
+}
+
+// Packed along H or C (pd): the four rows row .. row + 3 along pd, one per lane; lanes past the
+// end of pd are padding, computed on and then written as 0.
+void lane_rows(ivec4 row, int pd) {
+  ivec4 sz = pc.out_sizes;
+  int width = sz.x;
+  bvec4 pad = greaterThanEqual(ivec4(row[pd]) + ivec4(0, 1, 2, 3), ivec4(sz[pd]));
+  ivec3 pin = tf_texel_pos_lane(row, pc.input_sizes, input_layout).xyz;
+  ivec3 pout = tf_texel_pos_lane(row, sz, out_layout).xyz;
+
+  vec4 s = vec4(0.0);
+  for (int w = 0; w < width; ++w) { s += load_texel_input(pin + ivec3(w, 0, 0)); }
+  vec4 mean = s / float(width);
+
+  vec4 q = vec4(0.0);
+  for (int w = 0; w < width; ++w) {
+    vec4 d = load_texel_input(pin + ivec3(w, 0, 0)) - mean;
+    q += d * d;
+  }
+  vec4 rstd = inversesqrt(q / float(width) + pc.eps);
+
+  for (int w = 0; w < width; ++w) {
+    vec4 y = (load_texel_input(pin + ivec3(w, 0, 0)) - mean) * rstd * weight_at(w) + bias_at(w);
+    store_texel_out(pout + ivec3(w, 0, 0), mix(y, vec4(0.0), pad));
+  }
+#line 186
+  store_texel_mean(tf_texel_pos_lane(row, pc.mean_sizes, mean_layout).xyz, mix(moments_mean(mean), vec4(0.0), pad));
+  store_texel_rstd(tf_texel_pos_lane(row, pc.rstd_sizes, rstd_layout).xyz, mix(rstd, vec4(0.0), pad));
+#line 189
 }
 
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 66
-  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
-  vec4 r = vec4(0);
-  vec4 means = vec4(0);
-  vec4 rstds = vec4(0);
-  vec2 st = vec2(0);
-  for (int k = 0; k < 4; ++k) {
-    ivec4 e = idx;
-    e[pd] += k;
-    if (!tf_in_bounds(e, pc.out_sizes)) { continue; }
-    // Lanes along W share one row; lanes along H or C are four rows.
-    if (k == 0 || pd != 0) { st = row_stats(e); }
-    r[k] = normalized(e, st);
-    means[k] = st.x;
-    rstds[k] = st.y;
+  // Packed along H or C, unit u does the u-th texel row (four rows): the units past the texel
+  // rows return, so that the active invocations stay together in whole workgroups.
+  ivec4 sz = pc.out_sizes;
+  if (pd != 0) { sz[pd] = tf_div_up(sz[pd], 4); }
+  if (u >= sz.y * sz.z * sz.w) { return; }
+  ivec4 row = ivec4(0, u % sz.y, (u / sz.y) % sz.z, u / (sz.y * sz.z));
+  if (pd == 0) {
+    width_packed_row(row);
+  } else {
+    row[pd] *= 4;
+    lane_rows(row, pd);
   }
-  store_texel_out(pos, r);
-#line 85
-  if (idx.x == 0) {
-    if (pd == 0) {  // width-packed: the statistics texel holds one row, in lane 0
-      means = vec4(means.x, 0.0, 0.0, 0.0);
-      rstds = vec4(rstds.x, 0.0, 0.0, 0.0);
-    }
-    store_texel_mean(tf_texel_pos_lane(idx, pc.mean_sizes, mean_layout).xyz, means);
-    store_texel_rstd(tf_texel_pos_lane(idx, pc.rstd_sizes, rstd_layout).xyz, rstds);
-  }
-#line 95
 }

@@ -1,6 +1,7 @@
 """Pattern fusion on the planning IR, before layout planning (DESIGN §6 step 2).
 
 In order, in place on the graph:
+0. A decomposed convolution (`aten.convolution`) that is 2-D and not transposed becomes `conv2d`.
 1. A decomposed inference batch norm (`_native_batch_norm_legit_no_training`, whose outputs 1 and 2
    are empty) whose extra outputs nobody reads becomes a `batch_norm` node.
 2. A batch norm that is not inference (training=True, or no running statistics) falls back, with
@@ -24,13 +25,15 @@ from texelflow.generated.layouts import TEXTURE_LIMITS
 from texelflow.generated.ops import OPS
 
 from .ir import Node, PlanGraph, Role, Value
+from .lowering import partition_reason
 
 DECOMPOSED_BN = "aten._native_batch_norm_legit_no_training.default"
+DECOMPOSED_CONV = "aten.convolution.default"
 CONV_DW_TARGET = "texelflow.conv2d_dw.default"
 # conv op -> the op that also applies an activation
 WITH_ACTIVATION = {"conv2d": "conv2d_act", "conv2d_dw": "conv2d_dw_act"}
 
-# activation target -> (conv2d_act `activation` value, act_min, act_max, {arg: default} it reads)
+# activation target -> (the `activation` value of conv2d_act / conv2d_dw_act, act_min, act_max)
 ACTIVATIONS = {
     "aten.relu.default": ("relu", 0.0, 0.0),
     "aten.relu6.default": ("hardtanh", 0.0, 6.0),
@@ -44,7 +47,9 @@ ACTIVATIONS = {
 def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMITS) -> PlanGraph:
     """Rewrite `graph` in place with every fusion that applies; returns it."""
     for node in list(graph.nodes):
-        if node.target == DECOMPOSED_BN:
+        if node.target == DECOMPOSED_CONV:
+            _canonical_conv2d(graph, node, texture_limits)
+        elif node.target == DECOMPOSED_BN:
             _canonical_batch_norm(graph, node, texture_limits)
     for node in graph.nodes:
         if node.op is not None and node.op.name == "batch_norm" and node.fallback is None:
@@ -72,6 +77,8 @@ def _only_user(graph: PlanGraph, v: Value) -> Node | None:
 def _replace(graph: PlanGraph, old: Node, new: Node) -> None:
     """Put `new` where `old` was; `new`'s inputs count it as a user instead of `old`."""
     graph.nodes[graph.nodes.index(old)] = new
+    if old in graph.fx_inputs:  # what a CPU fallback of it reads (lowering's record)
+        graph.fx_inputs[new] = graph.fx_inputs.pop(old)
     _drop_uses(old)
     for _, v in new.tensor_args():
         v.users.append(new)
@@ -87,13 +94,23 @@ def _drop_uses(node: Node) -> None:
 
 def _remove(graph: PlanGraph, node: Node) -> None:
     graph.nodes.remove(node)
+    graph.fx_inputs.pop(node, None)
     _drop_uses(node)
 
 
-# ---- 1, 2: batch norm --------------------------------------------------------------------------------
-def _canonical_batch_norm(graph: PlanGraph, node: Node, limits) -> None:
-    from .lowering import _partition_reason
+# ---- 0, 1, 2: decomposed ops, batch norm ----------------------------------------------------------------
+def _canonical_conv2d(graph: PlanGraph, node: Node, limits) -> None:
+    x = node.arg("input")
+    if node.arg("transposed") or any(node.arg("output_padding") or ()) or not isinstance(x, Value) or len(x.shape) != 4:
+        return
+    keep = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    conv = Node(node.name, node.target, OPS["conv2d"], [(n, v) for n, v in node.args if n in keep],
+                list(node.outputs), fx=node.fx)
+    _replace(graph, node, conv)
+    conv.fallback = partition_reason(conv, limits)
 
+
+def _canonical_batch_norm(graph: PlanGraph, node: Node, limits) -> None:
     extra = [v for _, v in node.outputs[1:]]
     if any(v.users or v in graph.outputs for v in extra):
         return
@@ -102,7 +119,7 @@ def _canonical_batch_norm(graph: PlanGraph, node: Node, limits) -> None:
               [("out", node.outputs[0][1])], fx=node.fx)
     bn.args.append(("training", False))
     _replace(graph, node, bn)
-    bn.fallback = _partition_reason(bn, limits)
+    bn.fallback = partition_reason(bn, limits)
 
 
 def _not_inference(node: Node) -> str | None:
@@ -126,8 +143,8 @@ def _const_or_none(v) -> bool:
 def _fold_batch_norm(graph: PlanGraph, conv: Node) -> None:
     out = conv.outputs[0][1]
     bn = _only_user(graph, out)
-    if bn is None or bn.op is None or bn.op.name != "batch_norm" or _not_inference(bn) or bn.arg("input") is not out:
-        return
+    if bn is None or not bn.on_device or bn.op.name != "batch_norm" or bn.arg("input") is not out:
+        return  # (a batch norm on the CPU stays there: training, mutated statistics, ...)
     params = [bn.arg(n) for n in ("weight", "bias", "running_mean", "running_var")]
     weight, bias = conv.arg("weight"), conv.arg("bias")
     if not all(_const_or_none(v) for v in [weight, bias] + params) or weight is None:
@@ -143,11 +160,25 @@ def _fold_batch_norm(graph: PlanGraph, conv: Node) -> None:
     args.insert(1, ("weight", new_w))
     args.insert(2, ("bias", new_b))
     folded = Node(conv.name, conv.target, conv.op, args, [("out", bn.outputs[0][1])])
-    folded.fused = conv.fused + [f"batch_norm {bn.name} folded into weight and bias"]
+    folded.fused = conv.fused + [f"folded batch norm '{bn.name}' into weight and bias"]
     _remove(graph, bn)
     _replace(graph, conv, folded)
 
 
+# ---- 4: depthwise --------------------------------------------------------------------------------------
+def _is_depthwise(conv: Node) -> bool:
+    cin = conv.arg("input").shape[1]
+    groups = conv.value("groups")
+    return conv.arg("weight").shape[:2] == (cin, 1) and groups == cin
+
+
+def _to_depthwise(graph: PlanGraph, conv: Node) -> None:
+    dw = Node(conv.name, CONV_DW_TARGET, OPS["conv2d_dw"], list(conv.args), list(conv.outputs))
+    dw.fused = list(conv.fused)
+    _replace(graph, conv, dw)
+
+
+# ---- 5: conv + activation -------------------------------------------------------------------------------
 def _activation(node: Node) -> tuple[str, float, float] | None:
     """(activation, act_min, act_max) of a node conv2d_act can absorb, else None."""
     spec = ACTIVATIONS.get(node.target)
@@ -165,20 +196,6 @@ def _activation(node: Node) -> tuple[str, float, float] | None:
     return (name, lo, hi) if name in values else None
 
 
-# ---- 4: depthwise --------------------------------------------------------------------------------------
-def _is_depthwise(conv: Node) -> bool:
-    cin = conv.arg("input").shape[1]
-    groups = conv.value("groups")
-    return conv.arg("weight").shape[:2] == (cin, 1) and groups == cin
-
-
-def _to_depthwise(graph: PlanGraph, conv: Node) -> None:
-    dw = Node(conv.name, CONV_DW_TARGET, OPS["conv2d_dw"], list(conv.args), list(conv.outputs))
-    dw.fused = list(conv.fused)
-    _replace(graph, conv, dw)
-
-
-# ---- 5: conv + activation -------------------------------------------------------------------------------
 def _fuse_activation(graph: PlanGraph, conv: Node) -> None:
     out = conv.outputs[0][1]
     act = _only_user(graph, out)
@@ -192,7 +209,7 @@ def _fuse_activation(graph: PlanGraph, conv: Node) -> None:
     op = OPS[WITH_ACTIVATION[conv.op.name]]
     args = list(conv.args) + [("activation", name), ("act_min", lo), ("act_max", hi)]
     fused = Node(conv.name, op.targets[0], op, args, [("out", result)])
-    fused.fused = conv.fused + [f"{name} {act.name} applied in the same dispatch"]
+    fused.fused = conv.fused + [f"fused {name} '{act.name}'"]
     _remove(graph, act)
     _replace(graph, conv, fused)
 

@@ -130,6 +130,9 @@ class PlanGraph:
     inputs: list[Value] = field(default_factory=list)
     constants: list[Value] = field(default_factory=list)
     outputs: list[Value] = field(default_factory=list)
+    # IR node -> the IR values of its fx node's inputs (all_input_nodes order): what a CPU fallback
+    # reads, recorded by lowering because a later in-place op may rebind an input's fx name
+    fx_inputs: dict = field(default_factory=dict)
 
     def add_input(self, name: str, shape, dtype: str = "float32") -> Value:
         v = Value(name, tuple(shape), dtype, Role.INPUT)

@@ -62,9 +62,6 @@ def _lower(ep, texture_limits, timings) -> PlanGraph:
     ctx = _Lowering(PlanGraph(), texture_limits, torch)
     values = ctx.values
     graph = ctx.graph
-    # IR node -> the IR values of its fx node's inputs (all_input_nodes order): what a CPU fallback
-    # reads (by fx name a value could be read after an in-place op rebound it)
-    graph.fx_inputs = {}
     sig = ep.graph_signature
     user_inputs = set(sig.user_inputs)
     consts = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
@@ -160,7 +157,7 @@ class _Lowering:
         self.mutated: set[str] = set()
         self.decompose_seconds = 0.0
         self.piece_names: set[str] = set()
-        self.fits: dict = {}  # _partition_reason's representation check, per signature
+        self.fits: dict = {}  # partition_reason's representation check, per signature
         self.last_fallback: str | None = None  # the reason of the last lower_call, None on Vulkan
         self.last_cause = ""  # its innermost piece that needs the CPU: "target (reason)"
 
@@ -255,7 +252,7 @@ class _Lowering:
             ir_node = self.graph.add_node(name, target_name(target), op, [("self", ins[0])],
                                           [("out", tuple(val.shape), dtype_name(val.dtype))])
             ir_node.fx = node
-            ir_node.fallback = _partition_reason(ir_node, self.limits, self.fits)
+            ir_node.fallback = partition_reason(ir_node, self.limits, self.fits)
         else:
             by_fx = dict(zip(node.all_input_nodes, ins))
             ir_node = _lower_node(self.graph, node, name, by_fx, self.limits, self.torch, self.fits, target)
@@ -370,7 +367,7 @@ def _lower_node(graph: PlanGraph, node, name: str, by_fx: dict, limits, torch, f
     ir_node = graph.add_node(name, target, op, args, outputs)
     ir_node.fx = node
     if reason is None:
-        reason = _partition_reason(ir_node, limits, fits)
+        reason = partition_reason(ir_node, limits, fits)
     ir_node.fallback = reason
     return ir_node
 
@@ -427,7 +424,7 @@ def node_repsets(node: Node, limits: Sequence[int] = TEXTURE_LIMITS) -> OpRepSet
     return OpRepSets.build(node.op, tensor_shapes(node), limits, dtype if dtype in DTYPES else None)
 
 
-def _partition_reason(node: Node, limits, fits: dict | None = None) -> str | None:
+def partition_reason(node: Node, limits, fits: dict | None = None) -> str | None:
     """Why `node` cannot run on Vulkan, or None. `fits` caches the representation check per
     signature for one lowering (large graphs repeat a few signatures thousands of times)."""
     op = node.op

@@ -34,6 +34,10 @@ ARG_FIXES = {
 }
 # Schema arguments the hand-written entries left out.
 ADDED_ARGS = {"clone": ["memory_format"], "clone_dim_order": ["non_blocking", "dim_order"]}
+# Ops whose self and out lost their sync group for storage axes of their own (issue 10: a
+# permute re-lays out for free): each variant of one storage became one per (in, out) storage pair.
+RELAYOUT = {"permute_copy": ("in_storage", "out_storage")}
+STORAGE_AXIS_VALUES = ("buffer", "texture3d")
 
 
 def _plain(x):
@@ -58,6 +62,12 @@ def _fixed_before(name: str, entry: dict) -> dict:
             a[field] = new
         args.append(a)
     entry["args"] = args
+    if name in RELAYOUT:
+        assert entry["shader_axes"] == ["dtype", "storage"] and entry["sync"] == [["self", "out"]], name
+        entry["sync"] = []
+        entry["shader_axes"] = ["dtype", *RELAYOUT[name]]
+        stems = list(dict.fromkeys(v.rsplit("_", 1)[0] for v in entry["variants"]))
+        entry["variants"] = [f"{s}_{i}_{o}" for s in stems for i in STORAGE_AXIS_VALUES for o in STORAGE_AXIS_VALUES]
     return entry
 
 

@@ -164,6 +164,22 @@ def test_decomposed_batch_norm_becomes_the_kernel(device):
     _close(got, model(x), 1e-5)
 
 
+def test_decomposed_conv_bn_act_folds_and_fuses(device):
+    """run_decompositions turns conv2d into aten.convolution: it still folds and fuses."""
+    model = ConvBn(cin=3, cout=6, act=nn.ReLU6()).eval()  # (hardswish would decompose)
+    x = torch.randn(2, 3, 7, 5)
+    ep = torch.export.export(model, (x,)).run_decompositions()
+    got, prog = _run(device, ep, x)
+    assert prog.plan.dispatches == {"conv2d_act": 1}, prog.plan.summary()
+    _close(got, model(x))
+
+
+def test_transposed_convolution_stays_on_the_cpu():
+    model = nn.Sequential(nn.ConvTranspose2d(3, 4, 3), nn.ReLU()).eval()
+    plan = texelflow.plan(torch.export.export(model, (torch.randn(1, 3, 5, 5),)).run_decompositions())
+    assert [name for name, _ in plan.fallbacks] == ["convolution"], plan.summary()
+
+
 class TrainingBatchNorm(nn.Module):
     """Batch statistics (training=True), with or without running statistics to update."""
 
@@ -174,6 +190,27 @@ class TrainingBatchNorm(nn.Module):
 
     def forward(self, x):
         return torch.nn.functional.batch_norm(x, self.mean, self.var, training=True)
+
+
+class Float64BatchNormCumsum(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return torch.cumsum(self.bn(x), 1)  # a CPU reader of the batch norm's output 0
+
+
+def test_decomposed_batch_norm_on_the_cpu_feeds_a_cpu_node(device):
+    """float64 keeps the (rewritten) batch norm on the CPU: its output still reaches cumsum."""
+    model = Float64BatchNormCumsum().double().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-1, 1)
+    x = torch.randn(3, 4, 5, dtype=torch.float64)
+    ep = torch.export.export(model, (x,)).run_decompositions()
+    got, prog = _run(device, ep, x)
+    assert "float64" in dict(prog.plan.fallbacks)["_native_batch_norm_legit_no_training"]
+    assert torch.equal(got, model(x))
 
 
 @pytest.mark.parametrize("running", [True, False])

@@ -44,6 +44,7 @@ INJECT_TEMPLATES += ("reduce", "softmax", "adaptive_pool2d", "group_norm")
 INJECT_TEMPLATES += ("batch_norm",)  # elementwise per channel: NaN / Inf in input or statistics
 INJECT_TEMPLATES += ("matmul", "linear")  # a NaN or Inf spreads over its row and column of the product
 INJECT_TEMPLATES += ("permute", "slice", "select", "expand", "pad", "pixel_shuffle", "cat")  # moved bit for bit
+INJECT_TEMPLATES += ("layer_norm",)  # a NaN or an infinity spreads over its row
 
 
 # ---- the registry, queried ---------------------------------------------------------------------

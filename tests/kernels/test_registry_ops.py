@@ -7,8 +7,8 @@ representations becomes a one-node PlanGraph. The runtime's own node_dispatches 
 constants come from the registry's derivations, never from this file) and all samples of one
 (variant, representations) run in one Program, one submit. Every output must match torch (the
 first target that takes the sample's arguments), within the tolerance of its template
-(nodecheck.TOLERANCES), and padding lanes and words must stay zero. Float elementwise ops
-(templates unary, binary, copy) run every sample a second time with NaN, +Inf and -Inf injected.
+(nodecheck.TOLERANCES), and padding lanes and words must stay zero. Ops whose template is in nodecheck.INJECT_TEMPLATES run
+every sample a second time with NaN, +Inf and -Inf injected into their float inputs.
 """
 from __future__ import annotations
 

@@ -152,7 +152,7 @@ def test_data_dependent_scalar_is_refused():
     with pytest.raises(UnsupportedModelError) as err:
         texelflow.plan(_Item(), (torch.randn(3),))
     assert str(err.value) == (
-        "node '_local_scalar_dense' (aten._local_scalar_dense.default) computes a SymFloat, not a tensor "
+        "node 'item' (aten.item.default) computes a SymFloat, not a tensor "
         "(a Python number read from tensor data, e.g. .item() or .tolist()): texelflow compiles graphs of "
         "tensors only")
 
