@@ -187,7 +187,6 @@ OPS: dict[str, OpEntry] = {
             Output('out', 'ANY_STORAGE'),
         ),
         sync=(
-            ('self', 'out'),
         ),
         dtypes=('float32',),
         dtype_of=(),
@@ -199,10 +198,12 @@ OPS: dict[str, OpEntry] = {
         ),
         grid=('per_output_unit',),
         template='adaptive_pool2d',
-        shader_axes=('dtype', 'storage'),
+        shader_axes=('dtype', 'in_storage', 'out_storage'),
         variants=(
-            'adaptive_avg_pool2d_float32_buffer',
-            'adaptive_avg_pool2d_float32_texture3d',
+            'adaptive_avg_pool2d_float32_buffer_buffer',
+            'adaptive_avg_pool2d_float32_buffer_texture3d',
+            'adaptive_avg_pool2d_float32_texture3d_buffer',
+            'adaptive_avg_pool2d_float32_texture3d_texture3d',
         ),
     ),
     'add': OpEntry(

@@ -21,6 +21,7 @@ from texelflow.shaders.node_rules import run_checks
 from .inplace import local_functionals
 from .ir import Node, PlanGraph, Role, Value
 from .op_repsets import OpRepSets
+from .repr import TensorRepSet
 
 # Schema arguments the layout system makes meaningless: dim order / memory format / placement.
 IGNORED_ARGS = frozenset({"memory_format", "non_blocking", "layout", "device", "pin_memory", "dim_order"})
@@ -421,7 +422,25 @@ def tensor_shapes(node: Node) -> dict[str, object]:
 
 def node_repsets(node: Node, limits: Sequence[int] = TEXTURE_LIMITS) -> OpRepSets:
     dtype = node.outputs[0][1].dtype if node.outputs else None
-    return OpRepSets.build(node.op, tensor_shapes(node), limits, dtype if dtype in DTYPES else None)
+    sets = OpRepSets.build(node.op, tensor_shapes(node), limits, dtype if dtype in DTYPES else None)
+    if node.op.is_identity and not sets.any_empty():
+        _foldable_only(node, sets)
+    return sets
+
+
+def _foldable_only(node: Node, sets: OpRepSets) -> None:
+    """An identity op that reshapes is free only where its elements stay in place; elsewhere it
+    is a copy dispatch, as costly as a transition. Narrow it to those representations (when it
+    has any), so the planner counts that copy as the transition it really is."""
+    from .redundant import same_placement
+
+    ((in_name, src),) = list(node.tensor_args())
+    out = node.outputs[0][1]
+    if tuple(src.shape) == tuple(out.shape):
+        return
+    keep = [r for r in sets.sets[in_name] if same_placement(src.shape, out.shape, r)]
+    if keep:
+        sets.constrain(in_name, TensorRepSet.of(*keep))
 
 
 def partition_reason(node: Node, limits, fits: dict | None = None) -> str | None:

@@ -78,7 +78,7 @@ def test_template_glsl_error_names_the_template_line(scratch_repo: Path):
     unary = scratch_repo / "shaders" / "unary.glsl.j2"
     needle = "t_out[u] = {{ OP }};"
     line = line_of(unary, needle)
-    unary.write_text(unary.read_text().replace(needle, "t_out[u] = {{ OP }} + not_declared_anywhere;"))
+    unary.write_text(unary.read_text().replace(needle, "not_declared_anywhere; t_out[u] = {{ OP }};"))  # no type clash, whatever out is
     before = tree_digest(scratch_repo)
 
     with pytest.raises(ShaderCompileError) as err:

@@ -45,9 +45,11 @@ def test_views_of_a_contiguous_buffer_dispatch_nothing(device):
     assert plan.dispatches == {"mul": 1, "add": 1}
 
 
-def test_views_that_move_texels_are_copies(device):
-    """In width-packed textures a view that changes W or H moves texels (a copy dispatch); one
-    that keeps W and H only restacks C and N on z and folds, read with its own sizes."""
+def test_views_that_would_move_texels_are_planned_where_they_fold(device):
+    """In width-packed textures a view that changes W or H would move texels (a copy dispatch);
+    lowering narrows such a view to the representations where it only relabels (here every
+    buffer layout keeps it), so the planner puts the chain in a contiguous buffer and both views
+    fold: no copy, no transition."""
     def fn(x):
         moved = (x * 2).reshape(2, 105).relu()  # W 7 -> 105: a copy
         kept = (x * 3).reshape(6, 5, 7).relu()  # W, H kept: folded
@@ -56,14 +58,16 @@ def test_views_that_move_texels_are_copies(device):
     x = torch.randn(2, 3, 5, 7)
     plan = _run(device, Call(fn), (x,))
     assert plan.fallbacks == []
-    assert set(plan.reprs.values()) == {"TEXTURE_3D/WIDTH_PACKED"}
-    assert plan.dispatches["reshape"] == 1
-    assert sorted(n.name for n in plan.folded) == ["reshape_1"]
+    assert set(plan.reprs.values()) == {"BUFFER/WIDTH_PACKED"} and plan.num_transitions == 0
+    assert "reshape" not in plan.dispatches
+    assert sorted(n.name for n in plan.folded) == ["reshape", "reshape_1"]
 
 
-def test_channels_packed_view_that_changes_channels_is_a_copy(device):
-    """conv2d's output is a channels-packed texture: regrouping its 8 channels as 2 x 4 moves
-    texels (copy); dropping the batch dim of 1 keeps them (folded)."""
+def test_channels_packed_view_that_changes_channels_takes_one_transition(device):
+    """conv2d's output is a channels-packed texture: regrouping its 8 channels as 2 x 4 would move
+    texels there. Both views keep W and H, so in a width-packed texture they only relabel: the
+    plan pays one shared transition to width packing and both views fold (the copy the view
+    would have been is the transition)."""
     conv = torch.nn.Conv2d(3, 8, 3, padding=1).eval()
 
     class Model(torch.nn.Module):
@@ -85,7 +89,8 @@ def test_channels_packed_view_that_changes_channels_is_a_copy(device):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
     assert plan.fallbacks == []
     assert plan.reprs["conv2d"] == "TEXTURE_3D/CHANNELS_PACKED"
-    assert plan.dispatches["reshape"] == 1 and [n.name for n in plan.folded] == ["reshape_1"]
+    assert plan.num_transitions == 1 and plan.reprs["reshape"] == "TEXTURE_3D/WIDTH_PACKED"
+    assert "reshape" not in plan.dispatches and sorted(n.name for n in plan.folded) == ["reshape", "reshape_1"]
 
 
 def test_split_chunk_unbind_run_one_dispatch_per_piece(device):
