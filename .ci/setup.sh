@@ -30,7 +30,7 @@ import texelflow
 import texelflow.codegen
 assert pathlib.Path(texelflow.__file__).resolve().parent == (pathlib.Path.cwd() / "texelflow").resolve()
 assert md.version("torch").split("+")[0] == "2.13.0"
-for name in ("pytest", "hypothesis", "vulkan", "yaml", "jinja2", "numpy", "rich"):
+for name in ("pytest", "hypothesis", "vulkan", "yaml", "jinja2", "numpy", "rich", "scipy", "torchao"):
     __import__(name)
 PYEOF
 then

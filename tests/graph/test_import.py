@@ -332,9 +332,6 @@ def test_convert_pt2e_output_compiles_unchanged(device):
     """torchao's convert_pt2e output: a GraphModule in training mode that refuses .eval()."""
     import warnings
 
-    import pytest
-
-    pytest.importorskip("torchao")
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
     from torchao.testing.pt2e._xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
 

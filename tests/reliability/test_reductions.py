@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 import texelflow
 
+from .models import Call
+
 
 class Reductions(torch.nn.Module):
     """Every reduction form: all dims (no dim argument, None, []), several dims, keepdim."""
@@ -87,15 +89,6 @@ def test_global_average_pool_of_a_classifier_head(device):
     _check(device, model, torch.randn(1, 576, 7, 7), decompose=False)
 
 
-class _Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 @pytest.mark.parametrize("fn,shape,reason", [
     (lambda x: torch.mean(x, dim=1, dtype=torch.float64), (2, 3, 5), "dtype float64"),
     (lambda x: torch.sum(x, dim=(0, 1), dtype=torch.float64), (2, 3, 5), "dtype float64"),
@@ -105,7 +98,7 @@ class _Fn(torch.nn.Module):
 ], ids=["mean-dtype", "sum-dtype", "softmax-folded-dim", "log-softmax-folded-dim", "mean-rank5"])
 def test_unsupported_arguments_fall_back_with_reason(device, fn, shape, reason):
     x = torch.randn(*shape)
-    model = _Fn(fn)
+    model = Call(fn)
     with texelflow.compile(model, (x,), planner="greedy", device=device) as prog:
         got = prog(x)
         reasons = [r for _, r in prog.plan.fallbacks]
@@ -115,7 +108,7 @@ def test_unsupported_arguments_fall_back_with_reason(device, fn, shape, reason):
 
 def test_softmax_rank5_along_an_unfolded_dim_stays_on_device(device):
     x = torch.randn(2, 3, 2, 4, 5)
-    model = _Fn(lambda t: F.softmax(t, dim=2))
+    model = Call(lambda t: F.softmax(t, dim=2))
     with texelflow.compile(model, (x,), planner="greedy", device=device) as prog:
         got = prog(x)
         assert prog.plan.fallbacks == []
