@@ -102,10 +102,29 @@ def _lower(ep, texture_limits, timings) -> PlanGraph:
                     values[name] = values[node.name]
         elif node.op == "output":
             _lower_outputs(graph, node, values, sig)
+    _drop_dead_nodes(graph)
     if timings is not None:
         timings["decomposition"] = timings.get("decomposition", 0.0) + ctx.decompose_seconds
         timings["lowering"] = time.perf_counter() - start - ctx.decompose_seconds
     return graph
+
+
+def _drop_dead_nodes(graph: PlanGraph) -> None:
+    """Remove nodes whose results nothing reads: the pieces of a per-node decomposition the model
+    never uses (`x.tensor_split(3)[2]` decomposes into three slices, one of them read), and what
+    only they read. The lowered graph is functional, so a node nobody reads computes nothing the
+    call returns or writes back."""
+    live = {id(v) for v in graph.outputs}
+    dead: set[int] = set()
+    for node in reversed(graph.nodes):
+        if any(v.users or id(v) in live for _, v in node.outputs):
+            continue
+        dead.add(id(node))
+        for _, v in node.tensor_args():
+            v.users[:] = [u for u in v.users if u is not node]
+        graph.fx_inputs.pop(node, None)
+    if dead:
+        graph.nodes[:] = [n for n in graph.nodes if id(n) not in dead]
 
 
 # Targets that compute their input unchanged under a condition on the node (the fx node and its

@@ -105,7 +105,7 @@ def test_split_chunk_unbind_run_one_dispatch_per_piece(device):
     plan = _run(device, Call(fn), (x,))
     assert plan.fallbacks == []
     assert plan.dispatches["slice"] == 2 + 3 + 2
-    assert plan.dispatches["select"] == 3
+    assert plan.dispatches["select"] == 2  # h[1] is never read: its select is dropped
 
 
 def test_transposes_run_as_permutes(device):
@@ -231,3 +231,10 @@ def test_torch_shape_functions_reach_the_device(device, name, fn):
     torch.testing.assert_close(got, fn(x), rtol=1e-6, atol=1e-6)
     shape_fallbacks = [(n, why) for n, why in plan.fallbacks if "sum" not in n]
     assert shape_fallbacks == [], shape_fallbacks
+
+
+def test_unused_split_pieces_dispatch_nothing(device):
+    """tensor_split decomposes into one slice per piece; the pieces the model never reads are
+    dropped with everything only they read."""
+    plan = _run(device, Call(lambda x: x.tensor_split(3, 1)[2] * 2), (torch.randn(2, 9),))
+    assert plan.fallbacks == [] and dict(plan.dispatches) == {"slice": 1, "mul": 1}
