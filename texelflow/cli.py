@@ -74,13 +74,19 @@ def cmd_variants(args) -> int:
 
 def load_target(spec: str):
     """MODULE:ATTR -> (model, example_inputs). ATTR is a factory returning that pair, or a model
-    (instance, or class built without arguments) with an `example_inputs` attribute or method."""
+    (instance, or class built without arguments) with an `example_inputs` attribute or method.
+    A bare name of the model zoo (texelflow.models.ZOO, e.g. vit_s16) is its factory."""
     import importlib
 
     import torch
 
     if ":" not in spec:
-        raise SystemExit(f"texelflow: '{spec}' is not MODULE:ATTR (e.g. {DEFAULT_MODEL})")
+        from texelflow.models import ZOO
+
+        if spec in ZOO:
+            return ZOO[spec]()
+        raise SystemExit(f"texelflow: '{spec}' is neither MODULE:ATTR (e.g. {DEFAULT_MODEL}) nor a zoo model "
+                         f"({', '.join(ZOO)})")
     module_name, attr = spec.split(":", 1)
     sys.path.insert(0, str(Path.cwd()))
     try:
