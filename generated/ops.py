@@ -842,6 +842,47 @@ OPS: dict[str, OpEntry] = {
             'contiguous_int8_buffer',
         ),
     ),
+    'conv1d': OpEntry(
+        name='conv1d',
+        targets=(
+            'aten.conv1d.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='ANY_STORAGE'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('stride', 'int_list', default=[1]),
+            Arg('padding', 'int_list', default=[0]),
+            Arg('dilation', 'int_list', default=[1]),
+            Arg('groups', 'int', default=1),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('groups', 'int', 'arg', (('arg', 'groups'),)),
+            Push('conv_stride_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'stride', None), ('pair', 'padding', None))),)),
+            Push('conv_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'dilation', None), 0, 0)),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (3,)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='conv1d',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv1d_float32_buffer',
+            'conv1d_float32_texture3d',
+        ),
+    ),
     'conv2d': OpEntry(
         name='conv2d',
         targets=(
@@ -1012,6 +1053,90 @@ OPS: dict[str, OpEntry] = {
             'conv2d_dw_act_float32_texture3d',
         ),
     ),
+    'conv_transpose1d': OpEntry(
+        name='conv_transpose1d',
+        targets=(
+            'aten.conv_transpose1d.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='ANY_STORAGE'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('stride', 'int_list', default=[1]),
+            Arg('padding', 'int_list', default=[0]),
+            Arg('output_padding', 'int_list', default=[0]),
+            Arg('groups', 'int', default=1),
+            Arg('dilation', 'int_list', default=[1]),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('groups', 'int', 'arg', (('arg', 'groups'),)),
+            Push('conv_stride_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'stride', None), ('pair', 'padding', None))),)),
+            Push('conv_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'dilation', None), 0, 0)),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (3,)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='conv_transpose1d',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv_transpose1d_float32_buffer',
+            'conv_transpose1d_float32_texture3d',
+        ),
+    ),
+    'conv_transpose2d': OpEntry(
+        name='conv_transpose2d',
+        targets=(
+            'aten.conv_transpose2d.input',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='ANY_STORAGE'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('stride', 'int_list', default=[1, 1]),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('output_padding', 'int_list', default=[0, 0]),
+            Arg('groups', 'int', default=1),
+            Arg('dilation', 'int_list', default=[1, 1]),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('groups', 'int', 'arg', (('arg', 'groups'),)),
+            Push('conv_stride_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'stride', None), ('pair', 'padding', None))),)),
+            Push('conv_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'dilation', None), 0, 0)),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='conv_transpose2d',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv_transpose2d_float32_buffer',
+            'conv_transpose2d_float32_texture3d',
+        ),
+    ),
     'convolution': OpEntry(
         name='convolution',
         targets=(
@@ -1141,6 +1266,75 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'div_scalar_float32_buffer',
             'div_scalar_float32_texture3d',
+        ),
+    ),
+    'elu': OpEntry(
+        name='elu',
+        targets=(
+            'aten.elu.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('alpha', 'float', default=1.0),
+            Arg('scale', 'float', default=1.0),
+            Arg('input_scale', 'float', default=1.0),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
+            Push('scale', 'float', 'arg', (('arg', 'scale'),)),
+            Push('input_scale', 'float', 'arg', (('arg', 'input_scale'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'elu_float32_buffer',
+            'elu_float32_texture3d',
+        ),
+    ),
+    'embedding': OpEntry(
+        name='embedding',
+        targets=(
+            'aten.embedding.default',
+        ),
+        args=(
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('indices', 'tensor', repset='ANY_STORAGE'),
+            Arg('padding_idx', 'int', default=-1),
+            Arg('scale_grad_by_freq', 'bool', default=False),
+            Arg('sparse', 'bool', default=False),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('indices', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(('indices', 'int32'),),
+        flags=frozenset([]),
+        weights=('weight',),
+        push=(),
+        checks=(
+            Check('rank', (('rank', (('indices', (0, 1, 2, 3)), ('weight', (2,)))),)),
+        ),
+        grid=('per_output_unit',),
+        template='embedding',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'embedding_float32_buffer',
+            'embedding_float32_texture3d',
         ),
     ),
     'eq': OpEntry(
@@ -1303,6 +1497,34 @@ OPS: dict[str, OpEntry] = {
             'expand_float32_texture3d',
             'expand_int32_buffer',
             'expand_int32_texture3d',
+        ),
+    ),
+    'expm1': OpEntry(
+        name='expm1',
+        targets=(
+            'aten.expm1.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'expm1_float32_buffer',
+            'expm1_float32_texture3d',
         ),
     ),
     'flatten': OpEntry(
@@ -1869,6 +2091,62 @@ OPS: dict[str, OpEntry] = {
             'linear_float32_texture3d',
         ),
     ),
+    'log1p': OpEntry(
+        name='log1p',
+        targets=(
+            'aten.log1p.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'log1p_float32_buffer',
+            'log1p_float32_texture3d',
+        ),
+    ),
+    'log_sigmoid': OpEntry(
+        name='log_sigmoid',
+        targets=(
+            'aten.log_sigmoid.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'log_sigmoid_float32_buffer',
+            'log_sigmoid_float32_texture3d',
+        ),
+    ),
     'log_softmax': OpEntry(
         name='log_softmax',
         targets=(
@@ -2106,6 +2384,40 @@ OPS: dict[str, OpEntry] = {
             'lt_scalar_int32_texture3d',
         ),
     ),
+    'masked_fill': OpEntry(
+        name='masked_fill',
+        targets=(
+            'aten.masked_fill.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('mask', 'tensor', repset='ANY_STORAGE'),
+            Arg('value', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'mask', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(('mask', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('value', 'float', 'arg', (('arg', 'value'),)),
+        ),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'mask')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='masked_fill',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'masked_fill_float32_buffer',
+            'masked_fill_float32_texture3d',
+        ),
+    ),
     'matmul': OpEntry(
         name='matmul',
         targets=(
@@ -2135,6 +2447,44 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'matmul_float32_buffer',
             'matmul_float32_texture3d',
+        ),
+    ),
+    'max_pool1d': OpEntry(
+        name='max_pool1d',
+        targets=(
+            'aten.max_pool1d.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('kernel_size', 'int_list'),
+            Arg('stride', 'int_list', default=[]),
+            Arg('padding', 'int_list', default=[0]),
+            Arg('dilation', 'int_list', default=[1]),
+            Arg('ceil_mode', 'bool', default=False),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('pool_kernel_stride', 'ivec4', 'ivec4', (('ivec4', (('pair', 'kernel_size', None), ('pair', 'stride', 'kernel_size'))),)),
+            Push('pool_pad_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'padding', None), ('pair', 'dilation', None))),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('self', (2, 3)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='max_pool1d',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'max_pool1d_float32_buffer',
+            'max_pool1d_float32_texture3d',
         ),
     ),
     'max_pool2d': OpEntry(
@@ -2272,6 +2622,34 @@ OPS: dict[str, OpEntry] = {
             'minimum_float32_texture3d',
             'minimum_int32_buffer',
             'minimum_int32_texture3d',
+        ),
+    ),
+    'mish': OpEntry(
+        name='mish',
+        targets=(
+            'aten.mish.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'mish_float32_buffer',
+            'mish_float32_texture3d',
         ),
     ),
     'mm': OpEntry(
@@ -2787,6 +3165,72 @@ OPS: dict[str, OpEntry] = {
             'reciprocal_float32_texture3d',
         ),
     ),
+    'reflection_pad1d': OpEntry(
+        name='reflection_pad1d',
+        targets=(
+            'aten.reflection_pad1d.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('padding', 'int_list'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('pad_left_top', 'ivec4', 'hook', (('hook', 'pad_left_top'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='pad_mode',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'reflection_pad1d_float32_buffer',
+            'reflection_pad1d_float32_texture3d',
+            'reflection_pad1d_int32_buffer',
+            'reflection_pad1d_int32_texture3d',
+        ),
+    ),
+    'reflection_pad2d': OpEntry(
+        name='reflection_pad2d',
+        targets=(
+            'aten.reflection_pad2d.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('padding', 'int_list'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('pad_left_top', 'ivec4', 'hook', (('hook', 'pad_left_top'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='pad_mode',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'reflection_pad2d_float32_buffer',
+            'reflection_pad2d_float32_texture3d',
+            'reflection_pad2d_int32_buffer',
+            'reflection_pad2d_int32_texture3d',
+        ),
+    ),
     'relu': OpEntry(
         name='relu',
         targets=(
@@ -2843,6 +3287,72 @@ OPS: dict[str, OpEntry] = {
             'relu6_float32_texture3d',
         ),
     ),
+    'replication_pad1d': OpEntry(
+        name='replication_pad1d',
+        targets=(
+            'aten.replication_pad1d.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('padding', 'int_list'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('pad_left_top', 'ivec4', 'hook', (('hook', 'pad_left_top'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='pad_mode',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'replication_pad1d_float32_buffer',
+            'replication_pad1d_float32_texture3d',
+            'replication_pad1d_int32_buffer',
+            'replication_pad1d_int32_texture3d',
+        ),
+    ),
+    'replication_pad2d': OpEntry(
+        name='replication_pad2d',
+        targets=(
+            'aten.replication_pad2d.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('padding', 'int_list'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('pad_left_top', 'ivec4', 'hook', (('hook', 'pad_left_top'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='pad_mode',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'replication_pad2d_float32_buffer',
+            'replication_pad2d_float32_texture3d',
+            'replication_pad2d_int32_buffer',
+            'replication_pad2d_int32_texture3d',
+        ),
+    ),
     'reshape': OpEntry(
         name='reshape',
         targets=(
@@ -2875,6 +3385,42 @@ OPS: dict[str, OpEntry] = {
             'reshape_int32_buffer',
             'reshape_int32_texture3d',
             'reshape_int8_buffer',
+        ),
+    ),
+    'roll': OpEntry(
+        name='roll',
+        targets=(
+            'aten.roll.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('shifts', 'int_list'),
+            Arg('dims', 'int_list', default=[]),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'int32'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('roll_shifts', 'ivec4', 'hook', (('hook', 'roll_whcn_shifts'),)),
+        ),
+        checks=(
+            Check('nonempty', (('nonempty', 'dims'), ('of', 'self'))),
+        ),
+        grid=('per_output_unit',),
+        template='roll',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'roll_float32_buffer',
+            'roll_float32_texture3d',
+            'roll_int32_buffer',
+            'roll_int32_texture3d',
         ),
     ),
     'rsqrt': OpEntry(
@@ -3195,6 +3741,39 @@ OPS: dict[str, OpEntry] = {
             'softmax_float32_texture3d',
         ),
     ),
+    'softplus': OpEntry(
+        name='softplus',
+        targets=(
+            'aten.softplus.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('beta', 'float', default=1.0),
+            Arg('threshold', 'float', default=20.0),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('beta', 'float', 'arg', (('arg', 'beta'),)),
+            Push('threshold', 'float', 'arg', (('arg', 'threshold'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'softplus_float32_buffer',
+            'softplus_float32_texture3d',
+        ),
+    ),
     'sqrt': OpEntry(
         name='sqrt',
         targets=(
@@ -3393,6 +3972,42 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'tanh_float32_buffer',
             'tanh_float32_texture3d',
+        ),
+    ),
+    'to_float': OpEntry(
+        name='to_float',
+        targets=(
+            'aten._to_copy.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dtype', 'any', optional=True),
+            Arg('layout', 'any', optional=True),
+            Arg('device', 'any', optional=True),
+            Arg('pin_memory', 'bool', optional=True),
+            Arg('non_blocking', 'bool', default=False),
+            Arg('memory_format', 'any', optional=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('int32', 'bool'),
+        dtype_of=(('out', 'float32'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'to_float_bool_buffer',
+            'to_float_bool_texture3d',
+            'to_float_int32_buffer',
+            'to_float_int32_texture3d',
         ),
     ),
     'to_layout': OpEntry(
@@ -3730,6 +4345,7 @@ TARGETS: dict[str, str] = {
     'aten._log_softmax.default': '_log_softmax',
     'aten._native_batch_norm_legit_no_training.default': 'native_batch_norm_no_training',
     'aten._softmax.default': '_softmax',
+    'aten._to_copy.default': 'to_float',
     'aten._unsafe_view.default': 'view_copy',
     'aten.abs.default': 'abs',
     'aten.adaptive_avg_pool2d.default': 'adaptive_avg_pool2d',
@@ -3751,17 +4367,23 @@ TARGETS: dict[str, str] = {
     'aten.clone.default': 'clone',
     'aten.constant_pad_nd.default': 'constant_pad_nd',
     'aten.contiguous.default': 'contiguous',
+    'aten.conv1d.default': 'conv1d',
     'aten.conv2d.default': 'conv2d',
+    'aten.conv_transpose1d.default': 'conv_transpose1d',
+    'aten.conv_transpose2d.input': 'conv_transpose2d',
     'aten.convolution.default': 'convolution',
     'aten.detach.default': 'detach',
     'aten.div.Scalar': 'div_scalar',
     'aten.div.Tensor': 'div',
+    'aten.elu.default': 'elu',
+    'aten.embedding.default': 'embedding',
     'aten.eq.Scalar': 'eq_scalar',
     'aten.eq.Tensor': 'eq',
     'aten.erf.default': 'erf',
     'aten.exp.default': 'exp',
     'aten.expand.default': 'expand',
     'aten.expand_copy.default': 'expand',
+    'aten.expm1.default': 'expm1',
     'aten.flatten.using_ints': 'flatten',
     'aten.flip.default': 'flip',
     'aten.ge.Scalar': 'ge_scalar',
@@ -3779,6 +4401,8 @@ TARGETS: dict[str, str] = {
     'aten.leaky_relu.default': 'leaky_relu',
     'aten.lift_fresh_copy.default': 'lift_fresh_copy',
     'aten.linear.default': 'linear',
+    'aten.log1p.default': 'log1p',
+    'aten.log_sigmoid.default': 'log_sigmoid',
     'aten.log_softmax.int': 'log_softmax',
     'aten.logical_and.default': 'logical_and',
     'aten.logical_not.default': 'logical_not',
@@ -3786,12 +4410,15 @@ TARGETS: dict[str, str] = {
     'aten.logical_xor.default': 'logical_xor',
     'aten.lt.Scalar': 'lt_scalar',
     'aten.lt.Tensor': 'lt',
+    'aten.masked_fill.Scalar': 'masked_fill',
     'aten.matmul.default': 'matmul',
+    'aten.max_pool1d.default': 'max_pool1d',
     'aten.max_pool2d.default': 'max_pool2d',
     'aten.maximum.default': 'maximum',
     'aten.mean.default': 'mean',
     'aten.mean.dim': 'mean',
     'aten.minimum.default': 'minimum',
+    'aten.mish.default': 'mish',
     'aten.mm.default': 'mm',
     'aten.mul.Scalar': 'mul_scalar',
     'aten.mul.Tensor': 'mul',
@@ -3807,9 +4434,14 @@ TARGETS: dict[str, str] = {
     'aten.pow.Tensor_Scalar': 'pow_tensor_scalar',
     'aten.pow.Tensor_Tensor': 'pow',
     'aten.reciprocal.default': 'reciprocal',
+    'aten.reflection_pad1d.default': 'reflection_pad1d',
+    'aten.reflection_pad2d.default': 'reflection_pad2d',
     'aten.relu.default': 'relu',
     'aten.relu6.default': 'relu6',
+    'aten.replication_pad1d.default': 'replication_pad1d',
+    'aten.replication_pad2d.default': 'replication_pad2d',
     'aten.reshape.default': 'reshape',
+    'aten.roll.default': 'roll',
     'aten.rsqrt.default': 'rsqrt',
     'aten.rsub.Scalar': 'rsub_scalar',
     'aten.rsub.Tensor': 'rsub',
@@ -3821,6 +4453,7 @@ TARGETS: dict[str, str] = {
     'aten.slice.Tensor': 'slice',
     'aten.slice_copy.Tensor': 'slice',
     'aten.softmax.int': 'softmax',
+    'aten.softplus.default': 'softplus',
     'aten.sqrt.default': 'sqrt',
     'aten.squeeze.default': 'squeeze_copy',
     'aten.squeeze.dim': 'squeeze_copy',

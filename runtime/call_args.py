@@ -10,7 +10,10 @@ exported graph), what was expected and what was given:
   or the wrong number of inputs: `InputTypeError` (a TypeError);
 - a tensor of another dtype or shape, or a non-tensor input of another value: `InputValueError`
   (a ValueError). Inputs are never cast: torch would not silently run a float32 model on float64
-  data either, and a cast could lose information (floats truncated into an int32 program).
+  data either, and a cast could lose information (floats truncated into an int32 program);
+- an int64 input (the device holds it as int32, see TensorSpec.device_dtype) with a value outside
+  int32's range: `InputValueError` giving the range of the values passed. The caller still passes
+  int64, as compiled; the program uploads an int32 copy.
 
 Tensors that pass are returned detached and contiguous, ready to upload.
 """
@@ -24,11 +27,14 @@ from texelflow.runtime.errors import InputTypeError, InputValueError
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A tensor input: its placeholder name, shape and dtype name (e.g. "float32")."""
+    """A tensor input: its placeholder name, shape and dtype name (e.g. "float32"), the dtype the
+    caller passes. `device_dtype`, when set, is the narrower dtype the device holds it in (int64
+    ids run as int32): every value must then fit that dtype."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    device_dtype: str | None = None
 
     def describe(self) -> str:
         return f"a torch.Tensor of shape {_shape(self.shape)} {self.dtype}"
@@ -101,7 +107,25 @@ def check_tensor(i: int, spec: TensorSpec, x):
     if tuple(x.shape) != tuple(spec.shape):
         raise InputValueError(f"{label}: expected shape {_shape(spec.shape)}, got {_shape(x.shape)} "
                               f"(the program was compiled for fixed shapes)")
-    return x.detach().contiguous()
+    x = x.detach().contiguous()
+    if spec.device_dtype is not None and spec.device_dtype != spec.dtype:
+        check_fits(label, spec, x)
+    return x
+
+
+def check_fits(label: str, spec: TensorSpec, x) -> None:
+    """Raise InputValueError unless every value of `x` fits `spec.device_dtype` (the device holds
+    the input narrowed; a value out of range would wrap silently)."""
+    import torch
+
+    if x.numel() == 0:
+        return
+    info = torch.iinfo(getattr(torch, spec.device_dtype))
+    low, high = int(x.min()), int(x.max())
+    if low < info.min or high > info.max:
+        raise InputValueError(f"{label}: {spec.dtype} values must lie in [{info.min}, {info.max}] (the program "
+                              f"runs this input as {spec.device_dtype} on the device), got values in "
+                              f"[{low}, {high}]")
 
 
 def _same_constant(a, b) -> bool:

@@ -330,12 +330,21 @@ class CompiledProgram:
         for entry in names:
             if isinstance(entry, str) and entry in by_name:
                 v = by_name[entry]
-                specs.append(TensorSpec(v.name, tuple(v.shape), v.dtype))
+                host = self._host_dtype(v)
+                specs.append(TensorSpec(v.name, tuple(v.shape), host, v.dtype if host != v.dtype else None))
             elif isinstance(entry, str):
                 specs.append(AnySpec(entry))
             else:  # a non-tensor input torch.export specialised to its value
                 specs.append(ConstSpec(entry))
         return specs
+
+    def _host_dtype(self, v: Value) -> str:
+        """The dtype the caller passes (and gets back) for `v`: its own, or for a user input or a
+        constant the device holds narrowed (int64 as int32, lowering's `input_host_dtypes`) the
+        wider one. Values computed in the graph are never narrowed."""
+        if v.role is Role.NODE:
+            return v.dtype
+        return getattr(self.plan.graph, "input_host_dtypes", {}).get(v.name, v.dtype)
 
     def _flat_args(self, args: tuple) -> list:
         """The call's arguments, one per flattened input of the exported signature: positional
@@ -369,7 +378,7 @@ class CompiledProgram:
             if isinstance(x, torch.Tensor) and isinstance(v, Value) and x is not v:
                 if tuple(x.shape) != tuple(v.shape) and x.numel() == v.numel:
                     x = x.reshape(v.shape)
-                want = getattr(torch, v.dtype, None)
+                want = getattr(torch, self._host_dtype(v), None)
                 if isinstance(want, torch.dtype) and x.dtype != want:
                     x = x.to(want)
                 if not x.is_contiguous():
@@ -384,6 +393,8 @@ class CompiledProgram:
             raise ProgramClosedError(f"this compiled program was closed{why}; compile it again to run it")
 
     def _host(self, value, v: Value) -> np.ndarray:
+        """The host data uploaded for `v`, in its device dtype (a narrowed int64 input becomes the
+        int32 copy here, its range checked by the call; `env` keeps the caller's tensor)."""
         return value.detach().to(getattr(self._torch, v.dtype)).contiguous().numpy()
 
     def _run_cpu(self, node: Node, env: dict) -> None:

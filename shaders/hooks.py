@@ -215,3 +215,24 @@ def sdpa_scale(node: NodeFacts):
 
     scale = node.value("scale")
     return float(scale) if scale is not None else 1.0 / math.sqrt(node.shape("query")[-1])
+
+
+@hook("ivec4")
+def roll_whcn_shifts(node: NodeFacts):
+    """roll's `shifts` per WHCN lane of `self`, each in [0, size): out[i] = self[i - shift]."""
+    from .node_rules import whcn
+
+    shape = node.shape("self")
+    lanes = [0, 0, 0, 0]
+    for shift, dim in zip(node.value("shifts"), node.value("dims")):
+        lane = whcn(dim, len(shape))
+        lanes[lane] = (lanes[lane] + shift) % max(shape[dim % len(shape)], 1)
+    return tuple(lanes)
+
+
+@hook("ivec4")
+def pad_left_top(node: NodeFacts):
+    """(left, top, 0, 0) of a reflection / replication pad's torch `padding`: [left, right] (1-D)
+    or [left, right, top, bottom] (2-D); the right and bottom pads only size `out`."""
+    padding = list(node.value("padding"))
+    return (padding[0], padding[2] if len(padding) > 2 else 0, 0, 0)

@@ -194,6 +194,15 @@ def _arg_equals(node: NodeFacts, p: dict) -> str | None:
     return None
 
 
+@_rule(CHECK_RULES, "nonempty", None, required=("of",))
+def _nonempty(node: NodeFacts, p: dict) -> str | None:
+    """`{nonempty: LIST_ARG, of: TENSOR}`: the list argument names at least one element (roll's
+    empty `dims` means the flattened tensor, which the kernel computing `of` does not implement)."""
+    if not node.value(p["nonempty"]):
+        return f"an empty '{p['nonempty']}' is not implemented for '{p['of']}'"
+    return None
+
+
 def run_checks(node: NodeFacts, checks: Sequence) -> str | None:
     """The first failing check's reason, or None. `checks`: items with `.rule` and `.params`."""
     for check in checks:

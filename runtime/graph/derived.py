@@ -46,6 +46,13 @@ def bn_folded_conv_bias(bias, bn_weight, bn_bias, running_mean, running_var, *, 
     return out + bn_bias if bn_bias is not None else out
 
 
+@recipe
+def reshaped(source, *, size: tuple):
+    """The source with another shape, same elements (a conv1d weight [Cout, Cin/g, K] as the
+    conv2d weight [Cout, Cin/g, K, 1])."""
+    return source.reshape(size)
+
+
 def evaluate(v: Value, fetch: Callable):
     """The torch tensor of derived constant `v`; `fetch(source)` gives a plain constant's tensor
     (derived sources are evaluated recursively)."""

@@ -1,7 +1,16 @@
 """Pattern fusion on the planning IR, before layout planning (DESIGN §6 step 2).
 
 In order, in place on the graph:
-0. A decomposed convolution (`aten.convolution`) that is 2-D and not transposed becomes `conv2d`.
+0. A decomposed convolution (`aten.convolution`) that is 2-D and not transposed becomes `conv2d`,
+   and a conv2d / conv1d with padding="same" / "valid" (`aten.conv2d.padding`, `aten.conv1d.padding`)
+   becomes `conv2d` / `conv1d` with explicit padding: the left / top half of "same" (the rest
+   lies past the input, where taps read zero). An
+   adaptive max pool whose indices nobody reads and whose windows tile the input becomes
+   `max_pool2d` with kernel = stride = the window.
+0b. A device conv1d with a constant weight runs as conv2d over [N, C, L, 1] between two views
+   (the weight a derived [Cout, Cin/g, K, 1] constant): conv2d's tiled kernel is many times faster
+   than conv1d's per-element one, which stays for what conv2d cannot take (an L past the texture
+   limits).
 1. A decomposed inference batch norm (`_native_batch_norm_legit_no_training`, whose outputs 1 and 2
    are empty) whose extra outputs nobody reads becomes a `batch_norm` node.
 2. A batch norm that is not inference (training=True, or no running statistics) falls back, with
@@ -29,6 +38,8 @@ from .lowering import partition_reason
 
 DECOMPOSED_BN = "aten._native_batch_norm_legit_no_training.default"
 DECOMPOSED_CONV = "aten.convolution.default"
+PADDING_MODE_CONVS = {"aten.conv2d.padding": ("conv2d", 4), "aten.conv1d.padding": ("conv1d", 3)}  # -> (op, rank)
+ADAPTIVE_MAX_POOL = "aten.adaptive_max_pool2d.default"
 CONV_DW_TARGET = "texelflow.conv2d_dw.default"
 # conv op -> the op that also applies an activation
 WITH_ACTIVATION = {"conv2d": "conv2d_act", "conv2d_dw": "conv2d_dw_act"}
@@ -51,6 +62,13 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
             _canonical_conv2d(graph, node, texture_limits)
         elif node.target == DECOMPOSED_BN:
             _canonical_batch_norm(graph, node, texture_limits)
+        elif node.target in PADDING_MODE_CONVS:
+            _explicit_padding_conv(graph, node, texture_limits)
+        elif node.target == ADAPTIVE_MAX_POOL:
+            _tiled_adaptive_max_pool(graph, node, texture_limits)
+    for node in list(graph.nodes):
+        if node.on_device and node.op.name == "conv1d":
+            _conv1d_as_conv2d(graph, node, texture_limits)
     for node in graph.nodes:
         if node.op is not None and node.op.name == "batch_norm" and node.fallback is None:
             node.fallback = _not_inference(node)
@@ -108,6 +126,93 @@ def _canonical_conv2d(graph: PlanGraph, node: Node, limits) -> None:
                 list(node.outputs), fx=node.fx)
     _replace(graph, node, conv)
     conv.fallback = partition_reason(conv, limits)
+
+
+def _explicit_padding_conv(graph: PlanGraph, node: Node, limits) -> None:
+    """conv2d / conv1d(padding="same" | "valid") as conv2d / conv1d with explicit padding. torch
+    pads "same" by d * (k - 1) per dim, the odd element on the right / bottom: the kernel pads the
+    left / top half and reads zero past the input, so the output (sized by the node) is the same."""
+    op_name, rank = PADDING_MODE_CONVS[node.target]
+    x, w = node.arg("input"), node.arg("weight")
+    mode = node.arg("padding", "valid")
+    if not isinstance(x, Value) or not isinstance(w, Value) or len(x.shape) != rank or mode not in ("same", "valid"):
+        return
+    spatial = w.shape[2:]
+    dilation = list(node.arg("dilation") or [1])
+    dilation = dilation * len(spatial) if len(dilation) == 1 else dilation
+    padding = [d * (k - 1) // 2 if mode == "same" else 0 for d, k in zip(dilation, spatial)]
+    args = []
+    for name in ("input", "weight", "bias", "stride", "padding", "dilation", "groups"):
+        value = padding if name == "padding" else node.arg(name)
+        if value is not None or name == "bias":
+            args.append((name, value))
+    conv = Node(node.name, node.target, OPS[op_name], args, list(node.outputs), fx=node.fx)
+    _replace(graph, node, conv)
+    conv.fallback = partition_reason(conv, limits)
+
+
+def _tiled_adaptive_max_pool(graph: PlanGraph, node: Node, limits) -> None:
+    """adaptive_max_pool2d whose windows tile the input (H, W multiples of the output size: torch's
+    windows are then [i * k, (i + 1) * k)) and whose indices nobody reads, as max_pool2d."""
+    x = node.arg("self")
+    if not isinstance(x, Value) or len(x.shape) not in (3, 4) or len(node.outputs) != 2:
+        return
+    out, indices = node.outputs[0][1], node.outputs[1][1]
+    (h, w), (oh, ow) = x.shape[-2:], out.shape[-2:]
+    if indices.users or indices in graph.outputs:
+        node.fallback = "adaptive_max_pool2d's indices are read: only its values run on Vulkan (as max_pool2d)"
+        return
+    if oh == 0 or ow == 0 or h % oh or w % ow:
+        node.fallback = (f"adaptive_max_pool2d of {h}x{w} to {oh}x{ow}: windows of unequal size run on the CPU "
+                         f"(on Vulkan only when the output size divides the input's, as max_pool2d)")
+        return
+    window = [h // oh, w // ow]
+    pool = Node(node.name, node.target, OPS["max_pool2d"],
+                [("self", x), ("kernel_size", window), ("stride", window)], [("out", out)], fx=node.fx)
+    _replace(graph, node, pool)
+    pool.fallback = partition_reason(pool, limits)
+
+
+def _conv1d_as_conv2d(graph: PlanGraph, node: Node, limits) -> None:
+    """Step 0b: view(input, [N, C, L, 1]) -> conv2d (stride, padding, dilation (s, 1), (p, 0),
+    (d, 1)) -> view back to [N, Cout, Lout]; left as it is unless all three run on Vulkan. L goes
+    to H, not W: conv2d's tiles are 4 x 8 output texels (W x H), so a [.., 1, L] output would
+    fill an eighth of each tile, [.., L, 1] a quarter."""
+    x, w, b = node.arg("input"), node.arg("weight"), node.arg("bias")
+    out = node.outputs[0][1]
+    if not isinstance(w, Value) or w.role is not Role.CONST or len(x.shape) != 3:
+        return
+    (n, cin, length), (cout, cin_g, k), lout = x.shape, w.shape, out.shape[-1]
+    view_op = OPS["view_copy"]
+
+    def value(suffix, shape, producer):
+        return Value(f"{node.name}/{suffix}", shape, out.dtype, Role.NODE, producer=producer)
+
+    to_2d = Node(f"{node.name}/as_2d", "aten.view.default", view_op, [("self", x), ("size", [n, cin, length, 1])], [])
+    to_2d.outputs = [("out", value("as_2d", (n, cin, length, 1), to_2d))]
+    w2d = graph.add_derived(f"{w.name}_as_2d", (cout, cin_g, k, 1), w.dtype, "reshaped", (w,), size=(cout, cin_g, k, 1))
+    stride, padding, dilation = (_single(node.value(a)) for a in ("stride", "padding", "dilation"))
+    args = [("input", to_2d.outputs[0][1]), ("weight", w2d), ("bias", b), ("stride", [stride, 1]),
+            ("padding", [padding, 0]), ("dilation", [dilation, 1]), ("groups", node.value("groups"))]
+    conv = Node(f"{node.name}/conv2d", "aten.conv2d.default", OPS["conv2d"], args, [])
+    conv.outputs = [("out", value("conv2d", (n, cout, lout, 1), conv))]
+    back = Node(node.name, "aten.view.default", view_op, [("self", conv.outputs[0][1]), ("size", list(out.shape))],
+                [("out", out)])
+    if any(partition_reason(m, limits) for m in (to_2d, conv, back)):
+        graph.constants.remove(w2d)
+        return
+    back.fused = node.fused + ["conv1d as conv2d over [N, C, L, 1]"]
+    at = graph.nodes.index(node)
+    _replace(graph, node, back)
+    for m in (conv, to_2d):
+        graph.nodes.insert(at, m)
+        for _, v in m.tensor_args():
+            v.users.append(m)
+
+
+def _single(v):
+    """The one value of a 1-D conv's int[1] argument (an int as it is)."""
+    return v[0] if isinstance(v, (list, tuple)) else v
 
 
 def _canonical_batch_norm(graph: PlanGraph, node: Node, limits) -> None:

@@ -18,6 +18,7 @@ from texelflow.generated.layouts import DTYPES, TEXTURE_LIMITS
 from texelflow.generated.ops import OpEntry, op_for_target
 from texelflow.shaders.node_rules import run_checks
 
+from .constant_folding import ConstantFolder, drop_unread
 from .inplace import local_functionals
 from .ir import Node, PlanGraph, Role, Value
 from .op_repsets import OpRepSets
@@ -70,6 +71,7 @@ def _lower(ep, texture_limits, timings) -> PlanGraph:
     # (which reads the live state tensor that the call writes back).
     ctx.mutated = set(sig.buffers_to_mutate.values())
     inplace = local_functionals(ep.graph) or {}  # the importer functionalized any other mutation
+    folder = ConstantFolder(ep, torch, ctx.mutated)
     written: dict[str, list[str]] = {}  # an in-place op's tensor: its creator's and writers' fx names
     for node in ep.graph.nodes:
         if node.op == "placeholder":
@@ -78,10 +80,13 @@ def _lower(ep, texture_limits, timings) -> PlanGraph:
                 continue  # a Python number torch.export specialised into the graph: the call checks it
             _check_placeholder(node, val, torch)
             if node.name in user_inputs:
-                v = graph.add_input(node.name, val.shape, dtype_name(val.dtype))
+                v = graph.add_input(node.name, val.shape, _device_input_dtype(graph, node.name, dtype_name(val.dtype)))
             else:
                 source = consts.get(node.name, node.name)  # the state-dict key of its data
-                v = graph.add_const(node.name, val.shape, dtype_name(val.dtype), source=source)
+                dtype = dtype_name(val.dtype)
+                if source not in ctx.mutated and _fits_narrowed(folder.state.get(source), dtype, torch):
+                    dtype = _device_input_dtype(graph, node.name, dtype)
+                v = graph.add_const(node.name, val.shape, dtype, source=source)
             values[node.name] = v
         elif node.op == "call_function":
             if node.target is operator.getitem:
@@ -93,7 +98,10 @@ def _lower(ep, texture_limits, timings) -> PlanGraph:
             _check_static(node, node.meta.get("val"), torch)
             ins = [values[a.name] for a in node.all_input_nodes]
             functional = inplace.get(node.name)
+            mark = (len(graph.nodes), len(graph.constants))
             values[node.name] = ctx.lower_call(node, node.name, ins, target=functional)
+            if functional is None and (ctx.last_fallback is not None or folder.free_view(node, ins)):
+                values[node.name] = _constant_rescue(ctx, folder, node, ins, mark) or values[node.name]
             if functional is not None:  # every later use of the written tensor reads the result
                 names = written.setdefault(node.args[0].name, [node.args[0].name])
                 names.append(node.name)
@@ -103,10 +111,28 @@ def _lower(ep, texture_limits, timings) -> PlanGraph:
         elif node.op == "output":
             _lower_outputs(graph, node, values, sig)
     _drop_dead_nodes(graph)
+    drop_unread(graph)
     if timings is not None:
         timings["decomposition"] = timings.get("decomposition", 0.0) + ctx.decompose_seconds
         timings["lowering"] = time.perf_counter() - start - ctx.decompose_seconds
     return graph
+
+
+def _constant_rescue(ctx, folder, node, ins: list, mark: tuple):
+    """A node bound for the CPU, put back on the device when constants allow (constant_folding.py):
+    folded into a new constant when it computes one, or lowered again with its constant operands
+    widened over WHCN's N when only their broadcast kept it off. None when neither applies."""
+    graph = ctx.graph
+    if folder.candidate(node, ins):
+        results = folder.compute(node, ins)
+        if results is not None:
+            _truncate(graph, *mark)
+            return folder.add(graph, node, node.name, results)
+    wide = folder.widening(node, op_for_target(target_name(node.target)), ins)
+    if wide is None:
+        return None
+    _truncate(graph, *mark)
+    return ctx.lower_call(node, node.name, folder.widen(graph, ins, wide))
 
 
 def _drop_dead_nodes(graph: PlanGraph) -> None:
@@ -282,6 +308,8 @@ class _Lowering:
         if ir_node.fallback is None and any(v.role is Role.CONST and v.source in self.mutated
                                             for _, v in ir_node.tensor_args()):
             ir_node.fallback = "reads a buffer that forward mutates (it runs on the CPU, on the live buffer)"
+        if ir_node.fallback is None:
+            ir_node.fallback = _narrowed_scalar_reason(self.graph, ir_node)
         return ir_node
 
     @staticmethod
@@ -313,6 +341,56 @@ def _unsupported(message: str):
     from texelflow.runtime.errors import UnsupportedModelError
 
     return UnsupportedModelError(message)
+
+
+# Placeholders the device holds in a narrower dtype than the host: int64 (torch's default integer
+# dtype: token ids, position ids) runs as int32, which the device has. A user input is narrowed
+# always (the call checks that every value fits and uploads an int32 copy); a constant only when
+# every value fits and forward does not mutate it (it is narrowed when prepacked). CPU fallbacks and
+# returned values keep the host's int64 tensor. Values computed in the graph are never narrowed.
+NARROWED_INPUT_DTYPES = {"int64": "int32"}
+
+
+def _device_input_dtype(graph: PlanGraph, name: str, dtype: str) -> str:
+    """The dtype the device holds placeholder `name` in; a narrowed one is recorded in
+    `graph.input_host_dtypes` (name -> the dtype the caller passes, or the constant's own)."""
+    narrow = NARROWED_INPUT_DTYPES.get(dtype)
+    if narrow is None:
+        return dtype
+    if not hasattr(graph, "input_host_dtypes"):
+        graph.input_host_dtypes = {}
+    graph.input_host_dtypes[name] = dtype
+    return narrow
+
+
+def _narrowed_scalar_reason(graph: PlanGraph, node: Node) -> str | None:
+    """Why a device node reading a narrowed placeholder must run on the CPU: a number beside it
+    outside the narrowed dtype's range (`ids > 3_000_000_000` would compare wrapped values)."""
+    narrowed = getattr(graph, "input_host_dtypes", {})
+    names = [v.name for _, v in node.tensor_args() if v.role is not Role.NODE and v.name in narrowed]
+    if not names:
+        return None
+    info = DTYPES_RANGE[NARROWED_INPUT_DTYPES[narrowed[names[0]]]]
+    numbers = [v.literal if isinstance(v, Value) else v for _, v in node.args
+               if isinstance(v, (int, float)) and not isinstance(v, bool)
+               or isinstance(v, Value) and isinstance(v.literal, (int, float)) and not isinstance(v.literal, bool)]
+    for x in numbers:
+        if not info[0] <= x <= info[1]:
+            return (f"the number {x!r} is outside {NARROWED_INPUT_DTYPES[narrowed[names[0]]]}, which the "
+                    f"device holds {narrowed[names[0]]} '{names[0]}' in (it runs on the CPU, on the {narrowed[names[0]]} data)")
+    return None
+
+
+DTYPES_RANGE = {"int32": (-(2**31), 2**31 - 1)}
+
+
+def _fits_narrowed(data, dtype: str, torch) -> bool:
+    """Whether constant `data` (a tensor of `dtype`) has every value in its narrowed dtype's range."""
+    narrow = NARROWED_INPUT_DTYPES.get(dtype)
+    if narrow is None or not isinstance(data, torch.Tensor) or data.is_meta or data.numel() == 0:
+        return False
+    info = torch.iinfo(getattr(torch, narrow))
+    return info.min <= int(data.min()) and int(data.max()) <= info.max
 
 
 def _check_placeholder(node, val, torch) -> None:

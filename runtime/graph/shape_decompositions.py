@@ -54,7 +54,30 @@ def repeat(self, repeats):
     return aten.reshape.default(x, [r * size for r, size in zip(repeats, shape)])
 
 
+def instance_norm(input, weight, bias, running_mean, running_var, use_input_stats, momentum, eps, cudnn_enabled):
+    """instance_norm with the input's own statistics (nn.InstanceNorm*d without running stats,
+    the default) is group_norm with one group per channel: one Vulkan op (torch decomposes it into
+    a training batch norm over a reshaped input). With running statistics (track_running_stats in
+    eval) it is an inference batch norm, written elementwise: torch's batch_norm traces into
+    native_batch_norm, which no Vulkan op implements."""
+    import torch
+
+    aten = torch.ops.aten
+    if use_input_stats:
+        if input.dim() not in (3, 4):
+            return aten.instance_norm.default(input, weight, bias, running_mean, running_var, use_input_stats,
+                                              momentum, eps, cudnn_enabled)
+        return aten.group_norm.default(input, input.shape[1], weight, bias, eps, False)
+    per_channel = [input.shape[1]] + [1] * (input.dim() - 2)
+    scale = aten.rsqrt.default(aten.add.Tensor(aten.reshape.default(running_var, per_channel), eps))
+    if weight is not None:
+        scale = aten.mul.Tensor(scale, aten.reshape.default(weight, per_channel))
+    out = aten.mul.Tensor(aten.sub.Tensor(input, aten.reshape.default(running_mean, per_channel)), scale)
+    return aten.add.Tensor(out, aten.reshape.default(bias, per_channel)) if bias is not None else out
+
+
 OWN_DECOMPOSITIONS = {
+    "aten.instance_norm.default": instance_norm,
     "aten.repeat.default": repeat,
     "aten.split_with_sizes.default": split_with_sizes,
     "aten.split_with_sizes_copy.default": split_with_sizes,

@@ -1,0 +1,685 @@
+"""Transformer blocks written the way public libraries write them run whole on the device.
+
+texelflow never saw these definitions: each is written here from the structure of a public
+library's module (torch.nn's MultiheadAttention and TransformerEncoder, torchvision's
+VisionTransformer, timm's DeiT, GPT-2, BERT and Swin attention) without importing that library,
+at tiny sizes (a few tokens, awkward widths, batch 2). Each must plan with no CPU fallback and
+compile to a program that matches eager within 1e-4 of the output's largest value. Token ids are
+int32 or torch's default int64 (a user input the device holds as int32, its range checked at the
+call).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import texelflow
+from texelflow.demo import compare
+
+TOLERANCE = 1e-4  # max |texelflow - eager| over max |eager|
+
+
+def seeded(module: nn.Module, seed: int = 0) -> nn.Module:
+    """Random non-trivial weights (norms off their identity init), in eval mode."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.rand(p.shape, generator=gen) * 0.8 - 0.4)
+    return module.eval()
+
+
+# ---- torch.nn modules --------------------------------------------------------------------------
+class MHA(nn.Module):
+    """nn.MultiheadAttention as models call it: self-attention, optional masks."""
+
+    def __init__(self, batch_first: bool, need_weights: bool, embed_dim: int = 12, heads: int = 3):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(embed_dim, heads, dropout=0.1, batch_first=batch_first)
+        self.need_weights = need_weights
+
+    def forward(self, x, key_padding_mask=None, attn_mask=None):
+        out, weights = self.attn(x, x, x, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                                 need_weights=self.need_weights)
+        return (out, weights) if self.need_weights else out
+
+
+class CrossMHA(nn.Module):
+    """nn.MultiheadAttention over a memory of another length (decoder cross-attention)."""
+
+    def __init__(self, embed_dim: int = 12, heads: int = 2):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(embed_dim, heads, batch_first=True)
+
+    def forward(self, x, memory):
+        return self.attn(x, memory, memory, need_weights=False)[0]
+
+
+class Encoder(nn.Module):
+    """nn.TransformerEncoder of two nn.TransformerEncoderLayer and a final norm."""
+
+    def __init__(self, norm_first: bool, activation: str, d_model: int = 12, heads: int = 3, layers: int = 2):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=20, dropout=0.1, activation=activation,
+                                           batch_first=True, norm_first=norm_first)
+        self.encoder = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(d_model), enable_nested_tensor=False)
+
+    def forward(self, x, src_key_padding_mask=None):
+        return self.encoder(x, src_key_padding_mask=src_key_padding_mask)
+
+
+class DefaultEncoder(nn.Module):
+    """nn.TransformerEncoder as most code builds it: torch's defaults (nested tensors enabled for a
+    padding mask, relu, post-norm) but batch first (and an even head count, as the nested path
+    wants), no final norm."""
+
+    def __init__(self, d_model: int = 12, heads: int = 2):
+        super().__init__()
+        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=20,
+                                                                        batch_first=True), 2)
+
+    def forward(self, x, src_key_padding_mask=None):
+        return self.encoder(x, src_key_padding_mask=src_key_padding_mask)
+
+
+class CausalLayer(nn.Module):
+    """One nn.TransformerEncoderLayer with a causal float mask (generate_square_subsequent_mask)
+    and a callable activation."""
+
+    def __init__(self, d_model: int = 12, heads: int = 2):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(d_model, heads, dim_feedforward=20, activation=F.gelu,
+                                                batch_first=True, norm_first=True)
+
+    def forward(self, x):
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.layer(x, src_mask=mask, is_causal=True)
+
+
+# ---- torchvision's VisionTransformer -----------------------------------------------------------
+class TVMLPBlock(nn.Sequential):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(0.0), nn.Linear(hidden, dim), nn.Dropout(0.0))
+
+
+class TVEncoderBlock(nn.Module):
+    def __init__(self, heads: int, dim: int, hidden: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim, eps=1e-6)
+        self.self_attention = nn.MultiheadAttention(dim, heads, dropout=0.0, batch_first=True)
+        self.dropout = nn.Dropout(0.0)
+        self.ln_2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = TVMLPBlock(dim, hidden)
+
+    def forward(self, input):
+        x = self.ln_1(input)
+        x, _ = self.self_attention(x, x, x, need_weights=False)
+        x = self.dropout(x)
+        x = x + input
+        y = self.ln_2(x)
+        y = self.mlp(y)
+        return x + y
+
+
+class TVEncoder(nn.Module):
+    def __init__(self, seq_length: int, layers: int, heads: int, dim: int, hidden: int):
+        super().__init__()
+        self.pos_embedding = nn.Parameter(torch.empty(1, seq_length, dim).normal_(std=0.02))
+        self.dropout = nn.Dropout(0.0)
+        self.layers = nn.Sequential(*[TVEncoderBlock(heads, dim, hidden) for _ in range(layers)])
+        self.ln = nn.LayerNorm(dim, eps=1e-6)
+
+    def forward(self, input):
+        input = input + self.pos_embedding
+        return self.ln(self.layers(self.dropout(input)))
+
+
+class TorchvisionViT(nn.Module):
+    """torchvision.models.VisionTransformer's structure: conv patchify, class token by expand."""
+
+    def __init__(self, image_size=20, patch_size=5, layers=2, heads=3, dim=12, hidden=20, num_classes=7):
+        super().__init__()
+        self.image_size, self.patch_size, self.hidden_dim = image_size, patch_size, dim
+        self.conv_proj = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
+        seq_length = (image_size // patch_size) ** 2 + 1
+        self.class_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.encoder = TVEncoder(seq_length, layers, heads, dim, hidden)
+        self.heads = nn.Sequential()
+        self.heads.add_module("head", nn.Linear(dim, num_classes))
+
+    def _process_input(self, x):
+        n, c, h, w = x.shape
+        p = self.patch_size
+        torch._assert(h == self.image_size, "Wrong image height!")
+        x = self.conv_proj(x)
+        x = x.reshape(n, self.hidden_dim, (h // p) * (w // p))
+        return x.permute(0, 2, 1)
+
+    def forward(self, x):
+        x = self._process_input(x)
+        n = x.shape[0]
+        batch_class_token = self.class_token.expand(n, -1, -1)
+        x = torch.cat([batch_class_token, x], dim=1)
+        x = self.encoder(x)
+        x = x[:, 0]
+        return self.heads(x)
+
+
+# ---- timm's DeiT (distilled) -------------------------------------------------------------------
+class TimmAttention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.num_heads, self.head_dim = heads, dim // heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=True)
+        self.attn_drop = nn.Dropout(0.0)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(0.0)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q = q * self.scale
+        attn = q @ k.transpose(-2, -1)
+        attn = attn.softmax(dim=-1)
+        attn = self.attn_drop(attn)
+        x = attn @ v
+        x = x.transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(x))
+
+
+class TimmMlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)
+        self.drop1, self.drop2 = nn.Dropout(0.0), nn.Dropout(0.0)
+
+    def forward(self, x):
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class TimmBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, hidden: int):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim, eps=1e-6), TimmAttention(dim, heads)
+        self.norm2, self.mlp = nn.LayerNorm(dim, eps=1e-6), TimmMlp(dim, hidden)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class TimmPatchEmbed(nn.Module):
+    def __init__(self, patch: int, dim: int):
+        super().__init__()
+        self.proj = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
+
+    def forward(self, x):
+        return self.proj(x).flatten(2).transpose(1, 2)
+
+
+class DistilledViT(nn.Module):
+    """timm's VisionTransformerDistilled (DeiT): class and distillation tokens, two heads averaged."""
+
+    def __init__(self, image_size=18, patch=6, dim=15, heads=3, hidden=22, depth=2, num_classes=5):
+        super().__init__()
+        self.patch_embed = TimmPatchEmbed(patch, dim)
+        num_patches = (image_size // patch) ** 2
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 2, dim))
+        self.pos_drop = nn.Dropout(0.0)
+        self.blocks = nn.Sequential(*[TimmBlock(dim, heads, hidden) for _ in range(depth)])
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.head = nn.Linear(dim, num_classes)
+        self.head_dist = nn.Linear(dim, num_classes)
+
+    def forward(self, x):
+        x = self.patch_embed(x)
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), self.dist_token.expand(x.shape[0], -1, -1), x),
+                      dim=1)
+        x = self.pos_drop(x + self.pos_embed)
+        x = self.norm(self.blocks(x))
+        x, x_dist = x[:, 0], x[:, 1]
+        x, x_dist = self.head(x), self.head_dist(x_dist)
+        return (x + x_dist) / 2
+
+
+# ---- GPT-2 -------------------------------------------------------------------------------------
+class Conv1D(nn.Module):
+    """GPT-2's linear layer with a transposed weight: addmm(bias, x.view(-1, nx), weight)."""
+
+    def __init__(self, nf: int, nx: int):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.empty(nx, nf).normal_(std=0.02))
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+def new_gelu(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, max_positions: int, use_sdpa: bool):
+        super().__init__()
+        self.n_head, self.split_size, self.use_sdpa = heads, dim, use_sdpa
+        self.register_buffer("bias", torch.tril(torch.ones(max_positions, max_positions, dtype=torch.bool))
+                             .view(1, 1, max_positions, max_positions), persistent=False)
+        self.c_attn = Conv1D(3 * dim, dim)
+        self.c_proj = Conv1D(dim, dim)
+        self.attn_dropout, self.resid_dropout = nn.Dropout(0.1), nn.Dropout(0.1)
+
+    def _split_heads(self, x):
+        new_shape = x.size()[:-1] + (self.n_head, x.size(-1) // self.n_head)
+        return x.view(new_shape).permute(0, 2, 1, 3)
+
+    def _attn(self, q, k, v):
+        attn = torch.matmul(q, k.transpose(-1, -2)) / torch.full([], v.size(-1) ** 0.5, dtype=q.dtype)
+        T, S = q.size(-2), k.size(-2)
+        causal = self.bias[:, :, S - T:S, :S]
+        mask_value = torch.finfo(attn.dtype).min
+        attn = torch.where(causal, attn, torch.full([], mask_value, dtype=attn.dtype))
+        attn = nn.functional.softmax(attn, dim=-1)
+        return torch.matmul(self.attn_dropout(attn), v)
+
+    def forward(self, x):
+        q, k, v = self.c_attn(x).split(self.split_size, dim=2)
+        q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        if self.use_sdpa:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
+        else:
+            out = self._attn(q, k, v)
+        out = out.permute(0, 2, 1, 3).contiguous()
+        out = out.view(out.size()[:-2] + (out.size(-2) * out.size(-1),))
+        return self.resid_dropout(self.c_proj(out))
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.c_fc, self.c_proj, self.dropout = Conv1D(hidden, dim), Conv1D(dim, hidden), nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(new_gelu(self.c_fc(x))))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, dim, heads, hidden, max_positions, use_sdpa):
+        super().__init__()
+        self.ln_1, self.attn = nn.LayerNorm(dim, eps=1e-5), GPT2Attention(dim, heads, max_positions, use_sdpa)
+        self.ln_2, self.mlp = nn.LayerNorm(dim, eps=1e-5), GPT2MLP(dim, hidden)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2LM(nn.Module):
+    """GPT-2's LM: token and position embeddings, blocks, final norm, lm head tied to the tokens."""
+
+    def __init__(self, vocab=29, dim=12, heads=3, hidden=20, layers=2, max_positions=9, use_sdpa=False):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, dim), nn.Embedding(max_positions, dim)
+        self.drop = nn.Dropout(0.1)
+        self.h = nn.ModuleList([GPT2Block(dim, heads, hidden, max_positions, use_sdpa) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(dim, eps=1e-5)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, input_ids):
+        position_ids = torch.arange(0, input_ids.size(-1), dtype=torch.long, device=input_ids.device).unsqueeze(0)
+        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+class NanoGPTAttention(nn.Module):
+    """nanoGPT's CausalSelfAttention: tril buffer, masked_fill with -inf."""
+
+    def __init__(self, dim=12, heads=3, block_size=8):
+        super().__init__()
+        self.n_head = heads
+        self.c_attn, self.c_proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.attn_dropout, self.resid_dropout = nn.Dropout(0.1), nn.Dropout(0.1)
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = self.attn_dropout(att) @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+# ---- BERT --------------------------------------------------------------------------------------
+class BertSelfAttention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.num_attention_heads, self.attention_head_size = heads, dim // heads
+        self.all_head_size = dim
+        self.query, self.key, self.value = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.dropout = nn.Dropout(0.1)
+
+    def transpose_for_scores(self, x):
+        new_x_shape = x.size()[:-1] + (self.num_attention_heads, self.attention_head_size)
+        return x.view(new_x_shape).permute(0, 2, 1, 3)
+
+    def forward(self, hidden_states, attention_mask):
+        query_layer = self.transpose_for_scores(self.query(hidden_states))
+        key_layer = self.transpose_for_scores(self.key(hidden_states))
+        value_layer = self.transpose_for_scores(self.value(hidden_states))
+        attention_scores = torch.matmul(query_layer, key_layer.transpose(-1, -2))
+        attention_scores = attention_scores / math.sqrt(self.attention_head_size)
+        attention_scores = attention_scores + attention_mask
+        attention_probs = nn.functional.softmax(attention_scores, dim=-1)
+        attention_probs = self.dropout(attention_probs)
+        context_layer = torch.matmul(attention_probs, value_layer)
+        context_layer = context_layer.permute(0, 2, 1, 3).contiguous()
+        new_context_layer_shape = context_layer.size()[:-2] + (self.all_head_size,)
+        return context_layer.view(new_context_layer_shape)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, dim: int, heads: int, hidden: int):
+        super().__init__()
+        self.attention = BertSelfAttention(dim, heads)
+        self.attn_dense, self.attn_norm = nn.Linear(dim, dim), nn.LayerNorm(dim, eps=1e-12)
+        self.intermediate, self.output = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
+        self.out_norm, self.dropout = nn.LayerNorm(dim, eps=1e-12), nn.Dropout(0.1)
+
+    def forward(self, hidden_states, attention_mask):
+        attn = self.attention(hidden_states, attention_mask)
+        attn = self.attn_norm(self.dropout(self.attn_dense(attn)) + hidden_states)
+        inter = F.gelu(self.intermediate(attn))
+        return self.out_norm(self.dropout(self.output(inter)) + attn)
+
+
+class BertModel(nn.Module):
+    """BERT's embeddings (word, position, token type), extended additive mask, encoder, pooler."""
+
+    def __init__(self, vocab=31, dim=12, heads=3, hidden=20, layers=2, max_positions=11, type_vocab=2):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(vocab, dim, padding_idx=0)
+        self.position_embeddings = nn.Embedding(max_positions, dim)
+        self.token_type_embeddings = nn.Embedding(type_vocab, dim)
+        self.emb_norm, self.emb_drop = nn.LayerNorm(dim, eps=1e-12), nn.Dropout(0.1)
+        self.register_buffer("position_ids", torch.arange(max_positions).expand((1, -1)), persistent=False)
+        self.layer = nn.ModuleList([BertLayer(dim, heads, hidden) for _ in range(layers)])
+        self.pooler = nn.Linear(dim, dim)
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        seq_length = input_ids.size(1)
+        position_ids = self.position_ids[:, :seq_length]
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(position_ids)
+        x = self.emb_drop(self.emb_norm(x))
+        extended = attention_mask[:, None, None, :].to(dtype=x.dtype)
+        extended = (1.0 - extended) * torch.finfo(x.dtype).min
+        for layer in self.layer:
+            x = layer(x, extended)
+        return x, torch.tanh(self.pooler(x[:, 0]))
+
+
+# ---- Swin --------------------------------------------------------------------------------------
+def window_partition(x, window_size: int):
+    B, H, W, C = x.shape
+    x = x.view(B, H // window_size, window_size, W // window_size, window_size, C)
+    return x.permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, window_size, window_size, C)
+
+
+def window_reverse(windows, window_size: int, H: int, W: int):
+    B = int(windows.shape[0] / (H * W / window_size / window_size))
+    x = windows.view(B, H // window_size, W // window_size, window_size, window_size, -1)
+    return x.permute(0, 1, 3, 2, 4, 5).contiguous().view(B, H, W, -1)
+
+
+class WindowAttention(nn.Module):
+    """Swin's window attention with a relative position bias gathered from a table."""
+
+    def __init__(self, dim: int, window_size: tuple, num_heads: int):
+        super().__init__()
+        self.dim, self.window_size, self.num_heads = dim, window_size, num_heads
+        head_dim = dim // num_heads
+        self.scale = head_dim ** -0.5
+        self.relative_position_bias_table = nn.Parameter(
+            torch.zeros((2 * window_size[0] - 1) * (2 * window_size[1] - 1), num_heads))
+        coords = torch.stack(torch.meshgrid([torch.arange(window_size[0]), torch.arange(window_size[1])],
+                                            indexing="ij"))
+        coords_flatten = torch.flatten(coords, 1)
+        relative_coords = coords_flatten[:, :, None] - coords_flatten[:, None, :]
+        relative_coords = relative_coords.permute(1, 2, 0).contiguous()
+        relative_coords[:, :, 0] += window_size[0] - 1
+        relative_coords[:, :, 1] += window_size[1] - 1
+        relative_coords[:, :, 0] *= 2 * window_size[1] - 1
+        self.register_buffer("relative_position_index", relative_coords.sum(-1))
+        self.qkv = nn.Linear(dim, dim * 3, bias=True)
+        self.attn_drop, self.proj, self.proj_drop = nn.Dropout(0.0), nn.Linear(dim, dim), nn.Dropout(0.0)
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, x, mask=None):
+        B_, N, C = x.shape
+        qkv = self.qkv(x).reshape(B_, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        q = q * self.scale
+        attn = q @ k.transpose(-2, -1)
+        relative_position_bias = self.relative_position_bias_table[self.relative_position_index.view(-1)].view(
+            self.window_size[0] * self.window_size[1], self.window_size[0] * self.window_size[1], -1)
+        relative_position_bias = relative_position_bias.permute(2, 0, 1).contiguous()
+        attn = attn + relative_position_bias.unsqueeze(0)
+        if mask is not None:
+            nW = mask.shape[0]
+            attn = attn.view(B_ // nW, nW, self.num_heads, N, N) + mask.unsqueeze(1).unsqueeze(0)
+            attn = attn.view(-1, self.num_heads, N, N)
+        attn = self.attn_drop(self.softmax(attn))
+        x = (attn @ v).transpose(1, 2).reshape(B_, N, C)
+        return self.proj_drop(self.proj(x))
+
+
+class SwinBlock(nn.Module):
+    """Swin's SwinTransformerBlock: (shifted) window attention and an MLP, on a B, H*W, C sequence."""
+
+    def __init__(self, dim=6, resolution=(6, 6), num_heads=2, window_size=3, shift_size=1, hidden=10):
+        super().__init__()
+        self.dim, self.input_resolution = dim, resolution
+        self.window_size, self.shift_size = window_size, shift_size
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = WindowAttention(dim, (window_size, window_size), num_heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = TimmMlp(dim, hidden)
+        if shift_size > 0:
+            H, W = resolution
+            img_mask = torch.zeros((1, H, W, 1))
+            cnt = 0
+            for h in (slice(0, -window_size), slice(-window_size, -shift_size), slice(-shift_size, None)):
+                for w in (slice(0, -window_size), slice(-window_size, -shift_size), slice(-shift_size, None)):
+                    img_mask[:, h, w, :] = cnt
+                    cnt += 1
+            mask_windows = window_partition(img_mask, window_size).view(-1, window_size * window_size)
+            attn_mask = mask_windows.unsqueeze(1) - mask_windows.unsqueeze(2)
+            attn_mask = attn_mask.masked_fill(attn_mask != 0, float(-100.0)).masked_fill(attn_mask == 0, float(0.0))
+        else:
+            attn_mask = None
+        self.register_buffer("attn_mask", attn_mask)
+
+    def forward(self, x):
+        H, W = self.input_resolution
+        B, L, C = x.shape
+        shortcut = x
+        x = self.norm1(x).view(B, H, W, C)
+        if self.shift_size > 0:
+            x = torch.roll(x, shifts=(-self.shift_size, -self.shift_size), dims=(1, 2))
+        x_windows = window_partition(x, self.window_size).view(-1, self.window_size * self.window_size, C)
+        attn_windows = self.attn(x_windows, mask=self.attn_mask)
+        attn_windows = attn_windows.view(-1, self.window_size, self.window_size, C)
+        x = window_reverse(attn_windows, self.window_size, H, W)
+        if self.shift_size > 0:
+            x = torch.roll(x, shifts=(self.shift_size, self.shift_size), dims=(1, 2))
+        x = shortcut + x.view(B, H * W, C)
+        return x + self.mlp(self.norm2(x))
+
+
+class SwinStage(nn.Module):
+    """Two Swin blocks, the second shifted, as a Swin stage alternates them."""
+
+    def __init__(self, dim=6, resolution=(6, 6), num_heads=2, window_size=3):
+        super().__init__()
+        self.blocks = nn.Sequential(SwinBlock(dim, resolution, num_heads, window_size, 0),
+                                    SwinBlock(dim, resolution, num_heads, window_size, window_size // 2))
+
+    def forward(self, x):
+        return self.blocks(x)
+
+
+# ---- the checks --------------------------------------------------------------------------------
+def runs_whole_and_matches(model: nn.Module, inputs: tuple, device, seed: int = 0, keep=None):
+    """Plan (no fallback), compile, run, compare with eager within TOLERANCE of its largest value
+    (only the elements `keep(output)` selects, when given)."""
+    model = seeded(model, seed)
+    plan = texelflow.plan(model, inputs)
+    assert plan.fallbacks == [], f"runs on the CPU: {plan.fallbacks}"
+    with texelflow.compile(model, inputs, device=device) as prog:
+        assert prog.plan.fallbacks == []
+        got = prog(*inputs)
+    with torch.no_grad():
+        want = model(*inputs)
+    if keep is not None:
+        got, want = keep(got), keep(want)
+    check = compare(got, want)
+    assert check.max_ref > 0 and check.max_abs <= TOLERANCE * check.max_ref, (
+        f"max |texelflow - eager| = {check.max_abs:.3g} > {TOLERANCE} x {check.max_ref:.3g}")
+    return prog
+
+
+def tokens(batch: int, length: int, dim: int, seed: int = 1):
+    return torch.randn(batch, length, dim, generator=torch.Generator().manual_seed(seed))
+
+
+def padding_mask(batch: int, length: int):
+    """True where a key is padding: the last two keys of the first sequence."""
+    mask = torch.zeros(batch, length, dtype=torch.bool)
+    mask[0, -2:] = True
+    return mask
+
+
+CAUSAL_BOOL = torch.triu(torch.ones(5, 5, dtype=torch.bool), diagonal=1)  # True: not allowed
+ADDITIVE = torch.randn(5, 5, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_multihead_attention(batch_first, need_weights, device):
+    x = tokens(2, 5, 12) if batch_first else tokens(5, 2, 12)
+    runs_whole_and_matches(MHA(batch_first, need_weights), (x,), device)
+
+
+@pytest.mark.parametrize("batch_first,need_weights,masks", [
+    (True, False, "key_padding"),
+    (False, True, "key_padding"),
+    (True, True, "causal_bool"),
+    (False, False, "causal_bool"),
+    (True, False, "additive"),
+    (False, True, "key_padding+causal_bool"),
+])
+def test_multihead_attention_with_masks(batch_first, need_weights, masks, device):
+    x = tokens(2, 5, 12) if batch_first else tokens(5, 2, 12)
+    kpm = padding_mask(2, 5) if "key_padding" in masks else None
+    attn_mask = CAUSAL_BOOL if "causal_bool" in masks else ADDITIVE if masks == "additive" else None
+    runs_whole_and_matches(MHA(batch_first, need_weights), (x, kpm, attn_mask), device)
+
+
+def test_multihead_cross_attention(device):
+    runs_whole_and_matches(CrossMHA(), (tokens(2, 3, 12), tokens(2, 7, 12, seed=2)), device)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_transformer_encoder(norm_first, activation, device):
+    runs_whole_and_matches(Encoder(norm_first, activation), (tokens(2, 5, 12),), device)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_with_padding_mask(norm_first, device):
+    runs_whole_and_matches(Encoder(norm_first, "gelu"), (tokens(2, 5, 12), padding_mask(2, 5)), device)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")  # torch's own, from eager
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_transformer_encoder_with_torch_defaults(with_mask, device):
+    """With a padding mask, eager takes torch's nested-tensor path, which returns 0 at padded
+    positions, while torch.export traces the plain path, which computes them (its own exported
+    program differs from eager there): the padded positions are compared with neither."""
+    mask = padding_mask(2, 5)
+    inputs = (tokens(2, 5, 12),) + ((mask,) if with_mask else ())
+    runs_whole_and_matches(DefaultEncoder(), inputs, device, keep=(lambda out: out[~mask]) if with_mask else None)
+
+
+def test_transformer_encoder_layer_with_causal_mask(device):
+    runs_whole_and_matches(CausalLayer(), (tokens(2, 7, 12),), device)
+
+
+def test_torchvision_style_vision_transformer(device):
+    images = torch.randn(2, 3, 20, 20, generator=torch.Generator().manual_seed(4))
+    runs_whole_and_matches(TorchvisionViT(), (images,), device)
+
+
+def test_deit_with_distillation_token(device):
+    images = torch.randn(2, 3, 18, 18, generator=torch.Generator().manual_seed(5))
+    runs_whole_and_matches(DistilledViT(), (images,), device)
+
+
+def token_ids(batch: int, length: int, vocab: int, dtype=torch.int32, seed: int = 6):
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("use_sdpa", [False, True], ids=["tril_buffer", "sdpa_is_causal"])
+def test_gpt2_lm_with_tied_embedding(use_sdpa, device):
+    """int32 token ids (see test_gpt2_with_int64_token_ids_runs_whole); the position
+    embedding of arange's ids is folded into a constant, the token embedding runs on the device."""
+    prog = runs_whole_and_matches(GPT2LM(use_sdpa=use_sdpa), (token_ids(2, 7, 29),), device)
+    assert prog.plan.dispatches["embedding"] == 1
+
+
+def test_nanogpt_masked_fill_causal_attention(device):
+    runs_whole_and_matches(NanoGPTAttention(), (tokens(2, 5, 12),), device)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.int32, torch.bool, torch.float32])
+def test_bert_with_additive_padding_mask(mask_dtype, device):
+    """The 0 / 1 padding mask becomes additive through .to(float) (a cast on the device)."""
+    ids, types = token_ids(2, 7, 31), token_ids(2, 7, 2, seed=7)
+    mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2]).to(mask_dtype)
+    runs_whole_and_matches(BertModel(), (ids, mask, types), device)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_swin_shifted_window_attention(batch, device):
+    """The shifted block rolls there and back; both blocks' bias gathers are folded constants."""
+    prog = runs_whole_and_matches(SwinStage(), (tokens(batch, 36, 6),), device)
+    assert prog.plan.dispatches["roll"] == 2
+    assert not any(n.target.startswith("aten.index") for n in prog.plan.graph.nodes)
+
+
+def test_gpt2_with_int64_token_ids_runs_whole(device):
+    """torch's default int64 ids: the device holds them as int32 (the call checks every value
+    fits and uploads an int32 copy), so the token embedding runs on the device too."""
+    ids = token_ids(2, 7, 29, dtype=torch.int64)
+    prog = runs_whole_and_matches(GPT2LM(), (ids,), device)
+    assert prog.plan.dispatches["embedding"] == 1

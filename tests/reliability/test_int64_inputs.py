@@ -1,0 +1,133 @@
+"""int64 user inputs (torch's default integer dtype: token ids) run on the device as int32.
+
+Lowering gives an int64 user input the device dtype int32 and records that the caller passes
+int64 (`graph.input_host_dtypes`). A call still requires int64, as compiled; it checks that every
+value fits int32 (else InputValueError naming the input and the range of the values given) and
+uploads an int32 copy. CPU fallbacks read the caller's int64 tensor (their fx node was traced on
+int64, so type promotion and overflow stay torch's), and an input returned as an output comes
+back as the caller's int64 tensor.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import texelflow
+from texelflow import InputValueError
+
+
+class Embed(nn.Module):
+    """An embedding of int64 ids, optionally returning the ids and an int64 product of them."""
+
+    def __init__(self, extra: str = ""):
+        super().__init__()
+        self.emb = nn.Embedding(11, 6)
+        self.extra = extra
+
+    def forward(self, ids):
+        x = self.emb(ids) * 2.0
+        if self.extra == "ids":
+            return x, ids
+        if self.extra == "wide":  # int64 arithmetic beyond int32's range: a CPU fallback
+            return x, ids * 4_000_000_000
+        return x
+
+
+def ids_of(*shape, vocab=11, seed=0):
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def embed_prog(device):
+    torch.manual_seed(0)
+    model = Embed().eval()
+    prog = texelflow.compile(model, (ids_of(2, 5),), device=device)
+    yield prog, model
+    prog.close()
+
+
+def test_int64_ids_run_on_the_device(embed_prog):
+    prog, model = embed_prog
+    assert prog.plan.fallbacks == []
+    assert prog.plan.dispatches["embedding"] == 1
+    assert [v.dtype for v in prog.plan.graph.inputs] == ["int32"]
+    ids = ids_of(2, 5, seed=3)
+    got = prog(ids)
+    with torch.no_grad():
+        want = model(ids)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad,low,high", [(2**31, 0, 2**31), (-(2**31) - 1, -(2**31) - 1, 0)])
+def test_value_out_of_int32_range_names_the_input(embed_prog, bad, low, high):
+    prog, _ = embed_prog
+    ids = torch.zeros(2, 5, dtype=torch.int64)
+    ids[1, 2] = bad
+    with pytest.raises(InputValueError) as info:
+        prog(ids)
+    assert str(info.value) == (
+        f"input 0 (ids): int64 values must lie in [-2147483648, 2147483647] (the program runs this "
+        f"input as int32 on the device), got values in [{low}, {high}]")
+
+
+def test_caller_still_passes_int64(embed_prog):
+    prog, _ = embed_prog
+    with pytest.raises(InputValueError, match=r"input 0 \(ids\): expected dtype int64, got int32"):
+        prog(ids_of(2, 5).to(torch.int32))
+
+
+def test_int32_limits_are_accepted(device):
+    """The extreme int32 values pass the check (a model that only returns the ids reads them all)."""
+    model = Embed("ids").eval()
+    ids = ids_of(3, 4)
+    with texelflow.compile(model, (ids,), device=device) as prog:
+        edge = ids.clone()
+        edge[0, 0], edge[0, 1] = 2**31 - 1, -(2**31)
+        _, back = prog(edge)
+    assert back.dtype == torch.int64 and torch.equal(back, edge)
+
+
+def test_returned_input_comes_back_int64_and_equal(device):
+    model = Embed("ids").eval()
+    ids = ids_of(3, 4)
+    with texelflow.compile(model, (ids,), device=device) as prog:
+        assert prog.plan.fallbacks == []
+        other = ids_of(3, 4, seed=5)
+        x, back = prog(other)
+    assert back.dtype == torch.int64 and torch.equal(back, other)
+    with torch.no_grad():
+        torch.testing.assert_close(x, model(other)[0], rtol=0, atol=1e-6)
+
+
+def test_cpu_fallback_reads_the_callers_int64_tensor(device):
+    """ids * 4e9 exceeds int32: exact only because the CPU node gets the int64 tensor, not the
+    int32 copy the device reads (int32 arithmetic would wrap)."""
+    model = Embed("wide").eval()
+    ids = ids_of(2, 3)
+    with texelflow.compile(model, (ids,), device=device) as prog:
+        assert [name for name, _ in prog.plan.fallbacks] == ["mul_1"]
+        x, wide = prog(ids)
+    with torch.no_grad():
+        want_x, want_wide = model(ids)
+    assert wide.dtype == torch.int64 and torch.equal(wide, want_wide)
+    torch.testing.assert_close(x, want_x, rtol=0, atol=1e-6)
+
+
+def test_int64_constants_and_computed_values_are_not_narrowed():
+    """Only user inputs are narrowed: a computed int64 tensor keeps its dtype (its values are not
+    checked at the call, so the device could not hold them safely)."""
+
+    class Shifted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(11, 4)
+
+        def forward(self, ids):
+            return self.emb(ids + 1)
+
+    plan = texelflow.plan(Shifted().eval(), (ids_of(2, 3, vocab=10),))
+    dtypes = {v.name: v.dtype for v in plan.graph.values()}
+    assert dtypes["ids"] == "int32" and dtypes["add"] == "int64"
+    assert [name for name, _ in plan.fallbacks] == ["add", "embedding"]
