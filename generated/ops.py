@@ -666,6 +666,34 @@ OPS: dict[str, OpEntry] = {
             'cat_int32_texture3d',
         ),
     ),
+    'ceil': OpEntry(
+        name='ceil',
+        targets=(
+            'aten.ceil.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'ceil_float32_buffer',
+            'ceil_float32_texture3d',
+        ),
+    ),
     'clamp': OpEntry(
         name='clamp',
         targets=(
@@ -1173,6 +1201,34 @@ OPS: dict[str, OpEntry] = {
         variants=(
         ),
     ),
+    'cos': OpEntry(
+        name='cos',
+        targets=(
+            'aten.cos.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'cos_float32_buffer',
+            'cos_float32_texture3d',
+        ),
+    ),
     'detach': OpEntry(
         name='detach',
         targets=(
@@ -1595,6 +1651,34 @@ OPS: dict[str, OpEntry] = {
             'flip_int32_texture3d',
         ),
     ),
+    'floor': OpEntry(
+        name='floor',
+        targets=(
+            'aten.floor.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'floor_float32_buffer',
+            'floor_float32_texture3d',
+        ),
+    ),
     'ge': OpEntry(
         name='ge',
         targets=(
@@ -1799,6 +1883,37 @@ OPS: dict[str, OpEntry] = {
             'gt_scalar_int32_texture3d',
         ),
     ),
+    'hardshrink': OpEntry(
+        name='hardshrink',
+        targets=(
+            'aten.hardshrink.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('lambd', 'float', default=0.5),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('lambd', 'float', 'arg', (('arg', 'lambd'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'hardshrink_float32_buffer',
+            'hardshrink_float32_texture3d',
+        ),
+    ),
     'hardsigmoid': OpEntry(
         name='hardsigmoid',
         targets=(
@@ -1886,6 +2001,90 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'hardtanh_float32_buffer',
             'hardtanh_float32_texture3d',
+        ),
+    ),
+    'isfinite': OpEntry(
+        name='isfinite',
+        targets=(
+            'aten.isfinite.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'isfinite_float32_buffer',
+            'isfinite_float32_texture3d',
+        ),
+    ),
+    'isinf': OpEntry(
+        name='isinf',
+        targets=(
+            'aten.isinf.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'isinf_float32_buffer',
+            'isinf_float32_texture3d',
+        ),
+    ),
+    'isnan': OpEntry(
+        name='isnan',
+        targets=(
+            'aten.isnan.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'isnan_float32_buffer',
+            'isnan_float32_texture3d',
         ),
     ),
     'layer_norm': OpEntry(
@@ -2057,6 +2256,41 @@ OPS: dict[str, OpEntry] = {
             'lift_fresh_copy_int8_buffer',
         ),
     ),
+    'linalg_vector_norm': OpEntry(
+        name='linalg_vector_norm',
+        targets=(
+            'aten.linalg_vector_norm.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('ord', 'float', default=2.0),
+            Arg('dim', 'int_list', optional=True),
+            Arg('keepdim', 'bool', default=False),
+            Arg('dtype', 'any', optional=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
+            Push('ord', 'float', 'arg', (('arg', 'ord'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='reduce',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'linalg_vector_norm_float32_buffer',
+            'linalg_vector_norm_float32_texture3d',
+        ),
+    ),
     'linear': OpEntry(
         name='linear',
         targets=(
@@ -2091,6 +2325,62 @@ OPS: dict[str, OpEntry] = {
             'linear_float32_texture3d',
         ),
     ),
+    'log': OpEntry(
+        name='log',
+        targets=(
+            'aten.log.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'log_float32_buffer',
+            'log_float32_texture3d',
+        ),
+    ),
+    'log10': OpEntry(
+        name='log10',
+        targets=(
+            'aten.log10.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'log10_float32_buffer',
+            'log10_float32_texture3d',
+        ),
+    ),
     'log1p': OpEntry(
         name='log1p',
         targets=(
@@ -2117,6 +2407,34 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'log1p_float32_buffer',
             'log1p_float32_texture3d',
+        ),
+    ),
+    'log2': OpEntry(
+        name='log2',
+        targets=(
+            'aten.log2.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'log2_float32_buffer',
+            'log2_float32_texture3d',
         ),
     ),
     'log_sigmoid': OpEntry(
@@ -2316,6 +2634,38 @@ OPS: dict[str, OpEntry] = {
             'logical_xor_float32_texture3d',
             'logical_xor_int32_buffer',
             'logical_xor_int32_texture3d',
+        ),
+    ),
+    'logsumexp': OpEntry(
+        name='logsumexp',
+        targets=(
+            'aten.logsumexp.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int_list'),
+            Arg('keepdim', 'bool', default=False),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='reduce',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'logsumexp_float32_buffer',
+            'logsumexp_float32_texture3d',
         ),
     ),
     'lt': OpEntry(
@@ -2745,6 +3095,41 @@ OPS: dict[str, OpEntry] = {
             'mul_scalar_float32_texture3d',
             'mul_scalar_int32_buffer',
             'mul_scalar_int32_texture3d',
+        ),
+    ),
+    'nan_to_num': OpEntry(
+        name='nan_to_num',
+        targets=(
+            'aten.nan_to_num.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('nan', 'float', optional=True),
+            Arg('posinf', 'float', optional=True),
+            Arg('neginf', 'float', optional=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('nan', 'float', 'arg', (('arg', 'nan'), ('none', 0.0))),
+            Push('posinf', 'float', 'arg', (('arg', 'posinf'), ('none', 3.4028234663852886e+38))),
+            Push('neginf', 'float', 'arg', (('arg', 'neginf'), ('none', -3.4028234663852886e+38))),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'nan_to_num_float32_buffer',
+            'nan_to_num_float32_texture3d',
         ),
     ),
     'native_batch_norm_no_training': OpEntry(
@@ -3423,6 +3808,34 @@ OPS: dict[str, OpEntry] = {
             'roll_int32_texture3d',
         ),
     ),
+    'round': OpEntry(
+        name='round',
+        targets=(
+            'aten.round.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'round_float32_buffer',
+            'round_float32_texture3d',
+        ),
+    ),
     'rsqrt': OpEntry(
         name='rsqrt',
         targets=(
@@ -3634,6 +4047,34 @@ OPS: dict[str, OpEntry] = {
             'sigmoid_float32_texture3d',
         ),
     ),
+    'sign': OpEntry(
+        name='sign',
+        targets=(
+            'aten.sign.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'sign_float32_buffer',
+            'sign_float32_texture3d',
+        ),
+    ),
     'silu': OpEntry(
         name='silu',
         targets=(
@@ -3660,6 +4101,34 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'silu_float32_buffer',
             'silu_float32_texture3d',
+        ),
+    ),
+    'sin': OpEntry(
+        name='sin',
+        targets=(
+            'aten.sin.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'sin_float32_buffer',
+            'sin_float32_texture3d',
         ),
     ),
     'slice': OpEntry(
@@ -3774,6 +4243,37 @@ OPS: dict[str, OpEntry] = {
             'softplus_float32_texture3d',
         ),
     ),
+    'softshrink': OpEntry(
+        name='softshrink',
+        targets=(
+            'aten.softshrink.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('lambd', 'float', default=0.5),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('lambd', 'float', 'arg', (('arg', 'lambd'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'softshrink_float32_buffer',
+            'softshrink_float32_texture3d',
+        ),
+    ),
     'sqrt': OpEntry(
         name='sqrt',
         targets=(
@@ -3839,6 +4339,40 @@ OPS: dict[str, OpEntry] = {
             'squeeze_copy_int32_buffer',
             'squeeze_copy_int32_texture3d',
             'squeeze_copy_int8_buffer',
+        ),
+    ),
+    'std': OpEntry(
+        name='std',
+        targets=(
+            'aten.std.correction',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int_list', optional=True),
+            Arg('correction', 'float', optional=True),
+            Arg('keepdim', 'bool', default=False),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
+            Push('correction', 'float', 'arg', (('arg', 'correction'), ('none', 1.0))),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='reduce',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'std_float32_buffer',
+            'std_float32_texture3d',
         ),
     ),
     'sub': OpEntry(
@@ -4048,6 +4582,34 @@ OPS: dict[str, OpEntry] = {
             'to_layout_int8_buffer_buffer',
         ),
     ),
+    'trunc': OpEntry(
+        name='trunc',
+        targets=(
+            'aten.trunc.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'trunc_float32_buffer',
+            'trunc_float32_texture3d',
+        ),
+    ),
     'unflatten': OpEntry(
         name='unflatten',
         targets=(
@@ -4188,6 +4750,75 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'upsample_nearest2d_float32_buffer',
             'upsample_nearest2d_float32_texture3d',
+        ),
+    ),
+    'var': OpEntry(
+        name='var',
+        targets=(
+            'aten.var.correction',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int_list', optional=True),
+            Arg('correction', 'float', optional=True),
+            Arg('keepdim', 'bool', default=False),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
+            Push('correction', 'float', 'arg', (('arg', 'correction'), ('none', 1.0))),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='reduce',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'var_float32_buffer',
+            'var_float32_texture3d',
+        ),
+    ),
+    'var_mean': OpEntry(
+        name='var_mean',
+        targets=(
+            'aten.var_mean.correction',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int_list', optional=True),
+            Arg('correction', 'float', optional=True),
+            Arg('keepdim', 'bool', default=False),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+            Output('mean', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out', 'mean'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
+            Push('correction', 'float', 'arg', (('arg', 'correction'), ('none', 1.0))),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='reduce',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'var_mean_float32_buffer',
+            'var_mean_float32_texture3d',
         ),
     ),
     'view_copy': OpEntry(
@@ -4363,6 +4994,7 @@ TARGETS: dict[str, str] = {
     'aten.bitwise_xor.Tensor': 'bitwise_xor',
     'aten.bmm.default': 'bmm',
     'aten.cat.default': 'cat',
+    'aten.ceil.default': 'ceil',
     'aten.clamp.default': 'clamp',
     'aten.clone.default': 'clone',
     'aten.constant_pad_nd.default': 'constant_pad_nd',
@@ -4372,6 +5004,7 @@ TARGETS: dict[str, str] = {
     'aten.conv_transpose1d.default': 'conv_transpose1d',
     'aten.conv_transpose2d.input': 'conv_transpose2d',
     'aten.convolution.default': 'convolution',
+    'aten.cos.default': 'cos',
     'aten.detach.default': 'detach',
     'aten.div.Scalar': 'div_scalar',
     'aten.div.Tensor': 'div',
@@ -4386,28 +5019,38 @@ TARGETS: dict[str, str] = {
     'aten.expm1.default': 'expm1',
     'aten.flatten.using_ints': 'flatten',
     'aten.flip.default': 'flip',
+    'aten.floor.default': 'floor',
     'aten.ge.Scalar': 'ge_scalar',
     'aten.ge.Tensor': 'ge',
     'aten.gelu.default': 'gelu',
     'aten.group_norm.default': 'group_norm',
     'aten.gt.Scalar': 'gt_scalar',
     'aten.gt.Tensor': 'gt',
+    'aten.hardshrink.default': 'hardshrink',
     'aten.hardsigmoid.default': 'hardsigmoid',
     'aten.hardswish.default': 'hardswish',
     'aten.hardtanh.default': 'hardtanh',
+    'aten.isfinite.default': 'isfinite',
+    'aten.isinf.default': 'isinf',
+    'aten.isnan.default': 'isnan',
     'aten.layer_norm.default': 'layer_norm',
     'aten.le.Scalar': 'le_scalar',
     'aten.le.Tensor': 'le',
     'aten.leaky_relu.default': 'leaky_relu',
     'aten.lift_fresh_copy.default': 'lift_fresh_copy',
+    'aten.linalg_vector_norm.default': 'linalg_vector_norm',
     'aten.linear.default': 'linear',
+    'aten.log.default': 'log',
+    'aten.log10.default': 'log10',
     'aten.log1p.default': 'log1p',
+    'aten.log2.default': 'log2',
     'aten.log_sigmoid.default': 'log_sigmoid',
     'aten.log_softmax.int': 'log_softmax',
     'aten.logical_and.default': 'logical_and',
     'aten.logical_not.default': 'logical_not',
     'aten.logical_or.default': 'logical_or',
     'aten.logical_xor.default': 'logical_xor',
+    'aten.logsumexp.default': 'logsumexp',
     'aten.lt.Scalar': 'lt_scalar',
     'aten.lt.Tensor': 'lt',
     'aten.masked_fill.Scalar': 'masked_fill',
@@ -4422,6 +5065,7 @@ TARGETS: dict[str, str] = {
     'aten.mm.default': 'mm',
     'aten.mul.Scalar': 'mul_scalar',
     'aten.mul.Tensor': 'mul',
+    'aten.nan_to_num.default': 'nan_to_num',
     'aten.native_group_norm.default': 'native_group_norm',
     'aten.native_layer_norm.default': 'native_layer_norm',
     'aten.ne.Scalar': 'ne_scalar',
@@ -4442,6 +5086,7 @@ TARGETS: dict[str, str] = {
     'aten.replication_pad2d.default': 'replication_pad2d',
     'aten.reshape.default': 'reshape',
     'aten.roll.default': 'roll',
+    'aten.round.default': 'round',
     'aten.rsqrt.default': 'rsqrt',
     'aten.rsub.Scalar': 'rsub_scalar',
     'aten.rsub.Tensor': 'rsub',
@@ -4449,11 +5094,14 @@ TARGETS: dict[str, str] = {
     'aten.select.int': 'select',
     'aten.select_copy.int': 'select',
     'aten.sigmoid.default': 'sigmoid',
+    'aten.sign.default': 'sign',
     'aten.silu.default': 'silu',
+    'aten.sin.default': 'sin',
     'aten.slice.Tensor': 'slice',
     'aten.slice_copy.Tensor': 'slice',
     'aten.softmax.int': 'softmax',
     'aten.softplus.default': 'softplus',
+    'aten.softshrink.default': 'softshrink',
     'aten.sqrt.default': 'sqrt',
     'aten.squeeze.default': 'squeeze_copy',
     'aten.squeeze.dim': 'squeeze_copy',
@@ -4461,16 +5109,20 @@ TARGETS: dict[str, str] = {
     'aten.squeeze_copy.default': 'squeeze_copy',
     'aten.squeeze_copy.dim': 'squeeze_copy',
     'aten.squeeze_copy.dims': 'squeeze_copy',
+    'aten.std.correction': 'std',
     'aten.sub.Scalar': 'sub_scalar',
     'aten.sub.Tensor': 'sub',
     'aten.sum.default': 'sum',
     'aten.sum.dim_IntList': 'sum',
     'aten.tanh.default': 'tanh',
+    'aten.trunc.default': 'trunc',
     'aten.unflatten.int': 'unflatten',
     'aten.unsqueeze.default': 'unsqueeze_copy',
     'aten.unsqueeze_copy.default': 'unsqueeze_copy',
     'aten.upsample_bilinear2d.vec': 'upsample_bilinear2d',
     'aten.upsample_nearest2d.vec': 'upsample_nearest2d',
+    'aten.var.correction': 'var',
+    'aten.var_mean.correction': 'var_mean',
     'aten.view.default': 'view_copy',
     'aten.view_copy.default': 'view_copy',
     'aten.where.ScalarOther': 'where_scalar_other',

@@ -339,12 +339,10 @@ class CompiledProgram:
         return specs
 
     def _host_dtype(self, v: Value) -> str:
-        """The dtype the caller passes (and gets back) for `v`: its own, or for a user input or a
-        constant the device holds narrowed (int64 as int32, lowering's `input_host_dtypes`) the
-        wider one. Values computed in the graph are never narrowed."""
-        if v.role is Role.NODE:
-            return v.dtype
-        return getattr(self.plan.graph, "input_host_dtypes", {}).get(v.name, v.dtype)
+        """The dtype the caller passes (and gets back) for `v`: its own, or for a value the device
+        holds narrowed (an int64 input, constant or view of one as int32: lowering's
+        `input_host_dtypes`) the wider one."""
+        return self.plan.graph.input_host_dtypes.get(v.name, v.dtype)
 
     def _flat_args(self, args: tuple) -> list:
         """The call's arguments, one per flattened input of the exported signature: positional
@@ -409,11 +407,17 @@ class CompiledProgram:
             env[v] = r
 
     def _value_of(self, v: Value, env: dict):
+        """The host value of `v` for a CPU fallback or an output: in the host's dtype (a narrowed
+        view computed on the device comes back from int32 to int64, exactly: its values fit)."""
         if v.role is Role.CONST:
             return v.literal if v.literal is not None else self._const_tensor(v)
         r = self._root(v)
         value = env[r]
-        return value.reshape(v.shape) if r is not v else value
+        value = value.reshape(v.shape) if r is not v else value
+        host = self._host_dtype(v)
+        if host != v.dtype and isinstance(value, self._torch.Tensor) and str(value.dtype) != f"torch.{host}":
+            value = value.to(getattr(self._torch, host))
+        return value
 
     def _fx_values(self, fx, node: Node, env: dict) -> dict:
         """fx input node name -> torch value, for the fx node behind a fallback IR node."""

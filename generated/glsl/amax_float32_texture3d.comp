@@ -52,11 +52,8 @@ T load_self(ivec4 idx) {
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
 
-#line 24 "shaders/reduce.glsl.j2"
-#define TF_COMBINE(acc, x) tf_max(acc, x)
-
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 30
+#line 30 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -67,70 +64,84 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-
-T compute_out(ivec4 o) {
+#line 60
+#define R T
+R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
-#line 47
-  T acc = load_self(b);  // max and min are idempotent: the first element may be combined twice
-#line 49
-  for (int n = 0; n < e.w; ++n) {
-    for (int c = 0; c < e.z; ++c) {
-      for (int h = 0; h < e.y; ++h) {
-        for (int w = 0; w < e.x; ++w) { acc = TF_COMBINE(acc, load_self(b + ivec4(w, h, c, n))); }
-      }
-    }
-  }
-#line 59
-  return acc;
-#line 61
-}
-
-// Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
-// belongs to lane k of the out texel.
-#line 66
-bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
-
-// The out texel whose lane 0 is at `o`, from whole self texels.
-VEC4 compute_texel(ivec4 o) {
-  ivec4 b = reduce_base(o);
-  ivec4 e = reduce_extent();
-#line 75
-  VEC4 acc = load_texel_self(tf_texel_pos_lane(b, pc.self_sizes, self_layout).xyz);
-#line 77
+#line 69
+  R acc = load_self(b);  // max and min are idempotent: the first element may be combined twice
+#line 44
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
         for (int w = 0; w < e.x; ++w) {
-          ivec3 pos = tf_texel_pos_lane(b + ivec4(w, h, c, n), pc.self_sizes, self_layout).xyz;
-          acc = TF_COMBINE(acc, load_texel_self(pos));
+          R X = load_self(b + ivec4(w, h, c, n));
+          acc = tf_max(acc, X);
         }
       }
     }
   }
-#line 90
+#line 75
   return acc;
-#line 92
+#line 135
 }
+#undef R
 
-#line 95
+// Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
+// belongs to lane k of the out texel.
+#line 148
+bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
+
+// The out texel whose lane 0 is at `o`, from whole self texels.
+#line 60
+#define R VEC4
+R compute_texel(ivec4 o) {
+  ivec4 b = reduce_base(o);
+  ivec4 e = reduce_extent();
+#line 69
+  R acc = load_texel_self(tf_texel_pos_lane(b, pc.self_sizes, self_layout).xyz);  // max and min are idempotent: the first element may be combined twice
+#line 44
+  for (int n = 0; n < e.w; ++n) {
+    for (int c = 0; c < e.z; ++c) {
+      for (int h = 0; h < e.y; ++h) {
+        for (int w = 0; w < e.x; ++w) {
+          R X = load_texel_self(tf_texel_pos_lane(b + ivec4(w, h, c, n), pc.self_sizes, self_layout).xyz);
+          acc = tf_max(acc, X);
+        }
+      }
+    }
+  }
+#line 75
+  return acc;
+#line 135
+}
+#undef R
+
+#line 157
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 101
+#line 167
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
+#line 173
   if (reduce_by_texel()) {
-    r = mix(compute_texel(idx), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout));
+    bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
+    r = mix(compute_texel(idx), VEC4(0), pad);
+#line 179
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
       ivec4 e = idx;
       e[pd] += k;
-      if (tf_in_bounds(e, pc.out_sizes)) { r[k] = compute_out(e); }
+      if (tf_in_bounds(e, pc.out_sizes)) {
+        r[k] = compute_out(e);
+#line 189
+      }
     }
   }
   store_texel_out(pos, r);
-#line 116
+#line 197
 }

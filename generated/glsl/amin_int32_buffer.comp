@@ -46,11 +46,8 @@ layout(push_constant) uniform PushConstants {
 #line 42
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
-#line 26 "shaders/reduce.glsl.j2"
-#define TF_COMBINE(acc, x) tf_min(acc, x)
-
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 30
+#line 30 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -61,30 +58,36 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-
-T compute_out(ivec4 o) {
+#line 60
+#define R T
+R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
-#line 47
-  T acc = load_self(b);  // max and min are idempotent: the first element may be combined twice
-#line 49
+#line 69
+  R acc = load_self(b);  // max and min are idempotent: the first element may be combined twice
+#line 44
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
-        for (int w = 0; w < e.x; ++w) { acc = TF_COMBINE(acc, load_self(b + ivec4(w, h, c, n))); }
+        for (int w = 0; w < e.x; ++w) {
+          R X = load_self(b + ivec4(w, h, c, n));
+          acc = tf_min(acc, X);
+        }
       }
     }
   }
-#line 59
+#line 75
   return acc;
-#line 61
+#line 135
 }
+#undef R
 
-#line 95
+#line 157
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 99
-  t_out[u] = compute_out(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout));
-#line 116
+#line 161
+  ivec4 o = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
+  t_out[u] = compute_out(o);
+#line 197
 }

@@ -133,6 +133,9 @@ class PlanGraph:
     # IR node -> the IR values of its fx node's inputs (all_input_nodes order): what a CPU fallback
     # reads, recorded by lowering because a later in-place op may rebind an input's fx name
     fx_inputs: dict = field(default_factory=dict)
+    # value name -> the dtype the host holds where the device holds int32: an int64 user input the
+    # caller passes, a narrowed int64 constant, or a view of either (lowering's `_device_input_dtype`)
+    input_host_dtypes: dict = field(default_factory=dict)
 
     def add_input(self, name: str, shape, dtype: str = "float32") -> Value:
         v = Value(name, tuple(shape), dtype, Role.INPUT)

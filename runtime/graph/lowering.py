@@ -305,6 +305,8 @@ class _Lowering:
             if rule is not None and ir_node.op is None:
                 ir_node.fallback = NOT_IDENTITY_REASONS.get(target_name(target), ir_node.fallback)
         self.graph.fx_inputs[ir_node] = ins
+        if ir_node.op is not None and ir_node.op.is_identity and _narrow_view(self.graph, ir_node):
+            ir_node.fallback = partition_reason(ir_node, self.limits, self.fits)
         if ir_node.fallback is None and any(v.role is Role.CONST and v.source in self.mutated
                                             for _, v in ir_node.tensor_args()):
             ir_node.fallback = "reads a buffer that forward mutates (it runs on the CPU, on the live buffer)"
@@ -346,8 +348,9 @@ def _unsupported(message: str):
 # Placeholders the device holds in a narrower dtype than the host: int64 (torch's default integer
 # dtype: token ids, position ids) runs as int32, which the device has. A user input is narrowed
 # always (the call checks that every value fits and uploads an int32 copy); a constant only when
-# every value fits and forward does not mutate it (it is narrowed when prepacked). CPU fallbacks and
-# returned values keep the host's int64 tensor. Values computed in the graph are never narrowed.
+# every value fits and forward does not mutate it (it is narrowed when prepacked); a view of a
+# narrowed value as it is (`_narrow_view`). CPU fallbacks and returned values get the host's int64.
+# Values computed in the graph (`ids + 1`) are never narrowed.
 NARROWED_INPUT_DTYPES = {"int64": "int32"}
 
 
@@ -357,31 +360,44 @@ def _device_input_dtype(graph: PlanGraph, name: str, dtype: str) -> str:
     narrow = NARROWED_INPUT_DTYPES.get(dtype)
     if narrow is None:
         return dtype
-    if not hasattr(graph, "input_host_dtypes"):
-        graph.input_host_dtypes = {}
     graph.input_host_dtypes[name] = dtype
     return narrow
 
 
+def _narrow_view(graph: PlanGraph, node: Node) -> bool:
+    """Narrow the output of a view-like op (the registry's identity ops: view, reshape, squeeze,
+    ...) of a narrowed value, as its input: it moves the same, already checked values
+    (`input_ids.view(-1, T)` before an embedding). True when it did."""
+    narrowed = graph.input_host_dtypes
+    read = [v for _, v in node.tensor_args()]
+    out = node.outputs[0][1] if len(node.outputs) == 1 else None
+    host = narrowed.get(read[0].name) if len(read) == 1 else None
+    if host is None or host == read[0].dtype or out is None or out.dtype != host:
+        return False
+    out.dtype = read[0].dtype
+    narrowed[out.name] = host
+    return True
+
+
 def _narrowed_scalar_reason(graph: PlanGraph, node: Node) -> str | None:
-    """Why a device node reading a narrowed placeholder must run on the CPU: a number beside it
-    outside the narrowed dtype's range (`ids > 3_000_000_000` would compare wrapped values)."""
-    narrowed = getattr(graph, "input_host_dtypes", {})
-    names = [v.name for _, v in node.tensor_args() if v.role is not Role.NODE and v.name in narrowed]
-    if not names:
+    """Why a device node reading a narrowed value must run on the CPU: a number beside it outside
+    the narrowed dtype's range (`ids > 3_000_000_000` would compare wrapped values)."""
+    narrowed = graph.input_host_dtypes
+    read = [v for _, v in node.tensor_args() if narrowed.get(v.name, v.dtype) != v.dtype]
+    if not read:
         return None
-    info = DTYPES_RANGE[NARROWED_INPUT_DTYPES[narrowed[names[0]]]]
-    numbers = [v.literal if isinstance(v, Value) else v for _, v in node.args
-               if isinstance(v, (int, float)) and not isinstance(v, bool)
-               or isinstance(v, Value) and isinstance(v.literal, (int, float)) and not isinstance(v.literal, bool)]
-    for x in numbers:
-        if not info[0] <= x <= info[1]:
-            return (f"the number {x!r} is outside {NARROWED_INPUT_DTYPES[narrowed[names[0]]]}, which the "
-                    f"device holds {narrowed[names[0]]} '{names[0]}' in (it runs on the CPU, on the {narrowed[names[0]]} data)")
+    host = narrowed[read[0].name]
+    device = NARROWED_INPUT_DTYPES[host]
+    low, high = NARROWED_RANGES[device]
+    for _, arg in node.args:
+        x = arg.literal if isinstance(arg, Value) else arg
+        if isinstance(x, (int, float)) and not isinstance(x, bool) and not low <= x <= high:
+            return (f"the number {x!r} is outside {device}, the dtype the device holds {host} "
+                    f"'{read[0].name}' in (it runs on the CPU, on the {host} data)")
     return None
 
 
-DTYPES_RANGE = {"int32": (-(2**31), 2**31 - 1)}
+NARROWED_RANGES = {"int32": (-(2**31), 2**31 - 1)}
 
 
 def _fits_narrowed(data, dtype: str, torch) -> bool:

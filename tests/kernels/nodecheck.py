@@ -464,6 +464,8 @@ TOLERANCES.update({"masked_fill": None, "roll": None, "embedding": None})  # exa
 TOLERANCES.update({"conv1d": (1e-4, 1e-4), "conv_transpose1d": (1e-4, 1e-4), "conv_transpose2d": (1e-4, 1e-4)})  # sums in another order than torch's
 TOLERANCES.update({"pad_mode": None})  # reflection / replication pads move elements
 TOLERANCES.update({"max_pool1d": None})  # selects an element
+TOLERANCES.update({name: None for name in (  # rounding, sign and selects are exact, -0.0 included
+    "floor", "ceil", "round", "trunc", "sign", "hardshrink", "nan_to_num")})
 
 
 def tolerance(op_name: str) -> tuple[float, float] | None:

@@ -131,3 +131,100 @@ def test_int64_constants_and_computed_values_are_not_narrowed():
     dtypes = {v.name: v.dtype for v in plan.graph.values()}
     assert dtypes["ids"] == "int32" and dtypes["add"] == "int64"
     assert [name for name, _ in plan.fallbacks] == ["add", "embedding"]
+
+
+class Compare(nn.Module):
+    """ids compared with a number, or with an int64 buffer (narrowed when every value fits)."""
+
+    def __init__(self, number=None, buffer=None):
+        super().__init__()
+        self.number = number
+        self.register_buffer("special", torch.tensor(buffer if buffer is not None else [0], dtype=torch.int64))
+
+    def forward(self, ids):
+        other = self.number if self.number is not None else self.special
+        return (ids == other).float() + (ids > other).float(), self.special
+
+
+@pytest.mark.parametrize("number", [2**31, 3e9, -(2**31) - 1])
+def test_number_outside_int32_sends_its_node_to_the_cpu(device, number):
+    """ids > 3_000_000_000 on int32 data would compare wrapped values: such a node runs on the CPU,
+    on the caller's int64 tensor, with its reason."""
+    ids = torch.tensor([[0, 5, -7], [2**31 - 1, -(2**31), 3]])
+    model = Compare(number=number).eval()
+    with texelflow.compile(model, (ids,), device=device) as prog:
+        reasons = dict(prog.plan.fallbacks)
+        assert set(reasons) == {"eq", "gt"}
+        assert reasons["gt"] == (f"the number {number!r} is outside int32, the dtype the device holds int64 "
+                                 f"'ids' in (it runs on the CPU, on the int64 data)")
+        got, _ = prog(ids)
+    torch.testing.assert_close(got, model(ids)[0], rtol=0, atol=0)
+
+
+def test_int64_buffer_that_fits_is_narrowed_and_returned_as_int64(device):
+    ids = torch.tensor([[0, 5, 9], [7, 9, 3]])
+    model = Compare(buffer=[9, 5, 3]).eval()
+    with texelflow.compile(model, (ids,), device=device) as prog:
+        assert prog.plan.fallbacks == []
+        assert {v.name: v.dtype for v in prog.plan.graph.constants}["b_special"] == "int32"
+        got, special = prog(ids)
+    want, _ = model(ids)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert special is model.special  # a returned buffer is the live tensor, int64
+
+
+def test_int64_buffer_beyond_int32_keeps_int64(device):
+    ids = torch.tensor([[0, 5, 9], [7, 9, 3]])
+    model = Compare(buffer=[9, 2**40, 3]).eval()
+    with texelflow.compile(model, (ids,), device=device) as prog:
+        assert {v.name: v.dtype for v in prog.plan.graph.constants}["b_special"] == "int64"
+        assert {name for name, _ in prog.plan.fallbacks} == {"eq", "gt"}
+        got, _ = prog(ids)
+    torch.testing.assert_close(got, model(ids)[0], rtol=0, atol=0)
+
+
+def test_mutated_int64_buffer_is_not_narrowed(device):
+    """A buffer forward writes keeps int64 (its readers run on the CPU, on the live buffer)."""
+
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("seen", torch.tensor([3], dtype=torch.int64))
+
+        def forward(self, ids):
+            self.seen.add_(1)
+            return (ids == self.seen).float()
+
+    ids = torch.tensor([[4, 5], [6, 4]])
+    model, ref = Counter().eval(), Counter().eval()
+    with texelflow.compile(model, (ids,), device=device) as prog:
+        assert {v.name: v.dtype for v in prog.plan.graph.constants}["b_seen"] == "int64"
+        for _ in range(2):
+            torch.testing.assert_close(prog(ids), ref(ids), rtol=0, atol=0)
+    assert torch.equal(model.seen, ref.seen)
+
+
+def test_view_of_int64_ids_is_narrowed_too(device):
+    """GPT-2 reads `input_ids.view(-1, T)`: the view moves the same checked values, so it is int32
+    on the device as well, while a CPU node reading it and the returned view get int64."""
+
+    class Viewed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(11, 4)
+
+        def forward(self, ids):
+            flat = ids.view(-1, ids.shape[-1]).reshape(-1)
+            return self.emb(flat), flat, flat * 4_000_000_000
+
+    ids = ids_of(2, 3)
+    model = Viewed().eval()
+    with texelflow.compile(model, (ids,), device=device) as prog:
+        assert [name for name, _ in prog.plan.fallbacks] == ["mul"]
+        assert prog.plan.dispatches["embedding"] == 1
+        got = prog(ids)
+    with torch.no_grad():
+        want = model(ids)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-6)
+    for g, w in zip(got[1:], want[1:]):
+        assert g.dtype == torch.int64 and torch.equal(g, w)

@@ -1,0 +1,194 @@
+"""Common ops of third-party models that used to fall back to the CPU, now run whole on Vulkan.
+
+Each model is exported and planned through the public API: the plan must have no fallback, and
+the compiled program must give torch's result, NaN, +-inf and the sign of zero included where the
+op defines them. The kernel test (tests/kernels/test_registry_ops.py) runs each op alone in every
+representation; here the exported targets (var.dim, std.dim, F.normalize's linalg_vector_norm,
+...) are checked to reach those kernels, and the arguments they cannot take to fall back with a
+reason.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import texelflow
+
+from .models import Call
+
+INF, NAN = float("inf"), float("nan")
+# Specials, signed zeros, exact halves (round's ties) and ordinary values: 35 elements.
+SPECIAL = torch.tensor([NAN, INF, -INF, 0.0, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 0.3, -0.3, 7.0, -1.0,
+                        3.25, -3.75, 0.999, -1e-3, 1e-30, 1e30, -1e30, 2.0, 4.5, -4.5, 0.75, -0.25, 6.5,
+                        -7.5, 100.0, 1e-6, -5.0, 0.1, 9.0, 1.0])
+
+
+def _special(shape=(5, 7)):
+    return SPECIAL[:torch.Size(shape).numel()].reshape(shape).clone()
+
+
+def _random(*shape, seed=0, low=-3.0, high=3.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(*shape, generator=g) * (high - low) + low
+
+
+def _run(device, fn, *inputs):
+    """fn compiled whole (no fallback) and run on the device; returns (got, torch's)."""
+    model = Call(fn)
+    with torch.no_grad():
+        want = model(*inputs)
+        prog = texelflow.compile(model, inputs, device=device)
+    try:
+        assert prog.plan.fallbacks == [], prog.plan.fallbacks
+        got = prog(*inputs)
+    finally:
+        prog.close()
+    return got, want
+
+
+def _same_bits(got, want):
+    """Equal, NaN where torch has NaN and with torch's sign of every zero."""
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    assert torch.equal(torch.signbit(got), torch.signbit(want)), (got, want)
+
+
+# ---- unary ops: exact ones (rounding, sign, selects) bit for bit, the others to a tolerance ---------
+EXACT_UNARY = {
+    "floor": torch.floor,
+    "ceil": torch.ceil,
+    "round": torch.round,
+    "trunc": torch.trunc,
+    "sign": torch.sign,
+    "hardshrink": F.hardshrink,
+    "hardshrink_1": lambda x: F.hardshrink(x, 1.5),
+    "softshrink": F.softshrink,
+    "softshrink_2": lambda x: F.softshrink(x, 2.0),
+    "nan_to_num": torch.nan_to_num,
+    "nan_to_num_args": lambda x: torch.nan_to_num(x, nan=-9.0, posinf=5.0, neginf=-6.0),
+    "nan_to_num_posinf": lambda x: torch.nan_to_num(x, posinf=1.0),
+}
+APPROX_UNARY = {
+    "log": torch.log,
+    "log2": torch.log2,
+    "log10": torch.log10,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "square": torch.square,
+}
+BOOL_UNARY = {"isnan": torch.isnan, "isinf": torch.isinf, "isfinite": torch.isfinite}
+
+
+@pytest.mark.parametrize("name", sorted(EXACT_UNARY))
+def test_exact_unary_op_matches_torch_bit_for_bit(device, name):
+    got, want = _run(device, EXACT_UNARY[name], _special((5, 7)))
+    _same_bits(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(APPROX_UNARY))
+def test_unary_op_matches_torch(device, name):
+    x = torch.cat([_special((5, 7)).reshape(-1), _random(2 * 3 * 5 * 7 - 35, low=-0.5, high=9.0)]).reshape(2, 3, 5, 7)
+    got, want = _run(device, APPROX_UNARY[name], x)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(BOOL_UNARY))
+def test_classification_gives_bool(device, name):
+    got, want = _run(device, BOOL_UNARY[name], _special((5, 7)))
+    assert got.dtype == torch.bool
+    assert torch.equal(got, want)
+
+
+def test_isfinite_feeds_a_where(device):
+    """A bool output is a condition downstream (masking non-finite values), all on Vulkan."""
+    got, want = _run(device, lambda x: torch.where(torch.isfinite(x), x, torch.zeros_like(x)), _special((7, 5)))
+    _same_bits(got, want)
+
+
+# ---- reductions ---------------------------------------------------------------------------------------
+class Stats(torch.nn.Module):
+    """var / std / var_mean in the forms models write (.dim overloads, correction=, all dims)."""
+
+    def forward(self, x):
+        return (x.var(1), x.std(1, unbiased=False), torch.var(x, dim=(2, 3), keepdim=True, correction=0),
+                torch.std(x), x.var(dim=-1, keepdim=True), torch.std(x, dim=[0, 2], correction=2),
+                *torch.var_mean(x, dim=(2, 3), keepdim=True), *torch.var_mean(x, 1, unbiased=False))
+
+
+class Norms(torch.nn.Module):
+    """F.normalize and the vector norms models use: 2 (default), 1, inf, -inf, 3, over dims."""
+
+    def forward(self, x):
+        return (F.normalize(x, dim=1), F.normalize(x, p=1.0, dim=-1), x.norm(dim=-1),
+                torch.linalg.vector_norm(x, ord=1, dim=(1, 2)), torch.linalg.vector_norm(x, ord=INF, dim=0),
+                torch.linalg.vector_norm(x, ord=-INF, dim=(2, 3), keepdim=True),
+                torch.linalg.vector_norm(x, ord=3, dim=1), torch.linalg.vector_norm(x))
+
+
+class LogSumExp(torch.nn.Module):
+    def forward(self, x):
+        return torch.logsumexp(x, dim=1), torch.logsumexp(x, dim=(-1, -2), keepdim=True), torch.logsumexp(x, 0)
+
+
+@pytest.mark.parametrize("model,shape,low,high", [
+    (Stats(), (2, 3, 5, 7), -2.0, 4.0),
+    (Stats(), (2, 6, 1, 5), -2.0, 4.0),
+    (Norms(), (2, 3, 5, 7), -3.0, 3.0),
+    (Norms(), (1, 5, 3, 3), -3.0, 3.0),
+    (LogSumExp(), (2, 3, 5, 7), -100.0, 100.0),
+    (LogSumExp(), (2, 7, 3, 1), -3.0, 3.0),
+], ids=["stats", "stats-size1", "norms", "norms-batch1", "logsumexp-wide", "logsumexp"])
+@pytest.mark.filterwarnings("ignore:std\\(\\). degrees of freedom")  # stats-size1: correction 2 of N = 2, +inf
+def test_reduction_model_runs_whole(device, model, shape, low, high):
+    got, want = _run(device, model, _random(*shape, seed=1, low=low, high=high))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=1e-4, atol=1e-5)
+
+
+def test_reductions_spread_nan_and_inf_as_torch(device):
+    """A NaN or an infinity in a row: var NaN, norms inf / NaN, logsumexp +inf, all -inf rows."""
+    x = _random(3, 4, 5, seed=2)
+    x[0, 1, 2] = NAN
+    x[1, 2, 3] = INF
+    x[2, 3, :] = -INF
+    fn = lambda t: (t.var(-1), t.std(-1), *torch.var_mean(t, -1), t.norm(dim=-1), torch.linalg.vector_norm(t, INF, -1),
+                    torch.logsumexp(t, -1), F.normalize(t, dim=-1))
+    got, want = _run(device, fn, x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=1e-4, atol=1e-5)
+
+
+def test_var_without_degrees_of_freedom_is_nan_or_inf(device):
+    """N - correction <= 0: 0 / 0 = NaN for N = 1, sum / 0 = +inf for N = 2 and correction 2."""
+    x = _random(2, 3, 4, seed=3)
+    fn = lambda t: (t[:1].var(0), torch.var(t, 0, correction=2), torch.std(t[:1], 0))
+    with pytest.warns(UserWarning):
+        got, want = _run(device, fn, x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=1e-5, atol=1e-6)
+
+
+# ---- arguments the kernels cannot take: a fallback with the reason --------------------------------------
+@pytest.mark.parametrize("fn,reason", [
+    (lambda x: torch.round(x, decimals=2), "aten.round.decimals"),
+    (lambda x: torch.linalg.vector_norm(x, dim=1, dtype=torch.float64), "dtype float64"),
+    (lambda x: x.reshape(1, 2, 3, 5, 7).var(1), "more than 4 dims"),  # the reduce kernel takes rank <= 4
+], ids=["round-decimals", "norm-dtype", "var-rank5"])
+def test_unsupported_forms_fall_back_with_a_reason(fn, reason):
+    plan = texelflow.plan(Call(fn), (_random(2, 3, 5, 7),))
+    assert plan.fallbacks, "expected a CPU fallback"
+    assert all(isinstance(why, str) and why and "\n" not in why for _, why in plan.fallbacks), plan.fallbacks
+    assert any(reason in why for _, why in plan.fallbacks), plan.fallbacks
+
+
+@pytest.mark.parametrize("fn", [torch.sin, torch.cos], ids=["sin", "cos"])
+def test_sin_cos_of_huge_arguments(device, fn):
+    """Beyond ~1e7 the built-ins' range reduction fails on lavapipe; the exact one keeps torch's
+    values up to float32's largest."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.sign(torch.rand(7, 5, generator=g) - 0.5) * 10.0 ** (torch.rand(7, 5, generator=g) * 38.5)
+    x[0, 0] = torch.finfo(torch.float32).max
+    x[0, 1] = 8388608.0  # 2^23, the first argument reduced exactly
+    got, want = _run(device, fn, x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
