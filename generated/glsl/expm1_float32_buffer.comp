@@ -53,6 +53,6 @@ void main() {
   if (u >= pc.units) { return; }
 #line 20
   T X = t_self[u];
-  t_out[u] = exp(X) - VEC(1.0);
+  t_out[u] = tf_expm1(X);
 #line 28
 }

@@ -61,6 +61,6 @@ void main() {
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   VEC4 X = load_texel_self(pos);
   // Padding lanes stay zero whatever OP(0) is.
-  store_texel_out(pos, mix(exp(X) - VEC(1.0), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
+  store_texel_out(pos, mix(tf_expm1(X), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
 #line 28
 }

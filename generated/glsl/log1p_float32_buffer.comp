@@ -53,6 +53,6 @@ void main() {
   if (u >= pc.units) { return; }
 #line 20
   T X = t_self[u];
-  t_out[u] = log(tf_max(VEC(1.0) + X, VEC(0.0))) + tf_sqrt(tf_min(VEC(1.0) + X, VEC(0.0)));
+  t_out[u] = tf_log1p(X);
 #line 28
 }
