@@ -21,6 +21,7 @@ from texelflow.shaders.node_rules import run_checks
 from .constant_folding import ConstantFolder, drop_unread
 from .inplace import local_functionals
 from .ir import Node, PlanGraph, Role, Value
+from .narrowing import device_input_dtype, fits_narrowed, narrow_view, narrowed_scalar_reason
 from .op_repsets import OpRepSets
 from .repr import TensorRepSet
 
@@ -80,12 +81,12 @@ def _lower(ep, texture_limits, timings) -> PlanGraph:
                 continue  # a Python number torch.export specialised into the graph: the call checks it
             _check_placeholder(node, val, torch)
             if node.name in user_inputs:
-                v = graph.add_input(node.name, val.shape, _device_input_dtype(graph, node.name, dtype_name(val.dtype)))
+                v = graph.add_input(node.name, val.shape, device_input_dtype(graph, node.name, dtype_name(val.dtype)))
             else:
                 source = consts.get(node.name, node.name)  # the state-dict key of its data
                 dtype = dtype_name(val.dtype)
-                if source not in ctx.mutated and _fits_narrowed(folder.state.get(source), dtype, torch):
-                    dtype = _device_input_dtype(graph, node.name, dtype)
+                if source not in ctx.mutated and fits_narrowed(folder.state.get(source), dtype, torch):
+                    dtype = device_input_dtype(graph, node.name, dtype)
                 v = graph.add_const(node.name, val.shape, dtype, source=source)
             values[node.name] = v
         elif node.op == "call_function":
@@ -305,13 +306,13 @@ class _Lowering:
             if rule is not None and ir_node.op is None:
                 ir_node.fallback = NOT_IDENTITY_REASONS.get(target_name(target), ir_node.fallback)
         self.graph.fx_inputs[ir_node] = ins
-        if ir_node.op is not None and ir_node.op.is_identity and _narrow_view(self.graph, ir_node):
+        if ir_node.op is not None and ir_node.op.is_identity and narrow_view(self.graph, ir_node):
             ir_node.fallback = partition_reason(ir_node, self.limits, self.fits)
         if ir_node.fallback is None and any(v.role is Role.CONST and v.source in self.mutated
                                             for _, v in ir_node.tensor_args()):
             ir_node.fallback = "reads a buffer that forward mutates (it runs on the CPU, on the live buffer)"
         if ir_node.fallback is None:
-            ir_node.fallback = _narrowed_scalar_reason(self.graph, ir_node)
+            ir_node.fallback = narrowed_scalar_reason(self.graph, ir_node)
         return ir_node
 
     @staticmethod
@@ -343,70 +344,6 @@ def _unsupported(message: str):
     from texelflow.runtime.errors import UnsupportedModelError
 
     return UnsupportedModelError(message)
-
-
-# Placeholders the device holds in a narrower dtype than the host: int64 (torch's default integer
-# dtype: token ids, position ids) runs as int32, which the device has. A user input is narrowed
-# always (the call checks that every value fits and uploads an int32 copy); a constant only when
-# every value fits and forward does not mutate it (it is narrowed when prepacked); a view of a
-# narrowed value as it is (`_narrow_view`). CPU fallbacks and returned values get the host's int64.
-# Values computed in the graph (`ids + 1`) are never narrowed.
-NARROWED_INPUT_DTYPES = {"int64": "int32"}
-
-
-def _device_input_dtype(graph: PlanGraph, name: str, dtype: str) -> str:
-    """The dtype the device holds placeholder `name` in; a narrowed one is recorded in
-    `graph.input_host_dtypes` (name -> the dtype the caller passes, or the constant's own)."""
-    narrow = NARROWED_INPUT_DTYPES.get(dtype)
-    if narrow is None:
-        return dtype
-    graph.input_host_dtypes[name] = dtype
-    return narrow
-
-
-def _narrow_view(graph: PlanGraph, node: Node) -> bool:
-    """Narrow the output of a view-like op (the registry's identity ops: view, reshape, squeeze,
-    ...) of a narrowed value, as its input: it moves the same, already checked values
-    (`input_ids.view(-1, T)` before an embedding). True when it did."""
-    narrowed = graph.input_host_dtypes
-    read = [v for _, v in node.tensor_args()]
-    out = node.outputs[0][1] if len(node.outputs) == 1 else None
-    host = narrowed.get(read[0].name) if len(read) == 1 else None
-    if host is None or host == read[0].dtype or out is None or out.dtype != host:
-        return False
-    out.dtype = read[0].dtype
-    narrowed[out.name] = host
-    return True
-
-
-def _narrowed_scalar_reason(graph: PlanGraph, node: Node) -> str | None:
-    """Why a device node reading a narrowed value must run on the CPU: a number beside it outside
-    the narrowed dtype's range (`ids > 3_000_000_000` would compare wrapped values)."""
-    narrowed = graph.input_host_dtypes
-    read = [v for _, v in node.tensor_args() if narrowed.get(v.name, v.dtype) != v.dtype]
-    if not read:
-        return None
-    host = narrowed[read[0].name]
-    device = NARROWED_INPUT_DTYPES[host]
-    low, high = NARROWED_RANGES[device]
-    for _, arg in node.args:
-        x = arg.literal if isinstance(arg, Value) else arg
-        if isinstance(x, (int, float)) and not isinstance(x, bool) and not low <= x <= high:
-            return (f"the number {x!r} is outside {device}, the dtype the device holds {host} "
-                    f"'{read[0].name}' in (it runs on the CPU, on the {host} data)")
-    return None
-
-
-NARROWED_RANGES = {"int32": (-(2**31), 2**31 - 1)}
-
-
-def _fits_narrowed(data, dtype: str, torch) -> bool:
-    """Whether constant `data` (a tensor of `dtype`) has every value in its narrowed dtype's range."""
-    narrow = NARROWED_INPUT_DTYPES.get(dtype)
-    if narrow is None or not isinstance(data, torch.Tensor) or data.is_meta or data.numel() == 0:
-        return False
-    info = torch.iinfo(getattr(torch, narrow))
-    return info.min <= int(data.min()) and int(data.max()) <= info.max
 
 
 def _check_placeholder(node, val, torch) -> None:

@@ -1,0 +1,76 @@
+"""int64 on an int32 device: which placeholders the device holds narrowed, and what that implies.
+
+The Vulkan device has no int64; torch's default integer dtype is int64 (token ids, position ids).
+Lowering asks this module which dtype the device holds a placeholder in, narrows the views of a
+narrowed value, and sends to the CPU a node that compares a narrowed value with a number outside
+the narrow range. The call (runtime/call_args.py) checks that a narrowed input's values fit, and
+runtime/program.py uploads the int32 copy; docs/runtime.md ("Guarantees") has the rules.
+"""
+
+from __future__ import annotations
+
+from .ir import Node, PlanGraph, Value
+
+
+# Placeholders the device holds in a narrower dtype than the host: int64 (torch's default integer
+# dtype: token ids, position ids) runs as int32, which the device has. A user input is narrowed
+# always (the call checks that every value fits and uploads an int32 copy); a constant only when
+# every value fits and forward does not mutate it (it is narrowed when prepacked); a view of a
+# narrowed value as it is (`narrow_view`). CPU fallbacks and returned values get the host's int64.
+# Values computed in the graph (`ids + 1`) are never narrowed.
+NARROWED_INPUT_DTYPES = {"int64": "int32"}
+
+
+def device_input_dtype(graph: PlanGraph, name: str, dtype: str) -> str:
+    """The dtype the device holds placeholder `name` in; a narrowed one is recorded in
+    `graph.input_host_dtypes` (name -> the dtype the caller passes, or the constant's own)."""
+    narrow = NARROWED_INPUT_DTYPES.get(dtype)
+    if narrow is None:
+        return dtype
+    graph.input_host_dtypes[name] = dtype
+    return narrow
+
+
+def narrow_view(graph: PlanGraph, node: Node) -> bool:
+    """Narrow the output of a view-like op (the registry's identity ops: view, reshape, squeeze,
+    ...) of a narrowed value, as its input: it moves the same, already checked values
+    (`input_ids.view(-1, T)` before an embedding). True when it did."""
+    narrowed = graph.input_host_dtypes
+    read = [v for _, v in node.tensor_args()]
+    out = node.outputs[0][1] if len(node.outputs) == 1 else None
+    host = narrowed.get(read[0].name) if len(read) == 1 else None
+    if host is None or host == read[0].dtype or out is None or out.dtype != host:
+        return False
+    out.dtype = read[0].dtype
+    narrowed[out.name] = host
+    return True
+
+
+def narrowed_scalar_reason(graph: PlanGraph, node: Node) -> str | None:
+    """Why a device node reading a narrowed value must run on the CPU: a number beside it outside
+    the narrowed dtype's range (`ids > 3_000_000_000` would compare wrapped values)."""
+    narrowed = graph.input_host_dtypes
+    read = [v for _, v in node.tensor_args() if narrowed.get(v.name, v.dtype) != v.dtype]
+    if not read:
+        return None
+    host = narrowed[read[0].name]
+    device = NARROWED_INPUT_DTYPES[host]
+    low, high = NARROWED_RANGES[device]
+    for _, arg in node.args:
+        x = arg.literal if isinstance(arg, Value) else arg
+        if isinstance(x, (int, float)) and not isinstance(x, bool) and not low <= x <= high:
+            return (f"the number {x!r} is outside {device}, the dtype the device holds {host} "
+                    f"'{read[0].name}' in (it runs on the CPU, on the {host} data)")
+    return None
+
+
+NARROWED_RANGES = {"int32": (-(2**31), 2**31 - 1)}
+
+
+def fits_narrowed(data, dtype: str, torch) -> bool:
+    """Whether constant `data` (a tensor of `dtype`) has every value in its narrowed dtype's range."""
+    narrow = NARROWED_INPUT_DTYPES.get(dtype)
+    if narrow is None or not isinstance(data, torch.Tensor) or data.is_meta or data.numel() == 0:
+        return False
+    info = torch.iinfo(getattr(torch, narrow))
+    return info.min <= int(data.min()) and int(data.max()) <= info.max
