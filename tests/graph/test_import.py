@@ -14,17 +14,9 @@ import texelflow
 from texelflow.generated.ops import TARGETS
 from texelflow.runtime.graph import decompose, lowering
 from texelflow.runtime.graph.importer import inference_copy
+from tests.reliability.models import Call
 
 PLAN_STAGES = {"export", "decomposition", "lowering", "fusion", "planning"}
-
-
-class Call(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
 
 
 class Block(torch.nn.Module):
