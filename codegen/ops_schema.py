@@ -465,13 +465,6 @@ class _Context:
         if fixed and set(fixed) >= set(refs.names):
             c.error(b.line_of("dtype_of"), f"{where}: dtype_of fixes every tensor, so `dtypes` would choose "
                     f"nothing; list the dtype in `dtypes` instead")
-        # The prologue reads and writes every tensor of a variant in one family (float lanes or int8x4 words).
-        family = {d.name: d.family for d in self.layouts.dtypes}
-        for t, fd in sorted(fixed.items()):
-            other = next((d for d in dtypes if family[d] != family[fd]), None)
-            if other is not None:
-                c.error(b.line_of("dtype_of"), f"{where}: dtype_of gives '{t}' the {family[fd]} family dtype {fd}, "
-                        f"but the op's {other} variant is of the {family[other]} family; a variant's tensors share one")
         return tuple(sorted(fixed.items()))
 
     def _names(self, b: LMap, key: str, choices, what: str, where: str) -> list[str]:

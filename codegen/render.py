@@ -124,6 +124,7 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
             "access": b.access,
             "qualifier": {"write": "writeonly", "read": "readonly", "readwrite": ""}[b.access],
             "dtype": own.name,
+            "int8": own.family != "float",  # int8x4: 4 lanes per 32-bit word, read with bitfieldExtract
             "word": own.glsl,  # a buffer element (int8: a word of 4 lanes, also an int)
             "vec4": own.vec4,
             "image": own.image_type(storage),  # None in buffers

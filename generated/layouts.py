@@ -440,6 +440,13 @@ REPSETS: dict[str, dict[Storage, frozenset[Layout]]] = {
         }),
         Storage.TEXTURE_3D: frozenset(),
     },
+    'PACKED_INT8_WIDTH_PACKED_BUFFER': {
+        Storage.BUFFER: frozenset({
+            Layout.PACKED_INT8_4H4W,
+            Layout.PACKED_INT8_4W,
+        }),
+        Storage.TEXTURE_3D: frozenset(),
+    },
     'NO_STORAGE': {
         Storage.BUFFER: frozenset(),
         Storage.TEXTURE_3D: frozenset(),

@@ -358,6 +358,8 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'self': (5, 1, 6, 3)},
         {'self': (2, 1, 3, 2, 5)},
     ),
+    'dequantize_per_tensor': (
+    ),
     'detach': (
         {'self': ()},
         {'self': (1,)},
@@ -1139,6 +1141,22 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'exponent': 1, 'self': (3, 7)},
         {'exponent': -3, 'self': (2, 3, 5)},
         {'exponent': 1.5, 'self': (5, 7)},
+    ),
+    'q8ta_add': (
+    ),
+    'q8ta_conv2d': (
+    ),
+    'q8ta_conv2d_im2col': (
+    ),
+    'q8ta_linear': (
+    ),
+    'q8ta_linear_gemv': (
+    ),
+    'q8ta_pixel_shuffle': (
+    ),
+    'q8ta_relu': (
+    ),
+    'quantize_per_tensor': (
     ),
     'reciprocal': (
         {'self': ()},

@@ -236,3 +236,16 @@ def pad_left_top(node: NodeFacts):
     or [left, right, top, bottom] (2-D); the right and bottom pads only size `out`."""
     padding = list(node.value("padding"))
     return (padding[0], padding[2] if len(padding) > 2 else 0, 0, 0)
+
+
+# ---- quantized int8 (docs/quantization.md) -------------------------------------------------------
+@hook("float")
+def reciprocal_scale(node: NodeFacts):
+    """quantize's `1 / scale` computed in double and rounded to float32, as torchao multiplies by it."""
+    return _f32(1.0 / node.value("scale"))
+
+
+@hook("float")
+def reciprocal_out_scale(node: NodeFacts):
+    """A q8ta op's `1 / out_scale`, rounded to float32 like quantize's (reciprocal_scale)."""
+    return _f32(1.0 / node.value("out_scale"))

@@ -42,7 +42,7 @@ layout(push_constant) uniform PushConstants {
 
 // ---- element access for 'self' (buffer) ----
 #line 46
-T load_self(ivec4 idx) {
+int load_self(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.self_sizes, self_layout);
   return bitfieldExtract(t_self[wl.x], 8 * wl.y, 8);
 }

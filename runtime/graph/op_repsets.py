@@ -45,8 +45,9 @@ class OpRepSets:
             if name not in shapes:
                 continue
             allowed = TensorRepSet.named(repset)
-            if dtype is not None:
-                allowed = allowed.filter_for_family(DTYPES[dtype].family)
+            own = op.tensor_dtype(name, dtype) if dtype is not None else None  # dtype_of may fix it
+            if own in DTYPES:
+                allowed = allowed.filter_for_family(DTYPES[own].family)
             for shape in (shapes[name] if name in list_args else [shapes[name]]):
                 allowed = allowed.filter_invalid_reprs(shape, texture_limits)
             sets[name] = allowed

@@ -57,9 +57,6 @@ CASES = [
      "unknown dtype 'boool' (did you mean 'bool'?)", "{out: boool}"),
     ("every-tensor-fixed", (LOGICAL_NOT, LOGICAL_NOT.replace("{out: bool}", "{out: bool, self: bool}")),
      "op 'logical_not': dtype_of fixes every tensor", "{out: bool, self: bool}"),
-    ("family-mix", (WHERE, "    dtype_of: {condition: int8}\n"),
-     "op 'where': dtype_of gives 'condition' the int8x4 family dtype int8, but the op's float32 variant is of the "
-     "float family", "{condition: int8}"),
 ]
 
 

@@ -75,10 +75,10 @@ def repr_combos(op: OpEntry, variant) -> list[dict[str, TensorRepr]]:
     for this variant: each slot in its repset (its dtype's family, the variant's storage for that
     binding), weights in their repset's preferred representation, and the members of each sync
     group on one packed-dim info (for floats: one representation)."""
-    family = DTYPES[variant.dtype].family
     storage = {b.tensor: STORAGE_BY_AXIS[b.storage] for b in variant.bindings}
     choices = {}
     for name, repset in declared_repsets(op).items():
+        family = DTYPES[op.tensor_dtype(name, variant.dtype)].family  # dtype_of may fix a slot's dtype
         allowed = [r for r in TensorRepSet.named(repset).filter_for_family(family) if r.storage == storage[name]]
         if name in op.weights and allowed:
             allowed = [TensorRepSet.of(*allowed).pick()]
@@ -176,6 +176,8 @@ def sample_inputs(op: OpEntry, dtype: str, index: int, specials: tuple = ()) -> 
 def _resolve(target: str):
     """The torch OpOverload of a target 'ns.op.overload', or None when torch does not have it."""
     ns, name, overload = target.split(".")
+    if ns == "quantized_decomposed":
+        import torchao.quantization.pt2e  # noqa: F401  torchao registers these ops
     try:
         return getattr(getattr(getattr(torch.ops, ns), name), overload)
     except (AttributeError, RuntimeError):
@@ -189,6 +191,10 @@ NO_TORCH_TARGET = {
     "conv2d_dw": "texelflow.runtime.graph.fusion.conv2d_act_reference",  # depthwise conv2d
     "conv2d_dw_act": "texelflow.runtime.graph.fusion.conv2d_act_reference",  # depthwise conv2d + activation
 }
+# q8ta ops: dequantize, the float op, quantize (tests/kernels/q8ta_reference.py)
+NO_TORCH_TARGET.update({name: f"tests.kernels.q8ta_reference.{name}" for name in (
+    "q8ta_add", "q8ta_relu", "q8ta_pixel_shuffle", "q8ta_linear", "q8ta_linear_gemv", "q8ta_conv2d",
+    "q8ta_conv2d_im2col")})
 
 
 def torch_reference(op: OpEntry, sample: dict, inputs: dict) -> list[np.ndarray]:

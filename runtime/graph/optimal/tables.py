@@ -112,10 +112,11 @@ def build_tables(problem: Problem) -> Tables:
 
 def _sync_classes(node, sync, index, classes: Classes, int8_groups: list) -> None:
     """Float sync groups merge their slots into one class; int8 ones are kept as groups."""
-    dtype = node.outputs[0][1].dtype
-    family = DTYPES[dtype].family if dtype in DTYPES else "float"
     for group in sync:
         keys = [index[(node, s)] for s in group]
+        member = node.value(group[0])
+        dtype = (member[0] if isinstance(member, (list, tuple)) else member).dtype
+        family = DTYPES[dtype].family if dtype in DTYPES else "float"
         if family == "float":
             for k in keys[1:]:
                 classes.union(keys[0], k)
