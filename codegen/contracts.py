@@ -9,7 +9,11 @@ A template opens with a YAML block in a jinja comment:
     checks: [{rank: {input: [4]}}]      node checks (shaders/node_rules.py CHECK_RULES)
     push: {groups: arg, tile: int}      push constants: a derivation, or a type the op must derive
     grid: {per_list_element: tensors}   dispatches: one per output unit (default) or per list item;
-                                        {per_row: out}: one invocation per W-row of a tensor
+                                        {per_row: out}: one invocation per W-row of a tensor;
+                                        {cooperative: out, invocations: 8}: 8 invocations of one
+                                        workgroup per unit of a tensor (shared-memory reductions);
+                                        {per_tile: out, width: 8, height: 4}: one invocation per
+                                        8 x 4 tile of each W-H plane of a tensor (tiled products)
     read_outputs: [out]                 outputs the shader also reads (bound read-write)
     -#}
 
@@ -28,7 +32,10 @@ from .yamlsrc import LMap, loads
 
 CONTRACT_RE = re.compile(r"\A\{#-?\s*contract\b[^\n]*\n(?P<body>.*?)-?#\}", re.S)
 CONTRACT_KEYS = ("sync", "storage", "weights", "checks", "push", "grid", "read_outputs")
-GRIDS = ("per_output_unit", "per_list_element", "per_row")
+GRIDS = ("per_output_unit", "per_list_element", "per_row", "cooperative", "per_tile")
+# Invocations a cooperative grid may give one unit: powers of two dividing the default workgroup
+# size (64, the local_size_x specialization constant), so one unit's invocations share a workgroup.
+COOPERATIVE_INVOCATIONS = (2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -56,10 +63,23 @@ def parse_contract(text: str, file: str, out: Collector) -> Contract:
     grid = data.get("grid")
     if grid is not None and grid != "per_output_unit":
         g = c.mapping(grid, data.line_of("grid"), "contract grid")
-        if g is not None and (len(g) != 1 or list(g)[0] not in GRIDS[1:] or not isinstance(next(iter(g.values())), str)):
-            c.error(data.line_of("grid"), "contract grid must be per_output_unit, {per_list_element: LIST_ARG} "
-                    "or {per_row: TENSOR}")
+        if g is not None and not _valid_grid(g):
+            c.error(data.line_of("grid"), "contract grid must be per_output_unit, {per_list_element: LIST_ARG}, "
+                    "{per_row: TENSOR}, {cooperative: TENSOR, invocations: N} (N in "
+                    f"{', '.join(map(str, COOPERATIVE_INVOCATIONS))}) or "
+                    "{per_tile: TENSOR, width: W, height: H} (W, H positive)")
     return Contract(file, data)
+
+
+def _valid_grid(g) -> bool:
+    """One of the mapping forms of `grid`."""
+    if set(g) == {"cooperative", "invocations"}:
+        n = g["invocations"]
+        return isinstance(g["cooperative"], str) and isinstance(n, int) and n in COOPERATIVE_INVOCATIONS
+    if set(g) == {"per_tile", "width", "height"}:
+        sizes = (g["width"], g["height"])
+        return isinstance(g["per_tile"], str) and all(isinstance(v, int) and v > 0 for v in sizes)
+    return len(g) == 1 and list(g)[0] in GRIDS[1:3] and isinstance(next(iter(g.values())), str)
 
 
 def _empty(line: int) -> LMap:

@@ -185,7 +185,9 @@ class OpSpec:
     weights: tuple[str, ...]
     push: tuple[PushSpec, ...]
     checks: tuple[CheckSpec, ...]
-    grid: tuple[str, ...]  # ("per_output_unit",), ("per_list_element", LIST_ARG) or ("per_row", TENSOR)
+    # ("per_output_unit",), ("per_list_element", LIST_ARG), ("per_row", TENSOR),
+    # ("cooperative", TENSOR, INVOCATIONS) or ("per_tile", TENSOR, WIDTH, HEIGHT)
+    grid: tuple
     shader: ShaderSpec | None
     doc: str
     samples: tuple[tuple[tuple[str, object], ...], ...] = ()

@@ -276,6 +276,12 @@ class _Context:
                 if grid[1] not in tensor_names:
                     c.error(b.line_of("shader"), f"{where}: template '{shader.template}' dispatches per row of "
                             f"'{grid[1]}', which is not a tensor of the op ({contract.file}:{contract.line_of('grid')})")
+            elif isinstance(g, dict) and ("cooperative" in g or "per_tile" in g):
+                grid = (("cooperative", str(g["cooperative"]), int(g["invocations"])) if "cooperative" in g
+                        else ("per_tile", str(g["per_tile"]), int(g["width"]), int(g["height"])))
+                if grid[1] not in tensor_names:
+                    c.error(b.line_of("shader"), f"{where}: template '{shader.template}' dispatches per unit of "
+                            f"'{grid[1]}', which is not a tensor of the op ({contract.file}:{contract.line_of('grid')})")
             elif isinstance(g, dict):
                 grid = ("per_list_element", str(g["per_list_element"]))
                 if not any(a.name == grid[1] and a.kind == "tensor_list" for a in args):

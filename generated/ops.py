@@ -53,7 +53,9 @@ class OpEntry:
     weights: tuple[str, ...]
     push: tuple[Push, ...]
     checks: tuple[Check, ...]
-    grid: tuple[str, ...]  # ("per_output_unit",), ("per_list_element", LIST_ARG) or ("per_row", TENSOR)
+    # ("per_output_unit",), ("per_list_element", LIST_ARG), ("per_row", TENSOR),
+    # ("cooperative", TENSOR, INVOCATIONS) or ("per_tile", TENSOR, WIDTH, HEIGHT)
+    grid: tuple
     template: str | None  # shaders/TEMPLATE.glsl.j2, None for an op without a shader
     shader_axes: tuple[str, ...]
     variants: tuple[str, ...]
@@ -1250,14 +1252,19 @@ OPS: dict[str, OpEntry] = {
         ),
         dtypes=('float32',),
         dtype_of=(('input', 'int8'),),
-        flags=frozenset([]),
+        flags=frozenset(['supports_highdim']),
         weights=(),
-        push=(),
+        push=(
+            Push('scale', 'float', 'arg', (('arg', 'scale'),)),
+            Push('zero_point', 'int', 'arg', (('arg', 'zero_point'),)),
+        ),
         checks=(),
         grid=('per_output_unit',),
-        template=None,
-        shader_axes=(),
+        template='dequantize',
+        shader_axes=('dtype', 'storage'),
         variants=(
+            'dequantize_per_tensor_float32_buffer',
+            'dequantize_per_tensor_float32_texture3d',
         ),
     ),
     'detach': OpEntry(
@@ -3580,16 +3587,28 @@ OPS: dict[str, OpEntry] = {
         ),
         dtypes=('int8',),
         dtype_of=(),
-        flags=frozenset([]),
+        flags=frozenset(['supports_highdim']),
         weights=(),
         push=(
+            Push('self_scale', 'float', 'arg', (('arg', 'self_scale'),)),
+            Push('self_zero_point', 'int', 'arg', (('arg', 'self_zero_point'),)),
+            Push('out_zero_point', 'int', 'arg', (('arg', 'out_zero_point'),)),
+            Push('quant_min', 'int', 'arg', (('arg', 'quant_min'),)),
+            Push('quant_max', 'int', 'arg', (('arg', 'quant_max'),)),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
+            Push('other_scale', 'float', 'arg', (('arg', 'other_scale'),)),
+            Push('other_zero_point', 'int', 'arg', (('arg', 'other_zero_point'),)),
+            Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu')))),
         ),
-        checks=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
-        template=None,
-        shader_axes=(),
+        template='q8ta_elementwise',
+        shader_axes=('dtype', 'storage'),
         variants=(
+            'q8ta_add_int8_buffer',
         ),
     ),
     'q8ta_conv2d': OpEntry(
@@ -3599,7 +3618,7 @@ OPS: dict[str, OpEntry] = {
         ),
         args=(
             Arg('input', 'tensor', repset='PACKED_INT8_CHANNELS_PACKED_BUFFER'),
-            Arg('weight', 'tensor', repset='PACKED_INT8_4W_BUFFER'),
+            Arg('weight', 'tensor', repset='PACKED_INT8_4C1W_BUFFER'),
             Arg('weight_scales', 'tensor', repset='CONTIGUOUS_BUFFER'),
             Arg('weight_zero_points', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
             Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
@@ -3628,13 +3647,23 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('has_weight_zero_points', 'int', 'present', (('present', 'weight_zero_points'),)),
             Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_stride_pad', 'int', 'hook', (('hook', 'q8ta_conv_stride_pad'),)),
+            Push('conv_dilation', 'int', 'hook', (('hook', 'q8ta_conv_dilation'),)),
+            Push('input_scale', 'float', 'arg', (('arg', 'input_scale'),)),
+            Push('int8_params', 'int', 'hook', (('hook', 'q8ta_linear_int8_params'),)),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
         ),
-        checks=(),
-        grid=('per_output_unit',),
-        template=None,
-        shader_axes=(),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)),)),)),
+            Check('at_most', (('at_most', 'stride'), ('of', 'out'), ('value', 255))),
+            Check('at_most', (('at_most', 'padding'), ('of', 'out'), ('value', 255))),
+            Check('at_most', (('at_most', 'dilation'), ('of', 'out'), ('value', 255))),
+        ),
+        grid=('per_row', 'out'),
+        template='q8ta_conv2d',
+        shader_axes=('dtype', 'storage'),
         variants=(
+            'q8ta_conv2d_int8_buffer',
         ),
     ),
     'q8ta_conv2d_im2col': OpEntry(
@@ -3644,7 +3673,7 @@ OPS: dict[str, OpEntry] = {
         ),
         args=(
             Arg('input', 'tensor', repset='PACKED_INT8_CHANNELS_PACKED_BUFFER'),
-            Arg('weight', 'tensor', repset='PACKED_INT8_4W_BUFFER'),
+            Arg('weight', 'tensor', repset='PACKED_INT8_4C1W_BUFFER'),
             Arg('weight_scales', 'tensor', repset='CONTIGUOUS_BUFFER'),
             Arg('weight_zero_points', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
             Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
@@ -3673,13 +3702,25 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('has_weight_zero_points', 'int', 'present', (('present', 'weight_zero_points'),)),
             Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_stride_pad', 'int', 'hook', (('hook', 'q8ta_conv_stride_pad'),)),
+            Push('conv_dilation', 'int', 'hook', (('hook', 'q8ta_conv_dilation'),)),
+            Push('input_scale', 'float', 'arg', (('arg', 'input_scale'),)),
+            Push('int8_params', 'int', 'hook', (('hook', 'q8ta_linear_int8_params'),)),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
         ),
-        checks=(),
-        grid=('per_output_unit',),
-        template=None,
-        shader_axes=(),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)),)),)),
+            Check('arg_equals', (('arg_equals', 'groups'), ('of', 'out'), ('value', 1))),
+            Check('size_multiple', (('dim', 1), ('of', 'out'), ('size_multiple', 'input'), ('value', 4))),
+            Check('at_most', (('at_most', 'stride'), ('of', 'out'), ('value', 255))),
+            Check('at_most', (('at_most', 'padding'), ('of', 'out'), ('value', 255))),
+            Check('at_most', (('at_most', 'dilation'), ('of', 'out'), ('value', 255))),
+        ),
+        grid=('per_row', 'out'),
+        template='q8ta_conv2d_im2col',
+        shader_axes=('dtype', 'storage'),
         variants=(
+            'q8ta_conv2d_im2col_int8_buffer',
         ),
     ),
     'q8ta_linear': OpEntry(
@@ -3689,7 +3730,7 @@ OPS: dict[str, OpEntry] = {
         ),
         args=(
             Arg('input', 'tensor', repset='PACKED_INT8_4H4W_BUFFER'),
-            Arg('weight', 'tensor', repset='PACKED_INT8_4W_BUFFER'),
+            Arg('weight', 'tensor', repset='PACKED_INT8_4H4W_BUFFER'),
             Arg('weight_scales', 'tensor', repset='CONTIGUOUS_BUFFER'),
             Arg('weight_zero_points', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
             Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
@@ -3714,13 +3755,18 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('has_weight_zero_points', 'int', 'present', (('present', 'weight_zero_points'),)),
             Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('input_scale', 'float', 'arg', (('arg', 'input_scale'),)),
+            Push('int8_params', 'int', 'hook', (('hook', 'q8ta_linear_int8_params'),)),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
         ),
-        checks=(),
-        grid=('per_output_unit',),
-        template=None,
-        shader_axes=(),
+        checks=(
+            Check('rank', (('rank', (('weight', (2,)),)),)),
+        ),
+        grid=('per_tile', 'out', 8, 4),
+        template='q8ta_linear',
+        shader_axes=('dtype', 'storage'),
         variants=(
+            'q8ta_linear_int8_buffer',
         ),
     ),
     'q8ta_linear_gemv': OpEntry(
@@ -3730,7 +3776,7 @@ OPS: dict[str, OpEntry] = {
         ),
         args=(
             Arg('input', 'tensor', repset='PACKED_INT8_4W_BUFFER'),
-            Arg('weight', 'tensor', repset='PACKED_INT8_4W_BUFFER'),
+            Arg('weight', 'tensor', repset='PACKED_INT8_4H4W_BUFFER'),
             Arg('weight_scales', 'tensor', repset='CONTIGUOUS_BUFFER'),
             Arg('weight_zero_points', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
             Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
@@ -3755,13 +3801,18 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('has_weight_zero_points', 'int', 'present', (('present', 'weight_zero_points'),)),
             Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('input_scale', 'float', 'arg', (('arg', 'input_scale'),)),
+            Push('int8_params', 'int', 'hook', (('hook', 'q8ta_linear_int8_params'),)),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
         ),
-        checks=(),
-        grid=('per_output_unit',),
-        template=None,
-        shader_axes=(),
+        checks=(
+            Check('rank', (('rank', (('weight', (2,)),)),)),
+        ),
+        grid=('cooperative', 'out', 4),
+        template='q8ta_linear_gemv',
+        shader_axes=('dtype', 'storage'),
         variants=(
+            'q8ta_linear_gemv_int8_buffer',
         ),
     ),
     'q8ta_pixel_shuffle': OpEntry(
@@ -3787,16 +3838,24 @@ OPS: dict[str, OpEntry] = {
         ),
         dtypes=('int8',),
         dtype_of=(),
-        flags=frozenset([]),
+        flags=frozenset(['supports_highdim']),
         weights=(),
         push=(
+            Push('self_scale', 'float', 'arg', (('arg', 'self_scale'),)),
+            Push('self_zero_point', 'int', 'arg', (('arg', 'self_zero_point'),)),
+            Push('out_scale', 'float', 'arg', (('arg', 'out_scale'),)),
+            Push('out_zero_point', 'int', 'arg', (('arg', 'out_zero_point'),)),
+            Push('quant_min', 'int', 'arg', (('arg', 'quant_min'),)),
+            Push('quant_max', 'int', 'arg', (('arg', 'quant_max'),)),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
+            Push('factor', 'int', 'arg', (('arg', 'upscale_factor'),)),
         ),
         checks=(),
         grid=('per_output_unit',),
-        template=None,
-        shader_axes=(),
+        template='q8ta_pixel_shuffle',
+        shader_axes=('dtype', 'storage'),
         variants=(
+            'q8ta_pixel_shuffle_int8_buffer',
         ),
     ),
     'q8ta_relu': OpEntry(
@@ -3821,16 +3880,22 @@ OPS: dict[str, OpEntry] = {
         ),
         dtypes=('int8',),
         dtype_of=(),
-        flags=frozenset([]),
+        flags=frozenset(['supports_highdim']),
         weights=(),
         push=(
+            Push('self_scale', 'float', 'arg', (('arg', 'self_scale'),)),
+            Push('self_zero_point', 'int', 'arg', (('arg', 'self_zero_point'),)),
+            Push('out_zero_point', 'int', 'arg', (('arg', 'out_zero_point'),)),
+            Push('quant_min', 'int', 'arg', (('arg', 'quant_min'),)),
+            Push('quant_max', 'int', 'arg', (('arg', 'quant_max'),)),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
         ),
         checks=(),
         grid=('per_output_unit',),
-        template=None,
-        shader_axes=(),
+        template='q8ta_elementwise',
+        shader_axes=('dtype', 'storage'),
         variants=(
+            'q8ta_relu_int8_buffer',
         ),
     ),
     'quantize_per_tensor': OpEntry(
@@ -3853,16 +3918,21 @@ OPS: dict[str, OpEntry] = {
         ),
         dtypes=('float32',),
         dtype_of=(('out', 'int8'),),
-        flags=frozenset([]),
+        flags=frozenset(['supports_highdim']),
         weights=(),
         push=(
+            Push('zero_point', 'int', 'arg', (('arg', 'zero_point'),)),
+            Push('quant_min', 'int', 'arg', (('arg', 'quant_min'),)),
+            Push('quant_max', 'int', 'arg', (('arg', 'quant_max'),)),
             Push('inv_scale', 'float', 'hook', (('hook', 'reciprocal_scale'),)),
         ),
         checks=(),
         grid=('per_output_unit',),
-        template=None,
-        shader_axes=(),
+        template='quantize',
+        shader_axes=('dtype', 'storage'),
         variants=(
+            'quantize_per_tensor_float32_buffer',
+            'quantize_per_tensor_float32_texture3d',
         ),
     ),
     'reciprocal': OpEntry(

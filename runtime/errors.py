@@ -25,5 +25,10 @@ class UnsupportedModelError(TexelflowError, ValueError):
     """A model texelflow cannot lower (e.g. dynamic shapes); names the node and the reason."""
 
 
+class QuantizationError(UnsupportedModelError):
+    """A quantized model with bad quantization parameters (a zero scale, a zero point outside its
+    range, a dtype other than int8 / uint8), refused at plan time; names the node and the argument."""
+
+
 class ProgramClosedError(TexelflowError, RuntimeError):
     """A program (or the device it runs on) was used after close()."""

@@ -5,8 +5,10 @@ dtype and the storage each binding must have (never by building a name); push co
 evaluated from their declared derivations (texelflow.shaders.node_rules); an absent optional
 tensor is bound as a 1-element dummy buffer; a template whose grid is `per_list_element` gets one
 dispatch per element of its tensor list, one whose grid is `per_row` one invocation per W-row of
-the named tensor (H * C * N of its WHCN sizes) instead of one per output unit. No op is named here: the kernel tests build their
-dispatches through this same code.
+the named tensor (H * C * N of its WHCN sizes) instead of one per output unit, one whose grid is
+`cooperative` that many invocations (of one workgroup) per unit of the named tensor, one whose
+grid is `per_tile` one invocation per width x height tile of each W-H plane of the named tensor.
+No op is named here: the kernel tests build their dispatches through this same code.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 from texelflow.generated.layouts import STORAGE_AXIS, Storage
 from texelflow.generated.variants import variants_of
-from texelflow.shaders.geometry import whcn_sizes
+from texelflow.shaders.geometry import units as geometry_units, whcn_sizes
 from texelflow.shaders.node_rules import push_values
 
 
@@ -27,7 +29,7 @@ class DispatchSpec:
     tensors: dict  # binding name -> Value (the program maps values to device tensors)
     scalars: dict
     label: str
-    units: int | None = None  # invocations, when not one per unit of the output (grid per_row)
+    units: int | None = None  # invocations, when not one per unit of the output (grids per_row, cooperative, per_tile)
 
 
 class _Absent:
@@ -81,4 +83,12 @@ def node_dispatches(node, slot_reprs: dict, dtype: str, device_features=None) ->
     if op.grid[0] == "per_row":
         w, h, c, n = whcn_sizes(tensors[op.grid[1]].shape)
         units = h * c * n
+    if op.grid[0] == "cooperative":
+        _, name, invocations = op.grid
+        r = slot_reprs[name]
+        units = geometry_units(tensors[name].shape, r.storage, r.layout) * invocations
+    if op.grid[0] == "per_tile":
+        _, name, width, height = op.grid
+        w, h, c, n = whcn_sizes(tensors[name].shape)
+        units = -(-w // width) * -(-h // height) * c * n
     return [DispatchSpec(variant, tensors, push_values(node, op.push), node.name, units)]

@@ -249,3 +249,52 @@ def reciprocal_scale(node: NodeFacts):
 def reciprocal_out_scale(node: NodeFacts):
     """A q8ta op's `1 / out_scale`, rounded to float32 like quantize's (reciprocal_scale)."""
     return _f32(1.0 / node.value("out_scale"))
+
+
+@hook("int")
+def q8ta_linear_int8_params(node: NodeFacts):
+    """A q8ta linear's integer parameters as the four int8 lanes of one word (lane j in bits 8j ..
+    8j+7), since push constants hold 128 bytes and the op's six tensor sizes take 96: input_zero_point,
+    out_zero_point, the lowest output (quant_min; max(quant_min, out_zero_point) with relu, as relu
+    then quantize equals clamping at the zero point) and quant_max."""
+    low = node.value("quant_min")
+    if node.value("activation") == "relu":
+        low = max(low, node.value("out_zero_point"))
+    lanes = {"input_zero_point": node.value("input_zero_point"), "out_zero_point": node.value("out_zero_point"),
+             "quant_min": low, "quant_max": node.value("quant_max")}
+    word = 0
+    for j, (name, v) in enumerate(lanes.items()):
+        if not -128 <= v <= 127:
+            raise ValueError(f"node {getattr(node, 'name', '?')}: {name} {v} is outside int8's [-128, 127]")
+        word |= (v & 0xFF) << (8 * j)
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+def _q8ta_conv_bytes(node: NodeFacts, pairs: list[tuple[str, int]]) -> int:
+    """(name, value) pairs as the unsigned bytes of one int, pair j in bits 8j .. 8j+7."""
+    word = 0
+    for j, (name, v) in enumerate(pairs):
+        if not 0 <= v <= 255:
+            raise ValueError(f"node {getattr(node, 'name', '?')}: {name} {v} is outside the q8ta conv2d kernels' [0, 255]")
+        word |= v << (8 * j)
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+@hook("int")
+def q8ta_conv_stride_pad(node: NodeFacts):
+    """A q8ta conv2d's (stride_w, stride_h, pad_w, pad_h) as the bytes of one int: the op's six
+    tensor sizes take 96 of the 128 push-constant bytes, leaving no room for an ivec4."""
+    from .node_rules import pair_wh
+
+    sw, sh = pair_wh(node.value("stride"), (1, 1))
+    pw, ph = pair_wh(node.value("padding"), (0, 0))
+    return _q8ta_conv_bytes(node, [("stride_w", sw), ("stride_h", sh), ("pad_w", pw), ("pad_h", ph)])
+
+
+@hook("int")
+def q8ta_conv_dilation(node: NodeFacts):
+    """A q8ta conv2d's (dilation_w, dilation_h) as the low bytes of one int (see q8ta_conv_stride_pad)."""
+    from .node_rules import pair_wh
+
+    dw, dh = pair_wh(node.value("dilation"), (1, 1))
+    return _q8ta_conv_bytes(node, [("dilation_w", dw), ("dilation_h", dh)])

@@ -203,6 +203,31 @@ def _nonempty(node: NodeFacts, p: dict) -> str | None:
     return None
 
 
+@_rule(CHECK_RULES, "size_multiple", None, required=("dim", "value", "of"))
+def _size_multiple(node: NodeFacts, p: dict) -> str | None:
+    """`{size_multiple: TENSOR, dim: D, value: V, of: TENSOR}`: torch dim D of the tensor is a
+    multiple of V, the only case the kernel computing `of` implements (q8ta_conv2d_im2col reads
+    whole words of 4 input channels: dim 1 a multiple of 4)."""
+    shape = node.shape(p["size_multiple"])
+    size = shape[p["dim"]]
+    if size % p["value"]:
+        return (f"dim {p['dim']} of '{p['size_multiple']}' is {size}, not a multiple of {p['value']} "
+                f"as the kernel computing '{p['of']}' needs")
+    return None
+
+
+@_rule(CHECK_RULES, "at_most", None, required=("value", "of"))
+def _at_most(node: NodeFacts, p: dict) -> str | None:
+    """`{at_most: ARG, value: V, of: TENSOR}`: the int or int-list argument ARG is at most V
+    (every element), what the kernel computing `of` can hold (q8ta conv2d's stride, padding and
+    dilation travel as bytes of a push constant)."""
+    v = node.value(p["at_most"])
+    values = [] if v is None else [v] if isinstance(v, int) else list(v)
+    if any(x > p["value"] for x in values):
+        return f"{p['at_most']}={values} is over {p['value']}, the most the kernel computing '{p['of']}' takes"
+    return None
+
+
 def run_checks(node: NodeFacts, checks: Sequence) -> str | None:
     """The first failing check's reason, or None. `checks`: items with `.rule` and `.params`."""
     for check in checks:

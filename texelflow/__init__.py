@@ -15,5 +15,14 @@ from texelflow.runtime.errors import (  # noqa: E402
     UnsupportedModelError,
 )
 
-__all__ = ["compile", "plan", "__version__", "TexelflowError", "InputTypeError", "InputValueError",
-           "UnsupportedModelError", "ProgramClosedError"]
+__all__ = ["compile", "plan", "quantize", "Quantizer", "__version__", "TexelflowError", "InputTypeError",
+           "InputValueError", "UnsupportedModelError", "ProgramClosedError"]
+
+
+def __getattr__(name: str):
+    """`quantize` and `Quantizer` load torchao, so they are imported on first use only."""
+    if name in ("quantize", "Quantizer"):
+        from texelflow import quantizer
+
+        return getattr(quantizer, name)
+    raise AttributeError(f"module 'texelflow' has no attribute {name!r}")

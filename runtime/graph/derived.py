@@ -53,6 +53,78 @@ def reshaped(source, *, size: tuple):
     return source.reshape(size)
 
 
+# ---- quantized weights (runtime/graph/quantized.py) -------------------------------------------------
+# PT2E freezes weights as int8 constants with their scales and zero points; lowering makes the float
+# weight a float op reads from them, and the q8ta fusion the int8 operands its ops take. The float64
+# product of an integer and a float32 scale is exact, so rounding it to float32 gives torch's bits.
+def _along(t, axis: int, dim: int):
+    """A per-channel vector shaped to broadcast along `axis` of a `dim`-d tensor."""
+    shape = [1] * dim
+    shape[axis] = -1
+    return t.reshape(shape)
+
+
+def _as_float32(x: float) -> float:
+    import torch
+
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+@recipe
+def dequantized_per_channel(weight, scales, zero_points, *, axis: int):
+    """(w - zero_points[c]) * scales[c] along `axis` (zero points 0 when absent)."""
+    zp = _along(zero_points, axis, weight.dim()) if zero_points is not None else 0.0
+    return (weight - zp) * _along(scales, axis, weight.dim())
+
+
+@recipe
+def dequantized_per_tensor(weight, *, scale: float, zero_point: int):
+    """(w - zero_point) * scale, the scale rounded to float32 as torch's float32 multiply does."""
+    return (weight - zero_point) * _as_float32(scale)
+
+
+@recipe
+def quantized_per_channel(weight, scales, zero_points, *, axis: int, quant_min: int, quant_max: int,
+                          scale_dtype: str = "float32"):
+    """torchao's quantize_per_channel of a float weight: clamp(round(w * (1 / s[c])) + zp[c]), with
+    1 / s computed in the scales' own dtype and the product in float32 (for float32 scales)."""
+    import torch
+
+    inv = 1.0 / scales.to(getattr(torch, scale_dtype))
+    scaled = weight.to(torch.float32) * _along(inv, axis, weight.dim())
+    zp = _along(zero_points, axis, weight.dim()) if zero_points is not None else 0.0
+    return torch.clamp(torch.round(scaled).double() + zp, quant_min, quant_max)
+
+
+@recipe
+def quantized_per_tensor(weight, *, scale: float, zero_point: int, quant_min: int, quant_max: int):
+    """torchao's quantize_per_tensor of a float weight: clamp(round(w * float32(1 / scale)) + zp)."""
+    import torch
+
+    scaled = weight.to(torch.float32) * _as_float32(1.0 / scale)
+    return torch.clamp(torch.round(scaled).double() + zero_point, quant_min, quant_max)
+
+
+@recipe
+def filled(*, value: float, size: tuple):
+    """A tensor of `size` holding `value` everywhere (a per-tensor weight scale for every channel)."""
+    import torch
+
+    return torch.full(tuple(size), float(value), dtype=torch.float64)
+
+
+@recipe
+def shifted(source, *, by: int):
+    """source + by (uint8 weights and zero points as int8: by = -128)."""
+    return source + by
+
+
+@recipe
+def transposed(source):
+    """A 2-D source transposed (an mm weight [K, N] as the [N, K] weight q8ta_linear takes)."""
+    return source.t()
+
+
 def evaluate(v: Value, fetch: Callable):
     """The torch tensor of derived constant `v`; `fetch(source)` gives a plain constant's tensor
     (derived sources are evaluated recursively)."""

@@ -72,7 +72,7 @@ def _lower(ep, texture_limits, timings) -> PlanGraph:
     # (which reads the live state tensor that the call writes back).
     ctx.mutated = set(sig.buffers_to_mutate.values())
     inplace = local_functionals(ep.graph) or {}  # the importer functionalized any other mutation
-    folder = ConstantFolder(ep, torch, ctx.mutated)
+    folder = ctx.folder = ConstantFolder(ep, torch, ctx.mutated)
     written: dict[str, list[str]] = {}  # an in-place op's tensor: its creator's and writers' fx names
     for node in ep.graph.nodes:
         if node.op == "placeholder":
@@ -192,6 +192,8 @@ NOT_IDENTITY_REASONS = {
 # Pieces of a decomposition that make a one-element tensor from a number (lerp's weight, ...):
 # lowered as a 0-d literal constant, prepacked at load. Target -> the position of the number.
 CONSTANT_PIECES = {"aten.full.default": 1, "aten.scalar_tensor.default": 0}
+# PT2E's quantize / dequantize ops: lowered, checked and never decomposed by quantized.py.
+QUANTIZED_NAMESPACE = "quantized_decomposed."
 MAX_DECOMPOSITION_DEPTH = 8
 
 
@@ -205,6 +207,7 @@ class _Lowering:
         self.decompose_seconds = 0.0
         self.piece_names: set[str] = set()
         self.fits: dict = {}  # partition_reason's representation check, per signature
+        self.folder = None  # the ConstantFolder: the constants' data (quantization parameters)
         self.last_fallback: str | None = None  # the reason of the last lower_call, None on Vulkan
         self.last_cause = ""  # its innermost piece that needs the CPU: "target (reason)"
 
@@ -212,6 +215,12 @@ class _Lowering:
         """Lower fx `node` (its tensor inputs' IR values `ins`, in `all_input_nodes` order) under
         IR name `name`: one node, or the pieces of its decomposition. Returns its value(s).
         `target` replaces the node's own (the functional op of an in-place one)."""
+        if target_name(target or node.target).startswith(QUANTIZED_NAMESPACE):
+            from .quantized import lower_quantized  # (it imports this module)
+
+            value, self.last_fallback = lower_quantized(self, node, name, ins)
+            self.last_cause = f"{target_name(node.target)} ({self.last_fallback})"
+            return value
         graph = self.graph
         mark = (len(graph.nodes), len(graph.constants))
         ir_node = self._add(node, name, ins, target or node.target)
@@ -470,8 +479,18 @@ def tensor_shapes(node: Node) -> dict[str, object]:
     return shapes
 
 
+def variant_dtype(node: Node) -> str | None:
+    """The dtype of the variant `node` runs: its output's, unless ops.yaml's dtype_of fixes that
+    (quantize_per_tensor's int8 output: the variant is its float input's)."""
+    dtypes = {name: v.dtype for name, v in node.outputs}
+    for name, v in node.tensor_args():
+        dtypes.setdefault(name, v.dtype)
+    chosen = node.op.variant_dtype(dtypes) if node.op is not None else None
+    return chosen or (node.outputs[0][1].dtype if node.outputs else None)
+
+
 def node_repsets(node: Node, limits: Sequence[int] = TEXTURE_LIMITS) -> OpRepSets:
-    dtype = node.outputs[0][1].dtype if node.outputs else None
+    dtype = variant_dtype(node)
     sets = OpRepSets.build(node.op, tensor_shapes(node), limits, dtype if dtype in DTYPES else None)
     if node.op.is_identity and not sets.any_empty():
         _foldable_only(node, sets)
@@ -542,7 +561,7 @@ def _empty_tensors(node: Node, limits, fits: dict | None) -> list[str]:
     if fits is None:
         return node_repsets(node, limits).empty_tensors()
     shapes = tensor_shapes(node)
-    key = (id(node.op), node.outputs[0][1].dtype if node.outputs else None,
+    key = (id(node.op), variant_dtype(node),
            tuple((n, tuple(map(tuple, x)) if isinstance(x, list) else tuple(x)) for n, x in shapes.items()))
     empty = fits.get(key)
     if empty is None:

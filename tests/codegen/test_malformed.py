@@ -80,6 +80,9 @@ CASES = [
     ("contract-weights", "ops.yaml", ("    sync: [[input, out]]\n    weights: [weight, bias]\n    samples:\n      - {input: [2, 3, 7], weight: [5, 7]",
                                       "    sync: [[input, out]]\n    weights: [weight]\n    samples:\n      - {input: [2, 3, 7], weight: [5, 7]"),
      "template 'linear' reads 'bias' as a prepacked constant (shaders/linear.glsl.j2:4); list it in `weights`", "    weights: [weight]"),
+    ("contract-cooperative-grid", "shaders/q8ta_linear_gemv.glsl.j2",
+     ("grid: {cooperative: out, invocations: 4}", "grid: {cooperative: out, invocations: 3}"),
+     "contract grid must be per_output_unit", "grid: {cooperative: out, invocations: 3}"),
     # ---- torch's schema ----
     ("unknown-target", "ops.yaml", ("targets: [aten.relu.default]", "targets: [aten.relu.Tensor]"),
      "target 'aten.relu.Tensor': torch 2.13.0", "targets: [aten.relu.Tensor]"),

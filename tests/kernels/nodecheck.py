@@ -47,6 +47,7 @@ INJECT_TEMPLATES += ("permute", "slice", "select", "expand", "pad", "pixel_shuff
 INJECT_TEMPLATES += ("layer_norm",)  # a NaN or an infinity spreads over its row
 INJECT_TEMPLATES += ("masked_fill", "roll", "embedding")  # select or move elements bit for bit
 INJECT_TEMPLATES += ("pad_mode", "max_pool1d")  # move or select elements bit for bit
+INJECT_TEMPLATES += ("quantize",)  # +Inf / -Inf clamp to quant_max / quant_min (NaN: test_registry_ops.NOT_INJECTED)
 
 
 # ---- the registry, queried ---------------------------------------------------------------------
@@ -419,8 +420,9 @@ def run_nodes(device, nodes: list[tuple[Node, dict]], slot_reprs: dict[str, Tens
 
 # ---- comparing -----------------------------------------------------------------------------------
 # (rtol, atol) of float32 outputs per shader template (an op's name overrides its template's
-# entry); None: bit-exact, NaN payloads and the sign of zero included. Integers: always exact.
-TOLERANCES: dict[str, tuple[float, float] | None] = {
+# entry); None: bit-exact, NaN payloads and the sign of zero included. Integers: exact, but where
+# the entry is an int: the most |got - want| of integer outputs, in quantization steps (q8ta kernels).
+TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "copy": None,  # identity ops and to_layout move elements
     "permute": None,
     "cat": None,
@@ -472,9 +474,14 @@ TOLERANCES.update({"pad_mode": None})  # reflection / replication pads move elem
 TOLERANCES.update({"max_pool1d": None})  # selects an element
 TOLERANCES.update({name: None for name in (  # rounding, sign and selects are exact, -0.0 included
     "floor", "ceil", "round", "trunc", "sign", "hardshrink", "nan_to_num")})
+# quantize / dequantize: torchao's float32 operations in its order, exact. q8ta ops quantize a float
+# result; one computed in another order may land across a rounding boundary: one step (docs/quantization.md).
+TOLERANCES.update({"quantize": None, "dequantize": None, "q8ta_elementwise": 1, "q8ta_pixel_shuffle": 1})
+TOLERANCES.update({"q8ta_linear": 1, "q8ta_linear_gemv": 1})  # int32 sums, then a float multiply-add
+TOLERANCES.update({"q8ta_conv2d": 1, "q8ta_conv2d_im2col": 1})  # int32 sums, then a float multiply-add
 
 
-def tolerance(op_name: str) -> tuple[float, float] | None:
+def tolerance(op_name: str) -> tuple[float, float] | int | None:
     key = op_name if op_name in TOLERANCES else template_of(op_name)
     assert key in TOLERANCES, f"no tolerance for template '{key}' (op '{op_name}') in nodecheck.TOLERANCES"
     return TOLERANCES[key]
@@ -483,6 +490,14 @@ def tolerance(op_name: str) -> tuple[float, float] | None:
 def assert_matches(got: np.ndarray, want: np.ndarray, op_name: str, what: str) -> None:
     assert got.shape == want.shape, f"{what}: shape {got.shape} != torch's {want.shape}"
     tol = tolerance(op_name)
+    if isinstance(tol, int):
+        assert want.dtype != np.float32, f"{what}: a tolerance in steps ({tol}) is for integer outputs"
+        diff = np.abs(got.astype(np.int64) - want.astype(np.int64)).reshape(-1)
+        i = np.flatnonzero(diff > tol)
+        if i.size:
+            raise AssertionError(f"{what}: {i.size} elements differ from torch by more than {tol}; first at "
+                                 f"{i[:6].tolist()}: got {got.reshape(-1)[i[:6]]}, want {want.reshape(-1)[i[:6]]}")
+        return
     if want.dtype != np.float32 or tol is None:
         if want.dtype == np.float32:
             # Bit for bit, -0.0 included; any NaN matches any NaN (payload and sign carry no meaning).

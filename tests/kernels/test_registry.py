@@ -46,7 +46,7 @@ def test_entry_is_consistent(name):
     if lists:
         assert op.grid == ("per_list_element", lists[0]), f"{name}: a tensor list needs one dispatch per element"
     else:
-        assert op.grid[0] in ("per_output_unit", "per_row")
+        assert op.grid[0] in ("per_output_unit", "per_row", "cooperative", "per_tile")
 
 
 @pytest.mark.parametrize("name", WITH_VARIANTS)
