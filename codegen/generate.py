@@ -52,12 +52,12 @@ def build_models(root: Path):
     if layouts is not None and ops_data is not None:
         parsed = parse_ops(ops_data, "ops.yaml", out, layouts, templates, hooks)
         if parsed is not None:
-            axes, dtype_sets, op_specs = parsed
-            variants = expand(op_specs, layouts, dict(axes), "ops.yaml", out)
+            axes, choices, dtype_sets, op_specs = parsed
+            variants = expand(op_specs, layouts, dict(axes), dict(choices), "ops.yaml", out)
             names = [v.name for v in variants]
             for dup in sorted({n for n in names if names.count(n) > 1}):
                 out.error("ops.yaml", 0, f"variant name '{dup}' is produced twice")
-            ops = OpsModel(axes=axes, dtype_sets=dtype_sets, ops=op_specs, variants=variants)
+            ops = OpsModel(axes=axes, choices=choices, dtype_sets=dtype_sets, ops=op_specs, variants=variants)
     out.raise_if_any()
     return layouts, ops
 

@@ -10,11 +10,12 @@ from .yamlsrc import LMap
 TOP_KEYS = ("storages", "families", "dtypes", "layouts", "preference", "texture_limits", "repsets")
 SET_OPS = ("union", "intersection", "difference")
 STORAGE_KINDS = {"buffer": "STORAGE_BUFFER", "image": "STORAGE_IMAGE"}  # kind -> its descriptor type
-# Vulkan device features a dtype may require: the ones runtime/vulkan/device.py can read.
+# Vulkan device features a dtype or a choice axis value (ops.yaml) may require: the ones
+# runtime/vulkan/device.py can read.
 KNOWN_FEATURES = (
     "shaderFloat16", "shaderInt8", "shaderInt16", "shaderInt64", "shaderFloat64",
     "storageBuffer16BitAccess", "uniformAndStorageBuffer16BitAccess", "storageBuffer8BitAccess",
-    "uniformAndStorageBuffer8BitAccess", "shaderStorageImageExtendedFormats",
+    "uniformAndStorageBuffer8BitAccess", "shaderStorageImageExtendedFormats", "shaderIntegerDotProduct",
 )
 DTYPE_KEYS = ("family", "bytes", "torch", "glsl", "vec4", "lane_bytes", "image", "image_format", "vk_format",
               "features", "extensions")

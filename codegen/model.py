@@ -248,12 +248,18 @@ class Variant:
     target_env: str
     template: str
     params: tuple[tuple[str, str], ...] = field(default=())
-    features: tuple[str, ...] = ()  # device features its dtype requires (layouts.yaml dtypes)
+    features: tuple[str, ...] = ()  # device features its dtype and its choice axis values require
+    # per choice axis, the index of its value in ops.yaml's order of preference: of the variants
+    # that fit a node and the device, the runtime takes the smallest
+    preference: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
 class OpsModel:
     axes: tuple[tuple[str, tuple[str, ...]], ...]  # global axis order with allowed values
+    # choice axes (code paths of one template): axis -> ((value, required device features), ...),
+    # values in order of preference
+    choices: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...]
     dtype_sets: tuple[tuple[str, tuple[str, ...]], ...]
     ops: tuple[OpSpec, ...]
     variants: tuple[Variant, ...]

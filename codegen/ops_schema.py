@@ -17,6 +17,7 @@ from . import torch_schema
 from .checks import Checker
 from .contracts import Contract
 from .diagnostics import Collector, did_you_mean
+from .layouts_schema import KNOWN_FEATURES
 from .model import ArgSpec, CheckSpec, LayoutsModel, OpSpec, OutputSpec, PushSpec, ShaderSpec
 from .yamlsrc import LList, LMap
 
@@ -43,15 +44,15 @@ class TemplateInfo:
 
 
 def parse_ops(data: LMap, file: str, out: Collector, layouts: LayoutsModel, templates: dict[str, TemplateInfo],
-              hooks: dict[str, tuple[str, int]]) -> tuple[tuple, tuple, tuple[OpSpec, ...]] | None:
+              hooks: dict[str, tuple[str, int]]) -> tuple[tuple, tuple, tuple, tuple[OpSpec, ...]] | None:
     """Validate ops.yaml. `hooks`: hook name -> (type, line in shaders/hooks.py).
 
-    Returns (axes, dtype_sets, ops), or None when problems were recorded in `out`.
+    Returns (axes, choices, dtype_sets, ops), or None when problems were recorded in `out`.
     """
     c = Checker(file, out)
     before = len(out.items)
     c.keys(data, "ops.yaml", ("variant_axes", "dtype_sets", "ops"), ("classes",))
-    axes = _axes(c, data.get("variant_axes"), data.line_of("variant_axes"), layouts)
+    axes, choices = _axes(c, data.get("variant_axes"), data.line_of("variant_axes"), layouts)
     dtype_sets = _dtype_sets(c, data.get("dtype_sets"), data.line_of("dtype_sets"), layouts)
     classes = _classes(c, data.get("classes", LMap()), data.line_of("classes"))
     ops_raw = c.mapping(data.get("ops"), data.line_of("ops"), "'ops'")
@@ -67,7 +68,7 @@ def parse_ops(data: LMap, file: str, out: Collector, layouts: LayoutsModel, temp
         if merged is not None:
             entries[name] = merged
     schemas = _schemas(c, entries)
-    ctx = _Context(c, layouts, dict(axes), dict(dtype_sets), templates, hooks, schemas)
+    ctx = _Context(c, layouts, dict(axes), dict(choices), dict(dtype_sets), templates, hooks, schemas)
     ops: list[OpSpec] = []
     seen_targets: dict[str, tuple[str, int]] = {}
     for name, b in entries.items():
@@ -88,18 +89,27 @@ def parse_ops(data: LMap, file: str, out: Collector, layouts: LayoutsModel, temp
                       "remove it or name it in a `{hook: ...}` push derivation")
     if len(out.items) != before:
         return None
-    return tuple(axes), tuple(dtype_sets), tuple(sorted(ops, key=lambda o: o.name))
+    return tuple(axes), tuple(choices), tuple(dtype_sets), tuple(sorted(ops, key=lambda o: o.name))
 
 
 # ---- variant axes, dtype sets, classes ----------------------------------------------------------------
 def _axes(c: Checker, raw, line: int, layouts: LayoutsModel):
+    """(axes, choices): every axis with its values in order, and each choice axis's value -> the
+    device features it requires. A choice axis (a mapping) picks a code path of one template; its
+    values are in order of preference and the last must need no feature, so every device has one."""
     m = c.mapping(raw, line, "'variant_axes'")
-    result = []
+    result, choices = [], []
     if m is None:
-        return result
+        return result, choices
     storages = [s.axis for s in layouts.storages]
     dtypes = [d.name for d in layouts.dtypes]
     for name, values in m.items():
+        if isinstance(values, LMap) and name != "dtype":
+            choice = _choice_axis(c, name, values)
+            if choice:
+                result.append((name, tuple(v for v, _ in choice)))
+                choices.append((name, choice))
+            continue
         vals = c.listing(values, m.line_of(name), f"variant axis '{name}'")
         if vals is None:
             continue
@@ -109,7 +119,26 @@ def _axes(c: Checker, raw, line: int, layouts: LayoutsModel):
         result.append((name, tuple(str(v) for v in vals)))
     if "dtype" not in m:
         c.error(m.line, "variant_axes must declare the 'dtype' axis")
-    return result
+    return result, choices
+
+
+def _choice_axis(c: Checker, name: str, values: LMap) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """A choice axis's (value, required device features) pairs, in order of preference."""
+    result = []
+    for value, features in values.items():
+        where = f"variant axis '{name}' value '{value}'"
+        if not isinstance(value, str) or not NAME_RE.match(value):
+            c.error(values.line_of(value), f"{where} must be lower_snake_case (it becomes part of variant names)")
+            continue
+        fl = c.listing(features, values.line_of(value), f"{where} (the device features it requires)")
+        if fl is None:
+            continue
+        if all(c.name_in(f, KNOWN_FEATURES, fl.line_of(i), "device feature") for i, f in enumerate(fl)):
+            result.append((value, tuple(str(f) for f in fl)))
+    if result and result[-1][1]:
+        c.error(values.line_of(result[-1][0]), f"variant axis '{name}': its last value '{result[-1][0]}' must "
+                "require no device feature (the fallback every device runs); add one like `plain: []`")
+    return tuple(result)
 
 
 def _dtype_sets(c: Checker, raw, line: int, layouts: LayoutsModel):
@@ -217,8 +246,9 @@ def _schemas(c: Checker, entries: dict[str, LMap]) -> dict[str, object]:
 
 # ---- one op -----------------------------------------------------------------------------------------
 class _Context:
-    def __init__(self, c: Checker, layouts, axes, dtype_sets, templates, hooks, schemas):
+    def __init__(self, c: Checker, layouts, axes, choices, dtype_sets, templates, hooks, schemas):
         self.c, self.layouts, self.axes, self.dtype_sets = c, layouts, axes, dtype_sets
+        self.choices = choices  # choice axis -> ((value, features), ...): not storages
         self.templates, self.hooks, self.schemas = templates, hooks, schemas
         self.repsets = [r.name for r in layouts.repsets]
 
@@ -501,7 +531,7 @@ class _Context:
         if "dtype" not in axl:
             c.error(s.line_of("axes"), f"{sw}: axes must include 'dtype'")
             ok = False
-        storages = sorted({v for k, vals in self.axes.items() if k != "dtype" for v in vals})
+        storages = sorted({v for k, vals in self.axes.items() if k != "dtype" and k not in self.choices for v in vals})
         storage_of = {}
         fixed = contract.data.get("storage") or {}
         for t, st in fixed.items():
@@ -513,7 +543,7 @@ class _Context:
                     c.error(so.line_of(t), f"{sw}: storage_of names '{t}', which is no tensor"
                             f"{did_you_mean(t, tensor_names)}")
                     ok = False
-                if ax not in storages and (ax not in axl or ax == "dtype"):
+                if ax not in storages and (ax not in axl or ax == "dtype" or ax in self.choices):
                     c.error(so.line_of(t), f"{sw}: storage_of '{ax}' is neither a storage ({', '.join(storages)}) "
                             f"nor a storage axis of this shader")
                     ok = False

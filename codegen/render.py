@@ -12,7 +12,8 @@ from .model import LayoutsModel, OpsModel, Variant
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 # Names every shader template may use without declaring them as parameters.
-SHADER_BUILTINS = frozenset({"op", "template", "variant", "tensors", "out", "outs", "ins", "T", "VEC4", "int8", "dtype"})
+SHADER_BUILTINS = frozenset({"op", "template", "variant", "axis", "tensors", "out", "outs", "ins", "T", "VEC4", "int8",
+                             "dtype"})
 
 
 def _env(loader: jinja2.BaseLoader) -> jinja2.Environment:
@@ -81,7 +82,9 @@ def render_python(layouts: LayoutsModel, ops: OpsModel) -> dict[str, str]:
         "layouts.py": env.get_template("layouts.py.j2").render(m=layouts),
         "ops.py": env.get_template("ops.py.j2").render(ops=ops.ops, variants_of=variants_of, targets=targets),
         "samples.py": env.get_template("samples.py.j2").render(ops=ops.ops),
-        "variants.py": env.get_template("variants.py.j2").render(axes=ops.axes, variants=ops.variants),
+        "variants.py": env.get_template("variants.py.j2").render(
+            axes=ops.axes, choices=ops.choices, variants=ops.variants,
+            variant_features=tuple(sorted({f for v in ops.variants for f in v.features}))),
         "glsl/include/layouts.glslh": env.get_template("layouts.glslh.j2").render(layouts=layouts.layouts),
     }
 
@@ -138,6 +141,7 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
         "op": op,
         "template": v.template,
         "variant": v,
+        "axis": dict(v.axes),  # the variant's value of each axis: `axis.int_dot == "dot4x8"`
         "tensors": tensors,
         "out": tensors[0],
         "outs": tensors[:n_out],

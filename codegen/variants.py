@@ -19,12 +19,14 @@ def variant_name(op: str, axes: tuple[tuple[str, str], ...]) -> str:
     return "_".join([op, *(value for _, value in axes)])
 
 
-def expand(ops: tuple[OpSpec, ...], layouts: LayoutsModel, all_axes: dict, file: str, out: Collector) -> tuple[Variant, ...]:
+def expand(ops: tuple[OpSpec, ...], layouts: LayoutsModel, all_axes: dict, choices: dict, file: str,
+           out: Collector) -> tuple[Variant, ...]:
+    """`choices`: choice axis -> ((value, required device features), ...) in order of preference."""
     variants: list[Variant] = []
     for op in ops:
         if op.shader is None:
             continue
-        found = _expand_op(op, layouts, all_axes)
+        found = _expand_op(op, layouts, all_axes, choices)
         covered = {dict(v.axes)["dtype"] for v in found}
         for d in op.dtypes:
             if d not in covered:
@@ -34,7 +36,7 @@ def expand(ops: tuple[OpSpec, ...], layouts: LayoutsModel, all_axes: dict, file:
     return tuple(sorted(variants, key=lambda v: v.name))
 
 
-def _expand_op(op: OpSpec, layouts: LayoutsModel, all_axes: dict) -> list[Variant]:
+def _expand_op(op: OpSpec, layouts: LayoutsModel, all_axes: dict, choices: dict) -> list[Variant]:
     shader = op.shader
     value_lists = []
     for axis in shader.axes:
@@ -50,7 +52,7 @@ def _expand_op(op: OpSpec, layouts: LayoutsModel, all_axes: dict) -> list[Varian
         family = {t: layouts.dtype(op.tensor_dtype(t, axes["dtype"])).family for t in op.tensors}
         storages = {t: axes.get(storage_of[t], storage_of[t]) for t in op.tensors}
         if all(_reachable(layouts, repset_of[t], family[t], storages[t]) for t in op.tensors):
-            result.append(_variant(op, tuple(combo), storages, layouts, repset_of))
+            result.append(_variant(op, tuple(combo), storages, layouts, repset_of, choices))
     return result
 
 
@@ -61,7 +63,7 @@ def _reachable(layouts: LayoutsModel, repset: str, family: str, storage_axis: st
     return any(layouts.layout(n).family == family for n in names)
 
 
-def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of: dict) -> Variant:
+def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of: dict, choices: dict) -> Variant:
     name = variant_name(op.name, axes)
     bindings = tuple(
         Binding(
@@ -101,7 +103,9 @@ def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of:
         target_env=op.shader.target_env,
         template=op.shader.template,
         params=op.shader.params,
-        features=tuple(sorted({f for d in dtypes.values() for f in d.features})),
+        features=tuple(sorted({f for d in dtypes.values() for f in d.features}
+                              | {f for a, value in axes if a in choices for f in dict(choices[a])[value]})),
+        preference=tuple([v for v, _ in choices[a]].index(value) for a, value in axes if a in choices),
     )
 
 

@@ -3718,9 +3718,10 @@ OPS: dict[str, OpEntry] = {
         ),
         grid=('per_row', 'out'),
         template='q8ta_conv2d_im2col',
-        shader_axes=('dtype', 'storage'),
+        shader_axes=('dtype', 'storage', 'int_dot'),
         variants=(
-            'q8ta_conv2d_im2col_int8_buffer',
+            'q8ta_conv2d_im2col_int8_buffer_dot4x8',
+            'q8ta_conv2d_im2col_int8_buffer_plain',
         ),
     ),
     'q8ta_linear': OpEntry(
@@ -3764,9 +3765,10 @@ OPS: dict[str, OpEntry] = {
         ),
         grid=('per_tile', 'out', 8, 4),
         template='q8ta_linear',
-        shader_axes=('dtype', 'storage'),
+        shader_axes=('dtype', 'storage', 'int_dot'),
         variants=(
-            'q8ta_linear_int8_buffer',
+            'q8ta_linear_int8_buffer_dot4x8',
+            'q8ta_linear_int8_buffer_plain',
         ),
     ),
     'q8ta_linear_gemv': OpEntry(
@@ -3810,9 +3812,10 @@ OPS: dict[str, OpEntry] = {
         ),
         grid=('cooperative', 'out', 4),
         template='q8ta_linear_gemv',
-        shader_axes=('dtype', 'storage'),
+        shader_axes=('dtype', 'storage', 'int_dot'),
         variants=(
-            'q8ta_linear_gemv_int8_buffer',
+            'q8ta_linear_gemv_int8_buffer_dot4x8',
+            'q8ta_linear_gemv_int8_buffer_plain',
         ),
     ),
     'q8ta_pixel_shuffle': OpEntry(

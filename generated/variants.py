@@ -16,6 +16,17 @@ AXES: dict[str, tuple[str, ...]] = {
     'storage': ('buffer', 'texture3d'),
     'in_storage': ('buffer', 'texture3d'),
     'out_storage': ('buffer', 'texture3d'),
+    'int_dot': ('dot4x8', 'plain'),
+}
+
+# Choice axes (code paths of one template): value -> the device features it requires, in order of
+# preference (ops.yaml `variant_axes`); runtime/lower_dispatch.select_variant takes the first the
+# device runs without emulating it.
+CHOICES: dict[str, dict[str, tuple[str, ...]]] = {
+    'int_dot': {
+        'dot4x8': ('shaderIntegerDotProduct',),
+        'plain': (),
+    },
 }
 
 
@@ -56,7 +67,8 @@ class ShaderVariant:
     push_constant_size: int
     spec_constants: tuple[SpecConstant, ...]
     target_env: str
-    features: tuple[str, ...] = ()  # Vulkan device features it requires (its dtype's, layouts.yaml)
+    features: tuple[str, ...] = ()  # Vulkan device features it requires (its dtype's, its choice values')
+    preference: tuple[int, ...] = ()  # per choice axis, its value's rank in CHOICES: smaller is preferred
 
 
 VARIANTS: dict[str, ShaderVariant] = {
@@ -9135,12 +9147,58 @@ VARIANTS: dict[str, ShaderVariant] = {
         target_env='vulkan1.1',
         features=(),
     ),
-    'q8ta_conv2d_im2col_int8_buffer': ShaderVariant(
-        name='q8ta_conv2d_im2col_int8_buffer',
+    'q8ta_conv2d_im2col_int8_buffer_dot4x8': ShaderVariant(
+        name='q8ta_conv2d_im2col_int8_buffer_dot4x8',
         op='q8ta_conv2d_im2col',
-        axes=(('dtype', 'int8'), ('storage', 'buffer')),
+        axes=(('dtype', 'int8'), ('storage', 'buffer'), ('int_dot', 'dot4x8')),
         dtype='int8',
-        source='q8ta_conv2d_im2col_int8_buffer.comp',
+        source='q8ta_conv2d_im2col_int8_buffer_dot4x8.comp',
+        bindings=(
+            Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
+            Binding(1, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'weight_scales', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'weight_zero_points', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(5, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+        ),
+        push_constants=(
+            PushConstant('out_sizes', 'ivec4', 0, 16),
+            PushConstant('input_sizes', 'ivec4', 16, 16),
+            PushConstant('weight_sizes', 'ivec4', 32, 16),
+            PushConstant('weight_scales_sizes', 'ivec4', 48, 16),
+            PushConstant('weight_zero_points_sizes', 'ivec4', 64, 16),
+            PushConstant('bias_sizes', 'ivec4', 80, 16),
+            PushConstant('units', 'int', 96, 4),
+            PushConstant('has_weight_zero_points', 'int', 100, 4),
+            PushConstant('has_bias', 'int', 104, 4),
+            PushConstant('conv_stride_pad', 'int', 108, 4),
+            PushConstant('conv_dilation', 'int', 112, 4),
+            PushConstant('input_scale', 'float', 116, 4),
+            PushConstant('int8_params', 'int', 120, 4),
+            PushConstant('inv_out_scale', 'float', 124, 4),
+        ),
+        push_constant_size=128,
+        spec_constants=(
+            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(1, 'local_size_y', 'int', 1),
+            SpecConstant(2, 'local_size_z', 'int', 1),
+            SpecConstant(3, 'out_layout', 'int', 3),
+            SpecConstant(4, 'input_layout', 'int', 3),
+            SpecConstant(5, 'weight_layout', 'int', 8),
+            SpecConstant(6, 'weight_scales_layout', 'int', 0),
+            SpecConstant(7, 'weight_zero_points_layout', 'int', 0),
+            SpecConstant(8, 'bias_layout', 'int', 0),
+        ),
+        target_env='vulkan1.1',
+        features=('shaderIntegerDotProduct',),
+        preference=(0,),
+    ),
+    'q8ta_conv2d_im2col_int8_buffer_plain': ShaderVariant(
+        name='q8ta_conv2d_im2col_int8_buffer_plain',
+        op='q8ta_conv2d_im2col',
+        axes=(('dtype', 'int8'), ('storage', 'buffer'), ('int_dot', 'plain')),
+        dtype='int8',
+        source='q8ta_conv2d_im2col_int8_buffer_plain.comp',
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
@@ -9179,6 +9237,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         target_env='vulkan1.1',
         features=(),
+        preference=(1,),
     ),
     'q8ta_conv2d_int8_buffer': ShaderVariant(
         name='q8ta_conv2d_int8_buffer',
@@ -9225,12 +9284,56 @@ VARIANTS: dict[str, ShaderVariant] = {
         target_env='vulkan1.1',
         features=(),
     ),
-    'q8ta_linear_gemv_int8_buffer': ShaderVariant(
-        name='q8ta_linear_gemv_int8_buffer',
+    'q8ta_linear_gemv_int8_buffer_dot4x8': ShaderVariant(
+        name='q8ta_linear_gemv_int8_buffer_dot4x8',
         op='q8ta_linear_gemv',
-        axes=(('dtype', 'int8'), ('storage', 'buffer')),
+        axes=(('dtype', 'int8'), ('storage', 'buffer'), ('int_dot', 'dot4x8')),
         dtype='int8',
-        source='q8ta_linear_gemv_int8_buffer.comp',
+        source='q8ta_linear_gemv_int8_buffer_dot4x8.comp',
+        bindings=(
+            Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
+            Binding(1, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'weight_scales', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'weight_zero_points', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(5, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+        ),
+        push_constants=(
+            PushConstant('out_sizes', 'ivec4', 0, 16),
+            PushConstant('input_sizes', 'ivec4', 16, 16),
+            PushConstant('weight_sizes', 'ivec4', 32, 16),
+            PushConstant('weight_scales_sizes', 'ivec4', 48, 16),
+            PushConstant('weight_zero_points_sizes', 'ivec4', 64, 16),
+            PushConstant('bias_sizes', 'ivec4', 80, 16),
+            PushConstant('units', 'int', 96, 4),
+            PushConstant('has_weight_zero_points', 'int', 100, 4),
+            PushConstant('has_bias', 'int', 104, 4),
+            PushConstant('input_scale', 'float', 108, 4),
+            PushConstant('int8_params', 'int', 112, 4),
+            PushConstant('inv_out_scale', 'float', 116, 4),
+        ),
+        push_constant_size=128,
+        spec_constants=(
+            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(1, 'local_size_y', 'int', 1),
+            SpecConstant(2, 'local_size_z', 'int', 1),
+            SpecConstant(3, 'out_layout', 'int', 4),
+            SpecConstant(4, 'input_layout', 'int', 5),
+            SpecConstant(5, 'weight_layout', 'int', 4),
+            SpecConstant(6, 'weight_scales_layout', 'int', 0),
+            SpecConstant(7, 'weight_zero_points_layout', 'int', 0),
+            SpecConstant(8, 'bias_layout', 'int', 0),
+        ),
+        target_env='vulkan1.1',
+        features=('shaderIntegerDotProduct',),
+        preference=(0,),
+    ),
+    'q8ta_linear_gemv_int8_buffer_plain': ShaderVariant(
+        name='q8ta_linear_gemv_int8_buffer_plain',
+        op='q8ta_linear_gemv',
+        axes=(('dtype', 'int8'), ('storage', 'buffer'), ('int_dot', 'plain')),
+        dtype='int8',
+        source='q8ta_linear_gemv_int8_buffer_plain.comp',
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
@@ -9267,13 +9370,58 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         target_env='vulkan1.1',
         features=(),
+        preference=(1,),
     ),
-    'q8ta_linear_int8_buffer': ShaderVariant(
-        name='q8ta_linear_int8_buffer',
+    'q8ta_linear_int8_buffer_dot4x8': ShaderVariant(
+        name='q8ta_linear_int8_buffer_dot4x8',
         op='q8ta_linear',
-        axes=(('dtype', 'int8'), ('storage', 'buffer')),
+        axes=(('dtype', 'int8'), ('storage', 'buffer'), ('int_dot', 'dot4x8')),
         dtype='int8',
-        source='q8ta_linear_int8_buffer.comp',
+        source='q8ta_linear_int8_buffer_dot4x8.comp',
+        bindings=(
+            Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
+            Binding(1, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'weight_scales', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'weight_zero_points', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(5, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+        ),
+        push_constants=(
+            PushConstant('out_sizes', 'ivec4', 0, 16),
+            PushConstant('input_sizes', 'ivec4', 16, 16),
+            PushConstant('weight_sizes', 'ivec4', 32, 16),
+            PushConstant('weight_scales_sizes', 'ivec4', 48, 16),
+            PushConstant('weight_zero_points_sizes', 'ivec4', 64, 16),
+            PushConstant('bias_sizes', 'ivec4', 80, 16),
+            PushConstant('units', 'int', 96, 4),
+            PushConstant('has_weight_zero_points', 'int', 100, 4),
+            PushConstant('has_bias', 'int', 104, 4),
+            PushConstant('input_scale', 'float', 108, 4),
+            PushConstant('int8_params', 'int', 112, 4),
+            PushConstant('inv_out_scale', 'float', 116, 4),
+        ),
+        push_constant_size=128,
+        spec_constants=(
+            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(1, 'local_size_y', 'int', 1),
+            SpecConstant(2, 'local_size_z', 'int', 1),
+            SpecConstant(3, 'out_layout', 'int', 4),
+            SpecConstant(4, 'input_layout', 'int', 4),
+            SpecConstant(5, 'weight_layout', 'int', 4),
+            SpecConstant(6, 'weight_scales_layout', 'int', 0),
+            SpecConstant(7, 'weight_zero_points_layout', 'int', 0),
+            SpecConstant(8, 'bias_layout', 'int', 0),
+        ),
+        target_env='vulkan1.1',
+        features=('shaderIntegerDotProduct',),
+        preference=(0,),
+    ),
+    'q8ta_linear_int8_buffer_plain': ShaderVariant(
+        name='q8ta_linear_int8_buffer_plain',
+        op='q8ta_linear',
+        axes=(('dtype', 'int8'), ('storage', 'buffer'), ('int_dot', 'plain')),
+        dtype='int8',
+        source='q8ta_linear_int8_buffer_plain.comp',
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
@@ -9310,6 +9458,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         target_env='vulkan1.1',
         features=(),
+        preference=(1,),
     ),
     'q8ta_pixel_shuffle_int8_buffer': ShaderVariant(
         name='q8ta_pixel_shuffle_int8_buffer',
@@ -13798,6 +13947,9 @@ VARIANTS: dict[str, ShaderVariant] = {
         features=(),
     ),
 }
+
+# Every device feature some variant requires (runtime/vulkan/device.py enables those it has).
+VARIANT_FEATURES: tuple[str, ...] = ('shaderIntegerDotProduct',)
 
 _BY_AXES: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {
     (v.op, v.axes): name for name, v in VARIANTS.items()

@@ -42,23 +42,33 @@ class _Absent:
 DUMMY_BUFFER = _Absent()
 
 
-def select_variant(op_name: str, dtype: str, storages: dict[str, Storage], device_features=None):
+def select_variant(op_name: str, dtype: str, storages: dict[str, Storage], device_features=None,
+                   preferred_features=None):
     """The variant of `op_name` whose dtype and binding storages match, among those the device can
-    run (all of them when `device_features` is None); KeyError lists the candidates."""
+    run (all of them when `device_features` is None); KeyError lists the candidates.
+
+    Variants that differ only on a choice axis (ops.yaml: int_dot) all match; the one taken is the
+    first in ops.yaml's order whose features are all in `preferred_features` (the device's
+    Device.preferred_features: what it does not emulate; None: every feature), else the first the
+    device can run."""
     candidates = variants_of(op_name, device_features)
-    for v in candidates:
-        if v.dtype == dtype and all(STORAGE_AXIS[storages[b.tensor]] == b.storage for b in v.bindings if b.tensor in storages):
-            return v
+    matches = [v for v in candidates if v.dtype == dtype
+               and all(STORAGE_AXIS[storages[b.tensor]] == b.storage for b in v.bindings if b.tensor in storages)]
+    if matches:
+        prefer = None if preferred_features is None else frozenset(preferred_features)
+        return min(matches, key=lambda v: (prefer is not None and not prefer.issuperset(v.features), v.preference))
     have = ", ".join(sorted(v.name for v in candidates)) or "none"
     want = ", ".join(f"{k}={STORAGE_AXIS[s]}" for k, s in sorted(storages.items()))
     raise KeyError(f"no shader variant of '{op_name}' for dtype={dtype}, {want}; variants: {have}")
 
 
-def node_dispatches(node, slot_reprs: dict, dtype: str, device_features=None) -> list[DispatchSpec]:
+def node_dispatches(node, slot_reprs: dict, dtype: str, device_features=None,
+                    preferred_features=None) -> list[DispatchSpec]:
     """Dispatches for one planned node. `slot_reprs`: tensor slot name -> TensorRepr;
     `dtype`: the node's dtype, used unless the op fixes some tensors' dtypes (`dtype_of`: a
     comparison's bool out), when the variant's dtype is that of its other tensors;
-    `device_features`: what the device has (None: every variant is a candidate)."""
+    `device_features`: what the device has (None: every variant is a candidate);
+    `preferred_features`: what it runs fast, for choice axes (select_variant)."""
     op = node.op
     tensors = {name: v for name, v in node.args if name in slot_reprs}
     tensors.update(node.outputs)
@@ -66,7 +76,7 @@ def node_dispatches(node, slot_reprs: dict, dtype: str, device_features=None) ->
     if op.dtype_of:
         slots = dict(node.outputs) | dict(node.tensor_args())
         dtype = op.variant_dtype({name: v.dtype for name, v in slots.items()}) or dtype
-    variant = select_variant(op.name, dtype, storages, device_features)
+    variant = select_variant(op.name, dtype, storages, device_features, preferred_features)
     bound = {b.tensor for b in variant.bindings}
     for a in op.args:
         if a.kind == "tensor" and a.optional and tensors.get(a.name) is None and a.name in bound:

@@ -131,7 +131,7 @@ class CompiledProgram:
             slots = {name: assignment.slots[(node, name)]
                      for name in set([n for n, _ in node.tensor_args()] + [n for n, _ in node.outputs])}
             dtype = node.outputs[0][1].dtype
-            specs += node_dispatches(node, slots, dtype, self.device.enabled_features)
+            specs += node_dispatches(node, slots, dtype, self.device.enabled_features, self.device.preferred_features)
         return specs
 
     def _prepack(self, seg_specs, assignment, report) -> None:
@@ -448,6 +448,13 @@ class CompiledProgram:
     @property
     def num_submits_per_call(self) -> int:
         return sum(1 for s in self.segments if s.program is not None and (s.nodes or s.inputs))
+
+    @property
+    def dispatch_variants(self) -> list[tuple[str, str]]:
+        """(dispatch label, shader variant name) per dispatch, in order: which code path (e.g.
+        int_dot plain or dot4x8) the device got."""
+        return [(d.label, d.variant.name) for seg in self.segments if seg.program is not None
+                for d in seg.program.dispatches]
 
     def profile(self) -> list[tuple[str, float]]:
         rows = []

@@ -11,12 +11,13 @@ from texelflow.runtime.errors import (  # noqa: E402
     InputTypeError,
     InputValueError,
     ProgramClosedError,
+    QuantizationError,
     TexelflowError,
     UnsupportedModelError,
 )
 
 __all__ = ["compile", "plan", "quantize", "Quantizer", "__version__", "TexelflowError", "InputTypeError",
-           "InputValueError", "UnsupportedModelError", "ProgramClosedError"]
+           "InputValueError", "UnsupportedModelError", "QuantizationError", "ProgramClosedError"]
 
 
 def __getattr__(name: str):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from texelflow.generated.layouts import DEVICE_FEATURES
+from texelflow.generated.variants import VARIANT_FEATURES
 from texelflow.runtime.errors import ProgramClosedError
 from texelflow.runtime.vulkan.errors import INSTALL_HINT, NoDeviceError, translate
 
@@ -37,10 +38,12 @@ _FEATURE_STRUCTS = {
     "VkPhysicalDevice8BitStorageFeatures": ("VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES", (1, 2, 0)),
     "VkPhysicalDeviceShaderFloat16Int8Features": (
         "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES", (1, 2, 0)),
+    "VkPhysicalDeviceShaderIntegerDotProductFeatures": (
+        "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES", (1, 3, 0)),
 }
-# Every device feature a shader variant may require (layouts.yaml dtypes: `features`, validated
-# against the same names in codegen/layouts_schema.py KNOWN_FEATURES) -> the struct reporting it
-# (None: VkPhysicalDeviceFeatures itself).
+# Every device feature a shader variant may require (layouts.yaml dtypes: `features`; ops.yaml
+# choice axes, e.g. int_dot; validated against the same names in codegen/layouts_schema.py
+# KNOWN_FEATURES) -> the struct reporting it (None: VkPhysicalDeviceFeatures itself).
 FEATURE_SOURCES: dict[str, str | None] = {
     "shaderFloat64": None,
     "shaderInt64": None,
@@ -52,7 +55,22 @@ FEATURE_SOURCES: dict[str, str | None] = {
     "uniformAndStorageBuffer8BitAccess": "VkPhysicalDevice8BitStorageFeatures",
     "shaderFloat16": "VkPhysicalDeviceShaderFloat16Int8Features",
     "shaderInt8": "VkPhysicalDeviceShaderFloat16Int8Features",
+    "shaderIntegerDotProduct": "VkPhysicalDeviceShaderIntegerDotProductFeatures",
 }
+
+# Features whose instructions a device may support without hardware for them (it then emulates
+# them, often no faster than the code they replace) -> (properties struct, its sType, the API
+# version where it is core, the property saying the instructions we use are accelerated).
+# Variant selection prefers the variants needing them only where they are accelerated.
+ACCELERATION_PROPERTIES: dict[str, tuple[str, str, tuple[int, int, int], str]] = {
+    "shaderIntegerDotProduct": (
+        "VkPhysicalDeviceShaderIntegerDotProductProperties",
+        "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_PROPERTIES", (1, 3, 0),
+        "integerDotProduct4x8BitPackedSignedAccelerated"),
+}
+# Device extensions that bring a feature to devices below the API version where it is core; each is
+# enabled with its feature where the device lists it.
+FEATURE_EXTENSIONS: dict[str, str] = {"shaderIntegerDotProduct": "VK_KHR_shader_integer_dot_product"}
 
 _TYPE_NAMES = {0: "other", 1: "integrated", 2: "discrete", 3: "virtual", 4: "cpu"}
 # Lower rank is preferred: real GPUs first, lavapipe (CPU) only as a fallback.
@@ -94,6 +112,9 @@ class DeviceLimits:
     shader_int8: bool
     storage_buffer_8bit: bool
     features: frozenset[str] = frozenset()  # FEATURE_SOURCES names the device supports
+    # supported features whose instructions the device reports as not accelerated
+    # (ACCELERATION_PROPERTIES): variants needing them are run only where nothing else fits
+    emulated_features: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -155,18 +176,23 @@ class Device:
         try:
             self.physical, self.limits = self._choose(select if select is not None else os.environ.get(ENV_VAR))
             self.queue_family, self.memory_types = self._queue_family(), self._memory_types()
-            # Turn on every feature some dtype's shaders require that the device has: variant
-            # lookup refuses variants needing the others (pipeline.find_variant).
-            self.enabled_features = self.limits.features & frozenset(DEVICE_FEATURES)
+            # Turn on every feature some dtype's or variant's shaders require that the device has:
+            # variant lookup refuses variants needing the others (pipeline.find_variant).
+            self.enabled_features = self.limits.features & frozenset(DEVICE_FEATURES + VARIANT_FEATURES)
+            # What variant selection prefers among variants that differ only on a choice axis
+            # (lower_dispatch.select_variant): the enabled features the device does not emulate.
+            self.preferred_features = self.enabled_features - self.limits.emulated_features
             chain = _feature_chain(vk, self.limits.api_version, self.enabled_features)[0] \
                 if self.enabled_features else None
+            extensions = self._feature_extensions()
             with translate("creating the logical device"):
                 queue_info = vk.VkDeviceQueueCreateInfo(
                     sType=vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                     queueFamilyIndex=self.queue_family, queueCount=1, pQueuePriorities=[1.0])
                 self.handle = vk.vkCreateDevice(self.physical, vk.VkDeviceCreateInfo(
                     sType=vk.VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, pNext=chain,
-                    queueCreateInfoCount=1, pQueueCreateInfos=[queue_info]), None)
+                    queueCreateInfoCount=1, pQueueCreateInfos=[queue_info],
+                    enabledExtensionCount=len(extensions), ppEnabledExtensionNames=extensions or None), None)
                 self.queue = vk.vkGetDeviceQueue(self.handle, self.queue_family, 0)
                 self.command_pool = vk.vkCreateCommandPool(self.handle, vk.VkCommandPoolCreateInfo(
                     sType=vk.VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO,
@@ -179,6 +205,15 @@ class Device:
             raise
 
     # ---- creation helpers -------------------------------------------------------------------
+    def _feature_extensions(self) -> list[str]:
+        """The FEATURE_EXTENSIONS of enabled features that the device lists (our instance asks
+        for Vulkan 1.1, so a feature core only later is valid with its extension on)."""
+        wanted = {FEATURE_EXTENSIONS[f] for f in self.enabled_features if f in FEATURE_EXTENSIONS}
+        if not wanted:
+            return []
+        listed = {e.extensionName for e in self.vk.vkEnumerateDeviceExtensionProperties(self.physical, None)}
+        return sorted(wanted & listed)
+
     def _create_instance(self):
         vk = self.vk
         app = vk.VkApplicationInfo(sType=vk.VK_STRUCTURE_TYPE_APPLICATION_INFO,
@@ -224,8 +259,12 @@ class Device:
         sub = vk.VkPhysicalDeviceSubgroupProperties(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES)
         m3 = vk.VkPhysicalDeviceMaintenance3Properties(
             sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES, pNext=sub)
-        props2 = vk.VkPhysicalDeviceProperties2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=m3)
         api = _version(props.apiVersion)
+        accel, nxt = {}, m3
+        for f, (struct, stype, since, _) in ACCELERATION_PROPERTIES.items():
+            if api >= since:
+                nxt = accel[f] = getattr(vk, struct)(sType=getattr(vk, stype), pNext=nxt)
+        props2 = vk.VkPhysicalDeviceProperties2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=nxt)
         feats2, structs = _feature_chain(vk, api)
         extended = api >= (1, 1, 0)
         if extended:  # Properties2/Features2 are 1.1 core
@@ -258,6 +297,8 @@ class Device:
             shader_int8="shaderInt8" in features,
             storage_buffer_8bit="storageBuffer8BitAccess" in features,
             features=features,
+            emulated_features=frozenset(f for f, prop in accel.items() if f in features
+                                        and not getattr(prop, ACCELERATION_PROPERTIES[f][3])),
         )
 
     def _queue_family(self) -> int:

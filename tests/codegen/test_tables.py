@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from texelflow.generated.layouts import DTYPES, FAMILIES, STORAGE_AXIS, STORAGE_BY_AXIS, STORAGE_INFO, Storage
-from texelflow.generated.variants import AXES, VARIANTS
+from texelflow.generated.variants import AXES, CHOICES, VARIANTS
 
 
 def test_storage_table_names_every_axis_value_once():
     assert STORAGE_AXIS == {Storage.BUFFER: "buffer", Storage.TEXTURE_3D: "texture3d"}
     assert {v: k for k, v in STORAGE_AXIS.items()} == STORAGE_BY_AXIS
-    storage_axes = {v for name, values in AXES.items() if name != "dtype" for v in values}
+    storage_axes = {v for name, values in AXES.items() if name != "dtype" and name not in CHOICES for v in values}
     assert storage_axes <= set(STORAGE_BY_AXIS)
     tex = STORAGE_INFO[Storage.TEXTURE_3D]
     assert (tex.kind, tex.image_dims, tex.descriptor, tex.is_image) == ("image", 3, "STORAGE_IMAGE", True)

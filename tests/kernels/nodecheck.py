@@ -363,6 +363,14 @@ def raw_elements(device, ts: list[VkTensor]) -> list[np.ndarray]:
             for t, off in zip(ts, offsets)]
 
 
+def variant_at(op_name: str, **axes: str) -> str:
+    """The one variant of `op_name` at these axis values; an axis the op does not have is ignored
+    (int_dot="plain" names q8ta_conv2d's only variant too)."""
+    [name] = [n for n in OPS[op_name].variants
+              if all(dict(VARIANTS[n].axes).get(a, value) == value for a, value in axes.items())]
+    return name
+
+
 def run_nodes(device, nodes: list[tuple[Node, dict]], slot_reprs: dict[str, TensorRepr], dtype: str,
               expect_variant: str | None = None) -> list[list[Output]]:
     """Lower every node with node_dispatches and run all their dispatches in one Program.
@@ -371,10 +379,13 @@ def run_nodes(device, nodes: list[tuple[Node, dict]], slot_reprs: dict[str, Tens
     tensors: dict[Value, VkTensor] = {}
     ins, in_arrays, dispatches, every = [], [], [], []
     dummy = None
+    # Lower as a device with exactly the expected variant's features would: of variants differing
+    # only on a choice axis (int_dot), that picks the expected one (a plain one among dot4x8 ones).
+    features = VARIANTS[expect_variant].features if expect_variant is not None else None
     try:
         for node, arrays in nodes:
             present = {n for n, v in node.tensor_args()} | {n for n, _ in node.outputs}
-            for spec in node_dispatches(node, {n: r for n, r in slot_reprs.items() if n in present}, dtype):
+            for spec in node_dispatches(node, {n: r for n, r in slot_reprs.items() if n in present}, dtype, features):
                 if expect_variant is not None:
                     assert spec.variant.name == expect_variant, f"lowered to {spec.variant.name}, not {expect_variant}"
                 bound = {}

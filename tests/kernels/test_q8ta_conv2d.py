@@ -7,7 +7,7 @@ whose sums over more than 512 input channels cross the kernels' float-to-int flu
 PyTorch's reference (tests/kernels/q8ta_reference.py): >= 99% of the outputs equal, none more than
 one quantization step away, padding zero, and few outputs saturated (so that the comparison means
 something). On the same conv both kernels sum the same integers and requantize with the same code,
-so they must give the same words.
+so they must give the same words; so must im2col's int_dot variants (plain, dot4x8: OpSDot).
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from texelflow.generated.ops import OPS
 from texelflow.runtime.graph.repr import TensorRepr
 from texelflow.runtime.lower_dispatch import node_dispatches
 
-from .nodecheck import assert_padding_zero, build_node, explicit_case, run_nodes, sample_problem
+from .q8ta_cases import CONTIGUOUS, assert_close_to_reference, run_q8ta_case
+from .nodecheck import build_node, explicit_case, sample_problem
 
 BUFFER_4W4C = TensorRepr(Storage.BUFFER, Layout.PACKED_INT8_4W4C)
 BUFFER_4C1W = TensorRepr(Storage.BUFFER, Layout.PACKED_INT8_4C1W)
-CONTIGUOUS = TensorRepr(Storage.BUFFER, Layout.WIDTH_PACKED)
 PARAMS = {"weight": BUFFER_4C1W, "weight_scales": CONTIGUOUS, "weight_zero_points": CONTIGUOUS, "bias": CONTIGUOUS}
 KERNELS = ("q8ta_conv2d", "q8ta_conv2d_im2col")
 
@@ -54,29 +54,10 @@ def conv_case(op_name: str, input_shape, cout: int, kernel=(3, 3), *, seed: int,
     return explicit_case(OPS[op_name], sample, inputs, f"{op_name} {list(input_shape)} * {list(wshape)}")
 
 
-def run_case(device, op_name: str, case, input_repr: TensorRepr, out_repr: TensorRepr):
-    """The kernel's Output for the case, with `input` and `out` in the given representations."""
-    node, arrays = build_node(OPS[op_name], "int8", case)
-    assert sample_problem(OPS[op_name], node) is None
-    [[out]] = run_nodes(device, [(node, arrays)], {**PARAMS, "input": input_repr, "out": out_repr}, "int8",
-                        expect_variant=f"{op_name}_int8_buffer")
-    return out
-
-
-def assert_close_to_reference(case, out, what: str) -> None:
-    want = case.want[0].astype(np.int64)
-    got = out.got.astype(np.int64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    diff = np.abs(got - want)
-    exact = float(np.mean(diff == 0))
-    lo, hi = case.sample["quant_min"], case.sample["quant_max"]
-    relu = case.sample["activation"] == "relu"  # the zero point then holds every negative result
-    saturated = float(np.mean((want == hi) | ((want == lo) & (not relu or lo != case.sample["out_zero_point"]))))
-    print(f"{what}: {exact:.2%} exact, max |diff| {diff.max()}, {saturated:.2%} saturated")
-    assert diff.max() <= 1, f"{what}: {int(np.sum(diff > 1))} outputs more than one step from the reference"
-    assert exact >= 0.99, f"{what}: only {exact:.2%} of the outputs equal the reference"
-    assert saturated < 0.05, f"{what}: {saturated:.2%} of the reference saturates; the case tests too little"
-    assert_padding_zero(out, what)
+def run_case(device, op_name: str, case, input_repr: TensorRepr, out_repr: TensorRepr, int_dot: str = "plain"):
+    """The kernel's Output for the case, with `input` and `out` in the given representations, on
+    its int_dot variant `int_dot` (plain: int32 lane products; dot4x8: OpSDot) where it has one."""
+    return run_q8ta_case(device, op_name, case, {**PARAMS, "input": input_repr, "out": out_repr}, int_dot)
 
 
 # ResNet-18's conv shapes at 28 x 28 (layer2) and 7 x 7 (layer4); every one qualifies for im2col.
@@ -159,3 +140,16 @@ def test_stride_over_a_byte_goes_to_the_cpu():
     assert "stride=[1, 256] is over 255" in (sample_problem(op, node) or "")
     with pytest.raises(ValueError, match="stride_w 256 is outside"):
         node_dispatches(node, {**PARAMS, "input": BUFFER_4W4C, "out": BUFFER_4W4C}, "int8")
+
+
+@pytest.mark.parametrize("name", ["3x3-pad1", "3x3-stride2", "1x1-downsample", "layer4-3x3", "640-channels"])
+def test_im2col_dot_products_give_the_plain_words(device, name):
+    """The im2col kernel with OpSDot (zero points expanded after the loop, padding taps reading
+    x_zp) against its plain variant (float sums of (x - x_zp) * w'): the same words."""
+    if "shaderIntegerDotProduct" not in device.enabled_features:
+        pytest.skip(f"{device.limits.name} has no shaderIntegerDotProduct: only the plain variant runs here")
+    case = conv_case("q8ta_conv2d_im2col", seed=5, **RESNET_CASES[name])
+    plain, dot = (run_case(device, "q8ta_conv2d_im2col", case, BUFFER_4W4C, BUFFER_4C1W, int_dot=v)
+                  for v in ("plain", "dot4x8"))
+    np.testing.assert_array_equal(dot.got, plain.got)
+    np.testing.assert_array_equal(dot.raw, plain.raw)

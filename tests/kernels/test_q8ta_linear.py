@@ -5,7 +5,9 @@ projection (M=64, K=384, N=96, and K off the 4-grid with both zero points) on th
 an ImageNet classifier head (K=512, N=1000) on the GEMV kernel, in each representation their
 repsets allow, against PyTorch's reference (tests/kernels/q8ta_reference.py): >= 99% of the
 outputs equal, none more than one quantization step away, padding zero, and few outputs saturated
-(so that the comparison means something). On one row, both kernels give the same words.
+(so that the comparison means something). On one row, both kernels give the same words; on every
+model shape the int_dot variants (plain, dot4x8: OpSDot) give the same words, and the variant a
+device gets follows its features (docs/quantization.md "Integer dot products").
 """
 from __future__ import annotations
 
@@ -15,13 +17,13 @@ import pytest
 from texelflow.generated.layouts import Layout, Storage
 from texelflow.generated.ops import OPS
 from texelflow.runtime.graph.repr import TensorRepr
-from texelflow.runtime.lower_dispatch import node_dispatches
+from texelflow.runtime.lower_dispatch import node_dispatches, select_variant
 
-from .nodecheck import assert_padding_zero, build_node, explicit_case, run_nodes
+from .q8ta_cases import CONTIGUOUS, assert_close_to_reference, run_q8ta_case
+from .nodecheck import build_node, explicit_case
 
 BUFFER_4H4W = TensorRepr(Storage.BUFFER, Layout.PACKED_INT8_4H4W)
 BUFFER_4W = TensorRepr(Storage.BUFFER, Layout.PACKED_INT8_4W)
-CONTIGUOUS = TensorRepr(Storage.BUFFER, Layout.WIDTH_PACKED)
 PARAMS = {"weight": BUFFER_4H4W, "weight_scales": CONTIGUOUS, "weight_zero_points": CONTIGUOUS, "bias": CONTIGUOUS}
 
 
@@ -47,28 +49,10 @@ def linear_case(op_name: str, input_shape, n: int, *, seed: int, weight_zp=False
     return explicit_case(OPS[op_name], sample, inputs, f"{op_name} {input_shape} x [{n}, {k}]")
 
 
-def run_case(device, op_name: str, case, input_repr: TensorRepr, out_repr: TensorRepr):
-    """The kernel's Output for the case, with `input` and `out` in the given representations."""
-    node, arrays = build_node(OPS[op_name], "int8", case)
-    [[out]] = run_nodes(device, [(node, arrays)], {**PARAMS, "input": input_repr, "out": out_repr}, "int8",
-                        expect_variant=f"{op_name}_int8_buffer")
-    return out
-
-
-def assert_close_to_reference(case, out, what: str) -> None:
-    want = case.want[0].astype(np.int64)
-    got = out.got.astype(np.int64)
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    diff = np.abs(got - want)
-    exact = float(np.mean(diff == 0))
-    lo, hi = case.sample["quant_min"], case.sample["quant_max"]
-    relu = case.sample["activation"] == "relu"  # the zero point then holds every negative result
-    saturated = float(np.mean((want == hi) | ((want == lo) & (not relu or lo != case.sample["out_zero_point"]))))
-    print(f"{what}: {exact:.2%} exact, max |diff| {diff.max()}, {saturated:.2%} saturated")
-    assert diff.max() <= 1, f"{what}: {int(np.sum(diff > 1))} outputs more than one step from the reference"
-    assert exact >= 0.99, f"{what}: only {exact:.2%} of the outputs equal the reference"
-    assert saturated < 0.05, f"{what}: {saturated:.2%} of the reference saturates; the case tests too little"
-    assert_padding_zero(out, what)
+def run_case(device, op_name: str, case, input_repr: TensorRepr, out_repr: TensorRepr, int_dot: str = "plain"):
+    """The kernel's Output for the case, with `input` and `out` in the given representations, on
+    its int_dot variant `int_dot` (plain: int32 lane products; dot4x8: OpSDot) where it has one."""
+    return run_q8ta_case(device, op_name, case, {**PARAMS, "input": input_repr, "out": out_repr}, int_dot)
 
 
 TILED_CASES = {
@@ -130,3 +114,73 @@ def test_gemv_on_several_rows(device, out_repr):
     case = linear_case("q8ta_linear_gemv", (2, 5, 70), 13, seed=3, weight_zp=True, input_zp=-4)
     out = run_case(device, "q8ta_linear_gemv", case, BUFFER_4W, out_repr)
     assert_close_to_reference(case, out, "q8ta_linear_gemv on 2 x 5 rows")
+
+
+DOT = "shaderIntegerDotProduct"  # the device feature the int_dot = dot4x8 variants require
+
+
+def needs_dot_products(device) -> None:
+    if DOT not in device.enabled_features:
+        pytest.skip(f"{device.limits.name} has no {DOT}: only the plain variants run here")
+
+
+@pytest.mark.parametrize("op_name,name", [("q8ta_linear", n) for n in sorted(TILED_CASES)]
+                         + [("q8ta_linear_gemv", n) for n in sorted(GEMV_CASES)])
+def test_dot_products_give_the_plain_words(device, op_name, name):
+    """OpSDot sums x * w and takes the zero points off after the loop (K counting only real lanes,
+    K off the 4-grid in the k-off-grid cases); the plain kernel subtracts them per lane: the same
+    integers, so the same words, padding included."""
+    needs_dot_products(device)
+    shapes = TILED_CASES if op_name == "q8ta_linear" else GEMV_CASES
+    case = linear_case(op_name, seed=len(name), **shapes[name])
+    reprs = (BUFFER_4H4W, BUFFER_4H4W) if op_name == "q8ta_linear" else (BUFFER_4W, BUFFER_4W)
+    plain, dot = (run_case(device, op_name, case, *reprs, int_dot=v) for v in ("plain", "dot4x8"))
+    np.testing.assert_array_equal(dot.got, plain.got)
+    np.testing.assert_array_equal(dot.raw, plain.raw)
+
+
+@pytest.mark.parametrize("op_name,storages", [
+    ("q8ta_linear", {"out": Storage.BUFFER, "input": Storage.BUFFER}),
+    ("q8ta_linear_gemv", {"out": Storage.BUFFER, "input": Storage.BUFFER}),
+])
+def test_variant_selection_follows_the_device_features(op_name, storages):
+    """A device without the feature gets the plain variant; one with it gets dot4x8 where it
+    accelerates dot products (the feature among its preferred ones), and plain where it only
+    emulates them (lavapipe: Device.preferred_features leaves the feature out)."""
+    def chosen(features, preferred=None):
+        return dict(select_variant(op_name, "int8", storages, features, preferred).axes)["int_dot"]
+
+    assert chosen(frozenset()) == "plain"
+    assert chosen(frozenset({"shaderFloat16"})) == "plain"
+    assert chosen(frozenset({DOT})) == "dot4x8"
+    assert chosen(frozenset({DOT}), preferred=frozenset({DOT})) == "dot4x8"
+    assert chosen(frozenset({DOT}), preferred=frozenset()) == "plain"
+    assert chosen(None) == "dot4x8"  # no device: every variant is a candidate, ops.yaml's order decides
+
+
+def test_device_runs_the_variant_it_prefers(device):
+    """The real device's choice: dot4x8 only where the feature is enabled and not emulated."""
+    storages = {"out": Storage.BUFFER, "input": Storage.BUFFER}
+    got = select_variant("q8ta_linear", "int8", storages, device.enabled_features, device.preferred_features)
+    fast = DOT in device.enabled_features and DOT not in device.limits.emulated_features
+    assert dict(got.axes)["int_dot"] == ("dot4x8" if fast else "plain"), got.name
+
+
+def test_compiled_program_runs_the_preferred_variant(device):
+    """Through texelflow.compile: every q8ta_linear dispatch is the variant the device prefers
+    (CompiledProgram.dispatch_variants names it), and the program's result is the same either way."""
+    import torch
+
+    import texelflow
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)).eval()
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+    qmodel = texelflow.quantize(model, [(x,)])
+    fast = DOT in device.enabled_features and DOT not in device.limits.emulated_features
+    with texelflow.compile(qmodel, (x,), device=device) as prog:
+        chosen = [name for _, name in prog.dispatch_variants if name.startswith("q8ta_linear")]
+        got = prog(x)
+    assert chosen == [f"q8ta_linear_int8_buffer_{'dot4x8' if fast else 'plain'}"] * 2, prog.dispatch_variants
+    (out,) = next(n for n in qmodel.graph.nodes if n.op == "output").args[0]
+    step = float(out.args[1])  # the scale of the int8 output the graph dequantizes
+    np.testing.assert_allclose(np.asarray(got), qmodel(x).numpy(), rtol=0, atol=1.01 * step)

@@ -35,8 +35,9 @@ def fake_device(features) -> SimpleNamespace:
 
 def test_variants_carry_their_dtypes_features():
     assert FP16 == ("shaderFloat16", "storageBuffer16BitAccess")
-    for v in gv.VARIANTS.values():
-        assert v.features == DTYPES[v.dtype].features, v.name
+    for v in gv.VARIANTS.values():  # plus those of its choice axis values (int_dot: dot4x8)
+        chosen = {f for axis, value in v.axes if axis in gv.CHOICES for f in gv.CHOICES[axis][value]}
+        assert v.features == tuple(sorted(set(DTYPES[v.dtype].features) | chosen)), v.name
     # float16 is in the dtype table but has no variants yet: ops.yaml variant_axes decides. bool
     # has them (comparisons, where, logical ops, and the identity ops that move masks).
     assert not [v.name for v in gv.VARIANTS.values() if v.dtype == "float16"]
@@ -71,5 +72,6 @@ def test_device_reads_every_feature_a_dtype_may_name(device):
     assert set(KNOWN_FEATURES) == set(FEATURE_SOURCES)
     assert set(DEVICE_FEATURES) <= set(FEATURE_SOURCES)
     assert device.limits.features <= set(FEATURE_SOURCES)
-    assert device.enabled_features == device.limits.features & set(DEVICE_FEATURES)
+    assert device.enabled_features == device.limits.features & set(DEVICE_FEATURES + gv.VARIANT_FEATURES)
+    assert device.preferred_features == device.enabled_features - device.limits.emulated_features
     assert device.limits.shader_float16 == ("shaderFloat16" in device.limits.features)

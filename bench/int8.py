@@ -1,0 +1,156 @@
+"""Benchmark: the q8ta kernels beside their float counterparts, on the same device in the same run.
+
+Each case is a one-op model compiled twice: as it is (float32: `linear`, `conv2d`, `conv2d_dw`)
+and quantized through `texelflow.quantize` (int8: the q8ta op between a quantize and a dequantize).
+Only the op's own dispatch is timed (GPU timestamps from `prog.profile()`, the best of --reps
+calls, float and int8 interleaved so both see the same load on a shared machine). The ratio is
+float time / int8 time: above 1, int8 is faster. Then im2col beside the general sliding-window
+kernel on the same non-grouped convs: the general kernel is forced by giving the planned node
+that op (both read and write the same representations, so the plan stays valid).
+Usage: python bench/int8.py [--reps N] [--only TEXT]
+Prints markdown tables for bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn as nn
+
+from machine import machine
+
+# (name, float module, input shape): linears at ViT-S/16 and ResNet-18 head shapes, convs at
+# ResNet-18 / MobileNetV3 shapes.
+LINEARS = [
+    ("linear 197x384 -> 1152 (ViT-S qkv)", lambda: nn.Linear(384, 1152), (197, 384)),
+    ("linear 197x1536 -> 384 (ViT-S fc2)", lambda: nn.Linear(1536, 384), (197, 1536)),
+    ("linear 64x384 -> 96", lambda: nn.Linear(384, 96), (64, 384)),
+    ("gemv 1x512 -> 1000 (ResNet-18 fc)", lambda: nn.Linear(512, 1000), (1, 512)),
+    ("gemv 1x384 -> 1152", lambda: nn.Linear(384, 1152), (1, 384)),
+]
+CONVS = [
+    ("conv 3x3 64->64, 56x56 (ResNet-18 layer1)", lambda: nn.Conv2d(64, 64, 3, padding=1), (1, 64, 56, 56)),
+    ("conv 3x3 128->128, 28x28 (layer2)", lambda: nn.Conv2d(128, 128, 3, padding=1), (1, 128, 28, 28)),
+    ("conv 3x3/2 64->128, 56x56", lambda: nn.Conv2d(64, 128, 3, stride=2, padding=1), (1, 64, 56, 56)),
+    ("conv 1x1/2 64->128, 56x56 (downsample)", lambda: nn.Conv2d(64, 128, 1, stride=2), (1, 64, 56, 56)),
+    ("conv 7x7/2 3->64, 112x112 (stem, Cin 3)", lambda: nn.Conv2d(3, 64, 7, stride=2, padding=3), (1, 3, 112, 112)),
+    ("depthwise 3x3 96, 28x28 (MobileNetV3)", lambda: nn.Conv2d(96, 96, 3, padding=1, groups=96), (1, 96, 28, 28)),
+]
+FLOAT_OPS = {"linear", "conv2d", "conv2d_dw"}
+INT8_OPS = {"q8ta_linear", "q8ta_linear_gemv", "q8ta_conv2d", "q8ta_conv2d_im2col"}
+
+
+def op_time(prog, ops: set[str]) -> float:
+    """Microseconds of the last call's dispatches of `ops`."""
+    from texelflow.demo import dispatch_times, op_name
+
+    return sum(us for label, node, us in dispatch_times(prog) if op_name(node, label) in ops)
+
+
+def the_op(prog, ops: set[str]) -> str:
+    names = {n.op.name for n in prog.plan.graph.nodes if n.op is not None and n.op.name in ops}
+    return "/".join(sorted(names))
+
+
+def best_of(progs: list, ops: list[set[str]], reps: int) -> list[float]:
+    """Best per-program op time over `reps` rounds, the programs interleaved within each round."""
+    best = [float("inf")] * len(progs)
+    for prog in progs:
+        prog(*prog.bench_inputs)  # warm: pipelines, caches
+    for _ in range(reps):
+        for i, (prog, wanted) in enumerate(zip(progs, ops)):
+            prog(*prog.bench_inputs)
+            best[i] = min(best[i], op_time(prog, wanted))
+    return best
+
+
+def compiled(model, inputs, device, force_general: bool = False):
+    """The program of `model`; with `force_general`, its im2col conv runs the general kernel."""
+    import texelflow
+    from texelflow.generated.ops import OPS
+    from texelflow.runtime.program import CompiledProgram
+
+    plan = texelflow.plan(model, inputs)
+    if force_general:
+        for node in plan.graph.nodes:
+            if node.op is not None and node.op.name == "q8ta_conv2d_im2col":
+                node.op, node.target = OPS["q8ta_conv2d"], OPS["q8ta_conv2d"].targets[0]
+    prog = CompiledProgram(plan, plan.exported, device)
+    prog.bench_inputs = inputs
+    return prog
+
+
+def quantized(module, x):
+    import texelflow
+
+    torch.manual_seed(0)
+    calibration = [(torch.randn_like(x),) for _ in range(2)]
+    return texelflow.quantize(module, calibration, quantizer=texelflow.Quantizer(observer="minmax"))
+
+
+def float_vs_int8(cases, device, reps: int) -> list[tuple]:
+    rows = []
+    for name, make, shape in cases:
+        torch.manual_seed(0)
+        module, x = make().eval(), torch.randn(*shape)
+        progs = [compiled(module, (x,), device), compiled(quantized(module, x), (x,), device)]
+        try:
+            f_us, q_us = best_of(progs, [FLOAT_OPS, INT8_OPS], reps)
+            rows.append((name, the_op(progs[0], FLOAT_OPS), f_us, the_op(progs[1], INT8_OPS), q_us))
+        finally:
+            for p in progs:
+                p.close()
+    return rows
+
+
+def im2col_vs_general(device, reps: int) -> list[tuple]:
+    rows = []
+    for name, make, shape in CONVS:
+        torch.manual_seed(0)
+        module, x = make().eval(), torch.randn(*shape)
+        if module.groups != 1 or module.in_channels % 4:
+            continue  # im2col does not apply
+        q = quantized(module, x)
+        progs = [compiled(q, (x,), device), compiled(q, (x,), device, force_general=True)]
+        try:
+            assert the_op(progs[0], INT8_OPS) == "q8ta_conv2d_im2col" and the_op(progs[1], INT8_OPS) == "q8ta_conv2d"
+            im2col_us, general_us = best_of(progs, [INT8_OPS, INT8_OPS], reps)
+            same = bool(torch.equal(progs[0](x), progs[1](x)))
+            rows.append((name, im2col_us, general_us, same))
+        finally:
+            for p in progs:
+                p.close()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--only", default="", help="run only cases whose name contains this text")
+    args = parser.parse_args()
+
+    from texelflow.runtime.vulkan.device import default_device
+
+    device = default_device()
+    print(f"Device: {device.limits.name}. Machine: {machine()}. torch {torch.__version__}, best of {args.reps}.\n")
+    start = time.perf_counter()
+    keep = lambda cases: [c for c in cases if args.only in c[0]]  # noqa: E731
+    rows = float_vs_int8(keep(LINEARS) + keep(CONVS), device, args.reps)
+    print("| case | float op | float32 ms | int8 op | int8 ms | float / int8 |")
+    print("|---|---|---|---|---|---|")
+    for name, fop, f_us, qop, q_us in rows:
+        print(f"| {name} | {fop} | {f_us / 1e3:.2f} | {qop} | {q_us / 1e3:.2f} | {f_us / q_us:.2f}x |")
+    conv_rows = im2col_vs_general(device, args.reps) if any(args.only in c[0] for c in CONVS) else []
+    if conv_rows:
+        print("\n| non-grouped conv | q8ta_conv2d_im2col ms | q8ta_conv2d (general) ms | general / im2col | same output |")
+        print("|---|---|---|---|---|")
+        for name, im2col_us, general_us, same in conv_rows:
+            print(f"| {name} | {im2col_us / 1e3:.2f} | {general_us / 1e3:.2f} | {general_us / im2col_us:.2f}x | "
+                  f"{'yes' if same else 'NO'} |")
+    print(f"\n({time.perf_counter() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
