@@ -6,8 +6,10 @@ Only the op's own dispatch is timed (GPU timestamps from `prog.profile()`, the b
 calls, float and int8 interleaved so both see the same load on a shared machine). The ratio is
 float time / int8 time: above 1, int8 is faster. Then im2col beside the general sliding-window
 kernel on the same non-grouped convs: the general kernel is forced by giving the planned node
-that op (both read and write the same representations, so the plan stays valid).
-Usage: python bench/int8.py [--reps N] [--only TEXT]
+that op (both read and write the same representations, so the plan stays valid). Last, whole zoo
+models: the float program beside the quantized one (latency per call, best of --reps), with the
+dispatches of each and the quantized program's error against the quantized graph in PyTorch.
+Usage: python bench/int8.py [--reps N] [--only TEXT] [--no-models]
 Prints markdown tables for bench/RESULTS.md.
 """
 
@@ -125,10 +127,43 @@ def im2col_vs_general(device, reps: int) -> list[tuple]:
     return rows
 
 
+MODELS = {"resnet18": 112, "mobilenet_v3_small": 96, "unet_decoder": 64, "vit_tiny": 32}  # model -> input size
+
+
+def call_ms(prog, inputs, reps: int) -> float:
+    prog(*inputs)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        prog(*inputs)
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def zoo_models(device, reps: int) -> list[tuple]:
+    import texelflow
+    from texelflow.models import ZOO
+
+    rows = []
+    for name, size in MODELS.items():
+        model, inputs = ZOO[name](image_size=size)
+        torch.manual_seed(1)
+        calibration = [tuple(torch.randn_like(x) for x in inputs) for _ in range(4)]
+        qmodel = texelflow.quantize(model, calibration)
+        with texelflow.compile(model, inputs, device=device) as fprog, \
+                texelflow.compile(qmodel, inputs, device=device) as qprog:
+            f_ms, q_ms = call_ms(fprog, inputs, reps), call_ms(qprog, inputs, reps)
+            err = (qprog(*inputs) - qmodel(*inputs)).abs().max().item()
+            rows.append((name, size, sum(fprog.plan.dispatches.values()), f_ms, sum(qprog.plan.dispatches.values()),
+                         q_ms, len(qprog.plan.fallbacks), err))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--only", default="", help="run only cases whose name contains this text")
+    parser.add_argument("--no-models", action="store_true", help="skip the whole-model comparison")
     args = parser.parse_args()
 
     from texelflow.runtime.vulkan.device import default_device
@@ -149,6 +184,12 @@ def main() -> None:
         for name, im2col_us, general_us, same in conv_rows:
             print(f"| {name} | {im2col_us / 1e3:.2f} | {general_us / 1e3:.2f} | {general_us / im2col_us:.2f}x | "
                   f"{'yes' if same else 'NO'} |")
+    if not args.no_models and not args.only:
+        print("\n| model (input size) | float32 dispatches | float32 ms / call | int8 dispatches | int8 ms / call "
+              "| float / int8 | int8 fallbacks | max error vs quantized graph |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, size, fd, f_ms, qd, q_ms, fallbacks, err in zoo_models(device, args.reps):
+            print(f"| {name} ({size}) | {fd} | {f_ms:.1f} | {qd} | {q_ms:.1f} | {f_ms / q_ms:.2f}x | {fallbacks} | {err:.2g} |")
     print(f"\n({time.perf_counter() - start:.0f} s)")
 
 

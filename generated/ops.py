@@ -3655,6 +3655,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('rank', (('rank', (('input', (4,)),)),)),
+            Check('reduction_at_most', (('from_dim', 1), ('of', 'out'), ('reduction_at_most', 'weight'), ('value', 33025))),
             Check('at_most', (('at_most', 'stride'), ('of', 'out'), ('value', 255))),
             Check('at_most', (('at_most', 'padding'), ('of', 'out'), ('value', 255))),
             Check('at_most', (('at_most', 'dilation'), ('of', 'out'), ('value', 255))),
@@ -3710,6 +3711,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('rank', (('rank', (('input', (4,)),)),)),
+            Check('reduction_at_most', (('from_dim', 1), ('of', 'out'), ('reduction_at_most', 'weight'), ('value', 33025))),
             Check('arg_equals', (('arg_equals', 'groups'), ('of', 'out'), ('value', 1))),
             Check('size_multiple', (('dim', 1), ('of', 'out'), ('size_multiple', 'input'), ('value', 4))),
             Check('at_most', (('at_most', 'stride'), ('of', 'out'), ('value', 255))),
@@ -3762,6 +3764,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('rank', (('rank', (('weight', (2,)),)),)),
+            Check('reduction_at_most', (('from_dim', 1), ('of', 'out'), ('reduction_at_most', 'weight'), ('value', 33025))),
         ),
         grid=('per_tile', 'out', 8, 4),
         template='q8ta_linear',
@@ -3809,6 +3812,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('rank', (('rank', (('weight', (2,)),)),)),
+            Check('reduction_at_most', (('from_dim', 1), ('of', 'out'), ('reduction_at_most', 'weight'), ('value', 33025))),
         ),
         grid=('cooperative', 'out', 4),
         template='q8ta_linear_gemv',

@@ -228,6 +228,21 @@ def _at_most(node: NodeFacts, p: dict) -> str | None:
     return None
 
 
+@_rule(CHECK_RULES, "reduction_at_most", None, required=("from_dim", "value", "of"))
+def _reduction_at_most(node: NodeFacts, p: dict) -> str | None:
+    """`{reduction_at_most: TENSOR, from_dim: D, value: V, of: TENSOR}`: the product of the
+    tensor's dims from D on is at most V: the number of terms the kernel computing `of` sums (a
+    q8ta linear's K, a q8ta conv's Cin / groups * KH * KW: int8 products summed in int32, exact
+    up to 33,025 terms of 255 * 255)."""
+    import math
+
+    terms = math.prod(node.shape(p["reduction_at_most"])[p["from_dim"]:])
+    if terms > p["value"]:
+        return (f"'{p['of']}' sums {terms} products per output, over the {p['value']} whose int32 "
+                f"sum is exact")
+    return None
+
+
 def run_checks(node: NodeFacts, checks: Sequence) -> str | None:
     """The first failing check's reason, or None. `checks`: items with `.rule` and `.params`."""
     for check in checks:

@@ -225,19 +225,14 @@ def _feeds_quantized(node: Node) -> bool:
 
 
 def _fused_activation(node: Node):
-    """The relu / relu6 / hardtanh(0, 6) (in place or not) that is `node`'s only user, else None."""
+    """The relu / relu6 / hardtanh (in place or not) that is `node`'s only user, else None: the
+    fused q8ta op applies it (hardtanh's bounds, whatever they are, as its output range)."""
     if len(node.users) != 1:
         return None
     user = next(iter(node.users))
     if user.op != "call_function" or _annotated(user) or user.args[0] is not node:
         return None
-    if user.target in _RELUS or user.target in _RELU6S:
-        return user
-    if user.target in _HARDTANHS:
-        low = user.args[1] if len(user.args) > 1 else user.kwargs.get("min_val", -1.0)
-        high = user.args[2] if len(user.args) > 2 else user.kwargs.get("max_val", 1.0)
-        return user if (low, high) == (0, 6) else None
-    return None
+    return user if user.target in _RELUS | _RELU6S | _HARDTANHS else None
 
 
 # ---- quantize(): export, prepare, calibrate, convert -------------------------------------------------

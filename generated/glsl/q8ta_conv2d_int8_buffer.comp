@@ -201,7 +201,7 @@ int q8_requantize(ivec4 acc, Q8Channels ch) {
   return pack_int8x4(ivec4(q) * ch.inside);
 }
 
-#line 78 "shaders/q8ta_conv2d.glsl.j2"
+#line 79 "shaders/q8ta_conv2d.glsl.j2"
 void main() {
   ivec4 os = pc.out_sizes;
   ivec4 is = pc.input_sizes;
@@ -246,120 +246,120 @@ void main() {
     int in_n = q8_word(ivec4(0, 0, 0, n), is, input_layout) + first_block * in_cs;
     ivec2 origin = ivec2(x0, y0) * stride - q8_padding();
     ivec4 wsum = ivec4(0);  // sum of w - w_zp over every tap and real input channel, per output lane
-#line 123
+#line 124
     ivec4 acc0 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc1 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc2 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc3 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc4 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc5 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc6 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc7 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc8 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc9 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc10 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc11 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc12 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc13 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc14 = ivec4(0);
-#line 123
+#line 124
     ivec4 acc15 = ivec4(0);
 
     // Each path has its own tap loops: lavapipe runs the paths not taken masked, and so each
     // of their loops once, per tile rather than per tap.
-#line 128
+#line 129
     if (by_block) {
-#line 59
+#line 60
       for (int ky = 0; ky < kh; ++ky) {
-#line 61
+#line 62
         int iy0 = origin.y + 0 * stride.y + ky * dil.y;
         bool yok0 = iy0 >= 0 && iy0 < is.y;
         int row0 = in_n + q8_word(ivec4(0, clamp(iy0, 0, is.y - 1), 0, 0), is, input_layout);
-#line 61
+#line 62
         int iy1 = origin.y + 1 * stride.y + ky * dil.y;
         bool yok1 = iy1 >= 0 && iy1 < is.y;
         int row1 = in_n + q8_word(ivec4(0, clamp(iy1, 0, is.y - 1), 0, 0), is, input_layout);
-#line 61
+#line 62
         int iy2 = origin.y + 2 * stride.y + ky * dil.y;
         bool yok2 = iy2 >= 0 && iy2 < is.y;
         int row2 = in_n + q8_word(ivec4(0, clamp(iy2, 0, is.y - 1), 0, 0), is, input_layout);
-#line 61
+#line 62
         int iy3 = origin.y + 3 * stride.y + ky * dil.y;
         bool yok3 = iy3 >= 0 && iy3 < is.y;
         int row3 = in_n + q8_word(ivec4(0, clamp(iy3, 0, is.y - 1), 0, 0), is, input_layout);
-#line 65
+#line 66
         int w_ky = q8_word(ivec4(0, ky, 0, 0), ws, weight_layout);
         for (int kx = 0; kx < kw; ++kx) {
-#line 68
+#line 69
           int ix0 = origin.x + 0 * stride.x + kx * dil.x;
           bool xok0 = ix0 >= 0 && ix0 < is.x;
           int col0 = q8_word(ivec4(clamp(ix0, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 68
+#line 69
           int ix1 = origin.x + 1 * stride.x + kx * dil.x;
           bool xok1 = ix1 >= 0 && ix1 < is.x;
           int col1 = q8_word(ivec4(clamp(ix1, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 68
+#line 69
           int ix2 = origin.x + 2 * stride.x + kx * dil.x;
           bool xok2 = ix2 >= 0 && ix2 < is.x;
           int col2 = q8_word(ivec4(clamp(ix2, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 68
+#line 69
           int ix3 = origin.x + 3 * stride.x + kx * dil.x;
           bool xok3 = ix3 >= 0 && ix3 < is.x;
           int col3 = q8_word(ivec4(clamp(ix3, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 72
+#line 73
           ivec4 wtap = wrow + w_ky + q8_word(ivec4(kx, 0, 0, 0), ws, weight_layout);
           // Every input channel block of the group, the last one (Cin / groups not a multiple of
           // 4) included: its lanes past Cin / groups get weight 0. Float sums flushed every
           // Q8_FLUSH_BLOCKS blocks keep the products exact.
-#line 133
+#line 134
           for (int b0 = 0; b0 < cin_g4; b0 += Q8_FLUSH_BLOCKS) {
-#line 135
+#line 136
             vec4 f0 = vec4(0);
-#line 135
+#line 136
             vec4 f1 = vec4(0);
-#line 135
+#line 136
             vec4 f2 = vec4(0);
-#line 135
+#line 136
             vec4 f3 = vec4(0);
-#line 135
+#line 136
             vec4 f4 = vec4(0);
-#line 135
+#line 136
             vec4 f5 = vec4(0);
-#line 135
+#line 136
             vec4 f6 = vec4(0);
-#line 135
+#line 136
             vec4 f7 = vec4(0);
-#line 135
+#line 136
             vec4 f8 = vec4(0);
-#line 135
+#line 136
             vec4 f9 = vec4(0);
-#line 135
+#line 136
             vec4 f10 = vec4(0);
-#line 135
+#line 136
             vec4 f11 = vec4(0);
-#line 135
+#line 136
             vec4 f12 = vec4(0);
-#line 135
+#line 136
             vec4 f13 = vec4(0);
-#line 135
+#line 136
             vec4 f14 = vec4(0);
-#line 135
+#line 136
             vec4 f15 = vec4(0);
-#line 137
+#line 138
             int b_end = min(b0 + Q8_FLUSH_BLOCKS, cin_g4);
             for (int b = b0; b < b_end; ++b) {
               bvec4 real = lessThan(ivec4(b * 4) + ivec4(0, 1, 2, 3), ivec4(cin_g));
@@ -371,404 +371,404 @@ void main() {
               m[3] = mix(vec4(0), q8_unpack(t_weight[wtap.w + wo]) - float(wzp.w), real);
               wsum += ivec4(dot(m[0], vec4(1)), dot(m[1], vec4(1)), dot(m[2], vec4(1)), dot(m[3], vec4(1)));
               int io = b * in_cs;
-#line 149
+#line 150
               f0 += q8_unpack(yok0 && xok0 ? t_input[row0 + col0 + io] : pad_word) * m;
-#line 149
+#line 150
               f1 += q8_unpack(yok0 && xok1 ? t_input[row0 + col1 + io] : pad_word) * m;
-#line 149
+#line 150
               f2 += q8_unpack(yok0 && xok2 ? t_input[row0 + col2 + io] : pad_word) * m;
-#line 149
+#line 150
               f3 += q8_unpack(yok0 && xok3 ? t_input[row0 + col3 + io] : pad_word) * m;
-#line 149
+#line 150
               f4 += q8_unpack(yok1 && xok0 ? t_input[row1 + col0 + io] : pad_word) * m;
-#line 149
+#line 150
               f5 += q8_unpack(yok1 && xok1 ? t_input[row1 + col1 + io] : pad_word) * m;
-#line 149
+#line 150
               f6 += q8_unpack(yok1 && xok2 ? t_input[row1 + col2 + io] : pad_word) * m;
-#line 149
+#line 150
               f7 += q8_unpack(yok1 && xok3 ? t_input[row1 + col3 + io] : pad_word) * m;
-#line 149
+#line 150
               f8 += q8_unpack(yok2 && xok0 ? t_input[row2 + col0 + io] : pad_word) * m;
-#line 149
+#line 150
               f9 += q8_unpack(yok2 && xok1 ? t_input[row2 + col1 + io] : pad_word) * m;
-#line 149
+#line 150
               f10 += q8_unpack(yok2 && xok2 ? t_input[row2 + col2 + io] : pad_word) * m;
-#line 149
+#line 150
               f11 += q8_unpack(yok2 && xok3 ? t_input[row2 + col3 + io] : pad_word) * m;
-#line 149
+#line 150
               f12 += q8_unpack(yok3 && xok0 ? t_input[row3 + col0 + io] : pad_word) * m;
-#line 149
+#line 150
               f13 += q8_unpack(yok3 && xok1 ? t_input[row3 + col1 + io] : pad_word) * m;
-#line 149
+#line 150
               f14 += q8_unpack(yok3 && xok2 ? t_input[row3 + col2 + io] : pad_word) * m;
-#line 149
+#line 150
               f15 += q8_unpack(yok3 && xok3 ? t_input[row3 + col3 + io] : pad_word) * m;
-#line 151
+#line 152
             }
-#line 153
+#line 154
             acc0 += ivec4(f0);
-#line 153
+#line 154
             acc1 += ivec4(f1);
-#line 153
+#line 154
             acc2 += ivec4(f2);
-#line 153
+#line 154
             acc3 += ivec4(f3);
-#line 153
+#line 154
             acc4 += ivec4(f4);
-#line 153
+#line 154
             acc5 += ivec4(f5);
-#line 153
+#line 154
             acc6 += ivec4(f6);
-#line 153
+#line 154
             acc7 += ivec4(f7);
-#line 153
+#line 154
             acc8 += ivec4(f8);
-#line 153
+#line 154
             acc9 += ivec4(f9);
-#line 153
+#line 154
             acc10 += ivec4(f10);
-#line 153
+#line 154
             acc11 += ivec4(f11);
-#line 153
+#line 154
             acc12 += ivec4(f12);
-#line 153
+#line 154
             acc13 += ivec4(f13);
-#line 153
+#line 154
             acc14 += ivec4(f14);
-#line 153
+#line 154
             acc15 += ivec4(f15);
-#line 155
+#line 156
           }
 
-#line 74
+#line 75
         }
       }
-#line 157
+#line 158
     } else if (depthwise) {
-#line 59
+#line 60
       for (int ky = 0; ky < kh; ++ky) {
-#line 61
+#line 62
         int iy0 = origin.y + 0 * stride.y + ky * dil.y;
         bool yok0 = iy0 >= 0 && iy0 < is.y;
         int row0 = in_n + q8_word(ivec4(0, clamp(iy0, 0, is.y - 1), 0, 0), is, input_layout);
-#line 61
+#line 62
         int iy1 = origin.y + 1 * stride.y + ky * dil.y;
         bool yok1 = iy1 >= 0 && iy1 < is.y;
         int row1 = in_n + q8_word(ivec4(0, clamp(iy1, 0, is.y - 1), 0, 0), is, input_layout);
-#line 61
+#line 62
         int iy2 = origin.y + 2 * stride.y + ky * dil.y;
         bool yok2 = iy2 >= 0 && iy2 < is.y;
         int row2 = in_n + q8_word(ivec4(0, clamp(iy2, 0, is.y - 1), 0, 0), is, input_layout);
-#line 61
+#line 62
         int iy3 = origin.y + 3 * stride.y + ky * dil.y;
         bool yok3 = iy3 >= 0 && iy3 < is.y;
         int row3 = in_n + q8_word(ivec4(0, clamp(iy3, 0, is.y - 1), 0, 0), is, input_layout);
-#line 65
+#line 66
         int w_ky = q8_word(ivec4(0, ky, 0, 0), ws, weight_layout);
         for (int kx = 0; kx < kw; ++kx) {
-#line 68
+#line 69
           int ix0 = origin.x + 0 * stride.x + kx * dil.x;
           bool xok0 = ix0 >= 0 && ix0 < is.x;
           int col0 = q8_word(ivec4(clamp(ix0, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 68
+#line 69
           int ix1 = origin.x + 1 * stride.x + kx * dil.x;
           bool xok1 = ix1 >= 0 && ix1 < is.x;
           int col1 = q8_word(ivec4(clamp(ix1, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 68
+#line 69
           int ix2 = origin.x + 2 * stride.x + kx * dil.x;
           bool xok2 = ix2 >= 0 && ix2 < is.x;
           int col2 = q8_word(ivec4(clamp(ix2, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 68
+#line 69
           int ix3 = origin.x + 3 * stride.x + kx * dil.x;
           bool xok3 = ix3 >= 0 && ix3 < is.x;
           int col3 = q8_word(ivec4(clamp(ix3, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 72
+#line 73
           ivec4 wtap = wrow + w_ky + q8_word(ivec4(kx, 0, 0, 0), ws, weight_layout);
           // Output lane l reads input lane l of the same block: one word per position and tap.
           // (Lanes past C read padding 0 against a real weight; they are stored as 0.)
-#line 161
+#line 162
           ivec4 wv = ivec4(bitfieldExtract(t_weight[wtap.x], 0, 8), bitfieldExtract(t_weight[wtap.y], 0, 8),
                            bitfieldExtract(t_weight[wtap.z], 0, 8), bitfieldExtract(t_weight[wtap.w], 0, 8)) - wzp;
           wsum += wv;
-#line 165
+#line 166
           acc0 += q8_lanes(yok0 && xok0 ? t_input[row0 + col0] : pad_word) * wv;
-#line 165
+#line 166
           acc1 += q8_lanes(yok0 && xok1 ? t_input[row0 + col1] : pad_word) * wv;
-#line 165
+#line 166
           acc2 += q8_lanes(yok0 && xok2 ? t_input[row0 + col2] : pad_word) * wv;
-#line 165
+#line 166
           acc3 += q8_lanes(yok0 && xok3 ? t_input[row0 + col3] : pad_word) * wv;
-#line 165
+#line 166
           acc4 += q8_lanes(yok1 && xok0 ? t_input[row1 + col0] : pad_word) * wv;
-#line 165
+#line 166
           acc5 += q8_lanes(yok1 && xok1 ? t_input[row1 + col1] : pad_word) * wv;
-#line 165
+#line 166
           acc6 += q8_lanes(yok1 && xok2 ? t_input[row1 + col2] : pad_word) * wv;
-#line 165
+#line 166
           acc7 += q8_lanes(yok1 && xok3 ? t_input[row1 + col3] : pad_word) * wv;
-#line 165
+#line 166
           acc8 += q8_lanes(yok2 && xok0 ? t_input[row2 + col0] : pad_word) * wv;
-#line 165
+#line 166
           acc9 += q8_lanes(yok2 && xok1 ? t_input[row2 + col1] : pad_word) * wv;
-#line 165
+#line 166
           acc10 += q8_lanes(yok2 && xok2 ? t_input[row2 + col2] : pad_word) * wv;
-#line 165
+#line 166
           acc11 += q8_lanes(yok2 && xok3 ? t_input[row2 + col3] : pad_word) * wv;
-#line 165
+#line 166
           acc12 += q8_lanes(yok3 && xok0 ? t_input[row3 + col0] : pad_word) * wv;
-#line 165
+#line 166
           acc13 += q8_lanes(yok3 && xok1 ? t_input[row3 + col1] : pad_word) * wv;
-#line 165
+#line 166
           acc14 += q8_lanes(yok3 && xok2 ? t_input[row3 + col2] : pad_word) * wv;
-#line 165
+#line 166
           acc15 += q8_lanes(yok3 && xok3 ? t_input[row3 + col3] : pad_word) * wv;
 
-#line 74
+#line 75
         }
       }
-#line 168
+#line 169
     } else {
-#line 59
+#line 60
       for (int ky = 0; ky < kh; ++ky) {
-#line 61
+#line 62
         int iy0 = origin.y + 0 * stride.y + ky * dil.y;
         bool yok0 = iy0 >= 0 && iy0 < is.y;
         int row0 = in_n + q8_word(ivec4(0, clamp(iy0, 0, is.y - 1), 0, 0), is, input_layout);
-#line 61
+#line 62
         int iy1 = origin.y + 1 * stride.y + ky * dil.y;
         bool yok1 = iy1 >= 0 && iy1 < is.y;
         int row1 = in_n + q8_word(ivec4(0, clamp(iy1, 0, is.y - 1), 0, 0), is, input_layout);
-#line 61
+#line 62
         int iy2 = origin.y + 2 * stride.y + ky * dil.y;
         bool yok2 = iy2 >= 0 && iy2 < is.y;
         int row2 = in_n + q8_word(ivec4(0, clamp(iy2, 0, is.y - 1), 0, 0), is, input_layout);
-#line 61
+#line 62
         int iy3 = origin.y + 3 * stride.y + ky * dil.y;
         bool yok3 = iy3 >= 0 && iy3 < is.y;
         int row3 = in_n + q8_word(ivec4(0, clamp(iy3, 0, is.y - 1), 0, 0), is, input_layout);
-#line 65
+#line 66
         int w_ky = q8_word(ivec4(0, ky, 0, 0), ws, weight_layout);
         for (int kx = 0; kx < kw; ++kx) {
-#line 68
+#line 69
           int ix0 = origin.x + 0 * stride.x + kx * dil.x;
           bool xok0 = ix0 >= 0 && ix0 < is.x;
           int col0 = q8_word(ivec4(clamp(ix0, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 68
+#line 69
           int ix1 = origin.x + 1 * stride.x + kx * dil.x;
           bool xok1 = ix1 >= 0 && ix1 < is.x;
           int col1 = q8_word(ivec4(clamp(ix1, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 68
+#line 69
           int ix2 = origin.x + 2 * stride.x + kx * dil.x;
           bool xok2 = ix2 >= 0 && ix2 < is.x;
           int col2 = q8_word(ivec4(clamp(ix2, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 68
+#line 69
           int ix3 = origin.x + 3 * stride.x + kx * dil.x;
           bool xok3 = ix3 >= 0 && ix3 < is.x;
           int col3 = q8_word(ivec4(clamp(ix3, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 72
+#line 73
           ivec4 wtap = wrow + w_ky + q8_word(ivec4(kx, 0, 0, 0), ws, weight_layout);
           // Each output lane walks its own group's input channels, one lane of a word at a time.
-#line 171
+#line 172
           for (int l = 0; l < 4; ++l) {
             ivec4 lane = ivec4(equal(ivec4(l), ivec4(0, 1, 2, 3)));
             int c0 = (co[l] / cout_g) * cin_g;  // the group's first input channel
-#line 175
+#line 176
             int s0 = 0;
-#line 175
+#line 176
             int s1 = 0;
-#line 175
+#line 176
             int s2 = 0;
-#line 175
+#line 176
             int s3 = 0;
-#line 175
+#line 176
             int s4 = 0;
-#line 175
+#line 176
             int s5 = 0;
-#line 175
+#line 176
             int s6 = 0;
-#line 175
+#line 176
             int s7 = 0;
-#line 175
+#line 176
             int s8 = 0;
-#line 175
+#line 176
             int s9 = 0;
-#line 175
+#line 176
             int s10 = 0;
-#line 175
+#line 176
             int s11 = 0;
-#line 175
+#line 176
             int s12 = 0;
-#line 175
+#line 176
             int s13 = 0;
-#line 175
+#line 176
             int s14 = 0;
-#line 175
+#line 176
             int s15 = 0;
-#line 177
+#line 178
             for (int ci = 0; ci < cin_g; ++ci) {
               int c = c0 + ci;
               int io = (c / 4) * in_cs;
               int sh = 8 * (c % 4);
               int wl = bitfieldExtract(t_weight[wtap[l] + (ci / 4) * w_cs], 8 * (ci % 4), 8) - wzp[l];
               wsum += lane * wl;
-#line 184
+#line 185
               s0 += bitfieldExtract(yok0 && xok0 ? t_input[row0 + col0 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s1 += bitfieldExtract(yok0 && xok1 ? t_input[row0 + col1 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s2 += bitfieldExtract(yok0 && xok2 ? t_input[row0 + col2 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s3 += bitfieldExtract(yok0 && xok3 ? t_input[row0 + col3 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s4 += bitfieldExtract(yok1 && xok0 ? t_input[row1 + col0 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s5 += bitfieldExtract(yok1 && xok1 ? t_input[row1 + col1 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s6 += bitfieldExtract(yok1 && xok2 ? t_input[row1 + col2 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s7 += bitfieldExtract(yok1 && xok3 ? t_input[row1 + col3 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s8 += bitfieldExtract(yok2 && xok0 ? t_input[row2 + col0 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s9 += bitfieldExtract(yok2 && xok1 ? t_input[row2 + col1 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s10 += bitfieldExtract(yok2 && xok2 ? t_input[row2 + col2 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s11 += bitfieldExtract(yok2 && xok3 ? t_input[row2 + col3 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s12 += bitfieldExtract(yok3 && xok0 ? t_input[row3 + col0 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s13 += bitfieldExtract(yok3 && xok1 ? t_input[row3 + col1 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s14 += bitfieldExtract(yok3 && xok2 ? t_input[row3 + col2 + io] : pad_word, sh, 8) * wl;
-#line 184
+#line 185
               s15 += bitfieldExtract(yok3 && xok3 ? t_input[row3 + col3 + io] : pad_word, sh, 8) * wl;
-#line 186
+#line 187
             }
-#line 188
+#line 189
             acc0 += lane * s0;
-#line 188
+#line 189
             acc1 += lane * s1;
-#line 188
+#line 189
             acc2 += lane * s2;
-#line 188
+#line 189
             acc3 += lane * s3;
-#line 188
+#line 189
             acc4 += lane * s4;
-#line 188
+#line 189
             acc5 += lane * s5;
-#line 188
+#line 189
             acc6 += lane * s6;
-#line 188
+#line 189
             acc7 += lane * s7;
-#line 188
+#line 189
             acc8 += lane * s8;
-#line 188
+#line 189
             acc9 += lane * s9;
-#line 188
+#line 189
             acc10 += lane * s10;
-#line 188
+#line 189
             acc11 += lane * s11;
-#line 188
+#line 189
             acc12 += lane * s12;
-#line 188
+#line 189
             acc13 += lane * s13;
-#line 188
+#line 189
             acc14 += lane * s14;
-#line 188
+#line 189
             acc15 += lane * s15;
-#line 190
+#line 191
           }
 
-#line 74
+#line 75
         }
       }
-#line 192
+#line 193
     }
 
     ivec4 zp_term = xzp * wsum;
     Q8Channels ch = q8_channels(block * 4, cout);
     int out_n = q8_word(ivec4(0, 0, 0, n), os, out_layout) + block * out_cs;
-#line 198
+#line 199
     if (x0 + 0 < out_w && y0 + 0 < os.y) {
       int word = x0 + 0 < os.x ? q8_requantize(acc0 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 0, y0 + 0, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 1 < out_w && y0 + 0 < os.y) {
       int word = x0 + 1 < os.x ? q8_requantize(acc1 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 1, y0 + 0, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 2 < out_w && y0 + 0 < os.y) {
       int word = x0 + 2 < os.x ? q8_requantize(acc2 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 2, y0 + 0, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 3 < out_w && y0 + 0 < os.y) {
       int word = x0 + 3 < os.x ? q8_requantize(acc3 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 3, y0 + 0, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 0 < out_w && y0 + 1 < os.y) {
       int word = x0 + 0 < os.x ? q8_requantize(acc4 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 0, y0 + 1, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 1 < out_w && y0 + 1 < os.y) {
       int word = x0 + 1 < os.x ? q8_requantize(acc5 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 1, y0 + 1, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 2 < out_w && y0 + 1 < os.y) {
       int word = x0 + 2 < os.x ? q8_requantize(acc6 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 2, y0 + 1, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 3 < out_w && y0 + 1 < os.y) {
       int word = x0 + 3 < os.x ? q8_requantize(acc7 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 3, y0 + 1, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 0 < out_w && y0 + 2 < os.y) {
       int word = x0 + 0 < os.x ? q8_requantize(acc8 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 0, y0 + 2, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 1 < out_w && y0 + 2 < os.y) {
       int word = x0 + 1 < os.x ? q8_requantize(acc9 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 1, y0 + 2, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 2 < out_w && y0 + 2 < os.y) {
       int word = x0 + 2 < os.x ? q8_requantize(acc10 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 2, y0 + 2, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 3 < out_w && y0 + 2 < os.y) {
       int word = x0 + 3 < os.x ? q8_requantize(acc11 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 3, y0 + 2, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 0 < out_w && y0 + 3 < os.y) {
       int word = x0 + 0 < os.x ? q8_requantize(acc12 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 0, y0 + 3, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 1 < out_w && y0 + 3 < os.y) {
       int word = x0 + 1 < os.x ? q8_requantize(acc13 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 1, y0 + 3, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 2 < out_w && y0 + 3 < os.y) {
       int word = x0 + 2 < os.x ? q8_requantize(acc14 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 2, y0 + 3, 0, 0), os, out_layout)] = word;
     }
-#line 198
+#line 199
     if (x0 + 3 < out_w && y0 + 3 < os.y) {
       int word = x0 + 3 < os.x ? q8_requantize(acc15 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 3, y0 + 3, 0, 0), os, out_layout)] = word;
     }
-#line 203
+#line 204
   }
 }

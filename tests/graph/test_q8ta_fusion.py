@@ -659,3 +659,12 @@ def test_hardtanh_and_relu6_become_the_fused_ops_output_range():
     assert conv.arg("activation") == "none" and any("hardtanh" in f for f in conv.fused)
     # P1 = (0.02, 3): -0.3 -> round(-15) + 3 = -12, 0.5 -> 25 + 3 = 28
     assert (conv.arg("quant_min"), conv.arg("quant_max")) == (-12, 28)
+
+
+def test_a_linear_summing_more_products_than_int32_holds_stays_float():
+    """K = 33,026 int8 products of up to 255 * 255 could overflow q8ta_linear's int32 sums: the
+    chain is left unfused (the float linear runs on its dequantized weight), never wrong."""
+    x = r(2, 33026)
+    plan = texelflow.plan(tf_quantize(Linear(33026, 2), x), (x,))
+    assert plan.fallbacks == []
+    assert "q8ta_linear" not in plan.dispatches and plan.dispatches["linear"] == 1
