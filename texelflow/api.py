@@ -19,10 +19,14 @@ def _texture_limits(texture_limits, device):
     return TEXTURE_LIMITS
 
 
-def _plan(model, example_inputs, planner, limits, time_limit):
+PERMUTES = "none"  # the default permute optimisation (runtime/graph/permutes): "global", "local", "none"
+
+
+def _plan(model, example_inputs, planner, limits, time_limit, permutes=None):
     from texelflow.runtime.graph.fusion import fuse_patterns
     from texelflow.runtime.graph.importer import export_program
     from texelflow.runtime.graph.lowering import lower
+    from texelflow.runtime.graph.permutes import optimize_permutes
     from texelflow.runtime.graph.plan import plan_graph
 
     timings: dict[str, float] = {}
@@ -31,6 +35,9 @@ def _plan(model, example_inputs, planner, limits, time_limit):
     start = time.perf_counter()
     graph = fuse_patterns(graph, limits)
     timings["fusion"] = time.perf_counter() - start
+    start = time.perf_counter()
+    graph = optimize_permutes(graph, PERMUTES if permutes is None else permutes)
+    timings["permutes"] = time.perf_counter() - start
     result = plan_graph(graph, planner, limits, time_limit)
     timings["planning"] = result.seconds
     result.timings = timings
@@ -39,19 +46,22 @@ def _plan(model, example_inputs, planner, limits, time_limit):
 
 
 def plan(model, example_inputs: Sequence = (), planner: str = "optimal", texture_limits=None,
-         time_limit: float = SOLVER_TIME_LIMIT_S):
+         time_limit: float = SOLVER_TIME_LIMIT_S, permutes: str | None = None):
     """Export `model`, partition it and plan a representation for every tensor. Returns a Plan
     (`plan.fallbacks`: every node that runs on the CPU and why; `plan.timings`: seconds per
     stage); no Vulkan device is needed.
 
     `model` is an nn.Module with `example_inputs` (a GraphModule from `torch.export(...).module()`
     or torchao's `convert_pt2e` included), never changed, not even its training flags: it is
-    exported in inference mode through a shallow copy; or an ExportedProgram, used as it is."""
-    return _plan(model, example_inputs, planner, _texture_limits(texture_limits, None), time_limit)
+    exported in inference mode through a shallow copy; or an ExportedProgram, used as it is.
+
+    `permutes` chooses the permute optimisation (runtime/graph/permutes): "global", "local" or
+    "none"; None takes the default."""
+    return _plan(model, example_inputs, planner, _texture_limits(texture_limits, None), time_limit, permutes)
 
 
 def compile(model, example_inputs: Sequence = (), planner: str = "optimal", device=None, texture_limits=None,
-            time_limit: float = SOLVER_TIME_LIMIT_S, progress=None):
+            time_limit: float = SOLVER_TIME_LIMIT_S, progress=None, permutes: str | None = None):
     """Plan `model` for `device` and build a callable program.
 
     `progress`, when given, is called as `progress(stage, done, total)` while the program is
@@ -68,5 +78,5 @@ def compile(model, example_inputs: Sequence = (), planner: str = "optimal", devi
 
     device = default_device() if device is None else device
     device.check_open("compiling a program")
-    result = _plan(model, example_inputs, planner, _texture_limits(texture_limits, device), time_limit)
+    result = _plan(model, example_inputs, planner, _texture_limits(texture_limits, device), time_limit, permutes)
     return CompiledProgram(result, result.exported, device, progress=progress)

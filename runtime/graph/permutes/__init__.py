@@ -1,0 +1,37 @@
+"""Permute optimisation on the planning IR (DESIGN §8), between fusion and layout planning.
+
+Models bring permutes (ConvNeXt's channels-last blocks, attention heads) and dim-order contracts
+add explicit ones around kernels that compute in another dim order (`dim_order.py`). Two ways to
+remove what can be removed:
+- `local.py`: six small local passes (the reference backend's approach), each a rewrite that keeps
+  numerics: permutes around elementwise regions, a permute with inverse permutes in all its
+  consumers, a permute of size-1 dims as a view, permutes sunk below squeeze / unsqueeze views,
+  cascaded permutes fused, cascaded views fused. They decide locally and give up at forks.
+- `placement.py`: the global placement: every tensor labelled with its dim order, one permute per
+  (tensor, target order) shared by its consumers, at minimum total cost (count, then bytes),
+  exact as a min-cut where two orders compete.
+
+`optimize_permutes(graph, mode)` runs "global" (the default: the local simplifications, then the
+global placement), "local" (the local passes only: the baseline the benchmarks compare with) or
+"none".
+"""
+
+from __future__ import annotations
+
+MODES = ("global", "local", "none")
+
+
+def optimize_permutes(graph, mode: str = "global"):
+    """Rewrite `graph` in place so that it keeps as few permutes as `mode` finds; returns it."""
+    if mode not in MODES:
+        raise ValueError(f"permutes={mode!r}: expected one of {', '.join(MODES)}")
+    if mode == "none":
+        return graph
+    from .local import optimize_local
+
+    graph = optimize_local(graph)
+    if mode == "global":
+        from .placement import place_permutes
+
+        graph = place_permutes(graph)
+    return graph
