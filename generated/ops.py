@@ -3822,6 +3822,43 @@ OPS: dict[str, OpEntry] = {
             'q8ta_linear_gemv_int8_buffer_plain',
         ),
     ),
+    'q8ta_max_pool2d': OpEntry(
+        name='q8ta_max_pool2d',
+        targets=(
+            'texelflow.q8ta_max_pool2d.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='PACKED_INT8_BUFFER'),
+            Arg('kernel_size', 'int_list'),
+            Arg('stride', 'int_list', default=[]),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('dilation', 'int_list', default=[1, 1]),
+            Arg('ceil_mode', 'bool', default=False),
+        ),
+        outputs=(
+            Output('out', 'PACKED_INT8_BUFFER'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('int8',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('pool_kernel_stride', 'ivec4', 'ivec4', (('ivec4', (('pair', 'kernel_size', None), ('pair', 'stride', 'kernel_size'))),)),
+            Push('pool_pad_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'padding', None), ('pair', 'dilation', None))),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('self', (3, 4)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='q8ta_max_pool2d',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'q8ta_max_pool2d_int8_buffer',
+        ),
+    ),
     'q8ta_pixel_shuffle': OpEntry(
         name='q8ta_pixel_shuffle',
         targets=(
@@ -5559,6 +5596,7 @@ TARGETS: dict[str, str] = {
     'texelflow.q8ta_conv2d_im2col.default': 'q8ta_conv2d_im2col',
     'texelflow.q8ta_linear.default': 'q8ta_linear',
     'texelflow.q8ta_linear_gemv.default': 'q8ta_linear_gemv',
+    'texelflow.q8ta_max_pool2d.default': 'q8ta_max_pool2d',
     'texelflow.q8ta_pixel_shuffle.default': 'q8ta_pixel_shuffle',
     'texelflow.q8ta_relu.default': 'q8ta_relu',
     'texelflow.to_layout.default': 'to_layout',

@@ -1212,6 +1212,17 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'none', 'bias': None, 'input': (1, 1, 17), 'input_scale': 0.05, 'input_zero_point': -128, 'out_scale': 0.3092, 'out_zero_point': 0, 'quant_max': 127, 'quant_min': -128, 'weight': (3, 17), 'weight_scales': (3,), 'weight_zero_points': None},
         {'activation': 'none', 'bias': (7,), 'input': (1, 5), 'input_scale': 0.05, 'input_zero_point': 6, 'out_scale': 0.1677, 'out_zero_point': 2, 'quant_max': 127, 'quant_min': -127, 'weight': (7, 5), 'weight_scales': (7,), 'weight_zero_points': (7,)},
     ),
+    'q8ta_max_pool2d': (
+        {'kernel_size': (3, 3), 'padding': (1, 1), 'self': (1, 3, 7, 5), 'stride': (2, 2)},
+        {'ceil_mode': True, 'kernel_size': (2,), 'self': (2, 5, 6, 6), 'stride': ()},
+        {'dilation': (2, 1), 'kernel_size': (3, 2), 'padding': (1, 0), 'self': (1, 4, 7, 7), 'stride': (1, 2)},
+        {'kernel_size': (2, 2), 'self': (3, 7, 5)},
+        {'kernel_size': (3,), 'padding': (1,), 'self': (1, 9, 7, 7), 'stride': (2,)},
+        {'ceil_mode': True, 'kernel_size': (2, 2), 'padding': (0,), 'self': (2, 3, 5, 7), 'stride': (2, 2)},
+        {'ceil_mode': True, 'dilation': (2, 1), 'kernel_size': (3, 2), 'padding': (1, 1), 'self': (1, 7, 7, 5), 'stride': (2, 1)},
+        {'kernel_size': (1,), 'self': (1, 1, 1, 1), 'stride': ()},
+        {'ceil_mode': True, 'kernel_size': (3,), 'padding': (1,), 'self': (1, 6, 6, 6), 'stride': (3,)},
+    ),
     'q8ta_pixel_shuffle': (
         {'out_scale': 0.05, 'out_zero_point': -3, 'self': (2, 12, 3, 5), 'self_scale': 0.05, 'self_zero_point': -3, 'upscale_factor': 2},
         {'out_scale': 2.5, 'out_zero_point': 10, 'self': (1, 9, 5, 3), 'self_scale': 0.37, 'self_zero_point': 0, 'upscale_factor': 3},

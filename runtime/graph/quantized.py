@@ -25,6 +25,7 @@ and before conv + batch norm / activation) rewrites, wherever the fused op runs 
     dq(a), dq(b) -> add [-> act] -> q                 =>  q8ta_add
     dq(x) -> relu -> q                                =>  q8ta_relu
     dq(x) -> pixel_shuffle -> q                       =>  q8ta_pixel_shuffle
+    dq(x) -> max_pool2d -> q, the same parameters     =>  q8ta_max_pool2d (the max of the integers)
     q(view(...(dq(x)))), the same parameters          =>  view(...(x)) on the int8 tensor
 
 `act` is relu (the kernels' activation) or hardtanh / relu6, which become a narrower output
@@ -623,8 +624,17 @@ def clamped_range(out: QParams, act: Node | None) -> tuple[int, int]:
     return quantize_number(float(lo), out), quantize_number(float(hi), out)
 
 
+def _max_pool2d(m: _Match) -> Node | None:
+    """max_pool2d between one quantization before and after is the max of the integers."""
+    x = m.input(m.core.arg("self"))
+    if x is None or not _same_numbers(x.params, _params(m.q)):
+        return None
+    args = [("self", x.value)] + [(name, v) for name, v in m.core.args if name != "self"]
+    return m.fuse(["q8ta_max_pool2d"], args)
+
+
 PATTERNS = {"conv2d": _conv2d, "linear": _linear, "mm": _linear, "addmm": _linear, "add": _add,
-            "relu": _relu, "pixel_shuffle": _pixel_shuffle}
+            "relu": _relu, "pixel_shuffle": _pixel_shuffle, "max_pool2d": _max_pool2d}
 TAKES_RELU = ("conv2d", "linear", "mm", "addmm", "add")  # their q8ta ops apply relu themselves
 CLAMPS = ("relu", "relu6", "hardtanh")  # activations a fused op applies (hardtanh, relu6: clamped_range)
 

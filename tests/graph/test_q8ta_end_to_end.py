@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import texelflow
 from tests.graph.test_q8ta_fusion import (QDQ, AddRelu, AddShuffle, BroadcastAdd, ChainedLinears, ClampedActivations,
-                                          ConvBlock, ConvRelu,
+                                          ConvBlock, ConvPoolConv, ConvRelu,
                                           Float64Scales, FloatAddmm, Linear, MatMuls, PerTensorWeight, ShuffleAdd,
                                           TwoConvs, Uint8Weight, ViewBetweenLinears, r, tf_quantize, unfolded_quantize,
                                           x86_quantize)
@@ -73,6 +73,7 @@ def _case(name):
                                   (r(1, 8, 5, 3, seed=24), r(1, 8, 1, 1, seed=25))),
         "per_tensor_weight": lambda: (PerTensorWeight(), (r(4, 16, seed=26),)),
         "float64_scales": lambda: (Float64Scales(), (r(4, 16, seed=27),)),
+        "max_pool": lambda: (tf_quantize(ConvPoolConv(), r(2, 4, 9, 7, seed=30)), (r(2, 4, 9, 7, seed=30),)),
         "clamped_activations": lambda: (ClampedActivations(), (r(1, 8, 5, 6, seed=29) * 3,)),
         "unfolded_weights": lambda: (unfolded_quantize(Linear(16, 8), r(3, 16, seed=28)), (r(3, 16, seed=28),)),
     }
@@ -81,7 +82,7 @@ def _case(name):
 
 CASES = ["pipeline", "conv_general", "linear_gemv", "linear_tiled", "addmm_mm", "add_shuffle", "chained_linears",
          "chained_linears_asymmetric", "view_requantized", "view", "Q1", "Q3", "Q4", "x86_uint8", "uint8_round_trip",
-         "float_addmm", "uint8_weight", "broadcast_add", "per_tensor_weight", "float64_scales", "unfolded_weights", "clamped_activations"]
+         "float_addmm", "uint8_weight", "broadcast_add", "per_tensor_weight", "float64_scales", "unfolded_weights", "clamped_activations", "max_pool"]
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -668,3 +668,35 @@ def test_a_linear_summing_more_products_than_int32_holds_stays_float():
     plan = texelflow.plan(tf_quantize(Linear(33026, 2), x), (x,))
     assert plan.fallbacks == []
     assert "q8ta_linear" not in plan.dispatches and plan.dispatches["linear"] == 1
+
+
+class ConvPoolConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        return self.c2(F.max_pool2d(torch.relu(self.c1(x)), 3, stride=2, padding=1))
+
+
+class PoolRequantized(nn.Module):
+    """dq(P1) -> max_pool2d -> q(P2): another quantization after the pool, so it stays float."""
+
+    def forward(self, x):
+        return dq(q(F.max_pool2d(qdq(x, P1), 2), P2), P2)
+
+
+def test_max_pool2d_between_one_quantization_runs_on_the_integers():
+    x = r(1, 4, 9, 7)
+    plan = texelflow.plan(tf_quantize(ConvPoolConv(), x), (x,))
+    assert plan.fallbacks == []
+    assert plan.dispatches["q8ta_max_pool2d"] == 1 and "max_pool2d" not in plan.dispatches
+    (pool,) = fused(plan, "q8ta_max_pool2d")
+    assert pool.arg("self").dtype == "int8" and pool.arg("padding") == [1, 1]
+    assert plan.dispatches["quantize_per_tensor"] == 1 and plan.dispatches["dequantize_per_tensor"] == 1
+
+
+def test_max_pool2d_with_another_quantization_after_stays_float():
+    x = r(1, 4, 6, 6)
+    plan = texelflow.plan(PoolRequantized(), (x,))
+    assert plan.dispatches["max_pool2d"] == 1 and "q8ta_max_pool2d" not in plan.dispatches

@@ -194,7 +194,7 @@ NO_TORCH_TARGET = {
 }
 # q8ta ops: dequantize, the float op, quantize (tests/kernels/q8ta_reference.py)
 NO_TORCH_TARGET.update({name: f"tests.kernels.q8ta_reference.{name}" for name in (
-    "q8ta_add", "q8ta_relu", "q8ta_pixel_shuffle", "q8ta_linear", "q8ta_linear_gemv", "q8ta_conv2d",
+    "q8ta_add", "q8ta_relu", "q8ta_pixel_shuffle", "q8ta_max_pool2d", "q8ta_linear", "q8ta_linear_gemv", "q8ta_conv2d",
     "q8ta_conv2d_im2col")})
 
 
@@ -487,7 +487,8 @@ TOLERANCES.update({name: None for name in (  # rounding, sign and selects are ex
     "floor", "ceil", "round", "trunc", "sign", "hardshrink", "nan_to_num")})
 # quantize / dequantize: torchao's float32 operations in its order, exact. q8ta ops quantize a float
 # result; one computed in another order may land across a rounding boundary: one step (docs/quantization.md).
-TOLERANCES.update({"quantize": None, "dequantize": None, "q8ta_elementwise": 1, "q8ta_pixel_shuffle": 1})
+TOLERANCES.update({"quantize": None, "dequantize": None, "q8ta_elementwise": 1, "q8ta_pixel_shuffle": 1,
+                   "q8ta_max_pool2d": None})  # None: exact
 TOLERANCES.update({"q8ta_linear": 1, "q8ta_linear_gemv": 1})  # int32 sums, then a float multiply-add
 TOLERANCES.update({"q8ta_conv2d": 1, "q8ta_conv2d_im2col": 1})  # int32 sums, then a float multiply-add
 

@@ -69,3 +69,8 @@ def q8ta_conv2d(input, weight, weight_scales, weight_zero_points=None, bias=None
 
 
 q8ta_conv2d_im2col = q8ta_conv2d
+
+
+def q8ta_max_pool2d(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """max_pool2d of the integers (exact: quantizing is monotone)."""
+    return F.max_pool2d(self.float(), kernel_size, stride or None, padding, dilation, ceil_mode).to(torch.int8)

@@ -29,8 +29,8 @@ from .test_zoo import SMALL_SIZES
 CALIBRATION_BATCHES = 4
 # op -> the q8ta kernels that must carry the model (at least one dispatch of each)
 Q8TA_KERNELS = {
-    "resnet18": {"q8ta_conv2d", "q8ta_conv2d_im2col", "q8ta_add", "q8ta_linear_gemv"},
-    "unet_decoder": {"q8ta_conv2d_im2col", "q8ta_pixel_shuffle", "q8ta_add"},
+    "resnet18": {"q8ta_conv2d", "q8ta_conv2d_im2col", "q8ta_max_pool2d", "q8ta_add", "q8ta_linear_gemv"},
+    "unet_decoder": {"q8ta_conv2d_im2col", "q8ta_max_pool2d", "q8ta_pixel_shuffle", "q8ta_add"},
     "mobilenet_v3_small": {"q8ta_conv2d", "q8ta_conv2d_im2col", "q8ta_add", "q8ta_linear_gemv"},
     "convnext_atto": {"q8ta_conv2d", "q8ta_linear", "q8ta_add"},
     "vit_tiny": {"q8ta_linear", "q8ta_add", "q8ta_linear_gemv"},
