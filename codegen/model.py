@@ -196,6 +196,9 @@ class OpSpec:
     # tensors of a fixed dtype (a comparison's bool `out`, where's bool `condition`); every other
     # tensor has the variant's dtype, one of `dtypes`
     dtype_of: tuple[tuple[str, str], ...] = ()
+    # tensor -> the torch dim order its kernel computes in (an NHWC conv's input: (0, 2, 3, 1));
+    # lowering (runtime/graph/permutes/dim_order.py) inserts explicit permutes around the node
+    dim_order: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def tensors(self) -> tuple[str, ...]:

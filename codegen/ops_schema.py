@@ -23,7 +23,7 @@ from .yamlsrc import LList, LMap
 
 TOP_KEYS = ("variant_axes", "dtype_sets", "classes", "ops")
 ENTRY_KEYS = ("class", "targets", "schema", "tensors", "args", "outputs", "sync", "dtypes", "dtype_of", "flags", "weights",
-              "push", "checks", "samples", "sample_values", "shader", "doc")
+              "dim_order", "push", "checks", "samples", "sample_values", "shader", "doc")
 REQUIRED = ("targets", "outputs", "dtypes")
 CLASS_KEYS = tuple(k for k in ENTRY_KEYS if k not in ("targets", "schema", "class")) + ("base",)
 SHADER_KEYS = ("template", "axes", "params", "storage_of", "target_env")
@@ -289,6 +289,7 @@ class _Context:
                 if w not in [a.name for a in args if a.is_tensor]:
                     c.error(wl.line_of(i), f"{where}: weight '{w}' is not a tensor argument")
                 weights.append(str(w))
+        dim_order = self._dim_order(where, b, refs, weights)
         if "identity" in flags and (len(outputs) != 1 or len([a for a in args if a.is_tensor]) != 1):
             c.error(b.line_of("flags"), f"{where}: an identity op takes one tensor and returns one")
 
@@ -326,7 +327,7 @@ class _Context:
             name=name, targets=tuple(targets), args=tuple(args), outputs=tuple(outputs), sync=tuple(sync),
             dtypes=dtypes, flags=tuple(sorted(flags)), weights=tuple(weights), push=tuple(push),
             checks=tuple(checks), grid=grid, shader=shader, doc=str(b.get("doc", "")), samples=samples,
-            sample_values=sample_values, line=b.line, dtype_of=dtype_of)
+            sample_values=sample_values, line=b.line, dtype_of=dtype_of, dim_order=dim_order)
 
     # ---- arguments from torch's schema ----
     def _args(self, where, b: LMap, schemas, outputs) -> list[ArgSpec] | None:
@@ -502,6 +503,35 @@ class _Context:
             c.error(b.line_of("dtype_of"), f"{where}: dtype_of fixes every tensor, so `dtypes` would choose "
                     f"nothing; list the dtype in `dtypes` instead")
         return tuple(sorted(fixed.items()))
+
+    def _dim_order(self, where, b: LMap, refs: "_Refs", weights) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """`dim_order: {TENSOR: [d0, d1, ...]}`: the torch dim order the kernel computes a tensor in
+        (its torch tensor is `permute(order)` of the model's); lowering inserts the permutes."""
+        c = self.c
+        if "dim_order" not in b:
+            return ()
+        m = c.mapping(b["dim_order"], b.line_of("dim_order"), f"{where} dim_order") or LMap()
+        orders: dict[str, tuple[int, ...]] = {}
+        for ref, order in m.items():
+            tensors = refs.resolve(ref)
+            line = m.line_of(ref)
+            if not tensors:
+                c.error(line, f"{where}: dim_order names '{ref}', which is no tensor of the op"
+                        f"{did_you_mean(str(ref), refs.names)}")
+                continue
+            if any(t in weights for t in tensors):
+                c.error(line, f"{where}: dim_order names weight '{ref}'; prepack the weight in the kernel's order "
+                        f"instead (a derived constant)")
+                continue
+            if not (isinstance(order, list) and order and all(type(d) is int for d in order)
+                    and sorted(order) == list(range(len(order)))):
+                c.error(line, f"{where}: dim_order of '{ref}' must be a permutation of 0 .. rank - 1, found {order!r}")
+                continue
+            if order == sorted(order):
+                c.error(line, f"{where}: dim_order of '{ref}' is the identity {order}; leave the tensor out")
+                continue
+            orders.update((t, tuple(order)) for t in tensors)
+        return tuple(sorted(orders.items()))
 
     def _names(self, b: LMap, key: str, choices, what: str, where: str) -> list[str]:
         result = []

@@ -59,6 +59,9 @@ class OpEntry:
     template: str | None  # shaders/TEMPLATE.glsl.j2, None for an op without a shader
     shader_axes: tuple[str, ...]
     variants: tuple[str, ...]
+    # tensor -> the torch dim order its kernel computes in (ops.yaml `dim_order`): the node's
+    # tensor is the model's tensor permuted by it; runtime/graph/permutes/dim_order.py inserts them
+    dim_order: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def is_identity(self) -> bool:
@@ -1082,6 +1085,51 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'conv2d_dw_act_float32_texture3d',
         ),
+    ),
+    'conv2d_nhwc': OpEntry(
+        name='conv2d_nhwc',
+        targets=(
+            'texelflow.conv2d_nhwc.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('stride', 'int_list', default=[1, 1]),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('dilation', 'int_list', default=[1, 1]),
+            Arg('out_channels', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_BUFFER'),
+        ),
+        sync=(
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_stride_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'stride', None), ('pair', 'padding', None))),)),
+            Push('conv_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'dilation', None), 0, 0)),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (4,)))),)),
+        ),
+        grid=('per_tile', 'out', 8, 8),
+        template='conv2d_nhwc',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_nhwc_float32_buffer',
+        ),
+        dim_order=(('input', (0, 2, 3, 1)), ('out', (0, 2, 3, 1))),
     ),
     'conv_transpose1d': OpEntry(
         name='conv_transpose1d',
@@ -5591,6 +5639,7 @@ TARGETS: dict[str, str] = {
     'texelflow.conv2d_act.default': 'conv2d_act',
     'texelflow.conv2d_dw.default': 'conv2d_dw',
     'texelflow.conv2d_dw_act.default': 'conv2d_dw_act',
+    'texelflow.conv2d_nhwc.default': 'conv2d_nhwc',
     'texelflow.q8ta_add.default': 'q8ta_add',
     'texelflow.q8ta_conv2d.default': 'q8ta_conv2d',
     'texelflow.q8ta_conv2d_im2col.default': 'q8ta_conv2d_im2col',

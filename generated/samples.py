@@ -330,6 +330,18 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'act_max': 0.5, 'act_min': -1.0, 'activation': 'hardtanh', 'bias': (4,), 'groups': 4, 'input': (1, 4, 7, 7), 'padding': (1, 1), 'stride': (1, 2), 'weight': (4, 1, 3, 3)},
         {'bias': (3,), 'groups': 3, 'input': (1, 3, 5, 5), 'padding': (1, 1), 'weight': (3, 1, 3, 3)},
     ),
+    'conv2d_nhwc': (
+        {'bias': (5,), 'input': (1, 7, 5, 3), 'out_channels': 5, 'padding': (1, 1), 'weight': (3, 3, 3, 8)},
+        {'activation': 'relu', 'bias': None, 'input': (2, 7, 7, 5), 'out_channels': 7, 'padding': (1, 1), 'stride': (2, 2), 'weight': (3, 3, 5, 8)},
+        {'bias': (11,), 'dilation': (1, 2), 'input': (1, 9, 9, 13), 'out_channels': 11, 'padding': (2, 1), 'stride': (1, 2), 'weight': (5, 3, 13, 12)},
+        {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'bias': (12,), 'input': (1, 16, 16, 8), 'out_channels': 12, 'padding': (1, 1), 'weight': (3, 3, 8, 12)},
+        {'activation': 'silu', 'bias': (5,), 'input': (2, 5, 7, 8), 'out_channels': 5, 'weight': (1, 1, 8, 8)},
+        {'bias': None, 'input': (1, 6, 6, 16), 'out_channels': 4, 'stride': (3, 3), 'weight': (3, 3, 16, 4)},
+        {'activation': 'gelu', 'bias': (1,), 'input': (1, 7, 7, 1), 'out_channels': 1, 'padding': (1, 1), 'weight': (3, 3, 1, 4)},
+        {'bias': (1,), 'input': (3, 3, 1, 4), 'out_channels': 1, 'weight': (1, 1, 4, 4)},
+        {'activation': 'hardswish', 'bias': (6,), 'input': (1, 3, 41, 2), 'out_channels': 6, 'padding': (0, 2), 'weight': (3, 1, 2, 8)},
+        {'activation': 'gelu_tanh', 'bias': (16,), 'input': (1, 5, 19, 12), 'out_channels': 16, 'padding': (1, 1), 'weight': (3, 3, 12, 16)},
+    ),
     'conv_transpose1d': (
         {'bias': (3,), 'input': (2, 4, 9), 'padding': (1,), 'stride': (2,), 'weight': (4, 3, 4)},
         {'bias': None, 'groups': 3, 'input': (1, 6, 5), 'output_padding': (2,), 'padding': (1,), 'stride': (3,), 'weight': (6, 2, 3)},

@@ -86,10 +86,14 @@ class CompiledProgram:
         self._owns_device = owns_device
         self._torch = torch
         graph, assignment = plan.graph, plan.assignment
+        # A folded node's output is its input's memory: an identity op read with its own sizes, a
+        # free permute also with its own layout (runtime/graph/redundant.py).
         self._alias: dict[Value, Value] = {}
+        self._folded_by: dict[Value, Node] = {}
         for n in graph.device_nodes():
             if n.folded:
                 self._alias[n.outputs[0][1]] = self._root(n.arg("self"))
+                self._folded_by[n.outputs[0][1]] = n
         self._by_name = None
         self._tensors: dict[Value, VkTensor] = {}
         self._consts: dict[tuple[Value, object], VkTensor] = {}
@@ -247,7 +251,7 @@ class CompiledProgram:
         return t
 
     def _dispatch(self, spec: DispatchSpec, assignment, persistent) -> Dispatch:
-        tensors, scalars = {}, dict(spec.scalars)
+        tensors, scalars, layouts = {}, dict(spec.scalars), {}
         for name, v in spec.tensors.items():
             if v is DUMMY_BUFFER:
                 tensors[name] = self._dummy()
@@ -259,7 +263,10 @@ class CompiledProgram:
                 tensors[name] = self._tensor(v, assignment, persistent)
                 if self._root(v) is not v:  # a folded view: its root's memory, read with its own sizes
                     scalars[f"{name}_sizes"] = whcn_sizes(v.shape)
-        return Dispatch(spec.variant, tensors, scalars, label=spec.label, units=spec.units)
+                    own = assignment.values[v].layout  # and its own layout (a free permute's differs)
+                    if own != tensors[name].layout:
+                        layouts[name] = own
+        return Dispatch(spec.variant, tensors, scalars, label=spec.label, units=spec.units, layouts=layouts)
 
     @staticmethod
     def _const_slot(v: Value, name: str, label: str, assignment):
@@ -412,12 +419,22 @@ class CompiledProgram:
         if v.role is Role.CONST:
             return v.literal if v.literal is not None else self._const_tensor(v)
         r = self._root(v)
-        value = env[r]
-        value = value.reshape(v.shape) if r is not v else value
+        value = self._viewed(env[r], v)
         host = self._host_dtype(v)
         if host != v.dtype and isinstance(value, self._torch.Tensor) and str(value.dtype) != f"torch.{host}":
             value = value.to(getattr(self._torch, host))
         return value
+
+    def _viewed(self, value, v: Value):
+        """The host value of `v` from its root's: the folded views between them applied in order
+        (a reshape for an identity op, the permute for a free permute)."""
+        node = self._folded_by.get(v)
+        if node is None:
+            return value
+        value = self._viewed(value, node.arg("self"))
+        if node.op.name == "permute_copy":
+            return value.permute(*node.arg("dims"))
+        return value.reshape(v.shape)
 
     def _fx_values(self, fx, node: Node, env: dict) -> dict:
         """fx input node name -> torch value, for the fx node behind a fallback IR node."""

@@ -19,14 +19,15 @@ def _texture_limits(texture_limits, device):
     return TEXTURE_LIMITS
 
 
-PERMUTES = "none"  # the default permute optimisation (runtime/graph/permutes): "global", "local", "none"
+PERMUTES = "global"  # the default permute optimisation (runtime/graph/permutes): "global", "local", "none"
 
 
-def _plan(model, example_inputs, planner, limits, time_limit, permutes=None):
+def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, conv_dim_order="nchw"):
     from texelflow.runtime.graph.fusion import fuse_patterns
     from texelflow.runtime.graph.importer import export_program
     from texelflow.runtime.graph.lowering import lower
     from texelflow.runtime.graph.permutes import optimize_permutes
+    from texelflow.runtime.graph.permutes.dim_order import apply_dim_orders
     from texelflow.runtime.graph.plan import plan_graph
 
     timings: dict[str, float] = {}
@@ -36,7 +37,8 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None):
     graph = fuse_patterns(graph, limits)
     timings["fusion"] = time.perf_counter() - start
     start = time.perf_counter()
-    graph = optimize_permutes(graph, PERMUTES if permutes is None else permutes)
+    graph = apply_dim_orders(graph, conv_dim_order, limits)  # explicit permutes, before they are optimised
+    graph = optimize_permutes(graph, PERMUTES if permutes is None else permutes, limits)
     timings["permutes"] = time.perf_counter() - start
     result = plan_graph(graph, planner, limits, time_limit)
     timings["planning"] = result.seconds
@@ -46,7 +48,7 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None):
 
 
 def plan(model, example_inputs: Sequence = (), planner: str = "optimal", texture_limits=None,
-         time_limit: float = SOLVER_TIME_LIMIT_S, permutes: str | None = None):
+         time_limit: float = SOLVER_TIME_LIMIT_S, permutes: str | None = None, conv_dim_order: str = "nchw"):
     """Export `model`, partition it and plan a representation for every tensor. Returns a Plan
     (`plan.fallbacks`: every node that runs on the CPU and why; `plan.timings`: seconds per
     stage); no Vulkan device is needed.
@@ -56,12 +58,16 @@ def plan(model, example_inputs: Sequence = (), planner: str = "optimal", texture
     exported in inference mode through a shallow copy; or an ExportedProgram, used as it is.
 
     `permutes` chooses the permute optimisation (runtime/graph/permutes): "global", "local" or
-    "none"; None takes the default."""
-    return _plan(model, example_inputs, planner, _texture_limits(texture_limits, None), time_limit, permutes)
+    "none"; None takes the default. `conv_dim_order` chooses the dense convolution kernel: "nchw"
+    (conv2d on channels-packed textures) or "nhwc" (conv2d_nhwc on buffers, between explicit
+    permutes: runtime/graph/permutes/dim_order.py)."""
+    return _plan(model, example_inputs, planner, _texture_limits(texture_limits, None), time_limit, permutes,
+                 conv_dim_order)
 
 
 def compile(model, example_inputs: Sequence = (), planner: str = "optimal", device=None, texture_limits=None,
-            time_limit: float = SOLVER_TIME_LIMIT_S, progress=None, permutes: str | None = None):
+            time_limit: float = SOLVER_TIME_LIMIT_S, progress=None, permutes: str | None = None,
+            conv_dim_order: str = "nchw"):
     """Plan `model` for `device` and build a callable program.
 
     `progress`, when given, is called as `progress(stage, done, total)` while the program is
@@ -78,5 +84,6 @@ def compile(model, example_inputs: Sequence = (), planner: str = "optimal", devi
 
     device = default_device() if device is None else device
     device.check_open("compiling a program")
-    result = _plan(model, example_inputs, planner, _texture_limits(texture_limits, device), time_limit, permutes)
+    result = _plan(model, example_inputs, planner, _texture_limits(texture_limits, device), time_limit, permutes,
+                   conv_dim_order)
     return CompiledProgram(result, result.exported, device, progress=progress)

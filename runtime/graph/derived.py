@@ -53,6 +53,23 @@ def reshaped(source, *, size: tuple):
     return source.reshape(size)
 
 
+@recipe
+def nhwc_conv_weight(source):
+    """A conv weight [Cout, Cin, KH, KW] as conv2d_nhwc's [KH, KW, Cin, Cout4]: channels fastest,
+    padded with zeros to a multiple of 4 (one aligned vec4 per 4 output channels)."""
+    import torch.nn.functional as F
+
+    return F.pad(source.permute(2, 3, 1, 0), (0, -source.shape[0] % 4)).contiguous()
+
+
+@recipe
+def permuted(source, *, rank_shape: tuple, dims: tuple):
+    """The source broadcast-padded to `rank_shape` and permuted by `dims` (a [W, C] constant added
+    to an NHWC tensor as the [1, C, 1, W] one the op reads once it computes in NCHW order:
+    runtime/graph/permutes/regions.py)."""
+    return source.reshape(rank_shape).permute(dims)
+
+
 # ---- quantized weights (runtime/graph/quantized.py) -------------------------------------------------
 # PT2E freezes weights as int8 constants with their scales and zero points; lowering makes the float
 # weight a float op reads from them, and the q8ta fusion the int8 operands its ops take. The float64

@@ -13,7 +13,7 @@ from .greedy import plan_greedy
 from .ir import Node, PlanGraph, Role
 from .optimal import SOLVER_TIME_LIMIT_S, plan_optimal
 from .problem import Assignment, Problem
-from .redundant import fold_identity_ops
+from .redundant import fold_free_permutes, fold_identity_ops
 from .transitions import insert_transitions
 from .verify import verify
 
@@ -74,11 +74,16 @@ class Plan:
 
     @property
     def num_permutes(self) -> int:
-        return sum(
-            1
-            for n in self.graph.nodes
-            if not n.folded and ((n.op and n.op.name in PERMUTE_OPS) or n.target in PERMUTE_TARGETS)
-        )
+        """Permutes that move data: free ones (folded into views of their input) left out."""
+        return sum(1 for n in self._permute_nodes() if not n.folded)
+
+    @property
+    def num_permute_nodes(self) -> int:
+        """Permute nodes left in the graph, free ones included: what the permute passes leave."""
+        return len(self._permute_nodes())
+
+    def _permute_nodes(self) -> list[Node]:
+        return [n for n in self.graph.nodes if (n.op and n.op.name in PERMUTE_OPS) or n.target in PERMUTE_TARGETS]
 
     @property
     def dispatches(self) -> Counter:
@@ -170,7 +175,7 @@ def plan_graph(graph: PlanGraph, planner: str = "optimal", texture_limits: Seque
         for n in problem.repsets for slot, v in n.tensor_args() if v.role is Role.CONST
     })
     transitions = insert_transitions(problem, assignment)
-    folded = fold_identity_ops(problem, assignment)
+    folded = fold_identity_ops(problem, assignment) + fold_free_permutes(problem, assignment)
     verify(problem, assignment)
     seconds = time.perf_counter() - start
     return Plan(graph, assignment, planner, transitions, folded, seconds, tuple(texture_limits), prepacks,

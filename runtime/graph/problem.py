@@ -35,6 +35,7 @@ class Problem:
         with gc_paused():
             built: dict = {}
             repsets = {n: _cached_repsets(n, limits, built) for n in graph.device_nodes()}
+            narrow_free_permutes(graph, repsets)
             planned: list[Value] = []
             seen: set[int] = set()
             for n in repsets:
@@ -60,6 +61,57 @@ class Problem:
                     if x is v and (n, name) not in out:
                         out.append((n, name))
         return out
+
+
+def narrow_free_permutes(graph: PlanGraph, repsets: dict[Node, OpRepSets]) -> list[Node]:
+    """Narrow a permute to a free (self, out) pair (redundant.permute_is_free: two buffers holding
+    the same memory) where a neighbour forces that pair's representation on one side (its input's
+    producer slot, or every device reader of its output, accepts only it) and the neighbours of the
+    other side accept the pair's other representation. The forced side then costs no transition,
+    the other at most one, and the permute's own copy goes: never more copies than before,
+    counting transitions and permute dispatches together (the permutes around channels-last
+    kernels, runtime/graph/permutes/dim_order.py, become free on channels-packed buffers). The
+    planners minimise transitions over the narrowed sets, so `plan.optimal` certifies that.
+    Nodes are visited in order, so a chain of permutes narrows one after the other. Returns the
+    narrowed permutes."""
+    from .redundant import free_permute_pairs
+
+    narrowed = []
+    for node in graph.nodes:
+        sets = repsets.get(node)
+        if sets is None or node.transition or node.op.name != "permute_copy":
+            continue
+        src, out = node.arg("self"), node.outputs[0][1]
+        pairs = free_permute_pairs(node, sets.sets["self"], sets.sets["out"])
+        if not pairs:
+            continue
+        producer = [(src.producer, n) for n, v in src.producer.outputs if v is src] if src.producer in repsets else []
+        readers = [(n, name) for n in dict.fromkeys(out.users) if n in repsets
+                   for name, v in n.tensor_args() if v is out]
+        forced_in = _forced(src, producer, repsets)
+        forced_out = _forced(out, readers, repsets) if len(readers) == len(set(out.users)) else None
+        # the other side's neighbours must accept the pair too, so narrowing alone adds no transition
+        keep = [(a, b) for a, b in pairs
+                if (forced_in is None or a == forced_in) and (forced_out is None or b == forced_out)
+                and all(a in repsets[n].sets[name] for n, name in producer)
+                and all(b in repsets[n].sets[name] for n, name in readers)]
+        if keep and (forced_in is not None or forced_out is not None):
+            a, b = min(keep, key=lambda p: (p[0].preference_key(), p[1].preference_key()))
+            if sets.constrain("self", TensorRepSet.of(a)) and sets.constrain("out", TensorRepSet.of(b)):
+                narrowed.append(node)
+    return narrowed
+
+
+def _forced(v: Value, slots, repsets) -> TensorRepr | None:
+    """The one representation every slot in `slots` accepts when that is all they accept."""
+    if v.role is Role.CONST or not slots:
+        return None
+    only = {frozenset(repsets[n].sets[name]) for n, name in slots}
+    if len(only) == 1:
+        (reprs,) = only
+        if len(reprs) == 1:
+            return next(iter(reprs))
+    return None
 
 
 @contextlib.contextmanager

@@ -43,6 +43,9 @@ class Dispatch:
     local_size_x: int | None = None
     spirv: bytes | None = None  # override of the generated SPIR-V (tests, experiments)
     units: int | None = None  # invocations (pc.units); None: one per unit of the written tensor
+    # binding -> the layout to read a tensor's memory with, where it is not the tensor's own (a
+    # folded free permute: the same bytes as another representation of another shape)
+    layouts: Mapping[str, object] = field(default_factory=dict)
 
     def bound(self) -> list[VkTensor]:
         """Tensors in binding order, checked against the reflection."""
@@ -154,7 +157,7 @@ class Program:
         for d, ts in zip(self.dispatches, self._bound):
             v = d.variant
             names = {s.name for s in v.spec_constants}
-            spec = {f"{b.tensor}_layout": int(t.layout) for b, t in zip(self._bindings(v), ts)
+            spec = {f"{b.tensor}_layout": int(d.layouts.get(b.tensor, t.layout)) for b, t in zip(self._bindings(v), ts)
                     if f"{b.tensor}_layout" in names}
             if d.local_size_x is not None:
                 spec["local_size_x"] = d.local_size_x

@@ -15,8 +15,9 @@ from texelflow.generated.ops import OPS
 
 BEFORE = json.loads((Path(__file__).parent / "data" / "registry_before_classes.json").read_text())
 
-# Fields the refactor added (push, checks, grid) or removed as dead (dim_order).
-NEW_FIELDS = {"push", "checks", "grid", "template", "dtype_of"}
+# Fields the refactor added (push, checks, grid) or removed as dead (dim_order; issue 12 brought it
+# back with a meaning: the dim order a kernel computes in, empty for every op listed here).
+NEW_FIELDS = {"push", "checks", "grid", "template", "dtype_of", "dim_order"}
 # Dtypes added since (issue 10: bool joined the ALL set of identity ops and transitions).
 NEW_DTYPES = {"bool"}
 REMOVED_FIELDS = {"dim_order"}

@@ -191,6 +191,8 @@ NO_TORCH_TARGET = {
     "conv2d_act": "texelflow.runtime.graph.fusion.conv2d_act_reference",  # conv2d + activation, fused
     "conv2d_dw": "texelflow.runtime.graph.fusion.conv2d_act_reference",  # depthwise conv2d
     "conv2d_dw_act": "texelflow.runtime.graph.fusion.conv2d_act_reference",  # depthwise conv2d + activation
+    # channels-last conv: conv2d of the NCHW-permuted input, its result permuted back
+    "conv2d_nhwc": "texelflow.runtime.graph.permutes.dim_order.conv2d_nhwc_reference",
 }
 # q8ta ops: dequantize, the float op, quantize (tests/kernels/q8ta_reference.py)
 NO_TORCH_TARGET.update({name: f"tests.kernels.q8ta_reference.{name}" for name in (
@@ -458,6 +460,7 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "conv2d_act": (1e-4, 1e-4),  # conv2d's sums, then exp / tanh / erf approximations
     "conv2d_dw": (1e-4, 1e-4),
     "conv2d_dw_act": (1e-4, 1e-4),
+    "conv2d_nhwc": (1e-4, 1e-4),  # conv2d_act's sums and activations, channels-last
     "batch_norm": (1e-5, 1e-5),  # one multiply-add per element, torch's order
     "layer_norm": (1e-4, 1e-4),  # mean and variance reductions, rsqrt
     "sdpa": (1e-4, 1e-5),  # dot products, exp and an online softmax in another order than torch's

@@ -21,8 +21,9 @@ from __future__ import annotations
 MODES = ("global", "local", "none")
 
 
-def optimize_permutes(graph, mode: str = "global"):
-    """Rewrite `graph` in place so that it keeps as few permutes as `mode` finds; returns it."""
+def optimize_permutes(graph, mode: str = "global", texture_limits=None):
+    """Rewrite `graph` in place so that it keeps as few permutes as `mode` finds; returns it.
+    `texture_limits`: the device's (None: the registry's defaults), for what may run on Vulkan."""
     if mode not in MODES:
         raise ValueError(f"permutes={mode!r}: expected one of {', '.join(MODES)}")
     if mode == "none":
@@ -33,5 +34,5 @@ def optimize_permutes(graph, mode: str = "global"):
     if mode == "global":
         from .placement import place_permutes
 
-        graph = place_permutes(graph)
+        graph = place_permutes(graph) if texture_limits is None else place_permutes(graph, texture_limits)
     return graph

@@ -1,0 +1,453 @@
+"""The six local permute passes (runtime/graph/permutes/local.py) on graphs built from small torch
+models: each pass alone on the lowered graph, the counts all six leave (the baseline the global
+placement improves on: tests for placement.py assert the minimum), and numerics against eager
+PyTorch for every case (compiled with permutes="local" on the session's Vulkan device)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import texelflow
+from texelflow.models import ZOO, Attention, ConvNeXtBlock
+from texelflow.runtime.graph.fusion import fuse_patterns
+from texelflow.runtime.graph.importer import export_program
+from texelflow.runtime.graph.lowering import lower
+from texelflow.runtime.graph.permutes import local
+from texelflow.runtime.graph.permutes.dims import compose, inverse, moves_only_unit_dims, permuted
+
+
+def _graph(model, inputs):
+    """The IR `texelflow.plan` hands the permute passes: lowered and fused, nothing planned."""
+    return fuse_patterns(lower(export_program(model, inputs)))
+
+
+def _permutes(graph) -> list:
+    return [n for n in graph.nodes if n.op is not None and n.op.name == "permute_copy"]
+
+
+def _views(graph) -> list:
+    return [n for n in graph.nodes if n.op is not None and n.op.is_identity]
+
+
+def _consistent(graph) -> None:
+    """The IR bookkeeping the passes must keep: topological order, users lists (one entry per use
+    site), producers, and what each CPU fallback reads (`fx_inputs`) computed before it."""
+    seen = {id(v) for v in graph.inputs} | {id(v) for v in graph.constants}
+    nodes = {id(n) for n in graph.nodes}
+    for n in graph.nodes:
+        for _, v in n.tensor_args():
+            assert id(v) in seen, f"{n.name} reads {v.name} before it is computed"
+            reads = sum(1 for _, w in n.tensor_args() if w is v)
+            assert sum(1 for u in v.users if u is n) == reads, f"{v.name}.users misses {n.name}"
+        for _, v in n.outputs:
+            assert v.producer is n, f"{v.name}'s producer is not {n.name}"
+            assert all(id(u) in nodes for u in v.users), f"{v.name} is read by a removed node"
+        if not n.on_device:
+            flat = [x for v in graph.fx_inputs.get(n, []) for x in (v if isinstance(v, list) else [v])]
+            assert all(id(v) in seen for v in flat), f"CPU node {n.name} reads a value not computed before it"
+        for _, v in n.outputs:
+            seen.add(id(v))
+    assert all(id(v) in seen for v in graph.outputs)
+
+
+def _local_count(model, inputs, **options) -> int:
+    return texelflow.plan(model, inputs, permutes="local", **options).num_permute_nodes
+
+
+def _matches_eager(device, model, inputs, rtol=1e-4, fallbacks=0, **options):
+    """Compile with the local passes (and `options`) and compare every output with eager PyTorch."""
+    with torch.no_grad():
+        want = model(*inputs)
+    with texelflow.compile(model, inputs, device=device, permutes="local", **options) as prog:
+        assert len(prog.plan.fallbacks) == fallbacks, prog.plan.fallbacks
+        _consistent(prog.plan.graph)
+        got = prog(*inputs)
+    wants = want if isinstance(want, tuple) else (want,)
+    gots = got if isinstance(got, tuple) else (got,)
+    for g, w in zip(gots, wants, strict=True):
+        assert g.shape == w.shape
+        err = (g - w).abs().max() / w.abs().max().clamp_min(1e-6)
+        assert err <= rtol, f"max relative error {err:.2e}"
+
+
+# ---- models ----------------------------------------------------------------------------------------
+class RegionToOutputs(nn.Module):
+    """A channels-last region left through an inverse permute that is a graph output and one a CPU
+    op (cumsum) reads; a computed [C] operand needs a view to broadcast in NCHW order."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x, v):
+        y = torch.relu(self.conv(x).permute(0, 2, 3, 1) * torch.sigmoid(v))
+        return y.permute(0, 3, 1, 2), torch.cumsum(y.permute(0, 3, 1, 2), dim=1)
+
+
+class PermuteFork(nn.Module):
+    """Q(P(x)) where P(x) is also read by another op: Q reads x through one permute, P stays."""
+
+    def forward(self, x):
+        y = torch.relu(x).permute(0, 2, 1)
+        return torch.sigmoid(y), torch.tanh(y.permute(2, 1, 0))
+
+
+class ChannelsLastRegion(nn.Module):
+    """Two convs enter channels-last through the same permute; scale, shift (a [8, C] constant that
+    must be permuted, not just reshaped), cat, softmax, a keepdim mean, a slice and relu run there;
+    one permute leads back to a conv. All three permutes can go."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.a, self.b, self.out = nn.Conv2d(3, c, 3, padding=1), nn.Conv2d(3, c, 1), nn.Conv2d(c, c, 1)
+        self.scale = nn.Parameter(torch.rand(c) + 0.5)
+        self.shift = nn.Parameter(torch.randn(8, c))
+        self.c = c
+
+    def forward(self, x):
+        y = self.a(x).permute(0, 2, 3, 1)
+        z = self.b(x).permute(0, 2, 3, 1)
+        h = torch.cat([y * self.scale + self.shift, z], dim=-1)
+        h = torch.softmax(h, dim=3) - h.mean(dim=-1, keepdim=True)
+        h = torch.relu(h[..., : self.c])
+        return self.out(h.permute(0, 3, 1, 2))
+
+
+class QuantizedRegion(nn.Module):
+    """A per-tensor quantize / dequantize pair and relu between a permute and its inverse."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        import torch.ao.quantization.fx._decomposed  # noqa: F401 (registers quantized_decomposed)
+
+        q = torch.ops.quantized_decomposed
+        y = q.quantize_per_tensor(self.a(x).permute(0, 2, 3, 1), 0.05, 3, -128, 127, torch.int8)
+        y = q.dequantize_per_tensor(y, 0.05, 3, -128, 127, torch.int8)
+        return self.b(torch.relu(y).permute(0, 3, 1, 2))
+
+
+class JoinsUnpermuted(nn.Module):
+    """add(permute(x), w) with w a computed tensor in the permuted order: the region cannot take w
+    (only a permute would), so the local pass gives up."""
+
+    def forward(self, x, w):
+        return torch.relu(x.permute(0, 2, 1) + w).permute(0, 2, 1)
+
+
+class InverseConsumers(nn.Module):
+    """One permute read only by two inverse permutes (each feeding a conv)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0, self.c1, self.c2 = nn.Conv2d(3, 6, 1), nn.Conv2d(6, 6, 1), nn.Conv2d(6, 6, 3)
+
+    def forward(self, x):
+        y = self.c0(x).permute(0, 2, 3, 1)
+        return self.c1(y.permute(0, 3, 1, 2)), self.c2(y.permute(0, 3, 1, 2))
+
+
+class UnitDimPermute(nn.Module):
+    """A permute of [2, 1, 3, 1] that only moves the size-1 dims."""
+
+    def forward(self, x):
+        return torch.relu(torch.relu(x).permute(1, 0, 3, 2))
+
+
+class PermuteUnsqueezePermute(nn.Module):
+    """permute, unsqueeze, then the permute that undoes the first in 4-d: they meet once the first
+    sinks below the unsqueeze."""
+
+    def forward(self, x):
+        y = torch.relu(x).permute(2, 0, 1).unsqueeze(0)  # [4, 2, 3] -> [1, 4, 2, 3]
+        return torch.relu(y.permute(0, 2, 3, 1))  # [1, 2, 3, 4]
+
+
+class CascadedPermutes(nn.Module):
+    def __init__(self, second):
+        super().__init__()
+        self.second = second
+
+    def forward(self, x):
+        return torch.relu(torch.relu(x).permute(0, 2, 1, 3).permute(*self.second))
+
+
+class CascadedViews(nn.Module):
+    def forward(self, x):
+        y = torch.relu(x).reshape(2, 12).reshape(24)  # two views: one
+        z = torch.relu(x).flatten().reshape(2, 3, 4)  # a view back to the input's shape: none
+        return torch.relu(y), torch.relu(z)
+
+
+class ConvChain(nn.Module):
+    """conv -> pointwise ops -> conv: on the NHWC path each conv sits between explicit permutes."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(torch.sigmoid(self.a(x)) * 2.0 + 1.0)
+
+
+class ForkToOutput(nn.Module):
+    """conv -> permute -> relu -> {permute -> conv, permute -> conv, output}."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0, self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.c0(x).permute(0, 2, 3, 1))
+        return self.c1(y.permute(0, 3, 1, 2)), self.c2(y.permute(0, 3, 1, 2)), y
+
+
+class PermutedJoin(nn.Module):
+    """add of two permuted inputs, feeding a permute (back, to a conv) and a graph output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(6, 6, 1)
+
+    def forward(self, a, b):
+        s = a.permute(0, 2, 3, 1) + b.permute(0, 2, 3, 1)  # NCHW inputs, NHWC sum
+        return self.conv(s.permute(0, 3, 1, 2)), s
+
+
+class DuplicateSiblings(nn.Module):
+    """The same permute of one tensor, twice, each read by its own op."""
+
+    def forward(self, x):
+        x = torch.relu(x)
+        return torch.sigmoid(x.permute(0, 2, 1)), torch.tanh(x.permute(0, 2, 1))
+
+
+# ---- the permutation algebra -------------------------------------------------------------------------
+def test_permutation_algebra():
+    dims = (0, 2, 3, 1)
+    x = torch.randn(2, 3, 4, 5)
+    assert torch.equal(x.permute(dims).permute(inverse(dims)), x)
+    assert torch.equal(x.permute(dims).permute(1, 0, 3, 2), x.permute(compose(dims, (1, 0, 3, 2))))
+    assert permuted(x.shape, dims) == tuple(x.permute(dims).shape)
+    assert moves_only_unit_dims((2, 1, 3, 1), (1, 0, 3, 2)) and not moves_only_unit_dims((2, 1, 3, 1), (2, 1, 0, 3))
+
+
+# ---- each pass alone --------------------------------------------------------------------------------
+def test_region_permutes_are_removed(device):
+    model, x = ChannelsLastRegion().eval(), torch.randn(1, 3, 8, 8)
+    graph = _graph(model, (x,))
+    assert len(_permutes(graph)) == 3
+    assert local.remove_region_permutes(graph)
+    _consistent(graph)
+    assert _permutes(graph) == []
+    recipes = sorted(v.derive.recipe for v in graph.constants if v.derive is not None and v.users)
+    assert recipes == ["permuted", "reshaped"]  # shift [8, C] -> [C, 8, 1]; scale [C] -> [C, 1, 1]
+    assert _local_count(model, (x,)) == 0
+    _matches_eager(device, model, (x,))
+
+
+def test_region_through_quantize_and_dequantize(device):
+    model, x = QuantizedRegion().eval(), torch.randn(1, 3, 6, 6)
+    graph = _graph(model, (x,))
+    assert len(_permutes(graph)) == 2
+    assert local.remove_region_permutes(graph)
+    _consistent(graph)
+    assert _permutes(graph) == []
+    _matches_eager(device, model, (x,))
+
+
+def test_region_exits_to_an_output_and_a_cpu_op(device):
+    model, inputs = RegionToOutputs().eval(), (torch.randn(1, 3, 5, 5), torch.randn(4))
+    graph = _graph(model, inputs)
+    assert local.remove_region_permutes(graph)
+    _consistent(graph)
+    assert _permutes(graph) == []
+    # the exit that was a graph output stays as a view; the computed [4] operand becomes [1, 4, 1, 1]
+    assert sorted(tuple(n.outputs[0][1].shape) for n in _views(graph)) == [(1, 4, 1, 1), (1, 4, 5, 5)]
+    _matches_eager(device, model, inputs, fallbacks=1)
+
+
+def test_region_with_an_unpermuted_operand_is_left(device):
+    model, inputs = JoinsUnpermuted(), (torch.randn(2, 3, 5), torch.randn(2, 5, 3))
+    graph = _graph(model, inputs)
+    assert not local.remove_region_permutes(graph)
+    assert _local_count(model, inputs) == 2
+    _matches_eager(device, model, inputs)
+
+
+def test_permute_with_inverse_consumers_vanishes(device):
+    model, x = InverseConsumers().eval(), torch.randn(1, 3, 6, 6)
+    graph = _graph(model, (x,))
+    assert len(_permutes(graph)) == 3
+    assert local.fuse_inverse_consumers(graph)
+    _consistent(graph)
+    assert _permutes(graph) == []
+    _matches_eager(device, model, (x,))
+
+
+def test_unit_dim_permute_becomes_a_view(device):
+    model, x = UnitDimPermute(), torch.randn(2, 1, 3, 1)
+    graph = _graph(model, (x,))
+    assert local.unit_dim_permutes_to_views(graph)
+    _consistent(graph)
+    assert _permutes(graph) == [] and [n.op.name for n in _views(graph)] == ["view_copy"]
+    assert _local_count(model, (x,)) == 0
+    _matches_eager(device, model, (x,))
+
+
+def test_permute_sinks_below_unsqueeze_and_meets_its_inverse(device):
+    model, x = PermuteUnsqueezePermute(), torch.randn(2, 3, 4)
+    graph = _graph(model, (x,))
+    assert len(_permutes(graph)) == 2
+    assert local.sink_permutes_below_views(graph)
+    _consistent(graph)
+    first, second = _permutes(graph)
+    assert second.arg("self") is first.outputs[0][1]  # the two permutes now meet
+    assert _local_count(model, (x,)) == 0
+    _matches_eager(device, model, (x,))
+
+
+@pytest.mark.parametrize("second,left", [((0, 1, 3, 2), 1), ((0, 2, 1, 3), 0)])
+def test_cascaded_permutes_fuse(device, second, left):
+    model, x = CascadedPermutes(second), torch.randn(2, 3, 4, 5)
+    graph = _graph(model, (x,))
+    assert local.fuse_cascaded_permutes(graph)
+    _consistent(graph)
+    assert len(_permutes(graph)) == left
+    assert _local_count(model, (x,)) == left
+    _matches_eager(device, model, (x,))
+
+
+def test_cascaded_permute_with_a_fork_keeps_the_first(device):
+    model, x = PermuteFork(), torch.randn(2, 3, 5)
+    graph = _graph(model, (x,))
+    assert local.fuse_cascaded_permutes(graph)
+    _consistent(graph)
+    assert sorted(p.arg("self").name for p in _permutes(graph)) == ["relu", "relu"]  # both read relu
+    assert _local_count(model, (x,)) == 2  # never more than before
+    _matches_eager(device, model, (x,))
+
+
+def test_cascaded_views_fuse(device):
+    model, x = CascadedViews(), torch.randn(2, 3, 4)
+    graph = _graph(model, (x,))
+    assert len(_views(graph)) == 4
+    assert local.fuse_cascaded_views(graph)
+    _consistent(graph)
+    assert local.fuse_cascaded_views(graph)  # the merged flatten + reshape is then to x's own shape
+    assert [tuple(n.outputs[0][1].shape) for n in _views(graph)] == [(24,)]
+    _matches_eager(device, model, (x,))
+
+
+def test_nhwc_conv_chain_keeps_only_the_outer_permutes(device):
+    # The permute back after the first conv and the one into the second enclose the pointwise
+    # region: both go; the model's input and output permutes stay (4 -> 2).
+    model, x = ConvChain().eval(), torch.randn(1, 3, 8, 8)
+    assert texelflow.plan(model, (x,), permutes="none", conv_dim_order="nhwc").num_permute_nodes == 4
+    assert _local_count(model, (x,), conv_dim_order="nhwc") == 2
+    _matches_eager(device, model, (x,), conv_dim_order="nhwc")
+
+
+# ---- what the local passes leave (the global placement asserts the minimum) ---------------------------
+def test_fork_to_a_graph_output_keeps_every_permute(device):
+    # relu's result is a graph output in the permuted order: the region (relu) is not left only
+    # through inverse permutes, and the first permute is read by relu, not by an inverse. All 3
+    # stay; the minimum is 1 (relu in NCHW between the convs, one permute for the output).
+    model, x = ForkToOutput().eval(), torch.randn(1, 3, 6, 6)
+    assert _local_count(model, (x,)) == 3
+    _matches_eager(device, model, (x,))
+
+
+def test_permuted_join_feeding_an_output_keeps_every_permute(device):
+    # The sum is a graph output: the add cannot move into its inputs' order locally, so both input
+    # permutes and the one back stay: 3. The minimum is 1 (add in NCHW, one permute for the output).
+    model, inputs = PermutedJoin().eval(), (torch.randn(1, 6, 5, 5), torch.randn(1, 6, 5, 5))
+    assert _local_count(model, inputs) == 3
+    _matches_eager(device, model, inputs)
+
+
+def test_duplicate_sibling_permutes_stay(device):
+    # Two equal permutes of one tensor, each read by another op: no pass merges siblings (that
+    # needs one permute shared by all readers, the global placement's job). Local 2, minimum 1.
+    model, x = DuplicateSiblings(), torch.randn(2, 3, 5)
+    assert _local_count(model, (x,)) == 2
+    _matches_eager(device, model, (x,))
+
+
+def test_convnext_block_keeps_its_two_permutes(device):
+    # layer_norm over the last dim and the linears need channels last; the permute back is read by
+    # the residual add with the NCHW input. The region behind the second permute (mul by gamma) is
+    # entered from a linear, not a permute: nothing to cancel. Local 2.
+    model, x = ConvNeXtBlock(16).eval(), torch.randn(1, 16, 8, 8)
+    assert _local_count(model, (x,)) == 2
+    _matches_eager(device, model, (x,))
+
+
+def test_attention_keeps_its_head_permutes(device):
+    # qkv's [B, N, 3, H, D] -> [3, B, H, N, D] feeds selects and attention, and the heads'
+    # transpose back feeds a reshape that merges dims (not a squeeze-like view): no inverse pair
+    # ever meets. Local 2.
+    model, x = Attention(32, 4).eval(), torch.randn(1, 5, 32)
+    assert _local_count(model, (x,)) == 2
+    _matches_eager(device, model, (x,))
+
+
+# ---- random programs --------------------------------------------------------------------------------
+class RandomPermuteProgram(nn.Module):
+    """A random chain over [2, 3, 4, 5] tensors mixing the two NCHW <-> NHWC permutes with what the
+    passes look at (pointwise ops, broadcast constants, joins, softmax, keepdim sums, unsqueeze /
+    squeeze) and what stops them (layer norm over the last dim, extra graph outputs)."""
+
+    STEPS = ("permute", "permute", "unary", "add", "scale", "softmax", "sum", "unsqueeze", "norm", "output")
+
+    def __init__(self, seed: int, length: int = 14):
+        super().__init__()
+        rng = torch.Generator().manual_seed(seed)
+        pick = lambda n: int(torch.randint(n, (1,), generator=rng))  # noqa: E731
+        self.plan = [(self.STEPS[pick(len(self.STEPS))], pick(1000)) for _ in range(length)]
+        self.scale = nn.Parameter(torch.rand(5) + 0.5)
+
+    def forward(self, x):
+        values, extra = [x], []
+        for step, r in self.plan:
+            v = values[-1]
+            if step == "permute":
+                v = v.permute(0, 2, 3, 1) if r % 2 else v.permute(0, 3, 1, 2)
+            elif step == "unary":
+                v = (torch.relu, torch.sigmoid, torch.tanh)[r % 3](v)
+            elif step == "add":
+                same = [w for w in values if w.shape == v.shape]
+                v = v + same[r % len(same)]
+            elif step == "scale" and v.shape[-1] == 5:
+                v = v * self.scale
+            elif step == "softmax":
+                v = torch.softmax(v, dim=r % 4)
+            elif step == "sum":
+                v = v - v.sum(dim=r % 4, keepdim=True) * 0.1
+            elif step == "unsqueeze":
+                v = torch.relu(v.unsqueeze(0)).squeeze(0)
+            elif step == "norm":
+                v = nn.functional.layer_norm(v, v.shape[-1:])
+            elif step == "output":
+                extra.append(v)
+            values.append(v)
+        return (values[-1], *extra)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_programs_keep_numerics(device, seed):
+    model, x = RandomPermuteProgram(seed).eval(), torch.randn(2, 3, 4, 5)
+    assert _local_count(model, (x,)) <= texelflow.plan(model, (x,), permutes="none").num_permute_nodes
+    _matches_eager(device, model, (x,))
+
+
+# ---- the zoo -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,size", [("convnext_atto", 64), ("vit_tiny", 32)])
+def test_zoo_models_keep_numerics(device, name, size):
+    model, inputs = ZOO[name](image_size=size)
+    assert _local_count(model, inputs) <= texelflow.plan(model, inputs, permutes="none").num_permute_nodes
+    _matches_eager(device, model, inputs, rtol=1e-3)
