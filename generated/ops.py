@@ -425,7 +425,7 @@ OPS: dict[str, OpEntry] = {
             'aten.avg_pool2d.default',
         ),
         args=(
-            Arg('self', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('self', 'tensor', repset='CHANNELS_PACKED_ANY'),
             Arg('kernel_size', 'int_list'),
             Arg('stride', 'int_list', default=[]),
             Arg('padding', 'int_list', default=[0, 0]),
@@ -434,7 +434,7 @@ OPS: dict[str, OpEntry] = {
             Arg('divisor_override', 'int', optional=True),
         ),
         outputs=(
-            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+            Output('out', 'CHANNELS_PACKED_ANY'),
         ),
         sync=(
             ('self', 'out'),
@@ -456,6 +456,7 @@ OPS: dict[str, OpEntry] = {
         template='pool2d',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'avg_pool2d_float32_buffer',
             'avg_pool2d_float32_texture3d',
         ),
     ),
@@ -2929,7 +2930,7 @@ OPS: dict[str, OpEntry] = {
             'aten.max_pool2d.default',
         ),
         args=(
-            Arg('self', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('self', 'tensor', repset='CHANNELS_PACKED_ANY'),
             Arg('kernel_size', 'int_list'),
             Arg('stride', 'int_list', default=[]),
             Arg('padding', 'int_list', default=[0, 0]),
@@ -2937,7 +2938,7 @@ OPS: dict[str, OpEntry] = {
             Arg('ceil_mode', 'bool', default=False),
         ),
         outputs=(
-            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+            Output('out', 'CHANNELS_PACKED_ANY'),
         ),
         sync=(
             ('self', 'out'),
@@ -2957,6 +2958,7 @@ OPS: dict[str, OpEntry] = {
         template='pool2d',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'max_pool2d_float32_buffer',
             'max_pool2d_float32_texture3d',
         ),
     ),

@@ -207,3 +207,28 @@ def test_resnet18_nhwc_matches_eager(device):
         assert plan.num_permute_nodes == 4 and nonfree_permutes(plan) + len(plan.transitions) <= 3
         assert plan.num_permutes == nonfree_permutes(plan)  # the free ones are folded: no dispatch
         torch.testing.assert_close(prog(*inputs), model(*inputs), rtol=1e-3, atol=1e-3)
+
+
+def test_convnext_nhwc_path_copies_no_more_than_the_texture_path():
+    """ConvNeXt-atto (64 px): with every dense conv channels-last on buffers, transitions plus
+    permutes that copy do not exceed the channels-packed texture path's (26 against 29)."""
+    from texelflow.models import convnext_atto
+
+    model, inputs = convnext_atto(image_size=64)
+    cp = texelflow.plan(model, inputs)
+    nhwc = texelflow.plan(model, inputs, conv_dim_order="nhwc")
+    assert nhwc.dispatches["conv2d_nhwc"] > 0 and not nhwc.fallbacks
+    assert nhwc.num_transitions + nhwc.num_permutes <= cp.num_transitions + cp.num_permutes
+
+
+def test_resnet18_pools_on_channels_packed_buffers_keep_the_permutes_free():
+    """Beside conv2d_nhwc the max pool reads a channels-packed buffer (NHWC memory), so the
+    permutes around it are views: ResNet-18 NHWC copies once (before the global pool) and pays
+    no transition; the texture path copies nothing."""
+    from texelflow.models import resnet18
+
+    model, inputs = resnet18(image_size=64)
+    nhwc = texelflow.plan(model, inputs, conv_dim_order="nhwc")
+    (pool,) = [n for n in nhwc.graph.nodes if n.op is not None and n.op.name == "max_pool2d"]
+    assert str(nhwc.assignment.slots[(pool, "self")]) == "BUFFER/CHANNELS_PACKED"
+    assert nhwc.num_transitions == 0 and nhwc.num_permutes <= 1

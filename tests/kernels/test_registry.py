@@ -94,6 +94,10 @@ def _channels_packed_texture(repset):
     return {(r.storage, r.layout) for r in TensorRepSet.named(repset)} == {(Storage.TEXTURE_3D, Layout.CHANNELS_PACKED)}
 
 
+def _channels_packed(repset):
+    return {r.layout for r in TensorRepSet.named(repset)} == {Layout.CHANNELS_PACKED}
+
+
 def _any_float(repset):
     float_layouts = {lay for lay, info in LAYOUT_INFO.items() if info.family == "float"}
     reprs = {(r.storage, r.layout) for r in TensorRepSet.named(repset) if r.layout in float_layouts}
@@ -104,7 +108,9 @@ ACCEPTANCE = {  # template -> (activation repset predicate, all activations sync
     "matmul": (_width_packed, False),  # linear / addmm / mm: width-packed, weights prepacked
     "linear": (_width_packed, False),
     "conv2d": (_channels_packed_texture, False),  # conv2d, pools: channels-packed texture
-    "pool2d": (_channels_packed_texture, True),
+    # Ours also takes a channels-packed buffer (NHWC memory): beside conv2d_nhwc the permutes
+    # around a pool are then free views (ResNet-18's max pool; the reference: texture only).
+    "pool2d": (_channels_packed, True),
     "unary": (_any_float, True),  # elementwise, unary, layer_norm, cat, permute: any float, synced
     "binary": (_any_float, True),
     "layer_norm": (_any_float, True),
