@@ -39,6 +39,9 @@ ADDED_ARGS = {"clone": ["memory_format"], "clone_dim_order": ["non_blocking", "d
 # permute re-lays out for free): each variant of one storage became one per (in, out) storage pair.
 RELAYOUT = {"permute_copy": ("in_storage", "out_storage")}
 STORAGE_AXIS_VALUES = ("buffer", "texture3d")
+# Ops whose channels-packed texture tensors also take a channels-packed buffer (issue 12: beside
+# conv2d_nhwc a pool reads NHWC memory, so the permutes around it are free): a buffer variant more.
+BUFFER_TOO = {"avg_pool2d": "CHANNELS_PACKED_ANY", "max_pool2d": "CHANNELS_PACKED_ANY"}
 
 
 def _plain(x):
@@ -69,6 +72,11 @@ def _fixed_before(name: str, entry: dict) -> dict:
         entry["shader_axes"] = ["dtype", *RELAYOUT[name]]
         stems = list(dict.fromkeys(v.rsplit("_", 1)[0] for v in entry["variants"]))
         entry["variants"] = [f"{s}_{i}_{o}" for s in stems for i in STORAGE_AXIS_VALUES for o in STORAGE_AXIS_VALUES]
+    if name in BUFFER_TOO:
+        entry["args"] = [dict(a, repset=BUFFER_TOO[name]) if a["repset"] == "CHANNELS_PACKED_TEXTURE" else a
+                         for a in entry["args"]]
+        entry["outputs"] = [dict(o, repset=BUFFER_TOO[name]) for o in entry["outputs"]]
+        entry["variants"] = sorted(entry["variants"] + [v.replace("_texture3d", "_buffer") for v in entry["variants"]])
     return entry
 
 
