@@ -22,13 +22,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir import Derivation, Node, PlanGraph, Role, Value
+from .commuting import DIM_TEMPLATES, ELEMENTWISE_TEMPLATES
 from .dims import inverse, is_view, moves_only_unit_dims, normalize, permute_dims, permuted
 from .surgery import (bypass, fresh_name, insert_before, is_output, new_value, remove_node, replace_node,
                       runs_on_device, view_node)
 
-# Templates whose ops compute each output element from the same position of their operands.
-POINTWISE = frozenset({"unary", "binary", "where", "masked_fill", "quantize", "dequantize"})
-DIM_ARG = frozenset({"softmax", "cat", "slice"})  # one `dim` renamed
+# Templates whose ops compute each output element from the same position of their operands
+# (the global placement's table, commuting.py), and those with one `dim` the local passes rename
+# (a subset of commuting.DIM_TEMPLATES: reductions are handled below, flip's `dims` list is not).
+POINTWISE = frozenset(ELEMENTWISE_TEMPLATES)
+DIM_ARG = frozenset(DIM_TEMPLATES) - {"reduce", "flip"}
 REDUCTION = "reduce"  # `dim` (int, list or None) renamed when the rank is kept
 
 
