@@ -23,6 +23,7 @@ test-fast: setup
 bench: setup
 	$(PYTHON) bench/codegen.py
 	$(PYTHON) bench/kernels.py
+	$(PYTHON) bench/overhead.py
 	$(PYTHON) bench/models.py
 
 demo: setup

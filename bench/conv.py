@@ -1,13 +1,25 @@
-"""Convolution benchmark: GFLOP/s of the conv kernels on the layer shapes ResNet-18 and
-MobileNetV3 spend their time in, from GPU timestamps (the minimum over interleaved repeats, so
-other work on a shared machine disturbs it least), with the error against torch.
+"""Convolution benchmark: the specialised conv kernels the fusion pass chooses (conv2d_pw,
+conv2d_wino, conv2d_gemm, conv2d_dw3_s1 / conv2d_dw5_s1) against the general conv2d / conv2d_dw
+they replace, on the layer shapes ResNet-18 and MobileNetV3 spend their time in, in one process,
+the two programs alternated, median of the repeats, each a replay of the recorded device program
+(no upload or download): GPU timestamps (Program.profile), or with `--cpu` the process's CPU time
+per replay (all threads, lavapipe's workers included: far steadier than wall time on a shared
+machine; a kernel that keeps both of lavapipe's threads busy takes half of it in wall time).
+GFLOP/s (direct-convolution FLOPs, Winograd's too), the fraction of the device's trivial-FMA peak
+(bench/ceilings.py, measured in the same run, by the same clock) and the error against torch.
 
-Each case is compiled as a one-layer model, so the fusion pass picks the kernel a model would get
-(conv2d, or conv2d_dw for a depthwise layer). Usage: python bench/conv.py [--reps N] [CASE ...]
+Each case is compiled as a one-layer model, so the fusion pass picks the kernel a model would get;
+the baseline is the same model compiled with the kernel choice off (fusion step 6).
+`--baseline REV` also times the chosen kernel's own dispatch with the SPIR-V its variant had at git
+revision REV (same tensors, alternated): the before / after of a template change.
+Usage: python bench/conv.py [--reps N] [--cpu] [--no-peak] [--baseline REV] [CASE ...]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import statistics
 
 import torch
 import torch.nn as nn
@@ -17,22 +29,105 @@ import texelflow
 # name -> (layer, input shape)
 CASES = {
     "3x3 64->64 [1,64,56,56]": (lambda: nn.Conv2d(64, 64, 3, padding=1), (1, 64, 56, 56)),
+    "3x3 128->128 [1,128,28,28]": (lambda: nn.Conv2d(128, 128, 3, padding=1), (1, 128, 28, 28)),
     "3x3 512->512 [1,512,7,7]": (lambda: nn.Conv2d(512, 512, 3, padding=1), (1, 512, 7, 7)),
+    "3x3/2 64->128 [1,64,56,56]": (lambda: nn.Conv2d(64, 128, 3, stride=2, padding=1), (1, 64, 56, 56)),
+    "1x1/2 64->128 [1,64,56,56]": (lambda: nn.Conv2d(64, 128, 1, stride=2), (1, 64, 56, 56)),
     "7x7/2 3->64 [1,3,224,224]": (lambda: nn.Conv2d(3, 64, 7, stride=2, padding=3), (1, 3, 224, 224)),
     "1x1 96->24 [1,96,28,28]": (lambda: nn.Conv2d(96, 24, 1), (1, 96, 28, 28)),
     "1x1 16->72 [1,16,56,56]": (lambda: nn.Conv2d(16, 72, 1), (1, 16, 56, 56)),
+    "1x1 576->1024 [1,576,7,7]": (lambda: nn.Conv2d(576, 1024, 1), (1, 576, 7, 7)),
     "dw 3x3 96 [1,96,28,28]": (lambda: nn.Conv2d(96, 96, 3, padding=1, groups=96), (1, 96, 28, 28)),
+    "dw 5x5 240 [1,240,14,14]": (lambda: nn.Conv2d(240, 240, 5, padding=2, groups=240), (1, 240, 14, 14)),
     "dw 5x5/2 96 [1,96,28,28]": (lambda: nn.Conv2d(96, 96, 5, stride=2, padding=2, groups=96), (1, 96, 28, 28)),
 }
 
 
+@contextlib.contextmanager
+def general_kernels():
+    """Compile with fusion step 6 off: every dense conv on the general conv2d kernel."""
+    from texelflow.runtime.graph import fusion
+
+    original = fusion.fuse_patterns
+    fusion.fuse_patterns = functools.partial(original, choose_kernels=False)
+    try:
+        yield
+    finally:
+        fusion.fuse_patterns = original
+
+
+def cpu_ms(fn, *args) -> float:
+    """CPU time (all threads of this process: lavapipe's workers too) of one call: on a shared
+    machine far steadier than wall time, which counts the time other jobs held the cores."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    fn(*args)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return 1000 * (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+
+
+def dispatch_ms(program) -> float:
+    program()
+    return sum(us for _, us in program.profile()) / 1000
+
+
+def kernel_program(prog, rev: str | None = None):
+    """A vulkan Program running `prog`'s dispatches on its resident tensors, with no transfers:
+    with `rev`, the SPIR-V of git revision `rev` (None when `rev` had no such variant)."""
+    import dataclasses
+
+    from matmul import baseline_spirv
+
+    from texelflow.runtime.vulkan.program import Program
+
+    (segment,) = prog.segments
+    dispatches = []
+    for d in segment.program.dispatches:
+        spirv = baseline_spirv(d.variant, rev) if rev else None
+        if rev and spirv is None:
+            return None
+        dispatches.append(dataclasses.replace(d, spirv=spirv))
+    return Program(prog.device, dispatches)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--cpu", action="store_true",
+                        help="time by CPU time of the process (all threads) instead of GPU timestamps")
+    parser.add_argument("--no-peak", action="store_true", help="skip measuring the FMA peak")
+    parser.add_argument("--baseline", default=None, help="git revision of the SPIR-V to compare the chosen kernel with")
     parser.add_argument("cases", nargs="*", help="substrings of case names (default: all)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    print("| case | kernel | ms | GFLOP/s | max rel. error |\n|---|---|---|---|---|")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    peak = None
+    if not args.no_peak:
+        from ceilings import fma_peak, fma_probe
+        from machine import machine
+
+        from texelflow.runtime.vulkan.device import default_device
+
+        device = default_device()
+        if args.cpu:  # the trivial FMA kernel's FLOPs per CPU second: the same measure as the convs'
+            probe = fma_probe(device, 1 << 16, 256)
+            try:
+                peak = probe.work / statistics.median(cpu_ms(probe.program) for _ in range(args.reps)) / 1e6
+            finally:
+                probe.close()
+        else:
+            peak = fma_peak(device)
+        unit = "GFLOP per CPU second" if args.cpu else "GFLOP/s"
+        print(f"device: {device.limits.name}; machine: {machine()}; trivial FMA peak {peak:.1f} {unit}\n")
+    base = f" kernel at {args.baseline} ms | speed-up |" if args.baseline else ""
+    if args.cpu:
+        print("(ms: CPU time per replay, all threads; GFLOP/s: per CPU second)\n")
+    print(f"| case | kernel | ms | GFLOP/s | of FMA peak | general kernel ms | speed-up |{base} max rel. error |\n"
+          f"|---|---|---|---|---|---|---|{'---|---|' if args.baseline else ''}---|")
     for name, (make, shape) in CASES.items():
         if args.cases and not any(c in name for c in args.cases):
             continue
@@ -40,16 +135,35 @@ def main() -> None:
         with torch.no_grad():
             want = layer(x)
         flops = 2 * want.numel() * layer.weight[0].numel()
-        with texelflow.compile(layer, (x,)) as prog:
-            got = prog(x)
-            (node,) = prog.plan.graph.device_nodes()
-            times = []
+        with general_kernels():
+            old = texelflow.compile(layer, (x,))
+        new = texelflow.compile(layer, (x,))
+        with old, new:
+            got = new(x)
+            (node,) = new.plan.graph.device_nodes()
+            before = kernel_program(new, args.baseline) if args.baseline else None
+            times_new, times_old, times_base = [], [], []
+            old(x)
+            # the dispatches alone, on the resident tensors: no upload, download or Python per call
+            run_new, run_old = kernel_program(new), kernel_program(old)
             for _ in range(args.reps):
-                prog(x)
-                times.append(sum(us for label, us in prog.profile() if label == node.name) / 1000)
-        ms = min(times)
+                times_new.append(cpu_ms(run_new) if args.cpu else dispatch_ms(run_new))
+                times_old.append(cpu_ms(run_old) if args.cpu else dispatch_ms(run_old))
+                if before is not None:
+                    times_base.append(cpu_ms(before) if args.cpu else dispatch_ms(before))
+            for p in (run_new, run_old, before):
+                if p is not None:
+                    p.close()
+        ms, ms_old = statistics.median(times_new), statistics.median(times_old)
+        base = ""
+        if args.baseline:
+            ms_base = statistics.median(times_base) if times_base else None
+            base = f" {ms_base:.2f} | {ms_base / ms:.2f}x |" if ms_base else " - | - |"
         err = float((got - want).abs().max() / want.abs().max())
-        print(f"| {name} | {node.op.name} | {ms:.2f} | {flops / ms / 1e6:.2f} | {err:.1e} |", flush=True)
+        gflops = flops / ms / 1e6
+        frac = f"{gflops / peak:.0%}" if peak else "-"
+        print(f"| {name} | {node.op.name} | {ms:.2f} | {gflops:.2f} | {frac} | {ms_old:.2f} | {ms_old / ms:.2f}x |"
+              f"{base} {err:.1e} |", flush=True)
 
 
 if __name__ == "__main__":

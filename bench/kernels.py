@@ -1,9 +1,22 @@
-"""Kernel benchmark: texelflow's Vulkan kernels beside numpy and torch on the same machine.
+"""Kernel benchmark: every kernel class as a fraction of the device's own ceiling, in one run.
 
-Prints a markdown table: elementwise `add` and a `to_layout` transition (contiguous buffer ->
-channels-packed texture) on 16M floats, in GB/s of tensor bytes moved, with the Vulkan time taken
-from GPU timestamps; then the host overhead per call of a recorded 100-dispatch program.
-Usage: python bench/kernels.py [--quick] [--reps N]
+Memory-bound kernels (elementwise, unary, identity copies, to_layout) are reported as a fraction of
+the trivial copy kernel's bandwidth (bench/ceilings.py) for the same bytes moved on the same
+storage; compute-bound ones (mm, the ViT-S/16 linears, ResNet-18 / MobileNetV3 convs, sdpa) as a
+fraction of the trivial FMA kernel's GFLOP/s, and of their roofline bound max(FLOPs / FMA peak,
+bytes / copy bandwidth). Every time is a GPU timestamp (`profile()`), and each kernel's samples
+alternate with its ceiling's, call by call, so load from other processes hits both alike.
+
+Kernels are built the way models run them: a tiny torch module through `texelflow.compile` (the
+op's dispatches read from `prog.profile()` by node label), in the planner's own choice of storage
+and with buffers forced (`texture_limits=(1, 1, 1)`: no texture fits); identity copies and
+`to_layout`, which compile folds or inserts only as transitions, as one planned node lowered by
+the runtime's `node_dispatches` in representations named here (so is an elementwise kernel in a
+texture, "texture forced", when the planner's own choice was not a texture). The "ran" column says
+which storage, layout and shader variant ran. Outputs are checked against torch before timing; a
+kernel that fails to build or computes a wrong result is a row saying so, and the run goes on.
+Host overhead per call has its own benchmark: bench/overhead.py.
+Usage: python bench/kernels.py [--quick] [--reps N] [--only SUBSTRING]
 """
 from __future__ import annotations
 
@@ -11,151 +24,485 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
-from machine import cpu_model
 
-from texelflow.generated.layouts import Layout, Storage
-from texelflow.runtime.vulkan.device import Device
-from texelflow.runtime.vulkan.pipeline import find_variant
-from texelflow.runtime.vulkan.program import Dispatch, Program
-from texelflow.runtime.vulkan.tensor import VkTensor
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # machine, ceilings: beside this file
+from ceilings import (FMA_CHAINS, Probe, best_copy, best_fma, copy_probe, fastest_configs,  # noqa: E402
+                      fma_probe)
+from machine import machine  # noqa: E402
 
-try:
-    import torch
-except ImportError:  # the bench still runs; torch rows say why they are missing
-    torch = None
+import torch  # noqa: E402
 
+import texelflow  # noqa: E402
+from texelflow.generated.layouts import Layout, Storage  # noqa: E402
+from texelflow.runtime.vulkan.device import Device  # noqa: E402
 
-def median_seconds(fn, reps: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+BUFFER_ONLY = (1, 1, 1)  # texture_limits no tensor fits: the planner must take buffers
+STORAGE_NAME = {Storage.BUFFER: "buffer", Storage.TEXTURE_3D: "texture3d"}
+LAYOUT_SHORT = {Layout.WIDTH_PACKED: "WP", Layout.HEIGHT_PACKED: "HP", Layout.CHANNELS_PACKED: "CP"}
 
 
-def vulkan_kernel_seconds(device, dispatch: Dispatch, reps: int) -> float:
-    """Median GPU time of one dispatch (timestamps), tensors already resident on the device."""
-    prog = Program(device, [dispatch])
-    try:
-        prog()
-        samples = []
-        for _ in range(reps):
-            prog()
-            samples.append(prog.profile()[0][1] * 1e-6)
-        return statistics.median(samples)
-    finally:
-        prog.close()
+def _short(storage, layout) -> str:
+    return f"{'buf' if storage == Storage.BUFFER else 'tex'} {LAYOUT_SHORT.get(layout, layout.name)}"
 
 
-def bench_add(device, n: int, reps: int) -> list[tuple]:
-    shape = (n // (256 * 256), 256, 256)
-    x, y = np.random.default_rng(0).standard_normal((2,) + shape, dtype=np.float32)
-    nbytes = 3 * x.nbytes  # read two, write one
-    ts = {k: VkTensor(device, shape, "float32", Storage.BUFFER, Layout.WIDTH_PACKED, label=k)
-          for k in ("out", "self", "other")}
-    try:
-        ts["self"].upload(x)
-        ts["other"].upload(y)
-        variant = find_variant("add", dtype="float32", storage="buffer")
-        vk_s = vulkan_kernel_seconds(device, Dispatch(variant, ts, {"alpha": 1.0}), reps)
-        np.testing.assert_allclose(ts["out"].download(), x + y, rtol=1e-6)
-    finally:
-        for t in ts.values():
+# ---- runners: one kernel, sampled call by call ---------------------------------------------------
+class CompiledRunner:
+    """A torch module through texelflow.compile; a sample is the GPU time of its op's dispatches
+    (every dispatch labelled by a non-transition node), transitions reported apart."""
+
+    def __init__(self, device, module, inputs, buffers_only: bool, tolerance: tuple[float, float]):
+        self.inputs = inputs
+        self.prog = texelflow.compile(module, inputs, device=device,
+                                      texture_limits=BUFFER_ONLY if buffers_only else None)
+        try:
+            plan = self.prog.plan
+            nodes = [n for n in plan.graph.nodes if n.on_device and not n.folded and not n.transition]
+            if not nodes:
+                raise RuntimeError("no kernel dispatch: the op was folded or fell back to the CPU"
+                                   + "".join(f"; {n.name}: {n.fallback}" for n in plan.graph.nodes if n.fallback))
+            self.names = {n.name for n in nodes}
+            variants = [v for label, v in self.prog.dispatch_variants if self._is_op(label)]
+            out = plan.assignment.values[nodes[-1].outputs[0][1]]
+            transitions = len(self.prog.dispatch_variants) - len(variants)
+            self.ran = (f"{_short(out.storage, out.layout)}: {', '.join(dict.fromkeys(variants))}"
+                        + (f" (+{transitions} transition dispatches, not timed)" if transitions else ""))
+            self.storages = [STORAGE_NAME[out.storage]]
+            with torch.no_grad():
+                want = module(*inputs)
+            got = self.prog(*inputs)
+            got = got[0] if isinstance(got, (list, tuple)) else got
+            _check(np.asarray(got), want.detach().numpy(), tolerance)
+        except BaseException:
+            self.prog.close()
+            raise
+
+    def _is_op(self, label: str) -> bool:
+        return label in self.names or label.split("[")[0] in self.names
+
+    def sample(self) -> float:
+        self.prog(*self.inputs)
+        return sum(us for label, us in self.prog.profile() if self._is_op(label)) * 1e-6
+
+    def close(self) -> None:
+        self.prog.close()
+
+
+class NodeRunner:
+    """One planned node of a registry op in representations named by the caller, lowered by the
+    runtime's node_dispatches into one Program: identity copies and to_layout as models run them
+    when they are not folded, and elementwise ops in a storage the planner did not pick."""
+
+    def __init__(self, device, op_name: str, args: dict, out_shape, reprs: dict, want: np.ndarray,
+                 tolerance: tuple[float, float] | None = None):
+        """`args`: argument name -> array (a tensor) or value; `reprs`: tensor slot -> TensorRepr
+        (the output's slot is "out"); `want`: torch's output; `tolerance`: None for exact."""
+        from texelflow.generated.ops import OPS
+        from texelflow.runtime.graph.ir import PlanGraph
+        from texelflow.runtime.lower_dispatch import node_dispatches
+        from texelflow.runtime.vulkan.program import Dispatch, Program
+        from texelflow.runtime.vulkan.tensor import VkTensor
+
+        op = OPS[op_name]
+        graph = PlanGraph()
+        node_args, arrays = [], {}
+        for a in op.args:  # in the registry's argument order, as the importer builds nodes
+            if a.name in args:
+                v = args[a.name]
+                if isinstance(v, np.ndarray):
+                    arrays[a.name] = v
+                    v = graph.add_input(a.name, v.shape, "float32")
+                node_args.append((a.name, v))
+        node = graph.add_node(op_name, op.targets[0], op, node_args, [("out", tuple(out_shape), "float32")])
+        graph.outputs = [node.outputs[0][1]]
+        specs = node_dispatches(node, reprs, "float32", device.enabled_features, device.preferred_features)
+        shapes = {**{name: x.shape for name, x in arrays.items()}, "out": tuple(out_shape)}
+        self.tensors = {}
+        try:
+            for name, shape in shapes.items():
+                self.tensors[name] = VkTensor(device, shape, "float32", reprs[name].storage, reprs[name].layout,
+                                              label=name)
+            by_value = {v: self.tensors[name] for name, v in node.tensor_args()}
+            by_value[node.outputs[0][1]] = self.tensors["out"]
+            dispatches = [Dispatch(tensors={k: by_value[v] for k, v in s.tensors.items()}, **_dispatch_fields(s))
+                          for s in specs]
+            self.arrays = list(arrays.values())
+            self.prog = Program(device, dispatches, [self.tensors[name] for name in arrays], [self.tensors["out"]])
+            got = self.prog(*self.arrays)[0]
+            if tolerance is None:
+                np.testing.assert_array_equal(got, want, err_msg=f"{op_name} moved elements wrongly")
+            else:
+                _check(got, want, tolerance)
+        except BaseException:
+            self.close()
+            raise
+        r_in, r_out = reprs["self"], reprs["out"]
+        self.ran = (f"{_short(r_out.storage, r_out.layout)}: " if r_in == r_out else
+                    f"{_short(r_in.storage, r_in.layout)} -> {_short(r_out.storage, r_out.layout)}: ") + \
+            ", ".join(dict.fromkeys(d.variant.name for d in dispatches))
+        self.storages = list(dict.fromkeys(STORAGE_NAME[reprs[name].storage] for name in shapes))
+
+    def sample(self) -> float:
+        self.prog(*self.arrays)
+        return sum(us for _, us in self.prog.profile()) * 1e-6
+
+    def close(self) -> None:
+        if getattr(self, "prog", None) is not None:
+            self.prog.close()
+        for t in self.tensors.values():
             t.close()
-    out = np.empty_like(x)
-    rows = [("add", f"vulkan ({device.limits.name})", vk_s, nbytes),
-            ("add", "numpy", median_seconds(lambda: np.add(x, y, out=out), reps), nbytes)]
-    if torch is not None:
-        tx, ty, to = torch.from_numpy(x), torch.from_numpy(y), torch.empty(shape)
-        rows.append(("add", "torch", median_seconds(lambda: torch.add(tx, ty, out=to), reps), nbytes))
-    return rows
 
 
-def bench_to_layout(device, n: int, reps: int) -> list[tuple]:
-    shape = (1, 64, n // (64 * 512), 512)  # NCHW; -> channels-packed texture (NHWC-like, C in lanes)
-    x = np.random.default_rng(1).standard_normal(shape, dtype=np.float32)
-    nbytes = 2 * x.nbytes  # read once, write once
-    src = VkTensor(device, shape, "float32", Storage.BUFFER, Layout.WIDTH_PACKED, label="self")
-    dst = VkTensor(device, shape, "float32", Storage.TEXTURE_3D, Layout.CHANNELS_PACKED, label="out")
+def _dispatch_fields(spec) -> dict:
+    """Every field a DispatchSpec shares with Dispatch but the tensors (variant, scalars, label,
+    units, shape classes...), so a field added to both reaches the program as the runtime's own."""
+    from dataclasses import fields
+
+    from texelflow.runtime.vulkan.program import Dispatch
+
+    wanted = {f.name for f in fields(Dispatch)} - {"tensors"}
+    return {f.name: getattr(spec, f.name) for f in fields(spec) if f.name in wanted}
+
+
+def _check(got: np.ndarray, want: np.ndarray, tolerance: tuple[float, float]) -> None:
+    rtol, atol = tolerance
+    scale = float(np.nanmax(np.abs(want))) if want.size else 1.0
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol * max(scale, 1.0), equal_nan=True,
+                               err_msg="texelflow's output differs from torch's")
+
+
+# ---- cases ---------------------------------------------------------------------------------------
+@dataclass
+class Case:
+    name: str
+    shape: str
+    build: Callable  # device -> runner
+    nbytes: int  # logical bytes moved: every input read once, the output written once
+    flops: int = 0  # 0: memory-bound
+    # run only when this says so, given the rows measured before it (a texture row forced through
+    # a node only when the planner's own choice for the same kernel was not a texture)
+    wanted: Callable[[list], bool] | None = None
+
+
+def _module(fn):
+    class M(torch.nn.Module):
+        def forward(self, *xs):
+            return fn(*xs)
+    return M().eval()
+
+
+def _nbytes(*shapes) -> int:
+    return 4 * sum(int(np.prod(s)) for s in shapes)
+
+
+def _elementwise_cases(quick: bool) -> list[Case]:
+    big = (1, 64, 64, 64) if quick else (1, 64, 256, 256)
+    odd = (1, 61, 17, 19) if quick else (1, 61, 127, 129)
+    row = ((197, 384), (384,)) if quick else ((4096, 1024), (1024,))
+    odd_row = ((197, 383), (383,))
+    g = torch.Generator().manual_seed(0)
+    cases = []
+
+    def add(name, fn, shapes, out_shape, tol=(1e-5, 1e-6)):
+        label = " + ".join("x".join(map(str, s)) for s in shapes)
+        for buffers_only in (False, True):
+            def build(device, fn=fn, shapes=shapes, buffers_only=buffers_only):
+                xs = tuple(torch.randn(s, generator=g) for s in shapes)
+                return CompiledRunner(device, _module(fn), xs, buffers_only, tol)
+            cases.append(Case(f"{name}{' (buffers forced)' if buffers_only else ''}", label, build,
+                              _nbytes(*shapes, out_shape)))
+        planned = cases[-2]
+
+        def build_texture(device, fn=fn, shapes=shapes):  # the node the planner would have built
+            arrays = [torch.randn(s, generator=g) for s in shapes]
+            want = fn(*arrays).numpy()
+            args = dict(zip(("self", "other"), (a.numpy() for a in arrays)))
+            reprs = {k: tex_wp for k in (*args, "out")}
+            return NodeRunner(device, name.split()[0], args, out_shape, reprs, want, tol)
+
+        def planner_took_no_texture(rows, planned=planned):
+            return any(r.case is planned and r.storages != ["texture3d"] for r in rows)
+
+        cases.append(Case(f"{name} (texture forced)", label, build_texture, _nbytes(*shapes, out_shape),
+                          wanted=planner_took_no_texture))
+
+    from texelflow.runtime.graph.repr import TensorRepr
+
+    tex_wp = TensorRepr(Storage.TEXTURE_3D, Layout.WIDTH_PACKED)
+    for shape in (big, odd):
+        add("add", torch.add, (shape, shape), shape)
+        add("mul", torch.mul, (shape, shape), shape)
+    for shapes in (row, odd_row):
+        add("add row bias", torch.add, shapes, shapes[0])
+    for shape in (big, odd):
+        add("relu", torch.relu, (shape,), shape, (0, 0))
+        add("exp", torch.exp, (shape,), shape)
+        add("gelu", torch.nn.functional.gelu, (shape,), shape)
+    return cases
+
+
+def _copy_cases(quick: bool) -> list[Case]:
+    from texelflow.runtime.graph.repr import TensorRepr
+
+    shapes = ((1, 64, 64, 64), (1, 61, 17, 19)) if quick else ((1, 64, 256, 256), (1, 61, 127, 129))
+    buf_wp, buf_cp = TensorRepr(Storage.BUFFER, Layout.WIDTH_PACKED), TensorRepr(Storage.BUFFER, Layout.CHANNELS_PACKED)
+    tex_wp = TensorRepr(Storage.TEXTURE_3D, Layout.WIDTH_PACKED)
+    tex_cp = TensorRepr(Storage.TEXTURE_3D, Layout.CHANNELS_PACKED)
+    cases = []
+    for shape in shapes:
+        label = "x".join(map(str, shape))
+        n, c, h, w = shape
+        flat = (n * c, h, w)  # a reshape that moves elements in a channels-packed texture, fits every storage
+
+        def node(op, out_shape, r_in, r_out, extra=None, shape=shape):
+            def build(device):
+                x = np.random.default_rng(1).standard_normal(shape, dtype=np.float32)
+                return NodeRunner(device, op, {"self": x, **(extra or {})}, out_shape, {"self": r_in, "out": r_out},
+                                  x.reshape(out_shape))
+            return build
+
+        for storage, r in (("buffer", buf_wp), ("texture", tex_wp)):
+            cases.append(Case(f"clone ({storage})", label, node("clone", shape, r, r), _nbytes(shape, shape)))
+            cases.append(Case(f"view_copy ({storage})", f"{label} -> {'x'.join(map(str, flat))}",
+                              node("view_copy", flat, r, r, {"size": list(flat)}), _nbytes(shape, shape)))
+        for r_in, r_out in ((buf_wp, tex_cp), (tex_cp, buf_wp), (tex_wp, tex_cp), (tex_cp, tex_wp),
+                            (buf_wp, buf_cp), (buf_cp, buf_wp)):
+            cases.append(Case(f"to_layout {_short(r_in.storage, r_in.layout)} -> {_short(r_out.storage, r_out.layout)}",
+                              label, node("to_layout", shape, r_in, r_out), _nbytes(shape, shape)))
+    return cases
+
+
+def _compute_cases(quick: bool) -> list[Case]:
+    g = torch.Generator().manual_seed(2)
+    cases = []
+
+    def add(name, shape_label, module, input_shapes, flops, weight_numel=0, out_shape=None, tol=(1e-3, 1e-3)):
+        def build(device):
+            xs = tuple(torch.randn(s, generator=g) for s in input_shapes)
+            return CompiledRunner(device, module.eval(), xs, False, tol)
+        nbytes = _nbytes(*input_shapes) + 4 * weight_numel + _nbytes(out_shape)
+        cases.append(Case(name, shape_label, build, nbytes, flops))
+
+    n = 256 if quick else 1024
+    add("mm", f"{n}x{n} @ {n}x{n}", _module(torch.mm), ((n, n), (n, n)), 2 * n ** 3, out_shape=(n, n))
+    for k, m in ((384, 1152), (384, 384), (384, 1536), (1536, 384)):
+        lin = torch.nn.Linear(k, m)
+        add("linear (ViT-S/16)", f"197x{k} @ {k}x{m} + bias", lin, ((197, k),), 2 * 197 * k * m,
+            lin.weight.numel() + m, (197, m))
+
+    def conv(name, cin, cout, k, stride, size, groups=1):
+        c = torch.nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, groups=groups)
+        out = (size + 2 * (k // 2) - k) // stride + 1
+        flops = 2 * cout * out * out * (cin // groups) * k * k
+        add(name, f"{cin}->{cout} {k}x{k} s{stride} @{size}", c, ((1, cin, size, size),), flops,
+            c.weight.numel() + cout, (1, cout, out, out))
+
+    s = 4 if quick else 1  # quick: planes a quarter the side
+    if not quick:
+        conv("conv2d ResNet-18 stem", 3, 64, 7, 2, 224)
+    conv("conv2d ResNet-18 3x3", 64, 64, 3, 1, 56 // s)
+    conv("conv2d ResNet-18 1x1 downsample", 128, 256, 1, 2, 14 if quick else 28)
+    conv("conv2d MobileNetV3 1x1", 24, 88, 1, 1, 28)
+    conv("conv2d MobileNetV3 depthwise", 88, 88, 3, 1, 28, groups=88)
+    if not quick:
+        conv("conv2d MobileNetV3 depthwise s2", 72, 72, 3, 2, 56, groups=72)
+    sdpa = _module(torch.nn.functional.scaled_dot_product_attention)
+    q = (1, 6, 197, 64)
+    add("sdpa (ViT-S/16)", "1x6x197x64", sdpa, (q, q, q), 2 * 2 * 6 * 197 * 197 * 64, out_shape=q)
+    return cases
+
+
+# ---- measuring -----------------------------------------------------------------------------------
+@dataclass
+class Row:
+    case: Case
+    ran: str = ""
+    seconds: float = 0.0
+    ceiling_gbps: float = 0.0  # memory-bound: the trivial copy for the same bytes and storage(s)
+    fraction: float = 0.0  # memory-bound: kernel GB/s / ceiling GB/s; compute-bound: of FMA peak
+    best_fraction: float = 0.0  # the same from each side's best round (load only ever slows a run down)
+    fma_gflops: float = 0.0  # compute-bound: the FMA kernel, alternated with this kernel
+    bound_seconds: float = 0.0  # compute-bound: max(FLOPs / FMA peak, bytes / buffer copy GB/s)
+    of_bound: float = 0.0  # compute-bound: roofline bound / kernel time
+    storages: list[str] = field(default_factory=list)  # the storages the kernel's tensors ran in
+    error: str = ""
+
+
+def _one_line(exc: BaseException) -> str:
+    """The exception on one table cell: its non-blank lines joined (numpy's mismatch summary too)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith(("x:", "y:"))]
+    return f"{type(exc).__name__}: {'; '.join(lines)}"[:240].replace("|", "/")
+
+
+def fma_size_for(device, flops: int) -> tuple[int, int]:
+    """(invocations, steps) of an FMA probe doing about `flops`: a ceiling run as long as the kernel
+    it is compared with, so both are preempted alike on a loaded machine (a short kernel often runs
+    within one time slice, a long one does not). At least enough invocations to fill the device:
+    4096 on a CPU device (16 workgroups of 256 over its threads), 2^18 on a GPU."""
+    per_step = FMA_CHAINS * 4 * 2
+    least = 1 << 12 if device.limits.device_type == "cpu" else 1 << 18
+    invocations = min(max(least, flops // (per_step * 64)), 1 << 18)
+    steps = round(flops / (per_step * invocations) / 8) * 8  # a multiple of 8: the kernel's body is unrolled by 8
+    return invocations, min(max(16, steps), 4096)
+
+
+def measure(device, case: Case, reps: int, budget_s: float, configs) -> Row:
+    """The kernel alternated with its ceilings' probes, `reps` rounds (fewer when a round takes
+    long: at least 2 after `budget_s` seconds of kernel time)."""
+    row = Row(case)
+    probes: dict[str, list[Probe]] = {}
     try:
-        src.upload(x)
-        variant = find_variant("to_layout", dtype="float32", in_storage="buffer", out_storage="texture3d")
-        vk_s = vulkan_kernel_seconds(device, Dispatch(variant, {"out": dst, "self": src}), reps)
-        np.testing.assert_array_equal(dst.download(), x)
-    finally:
-        src.close()
-        dst.close()
-    nhwc = np.empty((shape[0], shape[2], shape[3], shape[1]), np.float32)
-    label = "to_layout WP buffer -> CP texture"
-    rows = [(label, f"vulkan ({device.limits.name})", vk_s, nbytes),
-            (label, "numpy (NCHW -> NHWC copy)",
-             median_seconds(lambda: np.copyto(nhwc, x.transpose(0, 2, 3, 1)), reps), nbytes)]
-    if torch is not None:
-        tx, tn = torch.from_numpy(x), torch.from_numpy(nhwc)
-        rows.append((label, "torch (NCHW -> NHWC copy)",
-                     median_seconds(lambda: tn.copy_(tx.permute(0, 2, 3, 1)), reps), nbytes))
-    return rows
-
-
-def bench_program_overhead(device, reps: int) -> dict:
-    """Wall time per call of a 100-dispatch chain on tiny tensors, minus its GPU time."""
-    variant = find_variant("add", dtype="float32", storage="buffer")
-    shape = (4,)
-    const = VkTensor(device, shape, label="c")
-    const.upload(np.ones(shape, np.float32))
-    chain = [VkTensor(device, shape, allocate=i in (0, 100), label=f"t{i}") for i in range(101)]
-    ds = [Dispatch(variant, {"out": chain[i + 1], "self": chain[i], "other": const}, {"alpha": 1.0})
-          for i in range(100)]
-    prog = Program(device, ds, [chain[0]], [chain[100]])
+        runner = case.build(device)
+    except Exception as exc:  # the benchmark goes on; the row says why this kernel did not run
+        row.error = _one_line(exc)
+        return row
     try:
-        x = np.zeros(shape, np.float32)
-        assert np.array_equal(prog(x)[0], x + 100)
-        calls = reps * 5
-        prog(x)
-        submits, in_submit = device.submit_count, device.submit_seconds
-        wall = median_seconds(lambda: prog(x), calls, warmup=0)
-        device_s = (device.submit_seconds - in_submit) / calls
-        gpu = sum(us for _, us in prog.profile()) * 1e-6
-        per_call_submits = (device.submit_count - submits) / calls
+        row.ran = runner.ran
+        storages = row.storages = runner.storages
+        if case.flops:
+            probes["fma"] = [fma_probe(device, *fma_size_for(device, case.flops))]
+            probes["copy"] = [copy_probe(device, case.nbytes, cfg) for cfg in configs["buffer"]]
+        else:
+            for storage in dict.fromkeys(storages):
+                probes[storage] = [copy_probe(device, case.nbytes, cfg) for cfg in configs[storage]]
+        kernel: list[float] = []
+        samples = {id(p): [] for ps in probes.values() for p in ps}
+        start = time.perf_counter()
+        for i in range(reps):
+            kernel.append(runner.sample())
+            for ps in probes.values():
+                for p in ps:
+                    samples[id(p)].append(p.sample())
+            if i >= 1 and sum(kernel) > budget_s and time.perf_counter() - start > budget_s:
+                break
+        row.seconds = statistics.median(kernel)
+        # Ratios are taken round by round (kernel and ceilings sampled back to back, under the same
+        # load), then the median over rounds.
+        rounds = range(len(kernel))
+
+        def best_gbps(ps, i):  # the fastest copy config of round i
+            return max(p.work / samples[id(p)][i] for p in ps) / 1e9
+
+        if case.flops:
+            fma = probes["fma"][0]
+            peak = [fma.work / samples[id(fma)][i] / 1e9 for i in rounds]
+            bound = [max(case.flops / (peak[i] * 1e9), case.nbytes / (best_gbps(probes["copy"], i) * 1e9))
+                     for i in rounds]
+            row.fma_gflops = statistics.median(peak)
+            row.fraction = statistics.median(case.flops / kernel[i] / 1e9 / peak[i] for i in rounds)
+            row.best_fraction = case.flops / min(kernel) / 1e9 / max(peak)
+            row.bound_seconds = statistics.median(bound)
+            row.of_bound = statistics.median(bound[i] / kernel[i] for i in rounds)
+        else:
+            # a mixed to_layout: the mean of the two storages' copy times for the same bytes
+            ceiling = [len(storages) / sum(1 / best_gbps(probes[s], i) for s in storages) for i in rounds]
+            row.ceiling_gbps = statistics.median(ceiling)
+            row.fraction = statistics.median(case.nbytes / kernel[i] / 1e9 / ceiling[i] for i in rounds)
+            row.best_fraction = case.nbytes / min(kernel) / 1e9 / max(ceiling)
+    except Exception as exc:
+        row.error = _one_line(exc)
     finally:
-        prog.close()
-        for t in chain + [const]:
-            t.close()
-    return {"wall": wall, "device": device_s, "gpu": gpu, "submits": per_call_submits}
+        runner.close()
+        for ps in probes.values():
+            for p in ps:
+                p.close()
+    return row
+
+
+def print_memory(rows: list[Row]) -> None:
+    print("\n## Memory-bound kernels: fraction of the trivial copy's bandwidth (same bytes, same storage)\n\n"
+          "MB moved: logical bytes (each input read once, the output written once). fraction: median over "
+          "rounds of kernel GB/s / copy GB/s of the same round (a buffer <-> texture to_layout: against the "
+          "mean of the two storages' copy times); best/best: the kernel's best round over the copy's best "
+          "(other processes' load only ever slows a round down).\n")
+    print("| kernel | shape | ran (out storage/layout: variant) | MB moved | ms | GB/s | copy GB/s | fraction "
+          "| best/best |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        c = r.case
+        if r.error:
+            print(f"| {c.name} | {c.shape} | not run: {r.error} | {c.nbytes / 1e6:.2f} | | | | | |")
+            continue
+        gbps = c.nbytes / r.seconds / 1e9
+        print(f"| {c.name} | {c.shape} | {r.ran} | {c.nbytes / 1e6:.2f} | {r.seconds * 1e3:.3f} | {gbps:.2f} | "
+              f"{r.ceiling_gbps:.2f} | {r.fraction:.2f}x | {r.best_fraction:.2f}x |")
+
+
+def print_compute(rows: list[Row]) -> None:
+    print("\n## Compute-bound kernels: fraction of the trivial FMA kernel's GFLOP/s (FLOPs = 2 per multiply-add)\n\n"
+          "% of peak and % of bound: medians over rounds of per-round ratios; best/best: best round over best "
+          "round; roofline bound = max(FLOPs / FMA "
+          "peak, logical bytes / buffer copy GB/s for the same bytes).\n")
+    print("| kernel | shape | ran (out storage/layout: variant) | GFLOP | ms | GFLOP/s | FMA peak | % of peak "
+          "| best/best | roofline bound ms | % of bound |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        c = r.case
+        if r.error:
+            print(f"| {c.name} | {c.shape} | not run: {r.error} | {c.flops / 1e9:.3f} | | | | | | | |")
+            continue
+        gflops = c.flops / r.seconds / 1e9
+        print(f"| {c.name} | {c.shape} | {r.ran} | {c.flops / 1e9:.3f} | {r.seconds * 1e3:.2f} | {gflops:.2f} | "
+              f"{r.fma_gflops:.1f} | {100 * r.fraction:.1f}% | {100 * r.best_fraction:.1f}% | {r.bound_seconds * 1e3:.2f} "
+              f"| {100 * r.of_bound:.1f}% |")
+
+
+def _load() -> str:
+    try:
+        return " / ".join(f"{x:.1f}" for x in os.getloadavg()) + " (1 / 5 / 15 min)"
+    except OSError:
+        return "unknown"
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="1M floats and few repetitions")
-    ap.add_argument("--reps", type=int, default=None, help="timed repetitions per row")
+    ap.add_argument("--quick", action="store_true", help="small sizes, few repetitions (under a minute)")
+    ap.add_argument("--reps", type=int, default=None, help="timed rounds per kernel (default 3 quick, 7 full)")
+    ap.add_argument("--only", default=None, help="run only the kernels whose name contains this")
     args = ap.parse_args(argv)
-    n = (1 << 20) if args.quick else (16 << 20)
-    reps = args.reps or (3 if args.quick else 10)
+    reps = args.reps or (3 if args.quick else 7)
+    budget = 1.0 if args.quick else 6.0
+    start = time.perf_counter()
     with Device() as device:
         lim = device.limits
-        print(f"# texelflow kernel benchmark\n\n- device: {lim.name} ({lim.device_type}, Vulkan "
-              f"{'.'.join(map(str, lim.api_version))})\n- machine: {cpu_model()}, {os.cpu_count()} cores, "
-              f"{platform.system()} {platform.machine()}\n- numpy {np.__version__}"
-              + (f", torch {torch.__version__} ({torch.get_num_threads()} threads)" if torch else ", torch not installed")
-              + f"\n- {n:,} float32 elements, median of {reps} runs; Vulkan time from GPU timestamps\n")
-        rows = bench_add(device, n, reps) + bench_to_layout(device, n, reps)
-        print("| kernel | implementation | time (ms) | GB/s | vs numpy |\n|---|---|---:|---:|---:|")
-        base = {k: s for k, impl, s, _ in rows if impl.startswith("numpy")}
-        for kernel, impl, s, nbytes in rows:
-            print(f"| {kernel} | {impl} | {s * 1e3:.2f} | {nbytes / s / 1e9:.2f} | {base[kernel] / s:.2f}x |")
-        ov = bench_program_overhead(device, reps)
-        print("\n| 100-dispatch program (tiny tensors) | per call |\n|---|---:|")
-        print(f"| wall time (upload, 1 submit, wait, download) | {ov['wall'] * 1e6:.0f} us |")
-        print(f"| submit + fence wait (driver and device) | {ov['device'] * 1e6:.0f} us |")
-        print(f"| of which GPU time (sum of dispatch timestamps) | {ov['gpu'] * 1e6:.0f} us |")
-        print(f"| host overhead in texelflow (wall - submit/wait) | {(ov['wall'] - ov['device']) * 1e6:.0f} us |")
-        print(f"| queue submits per call | {ov['submits']:.0f} |")
+        print(f"# texelflow kernels against the device's own ceilings\n\n- device: {lim.name} ({lim.device_type}, "
+              f"Vulkan {'.'.join(map(str, lim.api_version))}, subgroup {lim.subgroup_size})\n"
+              f"- machine: {machine()}, {platform.system()} {platform.machine()}; torch {torch.__version__}\n"
+              f"- {'quick' if args.quick else 'full'} mode: median of {reps} rounds (at least 2 when a kernel is "
+              f"slow), GPU timestamps; each kernel alternated call by call with its ceiling kernels: the "
+              f"copies for the same bytes, an FMA run of about the same FLOPs\n"
+              f"- load average at the start: {_load()} (other processes share the {os.cpu_count()} cores; "
+              "the fractions are per-round ratios for that reason)\n"
+              "- host overhead per call: see `python bench/overhead.py`")
+        configs = {s: fastest_configs(device, s, count=2) for s in ("buffer", "texture3d")}
+        print("- copy kernels used as ceilings (the 2 fastest of bench/ceilings.py at 16 MiB): "
+              + "; ".join(f"{s}: {', '.join(c.label for c in cs)}" for s, cs in configs.items()))
+        print("\n## The device's ceilings in this run (bench/ceilings.py)\n\n| ceiling | kernel | value |\n|---|---|---:|")
+        for storage in ("buffer", "texture3d"):
+            best = best_copy(device, 16 << 20, storage, reps=3)
+            print(f"| copy, {storage}, 16 MiB moved | {best.kernel} | {best.gbps:.2f} GB/s |")
+        fma = best_fma(device, 1 << 16, 256, reps=3)
+        print(f"| FMA peak | {fma.kernel} | {fma.gflops:.1f} GFLOP/s |")
+        cases = _elementwise_cases(args.quick) + _copy_cases(args.quick) + _compute_cases(args.quick)
+        if args.only:
+            cases = [c for c in cases if args.only in c.name]
+        rows = []
+        for c in cases:
+            if c.wanted is None or c.wanted(rows):
+                rows.append(measure(device, c, reps, budget, configs))
+        memory = [r for r in rows if not r.case.flops]
+        compute = [r for r in rows if r.case.flops]
+        if memory:
+            print_memory(memory)
+        if compute:
+            print_compute(compute)
+        print(f"\n({time.perf_counter() - start:.0f} s; load average at the end: {_load()})")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,15 @@ Per zoo model (texelflow/models.py): graph size, dispatches, transitions of both
 prepacked constants, fallbacks, the error against eager PyTorch, planning and compile seconds,
 latency per call beside eager PyTorch's in the same process, and the three ops that take most
 device time with their GFLOP/s (FLOPs from node shapes, times from CompiledProgram.profile()).
+Beside texelflow, the Vulkan peers on the same device in the same run (bench/peers.py: ncnn's
+Vulkan path through pnnx, IREE's through ONNX and `iree-compile` for Vulkan SPIR-V), each with its
+output's error against eager PyTorch (on ResNet-18, MobileNetV3-small and ViT-S/16, at the zoo's
+default size), and eager PyTorch on the CPU, with the ratios; a peer that
+is not installed, fails to convert or runs past `--peer-timeout` gets one line saying why.
 Then the lowering speed: ViT-S/16 planned and compiled from an ExportedProgram, and a 1,500-op
 chain of unary ops planned. Compile times are with a warm SPIR-V cache (`make gen` fills it).
 Prints markdown tables for bench/RESULTS.md.
+Usage: python bench/models.py --models resnet18,mobilenet_v3_small,vit_s16 --reps 3 --no-lowering
 """
 
 from __future__ import annotations
@@ -18,14 +24,22 @@ import time
 from collections import defaultdict
 
 from machine import machine
+from peers import PEERS, run_peer
 
 QUICK_SIZES = {"vit_s16": 64, "resnet18": 64, "mobilenet_v3_small": 96, "convnext_atto": 64}
+PEER_MODELS = ("resnet18", "mobilenet_v3_small", "vit_s16")  # the models the peers are run on (issue 13)
 CHAIN_OPS = 1500
 
 
 # ---- FLOPs from node shapes ----------------------------------------------------------------------
 def _shape(node, name):
+    """The shape of argument `name`; for a weight prepacked into another shape (a derived constant:
+    Winograd, GEMM tiles), the shape of the model's own tensor it was derived from."""
     v = node.arg(name)
+    derive = getattr(v, "derive", None)
+    sources = [getattr(src, "shape", None) for src in getattr(derive, "sources", None) or ()]
+    if sources and sources[0] is not None:
+        return sources[0]
     return getattr(v, "shape", None)
 
 
@@ -60,7 +74,7 @@ def hottest_ops(prog, count: int = 3):
 
 
 # ---- one model ---------------------------------------------------------------------------------
-def bench_model(name, factory, size):
+def bench_model(name, factory, size, reps=None):
     import texelflow
     from texelflow import demo
     from texelflow.runtime.graph.importer import export_program
@@ -78,9 +92,15 @@ def bench_model(name, factory, size):
         got = prog(*inputs)
         want, _ = demo.eager(model, inputs)
         check = demo.compare(got, want)
-        tf_s, _ = demo.time_calls(prog, inputs, budget_s=10.0)
-        eager_s, _ = demo.time_calls(lambda *a: demo.eager(model, a), inputs, budget_s=2.0, min_runs=10,
-                                     max_runs=50)
+        if reps:  # exactly `reps` warm calls each (after the first, untimed)
+            prog(*inputs)
+            tf_s, _ = demo.time_calls(prog, inputs, min_runs=reps, max_runs=reps)
+            eager_s, _ = demo.time_calls(lambda *a: demo.eager(model, a), inputs, min_runs=max(reps, 5),
+                                         max_runs=max(reps, 5))
+        else:
+            tf_s, _ = demo.time_calls(prog, inputs, budget_s=10.0)
+            eager_s, _ = demo.time_calls(lambda *a: demo.eager(model, a), inputs, budget_s=2.0, min_runs=10,
+                                         max_runs=50)
         hot = hottest_ops(prog)
     return {
         "model": name, "input": "x".join(map(str, inputs[0].shape)),
@@ -141,6 +161,45 @@ def lowering_speed():
 
 
 # ---- tables --------------------------------------------------------------------------------------
+def _ms(seconds) -> str:
+    return f"{seconds * 1000:.1f}" if seconds is not None else "-"
+
+
+def print_peers(rows, device: str) -> None:
+    """texelflow beside the Vulkan peers on `device` and eager PyTorch on the CPU, same run."""
+    names = [p for p in PEERS if any(p in r["peers"] for r in rows)]
+    print(f"\nLatency beside the Vulkan peers on the same device ({device}) and eager PyTorch on the CPU, "
+          "same run (ms per call, median of warm calls; error = max |out - eager| / max |eager|):\n")
+    head = " | ".join(f"{p}-vk ms | {p} error" for p in names)
+    print(f"| model | texelflow ms | texelflow error | {head} | eager CPU ms | texelflow speed-up vs fastest "
+          "peer (peer ms / texelflow ms) | texelflow ms / eager ms |")
+    print("|---|" + "---|" * (4 + 2 * len(names)) + "---|")
+    notes = []
+    for r in rows:
+        cells, times = [], []
+        for p in names:
+            res = r["peers"].get(p)
+            if res is None or res.seconds is None:
+                cells += ["-", "-"]
+                if res is not None:
+                    notes.append(f"- {p} on {r['model']}: {res.why}")
+            else:
+                cells += [_ms(res.seconds), f"{res.error:.1e}"]
+                times.append(res.seconds)
+        tf_s = r["tf_ms"] / 1000
+        vs_peer = f"{min(times) / tf_s:.2f}x" if times else "no peer ran"
+        print(f"| {r['model']} | {r['tf_ms']:.1f} | {r['error']:.1e} | " + " | ".join(cells)
+              + f" | {r['eager_ms']:.1f} | {vs_peer} | {r['tf_ms'] / r['eager_ms']:.1f}x |")
+    for r in rows:
+        for p in names:
+            res = r["peers"].get(p)
+            if res is not None and res.seconds is not None:
+                notes.append(f"- {p} on {r['model']}: first call {_ms(res.first_s)} ms, conversion "
+                             f"{res.convert_s:.1f} s (0 when cached)")
+    if notes:
+        print("\n" + "\n".join(notes))
+
+
 def print_tables(rows, device: str) -> None:
     print(f"Vulkan device: {device}\n")
     print("| model | input | nodes | dispatches | transitions greedy | transitions optimal | certified | "
@@ -152,6 +211,8 @@ def print_tables(rows, device: str) -> None:
         print(f"| {r['model']} | {r['input']} | {r['nodes']} | {r['dispatches']} | {r['greedy']} | {r['optimal']} | "
               f"{r['certified']} | {r['prepacked']} | {r['fallbacks']} | {error} | {r['plan_s']:.2f} | "
               f"{r['compile_s']:.2f} | {r['tf_ms']:.1f} | {r['eager_ms']:.1f} | {r['tf_ms'] / r['eager_ms']:.1f}x |")
+    if any(r.get("peers") for r in rows):
+        print_peers(rows, device)
     print("\nThe three ops with most device time per model (GFLOP/s where the op has a FLOP count):\n")
     print("| model | op | dispatches | device ms | GFLOP | GFLOP/s |")
     print("|---|---|---|---|---|---|")
@@ -169,6 +230,12 @@ def main() -> int:
     parser.add_argument("--no-lowering", action="store_true", help="skip the lowering-speed table")
     parser.add_argument("--torch-threads", type=int, help="torch.set_num_threads for eager PyTorch (on a "
                         "loaded machine 1 thread gives steadier eager figures than torch's default)")
+    parser.add_argument("--reps", type=int, help="timed warm calls per model and runtime (default: as many "
+                        "as fit a time budget)")
+    parser.add_argument("--peers", default=",".join(PEERS), help=f"Vulkan peers to run beside texelflow, "
+                        f"comma-separated from {', '.join(PEERS)}, or 'none' (default: all)")
+    parser.add_argument("--peer-timeout", type=float, default=240.0, help="seconds per peer and model, "
+                        "conversion included (default 240); a peer past it is reported as timed out")
     args = parser.parse_args()
     from texelflow.demo import quiet_third_party_warnings
     from texelflow.models import ZOO
@@ -186,6 +253,12 @@ def main() -> int:
     import texelflow
     from texelflow.models import tiny_resnet
 
+    peers = [] if args.peers == "none" else [p for p in args.peers.split(",") if p]
+    bad = [p for p in peers if p not in PEERS]
+    if bad:
+        print(f"bench/models.py: unknown peer(s) {', '.join(bad)}; choose from {', '.join(PEERS)} or none",
+              file=sys.stderr)
+        return 2
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     print(f"Machine: {machine()}; torch {torch.__version__} with {torch.get_num_threads()} threads")
@@ -193,7 +266,15 @@ def main() -> int:
     rows = []
     for name in names:
         print(f"  {name} ...", file=sys.stderr, flush=True)
-        rows.append(bench_model(name, ZOO[name], QUICK_SIZES.get(name) if args.quick else None))
+        row = bench_model(name, ZOO[name], QUICK_SIZES.get(name) if args.quick else None, args.reps)
+        row["peers"] = {}
+        for peer in peers if name in PEER_MODELS else ():
+            if args.quick:
+                row["peers"][peer] = None  # peers run the zoo's default sizes only
+                continue
+            print(f"  {name}: {peer} ...", file=sys.stderr, flush=True)
+            row["peers"][peer] = run_peer(peer, name, args.reps or 3, args.peer_timeout)
+        rows.append(row)
     print_tables(rows, default_device().limits.name)
     if not args.no_lowering:
         print("\nLowering speed (wall seconds, this process):\n")

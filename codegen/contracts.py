@@ -15,6 +15,11 @@ A template opens with a YAML block in a jinja comment:
                                         {per_tile: out, width: 8, height: 4}: one invocation per
                                         8 x 4 tile of each W-H plane of a tensor (tiled products)
     read_outputs: [out]                 outputs the shader also reads (bound read-write)
+    spec: {direct: {same_as: [in0, in1], of: out}}
+                                        plan-time specialization constants (shape classes): name ->
+                                        a rule of shaders/node_rules.py SPEC_RULES; the shader's
+                                        default is the rule's general value
+    span: {buffer: 16}                  units of `out` per invocation, by out's storage axis
     -#}
 
 Tensors are named as the op's tensors are, or by position: in0, in1, ... (tensor arguments),
@@ -26,12 +31,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from texelflow.shaders.node_rules import SPEC_RULES
+
 from .checks import Checker
-from .diagnostics import Collector, GenError
+from .diagnostics import Collector, GenError, did_you_mean
+from .model import SpecDerivation
 from .yamlsrc import LMap, loads
 
 CONTRACT_RE = re.compile(r"\A\{#-?\s*contract\b[^\n]*\n(?P<body>.*?)-?#\}", re.S)
-CONTRACT_KEYS = ("sync", "storage", "weights", "checks", "push", "grid", "read_outputs")
+CONTRACT_KEYS = ("sync", "storage", "weights", "checks", "push", "grid", "read_outputs", "spec", "span")
+SPEC_NAME_RE = re.compile(r"\A[a-z][a-z0-9_]*\Z")
+MAX_SPAN = 64
 GRIDS = ("per_output_unit", "per_list_element", "per_row", "cooperative", "per_tile")
 # Invocations a cooperative grid may give one unit: powers of two dividing the default workgroup
 # size (64, the local_size_x specialization constant), so one unit's invocations share a workgroup.
@@ -68,7 +78,72 @@ def parse_contract(text: str, file: str, out: Collector) -> Contract:
                     "{per_row: TENSOR}, {cooperative: TENSOR, invocations: N} (N in "
                     f"{', '.join(map(str, COOPERATIVE_INVOCATIONS))}) or "
                     "{per_tile: TENSOR, width: W, height: H} (W, H positive)")
+    if "spec" in data:
+        _check_spec(c, data)
+    if "span" in data:
+        span = c.mapping(data["span"], data.line_of("span"), "contract span")
+        for axis, n in (span or {}).items():
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SPAN:
+                c.error(span.line_of(axis), f"contract span of '{axis}' must be an int from 1 to {MAX_SPAN}, got {n!r}")
     return Contract(file, data)
+
+
+def _check_spec(c: Checker, data: LMap) -> None:
+    """Each `spec` entry names one rule of SPEC_RULES with exactly its parameters."""
+    spec = c.mapping(data["spec"], data.line_of("spec"), "contract spec")
+    for name, raw in (spec or {}).items():
+        line = spec.line_of(name)
+        if not isinstance(name, str) or not SPEC_NAME_RE.match(name):
+            c.error(line, f"spec constant '{name}' must be a lower_snake_case name")
+            continue
+        rules = [k for k in raw if k in SPEC_RULES] if isinstance(raw, dict) else []
+        if len(rules) != 1:
+            first = next(iter(raw), raw) if isinstance(raw, dict) else raw
+            c.error(line, f"spec constant '{name}' names no spec rule '{first}'{did_you_mean(first, SPEC_RULES)}; "
+                    f"rules: {', '.join(sorted(SPEC_RULES))} (shaders/node_rules.py)")
+            continue
+        rule = SPEC_RULES[rules[0]]
+        given = set(raw) - {rule.name}
+        if given != set(rule.required):
+            need = ", ".join([rule.name, *rule.required])
+            c.error(line, f"spec constant '{name}': rule '{rule.name}' takes exactly {need}, got {', '.join(sorted(raw))}")
+
+
+def resolve_spec(contract: Contract, resolve, where: str, out: Collector) -> tuple[SpecDerivation, ...]:
+    """The contract's spec constants for one op: tensor references (names, in0, in1, ...,
+    `inputs`, `outputs`) resolved by `resolve(ref) -> [names] | None`; a reference the op lacks
+    is an error naming the template and the op."""
+    data = contract.data
+    result = []
+    for name, raw in (data.get("spec") or {}).items():
+        rules = [k for k in raw if k in SPEC_RULES] if isinstance(raw, dict) else []
+        if len(rules) != 1:
+            continue  # reported when the contract was parsed
+        rule = SPEC_RULES[rules[0]]
+        params = []
+        for key, value in raw.items():
+            if key in rule.tensor_params:
+                names = []
+                for ref in ([value] if isinstance(value, str) else list(value or ())):
+                    got = resolve(ref)
+                    if got is None:
+                        out.error(contract.file, data["spec"].line_of(name), f"{where}: spec constant '{name}' names "
+                                  f"tensor '{ref}', which the op does not have")
+                        return ()
+                    names += got
+                value = names[0] if key != rule.name or isinstance(value, str) and len(names) == 1 else tuple(names)
+                if key == "of" and len(names) != 1:
+                    out.error(contract.file, data["spec"].line_of(name), f"{where}: spec constant '{name}': "
+                              f"`of` must name one tensor")
+                    return ()
+            params.append((str(key), value))
+        result.append(SpecDerivation(str(name), rule.name, tuple(sorted(params)), rule.general))
+    return tuple(result)
+
+
+def contract_span(contract: Contract) -> tuple[tuple[str, int], ...]:
+    """Units of `out` per invocation, by out's storage axis (contract `span`)."""
+    return tuple(sorted((str(k), int(v)) for k, v in (contract.data.get("span") or {}).items()))
 
 
 def _valid_grid(g) -> bool:

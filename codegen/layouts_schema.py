@@ -19,6 +19,9 @@ KNOWN_FEATURES = (
 )
 DTYPE_KEYS = ("family", "bytes", "torch", "glsl", "vec4", "lane_bytes", "image", "image_format", "vk_format",
               "features", "extensions")
+# A dtype stored narrower than it computes (float16: stored as float16_t, computed in float) names
+# its arithmetic types; they default to the stored ones (glsl, vec4).
+DTYPE_OPTIONAL_KEYS = ("compute", "compute_vec4")
 
 
 def parse_layouts(data: LMap, file: str, out: Collector) -> LayoutsModel | None:
@@ -139,7 +142,7 @@ def _dtypes(c: Checker, raw, line: int, family_names: list[str]) -> list[DtypeSp
     for name, body in m.items():
         where = f"dtype '{name}'"
         b = c.mapping(body, m.line_of(name), where)
-        if b is None or not c.keys(b, where, DTYPE_KEYS):
+        if b is None or not c.keys(b, where, DTYPE_KEYS, DTYPE_OPTIONAL_KEYS):
             continue
         ok = c.name_in(b["family"], family_names, b.line_of("family"), "family")
         nbytes = c.typed(b["bytes"], int, b.line_of("bytes"), f"{where} bytes")
@@ -150,6 +153,9 @@ def _dtypes(c: Checker, raw, line: int, family_names: list[str]) -> list[DtypeSp
                 c.error(b.line_of(key), f"{where} {key} must be 1, 2, 4 or 8, found {v}")
                 ok = False
         strings = {k: c.typed(b[k], str, b.line_of(k), f"{where} {k}") for k in ("torch", "glsl", "vec4")}
+        compute = {k: c.typed(b[k], str, b.line_of(k), f"{where} {k}") if k in b else strings[base]
+                   for k, base in (("compute", "glsl"), ("compute_vec4", "vec4"))}
+        ok &= all(v is not None for v in compute.values())
         optional = {k: _optional_str(c, b, k, f"{where} {k}") for k in ("image", "image_format", "vk_format")}
         ok &= all(v is not None for v in strings.values()) and all(o for o, _ in optional.values())
         image = {k: v for k, (_, v) in optional.items()}
@@ -170,7 +176,7 @@ def _dtypes(c: Checker, raw, line: int, family_names: list[str]) -> list[DtypeSp
             name=name, bytes=nbytes, glsl=strings["glsl"], torch=strings["torch"], family=b["family"],
             vec4=strings["vec4"], lane_bytes=lane_bytes, image=image["image"],
             image_format=image["image_format"], vk_format=image["vk_format"],
-            features=features, extensions=extensions,
+            features=features, extensions=extensions, compute=compute["compute"], compute_vec4=compute["compute_vec4"],
         ))
     return result
 

@@ -45,6 +45,10 @@ class DtypeSpec:
     vk_format: str | None = None  # VkFormat without VK_FORMAT_
     features: tuple[str, ...] = ()  # Vulkan device features a shader using it requires
     extensions: tuple[str, ...] = ()  # GLSL extensions a shader using it enables
+    # the types a shader computes in (T, VEC4): the stored ones, except for a dtype stored narrower
+    # than it computes (float16 is stored as float16_t and computed in float; docs/precision.md)
+    compute: str = ""
+    compute_vec4: str = ""
 
     def image_type(self, storage: "StorageSpec") -> str | None:
         """The GLSL image type in `storage` ("iimage3D"); None for buffers or imageless dtypes."""
@@ -166,6 +170,18 @@ class PushSpec:
 
 
 @dataclass(frozen=True)
+class SpecDerivation:
+    """A plan-time specialization constant (a shape class) of a template contract's `spec`: the
+    rule of shaders/node_rules.py SPEC_RULES the runtime evaluates once per dispatch, with its
+    tensor references resolved for the op, and the rule's general value (the shader default)."""
+
+    name: str
+    rule: str
+    params: tuple[tuple[str, object], ...]
+    general: int
+
+
+@dataclass(frozen=True)
 class CheckSpec:
     """A condition a node must meet to run on Vulkan (a rule of shaders/node_rules.py)."""
 
@@ -199,6 +215,10 @@ class OpSpec:
     # tensor -> the torch dim order its kernel computes in (an NHWC conv's input: (0, 2, 3, 1));
     # lowering (runtime/graph/permutes/dim_order.py) inserts explicit permutes around the node
     dim_order: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # the template contract's shape classes (`spec`) and units of `out` per invocation (`span`,
+    # by out's storage axis; 1 where not given)
+    spec: tuple[SpecDerivation, ...] = ()
+    span: tuple[tuple[str, int], ...] = ()
 
     @property
     def tensors(self) -> tuple[str, ...]:
@@ -233,6 +253,10 @@ class SpecConstant:
     name: str
     type: str
     default: int
+    # a shape class: the SPEC_RULES rule the runtime evaluates, with its params (None: local
+    # sizes and layouts, which the program sets from the bound tensors)
+    rule: str | None = None
+    params: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -255,6 +279,9 @@ class Variant:
     # per choice axis, the index of its value in ops.yaml's order of preference: of the variants
     # that fit a node and the device, the runtime takes the smallest
     preference: tuple[int, ...] = ()
+    # units of `out` each invocation handles (contract `span`): the grid launches
+    # ceil(units / span) invocations, and pc.units stays the count of units
+    span: int = 1
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jinja2
@@ -13,7 +14,7 @@ from .model import LayoutsModel, OpsModel, Variant
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 # Names every shader template may use without declaring them as parameters.
 SHADER_BUILTINS = frozenset({"op", "template", "variant", "axis", "tensors", "out", "outs", "ins", "T", "VEC4", "int8",
-                             "dtype"})
+                             "dtype", "extensions"})
 
 
 def _env(loader: jinja2.BaseLoader) -> jinja2.Environment:
@@ -132,9 +133,15 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
             "vec4": own.vec4,
             "image": own.image_type(storage),  # None in buffers
             "format": own.image_format,
-            # the element and texel types in GLSL: the T / VEC4 macros for the variant's dtype
-            "T": "T" if same else own.glsl,
-            "VEC4": "VEC4" if same else own.vec4,
+            # the element and texel types a shader computes in: the T / VEC4 macros for the
+            # variant's dtype (float16 computes in float / vec4, docs/precision.md)
+            "T": "T" if same else _compute(own),
+            "VEC4": "VEC4" if same else _compute_vec4(own),
+            # what turns a computed value into a stored buffer element ("float16_t" where the
+            # storage is narrower than the arithmetic, else nothing), and the store expression:
+            # `t_out[u] = {{ out.as_word("v") }};` renders `v`, or `float16_t(v)` for float16
+            "to_word": _to_word(own),
+            "as_word": functools.partial(_as_word, _to_word(own)),
         })
     n_out = len(op.outputs)
     return {
@@ -146,9 +153,29 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
         "out": tensors[0],
         "outs": tensors[:n_out],
         "ins": tensors[n_out:],
-        "T": dtype.glsl,
-        "VEC4": dtype.vec4,
+        "T": _compute(dtype),
+        "VEC4": _compute_vec4(dtype),
         "int8": int8,
         "dtype": dtype,
+        # GLSL extensions of every tensor's dtype (a cast's float16 out in a float32 variant too)
+        "extensions": list(dict.fromkeys(e for d in [dtype.name, *(t["dtype"] for t in tensors)]
+                                         for e in layouts.dtype(d).extensions)),
         **dict(v.params),
     }
+
+
+def _to_word(dtype) -> str:
+    return dtype.glsl if dtype.glsl != _compute(dtype) else ""
+
+
+def _as_word(to_word: str, expr: str) -> str:
+    return f"{to_word}({expr})" if to_word else expr
+
+
+def _compute(dtype) -> str:
+    """The scalar type shaders compute a dtype in (its stored type unless layouts.yaml says)."""
+    return dtype.compute or dtype.glsl
+
+
+def _compute_vec4(dtype) -> str:
+    return dtype.compute_vec4 or dtype.vec4

@@ -26,6 +26,11 @@ def expand(ops: tuple[OpSpec, ...], layouts: LayoutsModel, all_axes: dict, choic
     for op in ops:
         if op.shader is None:
             continue
+        taken = {f"{t}_layout" for t in op.tensors} | {n for n, _ in LOCAL_SIZE} | {p.name for p in op.push}
+        for s in op.spec:
+            if s.name in taken or s.name in op.tensors:
+                out.error(file, op.shader.line, f"op '{op.name}': spec constant '{s.name}' of template "
+                          f"'{op.shader.template}' has the name of a tensor, push or layout constant")
         found = _expand_op(op, layouts, all_axes, choices)
         covered = {dict(v.axes)["dtype"] for v in found}
         for d in op.dtypes:
@@ -90,6 +95,8 @@ def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of:
     for t in op.tensors:
         spec.append(SpecConstant(len(spec), f"{t}_layout", "int",
                                  _default_layout(layouts, repset_of[t], dtypes[t].family, storages[t])))
+    for s in op.spec:  # shape classes: the default is the rule's general (always correct) value
+        spec.append(SpecConstant(len(spec), s.name, "int", s.general, s.rule, s.params))
     return Variant(
         name=name,
         op=op.name,
@@ -106,6 +113,7 @@ def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of:
         features=tuple(sorted({f for d in dtypes.values() for f in d.features}
                               | {f for a, value in axes if a in choices for f in dict(choices[a])[value]})),
         preference=tuple([v for v, _ in choices[a]].index(value) for a, value in axes if a in choices),
+        span=dict(op.span).get(storages[op.outputs[0].name], 1) if op.outputs else 1,
     )
 
 

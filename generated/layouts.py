@@ -84,6 +84,8 @@ class DtypeInfo:
     vk_format: str | None  # VkFormat without VK_FORMAT_
     features: tuple[str, ...]  # Vulkan device features a shader using it requires
     extensions: tuple[str, ...]  # GLSL extensions a shader using it enables
+    compute: str  # the scalar type shaders compute in (float16 is stored narrow, computed in float)
+    compute_vec4: str  # the 4-lane type shaders compute in
 
 
 LAYOUT_INFO: dict[Layout, LayoutInfo] = {
@@ -218,6 +220,8 @@ DTYPES: dict[str, DtypeInfo] = {
         vk_format='R32G32B32A32_SFLOAT',
         features=(),
         extensions=(),
+        compute='float',
+        compute_vec4='vec4',
     ),
     'float16': DtypeInfo(
         name='float16',
@@ -232,6 +236,8 @@ DTYPES: dict[str, DtypeInfo] = {
         vk_format='R16G16B16A16_SFLOAT',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
         extensions=('GL_EXT_shader_explicit_arithmetic_types_float16', 'GL_EXT_shader_16bit_storage'),
+        compute='float',
+        compute_vec4='vec4',
     ),
     'int32': DtypeInfo(
         name='int32',
@@ -246,6 +252,8 @@ DTYPES: dict[str, DtypeInfo] = {
         vk_format='R32G32B32A32_SINT',
         features=(),
         extensions=(),
+        compute='int',
+        compute_vec4='ivec4',
     ),
     'int8': DtypeInfo(
         name='int8',
@@ -260,6 +268,8 @@ DTYPES: dict[str, DtypeInfo] = {
         vk_format=None,
         features=(),
         extensions=(),
+        compute='int',
+        compute_vec4='ivec4',
     ),
     'bool': DtypeInfo(
         name='bool',
@@ -274,6 +284,8 @@ DTYPES: dict[str, DtypeInfo] = {
         vk_format='R32G32B32A32_SINT',
         features=(),
         extensions=(),
+        compute='int',
+        compute_vec4='ivec4',
     ),
 }
 

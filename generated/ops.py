@@ -98,7 +98,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -112,6 +112,8 @@ OPS: dict[str, OpEntry] = {
         template='softmax',
         shader_axes=('dtype', 'storage'),
         variants=(
+            '_log_softmax_float16_buffer',
+            '_log_softmax_float16_texture3d',
             '_log_softmax_float32_buffer',
             '_log_softmax_float32_texture3d',
         ),
@@ -132,7 +134,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -146,6 +148,8 @@ OPS: dict[str, OpEntry] = {
         template='softmax',
         shader_axes=('dtype', 'storage'),
         variants=(
+            '_softmax_float16_buffer',
+            '_softmax_float16_texture3d',
             '_softmax_float32_buffer',
             '_softmax_float32_texture3d',
         ),
@@ -164,7 +168,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -174,6 +178,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'abs_float16_buffer',
+            'abs_float16_texture3d',
             'abs_float32_buffer',
             'abs_float32_texture3d',
         ),
@@ -193,7 +199,7 @@ OPS: dict[str, OpEntry] = {
         ),
         sync=(
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -205,6 +211,10 @@ OPS: dict[str, OpEntry] = {
         template='adaptive_pool2d',
         shader_axes=('dtype', 'in_storage', 'out_storage'),
         variants=(
+            'adaptive_avg_pool2d_float16_buffer_buffer',
+            'adaptive_avg_pool2d_float16_buffer_texture3d',
+            'adaptive_avg_pool2d_float16_texture3d_buffer',
+            'adaptive_avg_pool2d_float16_texture3d_texture3d',
             'adaptive_avg_pool2d_float32_buffer_buffer',
             'adaptive_avg_pool2d_float32_buffer_texture3d',
             'adaptive_avg_pool2d_float32_texture3d_buffer',
@@ -227,7 +237,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -241,6 +251,8 @@ OPS: dict[str, OpEntry] = {
         template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'add_float16_buffer',
+            'add_float16_texture3d',
             'add_float32_buffer',
             'add_float32_texture3d',
             'add_int32_buffer',
@@ -332,7 +344,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
@@ -344,6 +356,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'alias_copy_bool_buffer',
             'alias_copy_bool_texture3d',
+            'alias_copy_float16_buffer',
+            'alias_copy_float16_texture3d',
             'alias_copy_float32_buffer',
             'alias_copy_float32_texture3d',
             'alias_copy_int32_buffer',
@@ -367,7 +381,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -379,6 +393,8 @@ OPS: dict[str, OpEntry] = {
         template='reduce',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'amax_float16_buffer',
+            'amax_float16_texture3d',
             'amax_float32_buffer',
             'amax_float32_texture3d',
             'amax_int32_buffer',
@@ -401,7 +417,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -413,6 +429,8 @@ OPS: dict[str, OpEntry] = {
         template='reduce',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'amin_float16_buffer',
+            'amin_float16_texture3d',
             'amin_float32_buffer',
             'amin_float32_texture3d',
             'amin_int32_buffer',
@@ -439,7 +457,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -456,6 +474,8 @@ OPS: dict[str, OpEntry] = {
         template='pool2d',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'avg_pool2d_float16_buffer',
+            'avg_pool2d_float16_texture3d',
             'avg_pool2d_float32_buffer',
             'avg_pool2d_float32_texture3d',
         ),
@@ -482,7 +502,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=('weight', 'bias', 'running_mean', 'running_var'),
@@ -500,6 +520,8 @@ OPS: dict[str, OpEntry] = {
         template='batch_norm',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'batch_norm_float16_buffer',
+            'batch_norm_float16_texture3d',
             'batch_norm_float32_buffer',
             'batch_norm_float32_texture3d',
         ),
@@ -627,12 +649,68 @@ OPS: dict[str, OpEntry] = {
         weights=(),
         push=(),
         checks=(),
-        grid=('per_output_unit',),
-        template='matmul',
+        grid=('per_tile', 'out', 16, 8),
+        template='mm_tiled',
         shader_axes=('dtype', 'storage'),
         variants=(
             'bmm_float32_buffer',
             'bmm_float32_texture3d',
+        ),
+    ),
+    'cast_to_float16': OpEntry(
+        name='cast_to_float16',
+        targets=(
+            'texelflow.cast_to_float16.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(('out', 'float16'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'cast_to_float16_float32_buffer',
+            'cast_to_float16_float32_texture3d',
+        ),
+    ),
+    'cast_to_float32': OpEntry(
+        name='cast_to_float32',
+        targets=(
+            'texelflow.cast_to_float32.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float16',),
+        dtype_of=(('out', 'float32'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'cast_to_float32_float16_buffer',
+            'cast_to_float32_float16_texture3d',
         ),
     ),
     'cat': OpEntry(
@@ -650,7 +728,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('tensors', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -666,6 +744,8 @@ OPS: dict[str, OpEntry] = {
         template='cat',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'cat_float16_buffer',
+            'cat_float16_texture3d',
             'cat_float32_buffer',
             'cat_float32_texture3d',
             'cat_int32_buffer',
@@ -686,7 +766,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -696,6 +776,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'ceil_float16_buffer',
+            'ceil_float16_texture3d',
             'ceil_float32_buffer',
             'ceil_float32_texture3d',
         ),
@@ -716,7 +798,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -729,6 +811,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'clamp_float16_buffer',
+            'clamp_float16_texture3d',
             'clamp_float32_buffer',
             'clamp_float32_texture3d',
         ),
@@ -748,7 +832,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
@@ -760,6 +844,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'clone_bool_buffer',
             'clone_bool_texture3d',
+            'clone_float16_buffer',
+            'clone_float16_texture3d',
             'clone_float32_buffer',
             'clone_float32_texture3d',
             'clone_int32_buffer',
@@ -783,7 +869,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
@@ -795,6 +881,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'clone_dim_order_bool_buffer',
             'clone_dim_order_bool_texture3d',
+            'clone_dim_order_float16_buffer',
+            'clone_dim_order_float16_texture3d',
             'clone_dim_order_float32_buffer',
             'clone_dim_order_float32_texture3d',
             'clone_dim_order_int32_buffer',
@@ -818,7 +906,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -836,6 +924,8 @@ OPS: dict[str, OpEntry] = {
         template='pad',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'constant_pad_nd_float16_buffer',
+            'constant_pad_nd_float16_texture3d',
             'constant_pad_nd_float32_buffer',
             'constant_pad_nd_float32_texture3d',
             'constant_pad_nd_int32_buffer',
@@ -857,7 +947,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
@@ -869,6 +959,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'contiguous_bool_buffer',
             'contiguous_bool_texture3d',
+            'contiguous_float16_buffer',
+            'contiguous_float16_texture3d',
             'contiguous_float32_buffer',
             'contiguous_float32_texture3d',
             'contiguous_int32_buffer',
@@ -896,7 +988,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -913,6 +1005,8 @@ OPS: dict[str, OpEntry] = {
         template='conv1d',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv1d_float16_buffer',
+            'conv1d_float16_texture3d',
             'conv1d_float32_buffer',
             'conv1d_float32_texture3d',
         ),
@@ -1042,6 +1136,88 @@ OPS: dict[str, OpEntry] = {
             'conv2d_dw_float32_texture3d',
         ),
     ),
+    'conv2d_dw3_s1': OpEntry(
+        name='conv2d_dw3_s1',
+        targets=(
+            'texelflow.conv2d_dw3_s1.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'padding', None),)),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (2,)))),)),
+        ),
+        grid=('per_row', 'out'),
+        template='conv2d_dw_s1',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_dw3_s1_float32_texture3d',
+        ),
+    ),
+    'conv2d_dw5_s1': OpEntry(
+        name='conv2d_dw5_s1',
+        targets=(
+            'texelflow.conv2d_dw5_s1.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'padding', None),)),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (2,)))),)),
+        ),
+        grid=('per_row', 'out'),
+        template='conv2d_dw_s1',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_dw5_s1_float32_texture3d',
+        ),
+    ),
     'conv2d_dw_act': OpEntry(
         name='conv2d_dw_act',
         targets=(
@@ -1085,6 +1261,52 @@ OPS: dict[str, OpEntry] = {
         shader_axes=('dtype', 'storage'),
         variants=(
             'conv2d_dw_act_float32_texture3d',
+        ),
+    ),
+    'conv2d_gemm': OpEntry(
+        name='conv2d_gemm',
+        targets=(
+            'texelflow.conv2d_gemm.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('kernel_size', 'int_list', default=[1, 1]),
+            Arg('stride', 'int_list', default=[1, 1]),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('dilation', 'int_list', default=[1, 1]),
+            Arg('out_channels', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_stride_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'stride', None), ('pair', 'padding', None))),)),
+            Push('conv_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'dilation', None), ('pair', 'kernel_size', None))),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (3,)))),)),
+        ),
+        grid=('per_row', 'out'),
+        template='conv2d_gemm',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_gemm_float32_texture3d',
         ),
     ),
     'conv2d_nhwc': OpEntry(
@@ -1132,6 +1354,122 @@ OPS: dict[str, OpEntry] = {
         ),
         dim_order=(('input', (0, 2, 3, 1)), ('out', (0, 2, 3, 1))),
     ),
+    'conv2d_pw': OpEntry(
+        name='conv2d_pw',
+        targets=(
+            'texelflow.conv2d_pw.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('out_channels', 'int', default=1),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (2,)))),)),
+        ),
+        grid=('per_row', 'out'),
+        template='conv2d_pw',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_pw_float32_texture3d',
+        ),
+    ),
+    'conv2d_pw_act': OpEntry(
+        name='conv2d_pw_act',
+        targets=(
+            'texelflow.conv2d_pw_act.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('out_channels', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (2,)))),)),
+        ),
+        grid=('per_row', 'out'),
+        template='conv2d_pw_act',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_pw_act_float32_texture3d',
+        ),
+    ),
+    'conv2d_wino': OpEntry(
+        name='conv2d_wino',
+        targets=(
+            'texelflow.conv2d_wino.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('out_channels', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'padding', None),)),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (3,)))),)),
+        ),
+        grid=('per_row', 'out'),
+        template='conv2d_wino',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_wino_float32_texture3d',
+        ),
+    ),
     'conv_transpose1d': OpEntry(
         name='conv_transpose1d',
         targets=(
@@ -1153,7 +1491,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1170,6 +1508,8 @@ OPS: dict[str, OpEntry] = {
         template='conv_transpose1d',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv_transpose1d_float16_buffer',
+            'conv_transpose1d_float16_texture3d',
             'conv_transpose1d_float32_buffer',
             'conv_transpose1d_float32_texture3d',
         ),
@@ -1195,7 +1535,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1212,6 +1552,8 @@ OPS: dict[str, OpEntry] = {
         template='conv_transpose2d',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv_transpose2d_float16_buffer',
+            'conv_transpose2d_float16_texture3d',
             'conv_transpose2d_float32_buffer',
             'conv_transpose2d_float32_texture3d',
         ),
@@ -1266,7 +1608,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1276,6 +1618,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'cos_float16_buffer',
+            'cos_float16_texture3d',
             'cos_float32_buffer',
             'cos_float32_texture3d',
         ),
@@ -1330,7 +1674,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
@@ -1342,6 +1686,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'detach_bool_buffer',
             'detach_bool_texture3d',
+            'detach_float16_buffer',
+            'detach_float16_texture3d',
             'detach_float32_buffer',
             'detach_float32_texture3d',
             'detach_int32_buffer',
@@ -1395,7 +1741,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1407,6 +1753,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'div_scalar_float16_buffer',
+            'div_scalar_float16_texture3d',
             'div_scalar_float32_buffer',
             'div_scalar_float32_texture3d',
         ),
@@ -1428,7 +1776,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1442,6 +1790,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'elu_float16_buffer',
+            'elu_float16_texture3d',
             'elu_float32_buffer',
             'elu_float32_texture3d',
         ),
@@ -1464,7 +1814,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('indices', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(('indices', 'int32'),),
         flags=frozenset([]),
         weights=('weight',),
@@ -1476,6 +1826,8 @@ OPS: dict[str, OpEntry] = {
         template='embedding',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'embedding_float16_buffer',
+            'embedding_float16_texture3d',
             'embedding_float32_buffer',
             'embedding_float32_texture3d',
         ),
@@ -1495,7 +1847,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(('out', 'bool'),),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1507,6 +1859,8 @@ OPS: dict[str, OpEntry] = {
         template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'eq_float16_buffer',
+            'eq_float16_texture3d',
             'eq_float32_buffer',
             'eq_float32_texture3d',
             'eq_int32_buffer',
@@ -1560,7 +1914,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1570,6 +1924,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'erf_float16_buffer',
+            'erf_float16_texture3d',
             'erf_float32_buffer',
             'erf_float32_texture3d',
         ),
@@ -1588,7 +1944,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1598,6 +1954,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'exp_float16_buffer',
+            'exp_float16_texture3d',
             'exp_float32_buffer',
             'exp_float32_texture3d',
         ),
@@ -1619,7 +1977,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'bool'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1636,6 +1994,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'expand_bool_buffer',
             'expand_bool_texture3d',
+            'expand_float16_buffer',
+            'expand_float16_texture3d',
             'expand_float32_buffer',
             'expand_float32_texture3d',
             'expand_int32_buffer',
@@ -1656,7 +2016,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1666,6 +2026,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'expm1_float16_buffer',
+            'expm1_float16_texture3d',
             'expm1_float32_buffer',
             'expm1_float32_texture3d',
         ),
@@ -1686,7 +2048,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
@@ -1698,6 +2060,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'flatten_bool_buffer',
             'flatten_bool_texture3d',
+            'flatten_float16_buffer',
+            'flatten_float16_texture3d',
             'flatten_float32_buffer',
             'flatten_float32_texture3d',
             'flatten_int32_buffer',
@@ -1720,7 +2084,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -1732,6 +2096,8 @@ OPS: dict[str, OpEntry] = {
         template='flip',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'flip_float16_buffer',
+            'flip_float16_texture3d',
             'flip_float32_buffer',
             'flip_float32_texture3d',
             'flip_int32_buffer',
@@ -1752,7 +2118,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1762,6 +2128,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'floor_float16_buffer',
+            'floor_float16_texture3d',
             'floor_float32_buffer',
             'floor_float32_texture3d',
         ),
@@ -1781,7 +2149,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(('out', 'bool'),),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1793,6 +2161,8 @@ OPS: dict[str, OpEntry] = {
         template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'ge_float16_buffer',
+            'ge_float16_texture3d',
             'ge_float32_buffer',
             'ge_float32_texture3d',
             'ge_int32_buffer',
@@ -1847,7 +2217,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1859,6 +2229,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'gelu_float16_buffer',
+            'gelu_float16_texture3d',
             'gelu_float32_buffer',
             'gelu_float32_texture3d',
         ),
@@ -1882,7 +2254,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1900,6 +2272,8 @@ OPS: dict[str, OpEntry] = {
         template='group_norm',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'group_norm_float16_buffer',
+            'group_norm_float16_texture3d',
             'group_norm_float32_buffer',
             'group_norm_float32_texture3d',
         ),
@@ -1919,7 +2293,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(('out', 'bool'),),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1931,6 +2305,8 @@ OPS: dict[str, OpEntry] = {
         template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'gt_float16_buffer',
+            'gt_float16_texture3d',
             'gt_float32_buffer',
             'gt_float32_texture3d',
             'gt_int32_buffer',
@@ -1985,7 +2361,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1997,6 +2373,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'hardshrink_float16_buffer',
+            'hardshrink_float16_texture3d',
             'hardshrink_float32_buffer',
             'hardshrink_float32_texture3d',
         ),
@@ -2015,7 +2393,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2025,6 +2403,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'hardsigmoid_float16_buffer',
+            'hardsigmoid_float16_texture3d',
             'hardsigmoid_float32_buffer',
             'hardsigmoid_float32_texture3d',
         ),
@@ -2043,7 +2423,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2053,6 +2433,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'hardswish_float16_buffer',
+            'hardswish_float16_texture3d',
             'hardswish_float32_buffer',
             'hardswish_float32_texture3d',
         ),
@@ -2073,7 +2455,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2086,6 +2468,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'hardtanh_float16_buffer',
+            'hardtanh_float16_texture3d',
             'hardtanh_float32_buffer',
             'hardtanh_float32_texture3d',
         ),
@@ -2104,7 +2488,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(('out', 'bool'),),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2114,6 +2498,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'isfinite_float16_buffer',
+            'isfinite_float16_texture3d',
             'isfinite_float32_buffer',
             'isfinite_float32_texture3d',
         ),
@@ -2132,7 +2518,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(('out', 'bool'),),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2142,6 +2528,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'isinf_float16_buffer',
+            'isinf_float16_texture3d',
             'isinf_float32_buffer',
             'isinf_float32_texture3d',
         ),
@@ -2160,7 +2548,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(('out', 'bool'),),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2170,6 +2558,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'isnan_float16_buffer',
+            'isnan_float16_texture3d',
             'isnan_float32_buffer',
             'isnan_float32_texture3d',
         ),
@@ -2193,7 +2583,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -2209,6 +2599,8 @@ OPS: dict[str, OpEntry] = {
         template='layer_norm',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'layer_norm_float16_buffer',
+            'layer_norm_float16_texture3d',
             'layer_norm_float32_buffer',
             'layer_norm_float32_texture3d',
         ),
@@ -2228,7 +2620,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(('out', 'bool'),),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2240,6 +2632,8 @@ OPS: dict[str, OpEntry] = {
         template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'le_float16_buffer',
+            'le_float16_texture3d',
             'le_float32_buffer',
             'le_float32_texture3d',
             'le_int32_buffer',
@@ -2294,7 +2688,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2306,6 +2700,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'leaky_relu_float16_buffer',
+            'leaky_relu_float16_texture3d',
             'leaky_relu_float32_buffer',
             'leaky_relu_float32_texture3d',
         ),
@@ -2324,7 +2720,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
@@ -2336,6 +2732,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'lift_fresh_copy_bool_buffer',
             'lift_fresh_copy_bool_texture3d',
+            'lift_fresh_copy_float16_buffer',
+            'lift_fresh_copy_float16_texture3d',
             'lift_fresh_copy_float32_buffer',
             'lift_fresh_copy_float32_texture3d',
             'lift_fresh_copy_int32_buffer',
@@ -2361,7 +2759,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -2374,6 +2772,8 @@ OPS: dict[str, OpEntry] = {
         template='reduce',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'linalg_vector_norm_float16_buffer',
+            'linalg_vector_norm_float16_texture3d',
             'linalg_vector_norm_float32_buffer',
             'linalg_vector_norm_float32_texture3d',
         ),
@@ -2412,6 +2812,80 @@ OPS: dict[str, OpEntry] = {
             'linear_float32_texture3d',
         ),
     ),
+    'linear_packed': OpEntry(
+        name='linear_packed',
+        targets=(
+            'texelflow.linear_packed.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('out_features', 'int', default=1),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('weight', (2,)),)),)),
+        ),
+        grid=('per_tile', 'out', 16, 8),
+        template='linear_packed',
+        shader_axes=('dtype', 'storage', 'weight_storage'),
+        variants=(
+            'linear_packed_float32_buffer_buffer',
+            'linear_packed_float32_buffer_texture3d',
+            'linear_packed_float32_texture3d_buffer',
+            'linear_packed_float32_texture3d_texture3d',
+        ),
+    ),
+    'linear_packed_gemv': OpEntry(
+        name='linear_packed_gemv',
+        targets=(
+            'texelflow.linear_packed_gemv.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('out_features', 'int', default=1),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('weight', (2,)),)),)),
+        ),
+        grid=('per_tile', 'out', 4, 1),
+        template='linear_packed_gemv',
+        shader_axes=('dtype', 'storage', 'weight_storage'),
+        variants=(
+            'linear_packed_gemv_float32_buffer_buffer',
+            'linear_packed_gemv_float32_buffer_texture3d',
+            'linear_packed_gemv_float32_texture3d_buffer',
+            'linear_packed_gemv_float32_texture3d_texture3d',
+        ),
+    ),
     'log': OpEntry(
         name='log',
         targets=(
@@ -2426,7 +2900,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2436,6 +2910,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'log_float16_buffer',
+            'log_float16_texture3d',
             'log_float32_buffer',
             'log_float32_texture3d',
         ),
@@ -2454,7 +2930,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2464,6 +2940,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'log10_float16_buffer',
+            'log10_float16_texture3d',
             'log10_float32_buffer',
             'log10_float32_texture3d',
         ),
@@ -2482,7 +2960,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2492,6 +2970,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'log1p_float16_buffer',
+            'log1p_float16_texture3d',
             'log1p_float32_buffer',
             'log1p_float32_texture3d',
         ),
@@ -2510,7 +2990,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2520,6 +3000,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'log2_float16_buffer',
+            'log2_float16_texture3d',
             'log2_float32_buffer',
             'log2_float32_texture3d',
         ),
@@ -2538,7 +3020,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2548,6 +3030,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'log_sigmoid_float16_buffer',
+            'log_sigmoid_float16_texture3d',
             'log_sigmoid_float32_buffer',
             'log_sigmoid_float32_texture3d',
         ),
@@ -2568,7 +3052,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2582,6 +3066,8 @@ OPS: dict[str, OpEntry] = {
         template='softmax',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'log_softmax_float16_buffer',
+            'log_softmax_float16_texture3d',
             'log_softmax_float32_buffer',
             'log_softmax_float32_texture3d',
         ),
@@ -2739,7 +3225,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -2751,6 +3237,8 @@ OPS: dict[str, OpEntry] = {
         template='reduce',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'logsumexp_float16_buffer',
+            'logsumexp_float16_texture3d',
             'logsumexp_float32_buffer',
             'logsumexp_float32_texture3d',
         ),
@@ -2770,7 +3258,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(('out', 'bool'),),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2782,6 +3270,8 @@ OPS: dict[str, OpEntry] = {
         template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'lt_float16_buffer',
+            'lt_float16_texture3d',
             'lt_float32_buffer',
             'lt_float32_texture3d',
             'lt_int32_buffer',
@@ -2905,7 +3395,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -2920,6 +3410,8 @@ OPS: dict[str, OpEntry] = {
         template='max_pool1d',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'max_pool1d_float16_buffer',
+            'max_pool1d_float16_texture3d',
             'max_pool1d_float32_buffer',
             'max_pool1d_float32_texture3d',
         ),
@@ -2943,7 +3435,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -2958,6 +3450,8 @@ OPS: dict[str, OpEntry] = {
         template='pool2d',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'max_pool2d_float16_buffer',
+            'max_pool2d_float16_texture3d',
             'max_pool2d_float32_buffer',
             'max_pool2d_float32_texture3d',
         ),
@@ -2977,7 +3471,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -2989,6 +3483,8 @@ OPS: dict[str, OpEntry] = {
         template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'maximum_float16_buffer',
+            'maximum_float16_texture3d',
             'maximum_float32_buffer',
             'maximum_float32_texture3d',
             'maximum_int32_buffer',
@@ -3013,7 +3509,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -3025,6 +3521,8 @@ OPS: dict[str, OpEntry] = {
         template='reduce',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'mean_float16_buffer',
+            'mean_float16_texture3d',
             'mean_float32_buffer',
             'mean_float32_texture3d',
         ),
@@ -3044,7 +3542,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -3056,6 +3554,8 @@ OPS: dict[str, OpEntry] = {
         template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'minimum_float16_buffer',
+            'minimum_float16_texture3d',
             'minimum_float32_buffer',
             'minimum_float32_texture3d',
             'minimum_int32_buffer',
@@ -3076,7 +3576,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -3086,6 +3586,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'mish_float16_buffer',
+            'mish_float16_texture3d',
             'mish_float32_buffer',
             'mish_float32_texture3d',
         ),
@@ -3111,8 +3613,8 @@ OPS: dict[str, OpEntry] = {
         weights=(),
         push=(),
         checks=(),
-        grid=('per_output_unit',),
-        template='matmul',
+        grid=('per_tile', 'out', 16, 8),
+        template='mm_tiled',
         shader_axes=('dtype', 'storage'),
         variants=(
             'mm_float32_buffer',
@@ -3134,7 +3636,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -3146,6 +3648,8 @@ OPS: dict[str, OpEntry] = {
         template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'mul_float16_buffer',
+            'mul_float16_texture3d',
             'mul_float32_buffer',
             'mul_float32_texture3d',
             'mul_int32_buffer',
@@ -3202,7 +3706,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -3216,6 +3720,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'nan_to_num_float16_buffer',
+            'nan_to_num_float16_texture3d',
             'nan_to_num_float32_buffer',
             'nan_to_num_float32_texture3d',
         ),
@@ -3280,7 +3786,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -3298,6 +3804,8 @@ OPS: dict[str, OpEntry] = {
         template='group_norm',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'native_group_norm_float16_buffer',
+            'native_group_norm_float16_texture3d',
             'native_group_norm_float32_buffer',
             'native_group_norm_float32_texture3d',
         ),
@@ -3322,7 +3830,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out', 'mean', 'rstd'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -3338,6 +3846,8 @@ OPS: dict[str, OpEntry] = {
         template='layer_norm',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'native_layer_norm_float16_buffer',
+            'native_layer_norm_float16_texture3d',
             'native_layer_norm_float32_buffer',
             'native_layer_norm_float32_texture3d',
         ),
@@ -3357,7 +3867,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(('out', 'bool'),),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -3369,6 +3879,8 @@ OPS: dict[str, OpEntry] = {
         template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'ne_float16_buffer',
+            'ne_float16_texture3d',
             'ne_float32_buffer',
             'ne_float32_texture3d',
             'ne_int32_buffer',
@@ -3422,7 +3934,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -3432,6 +3944,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'neg_float16_buffer',
+            'neg_float16_texture3d',
             'neg_float32_buffer',
             'neg_float32_texture3d',
         ),
@@ -3451,7 +3965,7 @@ OPS: dict[str, OpEntry] = {
         ),
         sync=(
         ),
-        dtypes=('float32', 'int32', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'bool'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -3472,6 +3986,10 @@ OPS: dict[str, OpEntry] = {
             'permute_copy_bool_buffer_texture3d',
             'permute_copy_bool_texture3d_buffer',
             'permute_copy_bool_texture3d_texture3d',
+            'permute_copy_float16_buffer_buffer',
+            'permute_copy_float16_buffer_texture3d',
+            'permute_copy_float16_texture3d_buffer',
+            'permute_copy_float16_texture3d_texture3d',
             'permute_copy_float32_buffer_buffer',
             'permute_copy_float32_buffer_texture3d',
             'permute_copy_float32_texture3d_buffer',
@@ -3497,7 +4015,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -3509,6 +4027,8 @@ OPS: dict[str, OpEntry] = {
         template='pixel_shuffle',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'pixel_shuffle_float16_buffer',
+            'pixel_shuffle_float16_texture3d',
             'pixel_shuffle_float32_buffer',
             'pixel_shuffle_float32_texture3d',
             'pixel_shuffle_int32_buffer',
@@ -3530,7 +4050,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -3542,6 +4062,8 @@ OPS: dict[str, OpEntry] = {
         template='pixel_shuffle',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'pixel_unshuffle_float16_buffer',
+            'pixel_unshuffle_float16_texture3d',
             'pixel_unshuffle_float32_buffer',
             'pixel_unshuffle_float32_texture3d',
             'pixel_unshuffle_int32_buffer',
@@ -3594,7 +4116,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -3606,6 +4128,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'pow_tensor_scalar_float16_buffer',
+            'pow_tensor_scalar_float16_texture3d',
             'pow_tensor_scalar_float32_buffer',
             'pow_tensor_scalar_float32_texture3d',
         ),
@@ -4043,7 +4567,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4053,6 +4577,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'reciprocal_float16_buffer',
+            'reciprocal_float16_texture3d',
             'reciprocal_float32_buffer',
             'reciprocal_float32_texture3d',
         ),
@@ -4072,7 +4598,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -4084,6 +4610,8 @@ OPS: dict[str, OpEntry] = {
         template='pad_mode',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'reflection_pad1d_float16_buffer',
+            'reflection_pad1d_float16_texture3d',
             'reflection_pad1d_float32_buffer',
             'reflection_pad1d_float32_texture3d',
             'reflection_pad1d_int32_buffer',
@@ -4105,7 +4633,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -4117,6 +4645,8 @@ OPS: dict[str, OpEntry] = {
         template='pad_mode',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'reflection_pad2d_float16_buffer',
+            'reflection_pad2d_float16_texture3d',
             'reflection_pad2d_float32_buffer',
             'reflection_pad2d_float32_texture3d',
             'reflection_pad2d_int32_buffer',
@@ -4137,7 +4667,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4147,6 +4677,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'relu_float16_buffer',
+            'relu_float16_texture3d',
             'relu_float32_buffer',
             'relu_float32_texture3d',
         ),
@@ -4165,7 +4697,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4175,6 +4707,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'relu6_float16_buffer',
+            'relu6_float16_texture3d',
             'relu6_float32_buffer',
             'relu6_float32_texture3d',
         ),
@@ -4194,7 +4728,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -4206,6 +4740,8 @@ OPS: dict[str, OpEntry] = {
         template='pad_mode',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'replication_pad1d_float16_buffer',
+            'replication_pad1d_float16_texture3d',
             'replication_pad1d_float32_buffer',
             'replication_pad1d_float32_texture3d',
             'replication_pad1d_int32_buffer',
@@ -4227,7 +4763,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -4239,6 +4775,8 @@ OPS: dict[str, OpEntry] = {
         template='pad_mode',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'replication_pad2d_float16_buffer',
+            'replication_pad2d_float16_texture3d',
             'replication_pad2d_float32_buffer',
             'replication_pad2d_float32_texture3d',
             'replication_pad2d_int32_buffer',
@@ -4260,7 +4798,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
@@ -4272,6 +4810,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'reshape_bool_buffer',
             'reshape_bool_texture3d',
+            'reshape_float16_buffer',
+            'reshape_float16_texture3d',
             'reshape_float32_buffer',
             'reshape_float32_texture3d',
             'reshape_int32_buffer',
@@ -4295,7 +4835,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -4309,6 +4849,8 @@ OPS: dict[str, OpEntry] = {
         template='roll',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'roll_float16_buffer',
+            'roll_float16_texture3d',
             'roll_float32_buffer',
             'roll_float32_texture3d',
             'roll_int32_buffer',
@@ -4329,7 +4871,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4339,6 +4881,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'round_float16_buffer',
+            'round_float16_texture3d',
             'round_float32_buffer',
             'round_float32_texture3d',
         ),
@@ -4357,7 +4901,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4367,6 +4911,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'rsqrt_float16_buffer',
+            'rsqrt_float16_texture3d',
             'rsqrt_float32_buffer',
             'rsqrt_float32_texture3d',
         ),
@@ -4387,7 +4933,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4401,6 +4947,8 @@ OPS: dict[str, OpEntry] = {
         template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'rsub_float16_buffer',
+            'rsub_float16_texture3d',
             'rsub_float32_buffer',
             'rsub_float32_texture3d',
             'rsub_int32_buffer',
@@ -4476,7 +5024,7 @@ OPS: dict[str, OpEntry] = {
             Check('arg_equals', (('arg_equals', 'dropout_p'), ('of', 'out'), ('value', 0.0))),
             Check('arg_equals', (('arg_equals', 'enable_gqa'), ('of', 'out'), ('value', False))),
         ),
-        grid=('per_row', 'out'),
+        grid=('per_tile', 'out', 64, 4),
         template='sdpa',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -4501,7 +5049,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'bool'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4520,6 +5068,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'select_bool_buffer',
             'select_bool_texture3d',
+            'select_float16_buffer',
+            'select_float16_texture3d',
             'select_float32_buffer',
             'select_float32_texture3d',
             'select_int32_buffer',
@@ -4540,7 +5090,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4550,6 +5100,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'sigmoid_float16_buffer',
+            'sigmoid_float16_texture3d',
             'sigmoid_float32_buffer',
             'sigmoid_float32_texture3d',
         ),
@@ -4568,7 +5120,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4578,6 +5130,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'sign_float16_buffer',
+            'sign_float16_texture3d',
             'sign_float32_buffer',
             'sign_float32_texture3d',
         ),
@@ -4596,7 +5150,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4606,6 +5160,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'silu_float16_buffer',
+            'silu_float16_texture3d',
             'silu_float32_buffer',
             'silu_float32_texture3d',
         ),
@@ -4624,7 +5180,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4634,6 +5190,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'sin_float16_buffer',
+            'sin_float16_texture3d',
             'sin_float32_buffer',
             'sin_float32_texture3d',
         ),
@@ -4657,7 +5215,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'bool'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4677,6 +5235,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'slice_bool_buffer',
             'slice_bool_texture3d',
+            'slice_float16_buffer',
+            'slice_float16_texture3d',
             'slice_float32_buffer',
             'slice_float32_texture3d',
             'slice_int32_buffer',
@@ -4699,7 +5259,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4713,6 +5273,8 @@ OPS: dict[str, OpEntry] = {
         template='softmax',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'softmax_float16_buffer',
+            'softmax_float16_texture3d',
             'softmax_float32_buffer',
             'softmax_float32_texture3d',
         ),
@@ -4733,7 +5295,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4746,6 +5308,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'softplus_float16_buffer',
+            'softplus_float16_texture3d',
             'softplus_float32_buffer',
             'softplus_float32_texture3d',
         ),
@@ -4765,7 +5329,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4777,6 +5341,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'softshrink_float16_buffer',
+            'softshrink_float16_texture3d',
             'softshrink_float32_buffer',
             'softshrink_float32_texture3d',
         ),
@@ -4795,7 +5361,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4805,6 +5371,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'sqrt_float16_buffer',
+            'sqrt_float16_texture3d',
             'sqrt_float32_buffer',
             'sqrt_float32_texture3d',
         ),
@@ -4829,7 +5397,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
@@ -4841,6 +5409,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'squeeze_copy_bool_buffer',
             'squeeze_copy_bool_texture3d',
+            'squeeze_copy_float16_buffer',
+            'squeeze_copy_float16_texture3d',
             'squeeze_copy_float32_buffer',
             'squeeze_copy_float32_texture3d',
             'squeeze_copy_int32_buffer',
@@ -4865,7 +5435,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -4878,6 +5448,8 @@ OPS: dict[str, OpEntry] = {
         template='reduce',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'std_float16_buffer',
+            'std_float16_texture3d',
             'std_float32_buffer',
             'std_float32_texture3d',
         ),
@@ -4898,7 +5470,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32', 'int32'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4912,6 +5484,8 @@ OPS: dict[str, OpEntry] = {
         template='binary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'sub_float16_buffer',
+            'sub_float16_texture3d',
             'sub_float32_buffer',
             'sub_float32_texture3d',
             'sub_int32_buffer',
@@ -4971,7 +5545,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -4983,6 +5557,8 @@ OPS: dict[str, OpEntry] = {
         template='reduce',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'sum_float16_buffer',
+            'sum_float16_texture3d',
             'sum_float32_buffer',
             'sum_float32_texture3d',
         ),
@@ -5001,7 +5577,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -5011,6 +5587,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'tanh_float16_buffer',
+            'tanh_float16_texture3d',
             'tanh_float32_buffer',
             'tanh_float32_texture3d',
         ),
@@ -5064,7 +5642,7 @@ OPS: dict[str, OpEntry] = {
         ),
         sync=(
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -5078,6 +5656,10 @@ OPS: dict[str, OpEntry] = {
             'to_layout_bool_buffer_texture3d',
             'to_layout_bool_texture3d_buffer',
             'to_layout_bool_texture3d_texture3d',
+            'to_layout_float16_buffer_buffer',
+            'to_layout_float16_buffer_texture3d',
+            'to_layout_float16_texture3d_buffer',
+            'to_layout_float16_texture3d_texture3d',
             'to_layout_float32_buffer_buffer',
             'to_layout_float32_buffer_texture3d',
             'to_layout_float32_texture3d_buffer',
@@ -5103,7 +5685,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -5113,6 +5695,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'trunc_float16_buffer',
+            'trunc_float16_texture3d',
             'trunc_float32_buffer',
             'trunc_float32_texture3d',
         ),
@@ -5133,7 +5717,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
@@ -5145,6 +5729,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'unflatten_bool_buffer',
             'unflatten_bool_texture3d',
+            'unflatten_float16_buffer',
+            'unflatten_float16_texture3d',
             'unflatten_float32_buffer',
             'unflatten_float32_texture3d',
             'unflatten_int32_buffer',
@@ -5168,7 +5754,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
@@ -5180,6 +5766,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'unsqueeze_copy_bool_buffer',
             'unsqueeze_copy_bool_texture3d',
+            'unsqueeze_copy_float16_buffer',
+            'unsqueeze_copy_float16_texture3d',
             'unsqueeze_copy_float32_buffer',
             'unsqueeze_copy_float32_texture3d',
             'unsqueeze_copy_int32_buffer',
@@ -5204,7 +5792,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -5220,6 +5808,8 @@ OPS: dict[str, OpEntry] = {
         template='upsample',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'upsample_bilinear2d_float16_buffer',
+            'upsample_bilinear2d_float16_texture3d',
             'upsample_bilinear2d_float32_buffer',
             'upsample_bilinear2d_float32_texture3d',
         ),
@@ -5240,7 +5830,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -5255,6 +5845,8 @@ OPS: dict[str, OpEntry] = {
         template='upsample',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'upsample_nearest2d_float16_buffer',
+            'upsample_nearest2d_float16_texture3d',
             'upsample_nearest2d_float32_buffer',
             'upsample_nearest2d_float32_texture3d',
         ),
@@ -5276,7 +5868,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -5289,6 +5881,8 @@ OPS: dict[str, OpEntry] = {
         template='reduce',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'var_float16_buffer',
+            'var_float16_texture3d',
             'var_float32_buffer',
             'var_float32_texture3d',
         ),
@@ -5311,7 +5905,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out', 'mean'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -5324,6 +5918,8 @@ OPS: dict[str, OpEntry] = {
         template='reduce',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'var_mean_float16_buffer',
+            'var_mean_float16_texture3d',
             'var_mean_float32_buffer',
             'var_mean_float32_texture3d',
         ),
@@ -5345,7 +5941,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'int32', 'int8', 'bool'),
+        dtypes=('float32', 'float16', 'int32', 'int8', 'bool'),
         dtype_of=(),
         flags=frozenset(['identity', 'supports_highdim']),
         weights=(),
@@ -5357,6 +5953,8 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'view_copy_bool_buffer',
             'view_copy_bool_texture3d',
+            'view_copy_float16_buffer',
+            'view_copy_float16_texture3d',
             'view_copy_float32_buffer',
             'view_copy_float32_texture3d',
             'view_copy_int32_buffer',
@@ -5638,10 +6236,20 @@ TARGETS: dict[str, str] = {
     'dim_order_ops._clone_dim_order.default': 'clone_dim_order',
     'quantized_decomposed.dequantize_per_tensor.default': 'dequantize_per_tensor',
     'quantized_decomposed.quantize_per_tensor.default': 'quantize_per_tensor',
+    'texelflow.cast_to_float16.default': 'cast_to_float16',
+    'texelflow.cast_to_float32.default': 'cast_to_float32',
     'texelflow.conv2d_act.default': 'conv2d_act',
     'texelflow.conv2d_dw.default': 'conv2d_dw',
+    'texelflow.conv2d_dw3_s1.default': 'conv2d_dw3_s1',
+    'texelflow.conv2d_dw5_s1.default': 'conv2d_dw5_s1',
     'texelflow.conv2d_dw_act.default': 'conv2d_dw_act',
+    'texelflow.conv2d_gemm.default': 'conv2d_gemm',
     'texelflow.conv2d_nhwc.default': 'conv2d_nhwc',
+    'texelflow.conv2d_pw.default': 'conv2d_pw',
+    'texelflow.conv2d_pw_act.default': 'conv2d_pw_act',
+    'texelflow.conv2d_wino.default': 'conv2d_wino',
+    'texelflow.linear_packed.default': 'linear_packed',
+    'texelflow.linear_packed_gemv.default': 'linear_packed_gemv',
     'texelflow.q8ta_add.default': 'q8ta_add',
     'texelflow.q8ta_conv2d.default': 'q8ta_conv2d',
     'texelflow.q8ta_conv2d_im2col.default': 'q8ta_conv2d_im2col',

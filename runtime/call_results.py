@@ -30,7 +30,10 @@ def finish_call(prog, flat: list, env: dict):
             dest = prog._state[target] if kind == "buffer" else flat[target]
             if dest is not value:
                 dest.copy_(value)
-    return torch.utils._pytree.tree_unflatten(results, prog.exported.call_spec.out_spec)
+    out_spec = getattr(prog, "_out_spec", None)  # read once at build (call_spec is slow to read)
+    if out_spec is None:
+        out_spec = prog.exported.call_spec.out_spec
+    return torch.utils._pytree.tree_unflatten(results, out_spec)
 
 
 def output_value(prog, v, env: dict):

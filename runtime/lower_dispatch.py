@@ -8,17 +8,20 @@ dispatch per element of its tensor list, one whose grid is `per_row` one invocat
 the named tensor (H * C * N of its WHCN sizes) instead of one per output unit, one whose grid is
 `cooperative` that many invocations (of one workgroup) per unit of the named tensor, one whose
 grid is `per_tile` one invocation per width x height tile of each W-H plane of the named tensor.
+Shape classes (a template contract's `spec`) are evaluated here, once per dispatch, from the
+node's shapes and the representations its tensors were planned in: the program specialises the
+pipeline with them (texelflow.shaders.node_rules SPEC_RULES).
 No op is named here: the kernel tests build their dispatches through this same code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from texelflow.generated.layouts import STORAGE_AXIS, Storage
 from texelflow.generated.variants import variants_of
 from texelflow.shaders.geometry import units as geometry_units, whcn_sizes
-from texelflow.shaders.node_rules import push_values
+from texelflow.shaders.node_rules import push_values, spec_values
 
 
 @dataclass
@@ -30,6 +33,7 @@ class DispatchSpec:
     scalars: dict
     label: str
     units: int | None = None  # invocations, when not one per unit of the output (grids per_row, cooperative, per_tile)
+    spec: dict = field(default_factory=dict)  # shape class name -> value (specialization constants)
 
 
 class _Absent:
@@ -40,6 +44,29 @@ class _Absent:
 
 
 DUMMY_BUFFER = _Absent()
+
+
+class _SpecFacts:
+    """What a shape-class rule sees of a node: its shapes, which tensors it has, the planned
+    representation of each (slot_reprs) and the variant's span."""
+
+    def __init__(self, node, slot_reprs: dict, span: int):
+        self.node, self.slot_reprs, self.span = node, slot_reprs, span
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.node.shape(name))
+
+    def present(self, name: str) -> bool:
+        return name in self.slot_reprs and hasattr(self.node.value(name), "shape")
+
+    def repr(self, name: str):
+        return self.slot_reprs[name]
+
+
+def shape_classes(node, variant, slot_reprs: dict) -> dict:
+    """The variant's shape-class spec constants for this node: name -> value."""
+    rules = [s for s in variant.spec_constants if getattr(s, "rule", None)]
+    return spec_values(_SpecFacts(node, slot_reprs, getattr(variant, "span", 1)), rules) if rules else {}
 
 
 def select_variant(op_name: str, dtype: str, storages: dict[str, Storage], device_features=None,
@@ -101,4 +128,5 @@ def node_dispatches(node, slot_reprs: dict, dtype: str, device_features=None,
         _, name, width, height = op.grid
         w, h, c, n = whcn_sizes(tensors[name].shape)
         units = -(-w // width) * -(-h // height) * c * n
-    return [DispatchSpec(variant, tensors, push_values(node, op.push), node.name, units)]
+    return [DispatchSpec(variant, tensors, push_values(node, op.push), node.name, units,
+                         shape_classes(node, variant, slot_reprs))]

@@ -32,6 +32,24 @@ from texelflow.runtime.vulkan.tensor import VkTensor
 from texelflow.shaders.geometry import whcn_sizes
 
 
+class ProfileRow(tuple):
+    """(label, measured microseconds), as profile() has always returned, with the node's op and
+    predicted microseconds beside (`.op`, `.predicted_us`; `.measured_us` is the second item)."""
+
+    def __new__(cls, label: str, measured_us: float, op: str | None = None, predicted_us: float | None = None):
+        row = super().__new__(cls, (label, measured_us))
+        row.op, row.predicted_us = op, predicted_us
+        return row
+
+    @property
+    def label(self) -> str:
+        return self[0]
+
+    @property
+    def measured_us(self) -> float:
+        return self[1]
+
+
 @dataclass
 class _Segment:
     nodes: list[Node] = field(default_factory=list)
@@ -103,6 +121,7 @@ class CompiledProgram:
         self.segments = self._res.segments
         self.segments.extend(self._cut(graph))
         self._input_specs = self._build_input_specs()
+        self._call_facts()
         persistent = self._persistent(graph)
         # compile's timings ("prepacking", "pipelines") join the plan's: prog.timings is plan.timings
         self.timings = getattr(plan, "timings", None)
@@ -159,12 +178,7 @@ class CompiledProgram:
         cache = PipelineCache.shared(self.device)
         wanted = {}
         for d in dispatches:
-            names = {s.name for s in d.variant.spec_constants}
-            bindings = sorted(d.variant.bindings, key=lambda b: b.index)
-            spec = {f"{b.tensor}_layout": int(t.layout) for b, t in zip(bindings, d.bound())
-                    if f"{b.tensor}_layout" in names}
-            if d.local_size_x is not None:
-                spec["local_size_x"] = d.local_size_x
+            spec = d.specialization(d.bound(), self.device.limits)
             wanted.setdefault((d.variant.name, tuple(sorted(spec.items())), d.spirv), (d, spec))
         report("pipelines", 0, len(wanted))
         for i, (d, spec) in enumerate(wanted.values(), 1):
@@ -266,7 +280,8 @@ class CompiledProgram:
                     own = assignment.values[v].layout  # and its own layout (a free permute's differs)
                     if own != tensors[name].layout:
                         layouts[name] = own
-        return Dispatch(spec.variant, tensors, scalars, label=spec.label, units=spec.units, layouts=layouts)
+        return Dispatch(spec.variant, tensors, scalars, label=spec.label, units=spec.units, layouts=layouts,
+                        spec=spec.spec)
 
     @staticmethod
     def _const_slot(v: Value, name: str, label: str, assignment):
@@ -351,31 +366,39 @@ class CompiledProgram:
         `input_host_dtypes`) the wider one."""
         return self.plan.graph.input_host_dtypes.get(v.name, v.dtype)
 
+    def _call_facts(self) -> None:
+        """What every call needs from the exported signature, read once: `call_spec` builds new
+        namedtuple classes on each access (hundreds of microseconds), and the rest never changes."""
+        spec = getattr(self.exported, "call_spec", None)
+        in_spec = getattr(spec, "in_spec", None)
+        self._out_spec = getattr(spec, "out_spec", None)
+        try:
+            arg_spec = in_spec.child(0)
+            self._flat_model = all(c.is_leaf() for c in arg_spec.children())
+        except (AttributeError, IndexError, TypeError):
+            self._flat_model = False
+        by_name = {v.name: v for v in self.plan.graph.inputs}
+        self._input_values = [by_name[s.name] if isinstance(s, TensorSpec) else None for s in self._input_specs]
+        specs = getattr(self.plan.graph, "output_specs", None)
+        self._user_outputs = ([v for kind, _, v in specs if kind == "user"] if specs is not None
+                              else list(self.plan.graph.outputs))
+
     def _flat_args(self, args: tuple) -> list:
         """The call's arguments, one per flattened input of the exported signature: positional
         as they are when the model takes plain arguments (so a list passed where a tensor is
         expected is reported as a list), else pytree-flattened like torch.export's inputs."""
-        pytree = self._torch.utils._pytree
-        spec = getattr(getattr(self.exported, "call_spec", None), "in_spec", None)
-        try:
-            arg_spec = spec.child(0)
-            flat_model = all(c.is_leaf() for c in arg_spec.children())
-        except (AttributeError, IndexError, TypeError):
-            flat_model = False
-        return list(args) if flat_model else pytree.tree_flatten(args)[0]
+        return list(args) if self._flat_model else self._torch.utils._pytree.tree_flatten(args)[0]
 
     def _checked_inputs(self, flat: list) -> dict:
         """Graph input value -> checked tensor; raises InputTypeError/InputValueError first."""
         checked = check_call(flat, self._input_specs)
-        by_name = {v.name: v for v in self.plan.graph.inputs}
-        return {by_name[s.name]: x for s, x in zip(self._input_specs, checked) if isinstance(s, TensorSpec)}
+        return {v: x for v, x in zip(self._input_values, checked) if v is not None}
 
     def _finished_outputs(self, result):
         """Every returned tensor with torch's shape and dtype (0-d stays 0-d), contiguous."""
         torch = self._torch
         leaves, spec = torch.utils._pytree.tree_flatten(result)
-        specs = getattr(self.plan.graph, "output_specs", None)
-        outs = [v for kind, _, v in specs if kind == "user"] if specs is not None else list(self.plan.graph.outputs)
+        outs = self._user_outputs
         if len(outs) != len(leaves):
             outs = [None] * len(leaves)
         fixed = []
@@ -473,12 +496,44 @@ class CompiledProgram:
         return [(d.label, d.variant.name) for seg in self.segments if seg.program is not None
                 for d in seg.program.dispatches]
 
-    def profile(self) -> list[tuple[str, float]]:
+    def profile(self, costs=None) -> list["ProfileRow"]:
+        """(label, measured microseconds) per dispatch of the last call, from GPU timestamps; each
+        row also has `.op` and `.predicted_us`, the plan's predicted time for its node (on the
+        node's first dispatch; None on the others) under `costs`, else the plan's cost model, else
+        the device's cost table, else the built-in estimate (runtime/graph/costs.py)."""
         rows = []
         for seg in self.segments:
             if seg.program is not None and seg.program.dispatches:
                 rows += seg.program.profile()
-        return rows
+        predicted = self.plan.predicted(costs or self._profile_costs())
+        ops = {n.name: n.op.name for n in self.plan.graph.device_nodes()}
+        out, seen = [], set()
+        for label, us in rows:
+            node = label.split("[")[0]  # NAME[i]: the i-th dispatch of a per-element node
+            first = node not in seen
+            seen.add(node)
+            out.append(ProfileRow(label, us, ops.get(node), predicted[node] * 1e6 if first and node in predicted else None))
+        return out
+
+    def profile_summary(self, costs=None) -> str:
+        """A table of predicted beside measured time per dispatch of the last call, and totals."""
+        rows = self.profile(costs)
+        lines = [f"{'dispatch':40s} {'op':24s} {'predicted us':>12s} {'measured us':>12s}"]
+        for r in rows:
+            pred = f"{r.predicted_us:12.1f}" if r.predicted_us is not None else f"{'-':>12s}"
+            lines.append(f"{r.label[:40]:40s} {str(r.op)[:24]:24s} {pred} {r.measured_us:12.1f}")
+        total_p = sum(r.predicted_us or 0.0 for r in rows)
+        total_m = sum(r.measured_us for r in rows)
+        lines.append(f"{'total':40s} {'':24s} {total_p:12.1f} {total_m:12.1f}")
+        return "\n".join(lines)
+
+    def _profile_costs(self):
+        if self.plan.costs is not None:
+            return self.plan.costs
+        from texelflow.runtime.graph.costs import resolve
+        from texelflow.runtime.tune import device_key
+
+        return resolve("table", device_key(self.device))
 
     @property
     def closed(self) -> bool:

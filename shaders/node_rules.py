@@ -255,3 +255,185 @@ def run_checks(node: NodeFacts, checks: Sequence) -> str | None:
 def push_values(node: NodeFacts, pushes: Sequence, element: int | None = None) -> dict:
     """Push constant name -> value; `pushes`: items with `.name`, `.rule` and `.params`."""
     return {p.name: PUSH_RULES[p.rule].fn(node, dict(p.params), element) for p in pushes}
+
+
+# ---- specialization constants: shape classes decided once, when the program is built ------------
+# A template contract's `spec: {NAME: {RULE: ..., params}}` declares an int specialization constant
+# per NAME. The runtime evaluates its rule once per dispatch from the node's shapes and the
+# representations its tensors were planned in (`SpecFacts`), so the driver folds the branch and
+# no invocation pays for a path it does not take. Each rule has a `general` value: the shader's
+# default, whose path is correct for every node, so a dispatch built without spec values (a bare
+# Dispatch) still computes the right thing.
+class SpecFacts(Protocol):
+    span: int  # units of `out` each invocation handles (the variant's reflection)
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+    def present(self, name: str) -> bool: ...
+
+    def repr(self, name: str):  # the planned representation: `.storage` and `.layout`
+        ...
+
+
+@dataclass(frozen=True)
+class SpecRule:
+    name: str
+    required: tuple[str, ...]  # parameter keys besides the rule's own key
+    tensor_params: tuple[str, ...]  # keys (the rule's own included) whose values name tensors
+    general: int  # the value whose path is right for every node: the shader's default
+    fn: Callable
+    doc: str
+
+
+SPEC_RULES: dict[str, SpecRule] = {}
+
+
+def _spec_rule(name: str, general: int, required=(), tensor_params=()):
+    def register(fn):
+        SPEC_RULES[name] = SpecRule(name, tuple(required), tuple(tensor_params), general, fn,
+                                    (fn.__doc__ or "").strip())
+        return fn
+
+    return register
+
+
+def _listed(value) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _same_repr(facts: SpecFacts, a: str, b: str) -> bool:
+    ra, rb = facts.repr(a), facts.repr(b)
+    return (ra.storage, ra.layout) == (rb.storage, rb.layout)
+
+
+def _whcn_of(facts: SpecFacts, name: str) -> tuple[int, int, int, int]:
+    from .geometry import whcn_sizes
+
+    return whcn_sizes(facts.shape(name))
+
+
+@_spec_rule("same_as", 0, required=("of",), tensor_params=("same_as", "of"))
+def _same_as(facts: SpecFacts, p: dict) -> int:
+    """1 when each listed tensor that the node has (an absent optional one, or a Scalar in its
+    place, is skipped) has the WHCN sizes and the representation of `of`: every unit of `of` then
+    reads the same unit of each, word for word (a direct elementwise op, no broadcast)."""
+    want = _whcn_of(facts, p["of"])
+    for name in _listed(p["same_as"]):
+        if not facts.present(name):
+            continue
+        if _whcn_of(facts, name) != want or not _same_repr(facts, name, p["of"]):
+            return 0
+    return 1
+
+
+READ_GENERAL, READ_DIRECT, READ_ROW, READ_SINGLE = 0, 1, 2, 3
+
+
+@_spec_rule("read_class", READ_GENERAL, required=("of",), tensor_params=("read_class", "of"))
+def _read_class(facts: SpecFacts, p: dict) -> int:
+    """How an input broadcast to `of` is read: 1 direct (`of`'s sizes and representation: at
+    `of`'s own unit), 2 a row along `of`'s packed dim (the same representation, sizes 1 in every
+    other dim: a bias; element idx is element idx[packed] of the row), 3 a single element, 0
+    anything else (the general broadcast index math). An absent input (a Scalar) reads 0."""
+    from texelflow.generated.layouts import LAYOUT_INFO
+
+    a, b = p["read_class"], p["of"]
+    if not facts.present(a):
+        return READ_GENERAL
+    sa, sb = _whcn_of(facts, a), _whcn_of(facts, b)
+    same = _same_repr(facts, a, b)
+    if sa == sb and same:
+        return READ_DIRECT
+    if sa == (1, 1, 1, 1):
+        return READ_SINGLE
+    pd = LAYOUT_INFO[facts.repr(b).layout].packed_dim
+    row = tuple(sb[d] if d == pd else 1 for d in range(4))
+    return READ_ROW if same and sa == row else READ_GENERAL
+
+
+@_spec_rule("same_order", 0, required=("of",), tensor_params=("same_order", "of"))
+def _same_order(facts: SpecFacts, p: dict) -> int:
+    """1 when tensor `same_order` holds its elements in the units and lanes where `of` holds the
+    same elements (NCHW order): the same representation and either the same WHCN sizes or a
+    reshape that keeps every unit (a width-packed buffer, or sizes agreeing up to the packed and
+    blocked outer dims). A copy between them is then unit for unit."""
+    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+
+    a, b = p["same_order"], p["of"]
+    if not _same_repr(facts, a, b):
+        return 0
+    sa, sb = _whcn_of(facts, a), _whcn_of(facts, b)
+    if sa == sb:
+        return 1
+    r = facts.repr(b)
+    if STORAGE_INFO[r.storage].is_image:
+        return 0
+    info = LAYOUT_INFO[r.layout]
+    if info.packed_dim == 0 and info.buffer_block == 1:
+        return 1
+    last = max(info.packed_dim, info.outer_dim) if info.outer_block > 1 else info.packed_dim
+    return int(sa[:last + 1] == sb[:last + 1])
+
+
+@_spec_rule("same_sizes", 0, required=("of",), tensor_params=("same_sizes", "of"))
+def _same_sizes(facts: SpecFacts, p: dict) -> int:
+    """1 when tensor `same_sizes` has the WHCN sizes of `of` (whatever their representations):
+    element idx of `of` is element idx of the other, no reshape between them."""
+    return int(_whcn_of(facts, p["same_sizes"]) == _whcn_of(facts, p["of"]))
+
+
+@_spec_rule("ragged", 1, tensor_params=("ragged",))
+def _ragged(facts: SpecFacts, p: dict) -> int:
+    """1 when the tensor's packed dim (in its planned layout) is not a multiple of 4: its last
+    texel along that dim has padding lanes, which the kernel must keep at zero."""
+    from texelflow.generated.layouts import LAYOUT_INFO
+
+    name = p["ragged"]
+    return int(_whcn_of(facts, name)[LAYOUT_INFO[facts.repr(name).layout].packed_dim] % 4 != 0)
+
+
+@_spec_rule("units_tail", 1, tensor_params=("units_tail",))
+def _units_tail(facts: SpecFacts, p: dict) -> int:
+    """1 when some invocation covers a partial span of the tensor: in a buffer, its words are
+    not a multiple of the variant's span; in a texture (a span runs along one x-row), its x
+    extent is not. Only then does the kernel need bounds checks inside a span."""
+    from texelflow.generated.layouts import STORAGE_INFO
+
+    from .geometry import texture_extents, units
+
+    name = p["units_tail"]
+    r, span = facts.repr(name), max(facts.span, 1)
+    if STORAGE_INFO[r.storage].is_image:
+        return int(texture_extents(facts.shape(name), r.layout, r.storage)[0] % span != 0)
+    return int(units(facts.shape(name), r.storage, r.layout) % span != 0)
+
+
+def spec_values(facts: SpecFacts, specs: Sequence) -> dict:
+    """Spec constant name -> value; `specs`: items with `.name`, `.rule` and `.params`."""
+    return {s.name: int(SPEC_RULES[s.rule].fn(facts, dict(s.params))) for s in specs}
+
+
+@_spec_rule("transpose4", 0, required=("of",), tensor_params=("transpose4", "of"))
+def _transpose4(facts: SpecFacts, p: dict) -> int:
+    """1 when a copy from tensor `transpose4` to `of` (same WHCN sizes, float family, packed dims
+    q and p that differ) can move 4 x 4 blocks: four vec4 reads along q, a transpose, four vec4
+    writes along p. Buffers (one element per word) need their packed size a multiple of 4 (whole
+    vec4 words); a buffer `of` needs both sizes so (its invocations then cover whole blocks); a
+    texture `of` needs q to be W, the axis its invocations run along."""
+    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+
+    a, b = p["transpose4"], p["of"]
+    sizes = _whcn_of(facts, b)
+    if _whcn_of(facts, a) != sizes:
+        return 0
+    ra, rb = facts.repr(a), facts.repr(b)
+    ia, ib = LAYOUT_INFO[ra.layout], LAYOUT_INFO[rb.layout]
+    q, pd = ia.packed_dim, ib.packed_dim
+    if ia.family != "float" or ib.family != "float" or q == pd:
+        return 0
+    a_image, b_image = STORAGE_INFO[ra.storage].is_image, STORAGE_INFO[rb.storage].is_image
+    if (not a_image and ia.buffer_block != 1) or (not b_image and ib.buffer_block != 1):
+        return 0
+    if b_image:
+        return int(q == 0 and (a_image or sizes[0] % 4 == 0))
+    return int(sizes[q] % 4 == 0 and sizes[pd] % 4 == 0)

@@ -1,4 +1,4 @@
-"""The `texelflow` command line: gen, variants, plan, demo, bench."""
+"""The `texelflow` command line: gen, variants, plan, demo, tune, bench."""
 
 from __future__ import annotations
 
@@ -212,6 +212,46 @@ def cmd_bench(args) -> int:
     return rc
 
 
+def cmd_tune(args) -> int:
+    """Measure this device's cost table (runtime/tune.py) and store it where compile finds it."""
+    import time
+
+    from texelflow.runtime.errors import TexelflowError
+
+    tty = sys.stderr.isatty()
+    last = [0.0]
+
+    def progress(done: int, total: int, what: str) -> None:
+        now = time.monotonic()
+        if tty:
+            width = 30
+            bar = "#" * (width * done // max(total, 1))
+            print(f"\r[{bar:<{width}}] {done}/{total} {what[:60]:<60}", end="", file=sys.stderr, flush=True)
+            if done == total:
+                print(file=sys.stderr)
+        elif done == total or now - last[0] >= 5:  # a line every 5 s when not on a terminal
+            last[0] = now
+            print(f"tune: {done}/{total} {what}", file=sys.stderr, flush=True)
+
+    try:
+        from texelflow.runtime import tune
+        from texelflow.runtime.vulkan.device import default_device
+
+        device = default_device()
+        start = time.perf_counter()
+        skipped: list = []
+        model, samples, path = tune.tune(device, quick=args.quick, progress=progress, skipped=skipped)
+    except TexelflowError as exc:
+        print(f"texelflow tune: {exc}", file=sys.stderr)
+        return 1
+    for label, why in skipped:
+        print(f"texelflow tune: left out {label}: {why}", file=sys.stderr)
+    print(f"{device.limits.name}: {len(samples)} kernel timings, {len(model.entries)} cost entries, "
+          f"median fit error {tune.fit_error(model, samples) * 100:.1f}% in {time.perf_counter() - start:.1f} s")
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="texelflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -232,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("target", nargs="?", help="MODULE:ATTR giving (model, inputs), or a zoo model name")
     demo.add_argument("--model", help="a zoo model from texelflow.models.ZOO (default vit_s16)")
     demo.set_defaults(func=cmd_demo)
+    tune = sub.add_parser("tune", help="measure this device's kernel cost table (the planner's predicted times)")
+    tune.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (well under a minute)")
+    tune.set_defaults(func=cmd_tune)
     bench = sub.add_parser("bench", help="run the benchmarks under bench/")
     bench.add_argument("--quick", action="store_true", help="small sizes")
     bench.set_defaults(func=cmd_bench)

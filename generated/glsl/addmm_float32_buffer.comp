@@ -74,7 +74,7 @@ void store4_out(int r, int w, VEC4 v) {
   for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = v[j]; }
 }
 #line 21
-layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { VEC4 t4_self[]; };
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
 ivec2 row_self(int r) { return ivec2(r * pc.self_sizes.x, 0); }
 VEC4 vec4a_self(ivec2 row, int w) { return t4_self[(row.x + w) >> 2]; }
 VEC4 vec4_self(ivec2 row, int w) {
@@ -86,7 +86,7 @@ VEC4 cols_self(ivec2 row, ivec4 w) {
 }
 T elem_self(ivec2 row, int w) { return t_self[row.x + w]; }
 #line 21
-layout(set = 0, binding = 2, std430) readonly buffer mat1_buf4 { VEC4 t4_mat1[]; };
+layout(set = 0, binding = 2, std430) readonly buffer mat1_buf4 { vec4 t4_mat1[]; };
 ivec2 row_mat1(int r) { return ivec2(r * pc.mat1_sizes.x, 0); }
 VEC4 vec4a_mat1(ivec2 row, int w) { return t4_mat1[(row.x + w) >> 2]; }
 VEC4 vec4_mat1(ivec2 row, int w) {
@@ -98,7 +98,7 @@ VEC4 cols_mat1(ivec2 row, ivec4 w) {
 }
 T elem_mat1(ivec2 row, int w) { return t_mat1[row.x + w]; }
 #line 21
-layout(set = 0, binding = 3, std430) readonly buffer mat2_buf4 { VEC4 t4_mat2[]; };
+layout(set = 0, binding = 3, std430) readonly buffer mat2_buf4 { vec4 t4_mat2[]; };
 ivec2 row_mat2(int r) { return ivec2(r * pc.mat2_sizes.x, 0); }
 VEC4 vec4a_mat2(ivec2 row, int w) { return t4_mat2[(row.x + w) >> 2]; }
 VEC4 vec4_mat2(ivec2 row, int w) {

@@ -55,7 +55,7 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 60
+#line 65
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'self' (buffer) ----
@@ -80,7 +80,7 @@ void store4_out(int r, int w, VEC4 v) {
   imageStore(t_out, ivec3(w >> 2, r % height, r / height), mix(v, VEC4(0), pad));
 }
 #line 21
-layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { VEC4 t4_self[]; };
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
 ivec2 row_self(int r) { return ivec2(r * pc.self_sizes.x, 0); }
 VEC4 vec4a_self(ivec2 row, int w) { return t4_self[(row.x + w) >> 2]; }
 VEC4 vec4_self(ivec2 row, int w) {
@@ -98,7 +98,7 @@ VEC4 vec4a_mat1(ivec2 row, int w) { return imageLoad(t_mat1, ivec3(w >> 2, row))
 VEC4 cols_mat1(ivec2 row, ivec4 w) { return imageLoad(t_mat1, ivec3(w.x >> 2, row)); }
 T elem_mat1(ivec2 row, int w) { return imageLoad(t_mat1, ivec3(w >> 2, row))[w & 3]; }
 #line 21
-layout(set = 0, binding = 3, std430) readonly buffer mat2_buf4 { VEC4 t4_mat2[]; };
+layout(set = 0, binding = 3, std430) readonly buffer mat2_buf4 { vec4 t4_mat2[]; };
 ivec2 row_mat2(int r) { return ivec2(r * pc.mat2_sizes.x, 0); }
 VEC4 vec4a_mat2(ivec2 row, int w) { return t4_mat2[(row.x + w) >> 2]; }
 VEC4 vec4_mat2(ivec2 row, int w) {

@@ -51,7 +51,7 @@ T load_out(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.out_sizes, out_layout);
   return imageLoad(t_out, pl.xyz)[pl.w];
 }
-#line 60
+#line 65
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'tensors' (texture3d) ----

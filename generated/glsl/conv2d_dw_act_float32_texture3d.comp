@@ -63,7 +63,7 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 60
+#line 65
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'input' (texture3d) ----
@@ -102,16 +102,33 @@ VEC4 conv_activation(VEC4 v) {
 
 
 
-#line 16 "shaders/_conv2d_dw_main.glsl.j2"
+#line 9 "shaders/_conv_pool.glsl.j2"
+int conv_workers() { return int(gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWorkGroups.z * gl_WorkGroupSize.x * gl_WorkGroupSize.y * gl_WorkGroupSize.z); }
+int conv_worker(int tiles) {
+  int size = int(gl_WorkGroupSize.x * gl_WorkGroupSize.y * gl_WorkGroupSize.z);
+  int groups = int(gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWorkGroups.z);
+  int group = int(gl_WorkGroupID.x + gl_NumWorkGroups.x * (gl_WorkGroupID.y + gl_NumWorkGroups.y * gl_WorkGroupID.z));
+  int local = int(gl_LocalInvocationIndex);
+  if (size % 8 != 0) {
+    return group * size + local;
+  }
+  int round = local / 8;
+  int runs = clamp(tf_div_up(tiles, 8) - round * groups, 0, groups);  // runs of this round
+  int k = (group * runs + groups - 1) / groups;  // the run whose spread position is this group
+  bool mine = k < runs && (k * groups) / max(runs, 1) == group;
+  return mine ? ((round * groups + k) * 8 + local % 8) : tiles;
+}
+
+#line 18 "shaders/_conv2d_dw_main.glsl.j2"
 void main() {
-  int u = tf_unit_id();
   ivec4 os = pc.out_sizes;
   int cout4 = tf_div_up(os.z, 4);
   int tiles_x = tf_div_up(os.x, 4);
   int tiles_y = tf_div_up(os.y, 2);
   int tiles = tiles_x * tiles_y * cout4 * os.w;
-  // The grid is a pool of pc.units invocations (per_row of out: H * C * N) walking the tiles.
-  for (int tile = u; u < pc.units && tile < tiles; tile += pc.units) {
+  // The grid (per_row of out: H * C * N invocations) is a pool walking the tiles, spread over the
+  // workgroups so that every CPU thread of lavapipe gets its share (_conv_pool.glsl.j2).
+  for (int tile = conv_worker(tiles); tile < tiles; tile += conv_workers()) {
     int x0 = (tile % tiles_x) * 4;
     int y0 = ((tile / tiles_x) % tiles_y) * 2;
     int z = tile / (tiles_x * tiles_y);  // the channel block + n * cout4, in the input as in the output
@@ -130,102 +147,102 @@ void main() {
     if (pc.has_bias != 0) {
       b0 = VEC4(t_bias[co.x], t_bias[co.y], t_bias[co.z], t_bias[co.w]);
     }
-#line 44
+#line 46
     VEC4 acc0 = b0;
-#line 44
+#line 46
     VEC4 acc1 = b0;
-#line 44
+#line 46
     VEC4 acc2 = b0;
-#line 44
+#line 46
     VEC4 acc3 = b0;
-#line 44
+#line 46
     VEC4 acc4 = b0;
-#line 44
+#line 46
     VEC4 acc5 = b0;
-#line 44
+#line 46
     VEC4 acc6 = b0;
-#line 44
+#line 46
     VEC4 acc7 = b0;
 
-#line 47
+#line 49
     {
       for (int ky = 0; ky < kh; ++ky) {
-#line 50
+#line 52
         int iy0 = origin.y + 0 * stride.y + ky * dil.y;
         bool yok0 = iy0 >= 0 && iy0 < in_wh.y;
-#line 50
+#line 52
         int iy1 = origin.y + 1 * stride.y + ky * dil.y;
         bool yok1 = iy1 >= 0 && iy1 < in_wh.y;
-#line 53
+#line 55
         for (int kx = 0; kx < kw; ++kx) {
           int t = ky * kw + kx;
           VEC4 wv = VEC4(t_weight[wrow.x + t], t_weight[wrow.y + t], t_weight[wrow.z + t], t_weight[wrow.w + t]);
-#line 57
+#line 59
           int ix0 = origin.x + 0 * stride.x + kx * dil.x;
           bool xok0 = ix0 >= 0 && ix0 < in_wh.x;
-#line 57
+#line 59
           int ix1 = origin.x + 1 * stride.x + kx * dil.x;
           bool xok1 = ix1 >= 0 && ix1 < in_wh.x;
-#line 57
+#line 59
           int ix2 = origin.x + 2 * stride.x + kx * dil.x;
           bool xok2 = ix2 >= 0 && ix2 < in_wh.x;
-#line 57
+#line 59
           int ix3 = origin.x + 3 * stride.x + kx * dil.x;
           bool xok3 = ix3 >= 0 && ix3 < in_wh.x;
-#line 61
-          if (yok0 && xok0) { acc0 += imageLoad(t_input, ivec3(ix0, iy0, z)) * wv; }
-#line 61
-          if (yok0 && xok1) { acc1 += imageLoad(t_input, ivec3(ix1, iy0, z)) * wv; }
-#line 61
-          if (yok0 && xok2) { acc2 += imageLoad(t_input, ivec3(ix2, iy0, z)) * wv; }
-#line 61
-          if (yok0 && xok3) { acc3 += imageLoad(t_input, ivec3(ix3, iy0, z)) * wv; }
-#line 61
-          if (yok1 && xok0) { acc4 += imageLoad(t_input, ivec3(ix0, iy1, z)) * wv; }
-#line 61
-          if (yok1 && xok1) { acc5 += imageLoad(t_input, ivec3(ix1, iy1, z)) * wv; }
-#line 61
-          if (yok1 && xok2) { acc6 += imageLoad(t_input, ivec3(ix2, iy1, z)) * wv; }
-#line 61
-          if (yok1 && xok3) { acc7 += imageLoad(t_input, ivec3(ix3, iy1, z)) * wv; }
 #line 63
+          if (yok0 && xok0) { acc0 += imageLoad(t_input, ivec3(ix0, iy0, z)) * wv; }
+#line 63
+          if (yok0 && xok1) { acc1 += imageLoad(t_input, ivec3(ix1, iy0, z)) * wv; }
+#line 63
+          if (yok0 && xok2) { acc2 += imageLoad(t_input, ivec3(ix2, iy0, z)) * wv; }
+#line 63
+          if (yok0 && xok3) { acc3 += imageLoad(t_input, ivec3(ix3, iy0, z)) * wv; }
+#line 63
+          if (yok1 && xok0) { acc4 += imageLoad(t_input, ivec3(ix0, iy1, z)) * wv; }
+#line 63
+          if (yok1 && xok1) { acc5 += imageLoad(t_input, ivec3(ix1, iy1, z)) * wv; }
+#line 63
+          if (yok1 && xok2) { acc6 += imageLoad(t_input, ivec3(ix2, iy1, z)) * wv; }
+#line 63
+          if (yok1 && xok3) { acc7 += imageLoad(t_input, ivec3(ix3, iy1, z)) * wv; }
+#line 65
         }
       }
     }
 
     bvec4 real_c = lessThan(lane_c, ivec4(os.z));
-#line 69
+#line 71
     if (x0 + 0 < os.x && y0 + 0 < os.y) {
       store_texel_out(ivec3(x0 + 0, y0 + 0, z), mix(VEC4(0), conv_activation(acc0), real_c));
     }
-#line 69
+#line 71
     if (x0 + 1 < os.x && y0 + 0 < os.y) {
       store_texel_out(ivec3(x0 + 1, y0 + 0, z), mix(VEC4(0), conv_activation(acc1), real_c));
     }
-#line 69
+#line 71
     if (x0 + 2 < os.x && y0 + 0 < os.y) {
       store_texel_out(ivec3(x0 + 2, y0 + 0, z), mix(VEC4(0), conv_activation(acc2), real_c));
     }
-#line 69
+#line 71
     if (x0 + 3 < os.x && y0 + 0 < os.y) {
       store_texel_out(ivec3(x0 + 3, y0 + 0, z), mix(VEC4(0), conv_activation(acc3), real_c));
     }
-#line 69
+#line 71
     if (x0 + 0 < os.x && y0 + 1 < os.y) {
       store_texel_out(ivec3(x0 + 0, y0 + 1, z), mix(VEC4(0), conv_activation(acc4), real_c));
     }
-#line 69
+#line 71
     if (x0 + 1 < os.x && y0 + 1 < os.y) {
       store_texel_out(ivec3(x0 + 1, y0 + 1, z), mix(VEC4(0), conv_activation(acc5), real_c));
     }
-#line 69
+#line 71
     if (x0 + 2 < os.x && y0 + 1 < os.y) {
       store_texel_out(ivec3(x0 + 2, y0 + 1, z), mix(VEC4(0), conv_activation(acc6), real_c));
     }
-#line 69
+#line 71
     if (x0 + 3 < os.x && y0 + 1 < os.y) {
       store_texel_out(ivec3(x0 + 3, y0 + 1, z), mix(VEC4(0), conv_activation(acc7), real_c));
     }
-#line 73
+#line 75
   }
 }

@@ -59,7 +59,7 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 60
+#line 65
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'input' (texture3d) ----
@@ -81,17 +81,34 @@ T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, b
 #line 33 "shaders/conv2d.glsl.j2"
 VEC4 conv_activation(VEC4 v) { return v; }
 
-#line 25 "shaders/_conv2d_main.glsl.j2"
+#line 9 "shaders/_conv_pool.glsl.j2"
+int conv_workers() { return int(gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWorkGroups.z * gl_WorkGroupSize.x * gl_WorkGroupSize.y * gl_WorkGroupSize.z); }
+int conv_worker(int tiles) {
+  int size = int(gl_WorkGroupSize.x * gl_WorkGroupSize.y * gl_WorkGroupSize.z);
+  int groups = int(gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWorkGroups.z);
+  int group = int(gl_WorkGroupID.x + gl_NumWorkGroups.x * (gl_WorkGroupID.y + gl_NumWorkGroups.y * gl_WorkGroupID.z));
+  int local = int(gl_LocalInvocationIndex);
+  if (size % 8 != 0) {
+    return group * size + local;
+  }
+  int round = local / 8;
+  int runs = clamp(tf_div_up(tiles, 8) - round * groups, 0, groups);  // runs of this round
+  int k = (group * runs + groups - 1) / groups;  // the run whose spread position is this group
+  bool mine = k < runs && (k * groups) / max(runs, 1) == group;
+  return mine ? ((round * groups + k) * 8 + local % 8) : tiles;
+}
+
+#line 27 "shaders/_conv2d_main.glsl.j2"
 void main() {
-  int u = tf_unit_id();
   ivec4 os = pc.out_sizes;
   int cout = os.z;
   int cout4 = tf_div_up(cout, 4);
   int tiles_x = tf_div_up(os.x, 4);
   int tiles_y = tf_div_up(os.y, 8);
   int tiles = tiles_x * tiles_y * cout4 * os.w;
-  // The grid is a pool of pc.units invocations (per_row of out: H * C * N) walking the tiles.
-  for (int tile = u; u < pc.units && tile < tiles; tile += pc.units) {
+  // The grid (per_row of out: H * C * N invocations) is a pool walking the tiles, spread over the
+  // workgroups so that every CPU thread of lavapipe gets its share (_conv_pool.glsl.j2).
+  for (int tile = conv_worker(tiles); tile < tiles; tile += conv_workers()) {
     int x0 = (tile % tiles_x) * 4;
     int y0 = ((tile / tiles_x) % tiles_y) * 8;
     int zc = tile / (tiles_x * tiles_y);  // channel block + n * cout4: the output texel's z
@@ -122,112 +139,112 @@ void main() {
     if (pc.has_bias != 0) {
       b0 = VEC4(t_bias[co.x], t_bias[co.y], t_bias[co.z], t_bias[co.w]);
     }
-#line 66
+#line 68
     VEC4 acc0 = b0;
-#line 66
+#line 68
     VEC4 acc1 = b0;
-#line 66
+#line 68
     VEC4 acc2 = b0;
-#line 66
+#line 68
     VEC4 acc3 = b0;
-#line 66
+#line 68
     VEC4 acc4 = b0;
-#line 66
+#line 68
     VEC4 acc5 = b0;
-#line 66
+#line 68
     VEC4 acc6 = b0;
-#line 66
+#line 68
     VEC4 acc7 = b0;
-#line 66
+#line 68
     VEC4 acc8 = b0;
-#line 66
+#line 68
     VEC4 acc9 = b0;
-#line 66
+#line 68
     VEC4 acc10 = b0;
-#line 66
+#line 68
     VEC4 acc11 = b0;
-#line 66
+#line 68
     VEC4 acc12 = b0;
-#line 66
+#line 68
     VEC4 acc13 = b0;
-#line 66
+#line 68
     VEC4 acc14 = b0;
-#line 66
+#line 68
     VEC4 acc15 = b0;
-#line 66
+#line 68
     VEC4 acc16 = b0;
-#line 66
+#line 68
     VEC4 acc17 = b0;
-#line 66
+#line 68
     VEC4 acc18 = b0;
-#line 66
+#line 68
     VEC4 acc19 = b0;
-#line 66
+#line 68
     VEC4 acc20 = b0;
-#line 66
+#line 68
     VEC4 acc21 = b0;
-#line 66
+#line 68
     VEC4 acc22 = b0;
-#line 66
+#line 68
     VEC4 acc23 = b0;
-#line 66
+#line 68
     VEC4 acc24 = b0;
-#line 66
+#line 68
     VEC4 acc25 = b0;
-#line 66
+#line 68
     VEC4 acc26 = b0;
-#line 66
+#line 68
     VEC4 acc27 = b0;
-#line 66
+#line 68
     VEC4 acc28 = b0;
-#line 66
+#line 68
     VEC4 acc29 = b0;
-#line 66
+#line 68
     VEC4 acc30 = b0;
-#line 66
+#line 68
     VEC4 acc31 = b0;
 
-#line 69
-    for (int ky = 0; ky < kh; ++ky) {
 #line 71
+    for (int ky = 0; ky < kh; ++ky) {
+#line 73
       int iy0 = origin.y + 0 * stride.y + ky * dil.y;
       bool yok0 = iy0 >= 0 && iy0 < in_wh.y;
-#line 71
+#line 73
       int iy1 = origin.y + 1 * stride.y + ky * dil.y;
       bool yok1 = iy1 >= 0 && iy1 < in_wh.y;
-#line 71
+#line 73
       int iy2 = origin.y + 2 * stride.y + ky * dil.y;
       bool yok2 = iy2 >= 0 && iy2 < in_wh.y;
-#line 71
+#line 73
       int iy3 = origin.y + 3 * stride.y + ky * dil.y;
       bool yok3 = iy3 >= 0 && iy3 < in_wh.y;
-#line 71
+#line 73
       int iy4 = origin.y + 4 * stride.y + ky * dil.y;
       bool yok4 = iy4 >= 0 && iy4 < in_wh.y;
-#line 71
+#line 73
       int iy5 = origin.y + 5 * stride.y + ky * dil.y;
       bool yok5 = iy5 >= 0 && iy5 < in_wh.y;
-#line 71
+#line 73
       int iy6 = origin.y + 6 * stride.y + ky * dil.y;
       bool yok6 = iy6 >= 0 && iy6 < in_wh.y;
-#line 71
+#line 73
       int iy7 = origin.y + 7 * stride.y + ky * dil.y;
       bool yok7 = iy7 >= 0 && iy7 < in_wh.y;
-#line 74
-      for (int kx = 0; kx < kw; ++kx) {
 #line 76
+      for (int kx = 0; kx < kw; ++kx) {
+#line 78
         int ix0 = origin.x + 0 * stride.x + kx * dil.x;
         bool xok0 = ix0 >= 0 && ix0 < in_wh.x;
-#line 76
+#line 78
         int ix1 = origin.x + 1 * stride.x + kx * dil.x;
         bool xok1 = ix1 >= 0 && ix1 < in_wh.x;
-#line 76
+#line 78
         int ix2 = origin.x + 2 * stride.x + kx * dil.x;
         bool xok2 = ix2 >= 0 && ix2 < in_wh.x;
-#line 76
+#line 78
         int ix3 = origin.x + 3 * stride.x + kx * dil.x;
         bool xok3 = ix3 >= 0 && ix3 < in_wh.x;
-#line 79
+#line 81
         ivec4 w = wrow + ky * kw + kx;  // weight[co, 0, ky, kx]
         if (by_texel) {
           // One loop over every input channel block of the group (all of them when groups == 1),
@@ -243,71 +260,71 @@ void main() {
             m[1] = mix(vec4(0), vec4(t_weight[w.y + k.x], t_weight[w.y + k.y], t_weight[w.y + k.z], t_weight[w.y + k.w]), real);
             m[2] = mix(vec4(0), vec4(t_weight[w.z + k.x], t_weight[w.z + k.y], t_weight[w.z + k.z], t_weight[w.z + k.w]), real);
             m[3] = mix(vec4(0), vec4(t_weight[w.w + k.x], t_weight[w.w + k.y], t_weight[w.w + k.z], t_weight[w.w + k.w]), real);
-#line 95
-            if (yok0 && xok0) { acc0 += imageLoad(t_input, ivec3(ix0, iy0, zin + group_block + b)) * m; }
-#line 95
-            if (yok0 && xok1) { acc1 += imageLoad(t_input, ivec3(ix1, iy0, zin + group_block + b)) * m; }
-#line 95
-            if (yok0 && xok2) { acc2 += imageLoad(t_input, ivec3(ix2, iy0, zin + group_block + b)) * m; }
-#line 95
-            if (yok0 && xok3) { acc3 += imageLoad(t_input, ivec3(ix3, iy0, zin + group_block + b)) * m; }
-#line 95
-            if (yok1 && xok0) { acc4 += imageLoad(t_input, ivec3(ix0, iy1, zin + group_block + b)) * m; }
-#line 95
-            if (yok1 && xok1) { acc5 += imageLoad(t_input, ivec3(ix1, iy1, zin + group_block + b)) * m; }
-#line 95
-            if (yok1 && xok2) { acc6 += imageLoad(t_input, ivec3(ix2, iy1, zin + group_block + b)) * m; }
-#line 95
-            if (yok1 && xok3) { acc7 += imageLoad(t_input, ivec3(ix3, iy1, zin + group_block + b)) * m; }
-#line 95
-            if (yok2 && xok0) { acc8 += imageLoad(t_input, ivec3(ix0, iy2, zin + group_block + b)) * m; }
-#line 95
-            if (yok2 && xok1) { acc9 += imageLoad(t_input, ivec3(ix1, iy2, zin + group_block + b)) * m; }
-#line 95
-            if (yok2 && xok2) { acc10 += imageLoad(t_input, ivec3(ix2, iy2, zin + group_block + b)) * m; }
-#line 95
-            if (yok2 && xok3) { acc11 += imageLoad(t_input, ivec3(ix3, iy2, zin + group_block + b)) * m; }
-#line 95
-            if (yok3 && xok0) { acc12 += imageLoad(t_input, ivec3(ix0, iy3, zin + group_block + b)) * m; }
-#line 95
-            if (yok3 && xok1) { acc13 += imageLoad(t_input, ivec3(ix1, iy3, zin + group_block + b)) * m; }
-#line 95
-            if (yok3 && xok2) { acc14 += imageLoad(t_input, ivec3(ix2, iy3, zin + group_block + b)) * m; }
-#line 95
-            if (yok3 && xok3) { acc15 += imageLoad(t_input, ivec3(ix3, iy3, zin + group_block + b)) * m; }
-#line 95
-            if (yok4 && xok0) { acc16 += imageLoad(t_input, ivec3(ix0, iy4, zin + group_block + b)) * m; }
-#line 95
-            if (yok4 && xok1) { acc17 += imageLoad(t_input, ivec3(ix1, iy4, zin + group_block + b)) * m; }
-#line 95
-            if (yok4 && xok2) { acc18 += imageLoad(t_input, ivec3(ix2, iy4, zin + group_block + b)) * m; }
-#line 95
-            if (yok4 && xok3) { acc19 += imageLoad(t_input, ivec3(ix3, iy4, zin + group_block + b)) * m; }
-#line 95
-            if (yok5 && xok0) { acc20 += imageLoad(t_input, ivec3(ix0, iy5, zin + group_block + b)) * m; }
-#line 95
-            if (yok5 && xok1) { acc21 += imageLoad(t_input, ivec3(ix1, iy5, zin + group_block + b)) * m; }
-#line 95
-            if (yok5 && xok2) { acc22 += imageLoad(t_input, ivec3(ix2, iy5, zin + group_block + b)) * m; }
-#line 95
-            if (yok5 && xok3) { acc23 += imageLoad(t_input, ivec3(ix3, iy5, zin + group_block + b)) * m; }
-#line 95
-            if (yok6 && xok0) { acc24 += imageLoad(t_input, ivec3(ix0, iy6, zin + group_block + b)) * m; }
-#line 95
-            if (yok6 && xok1) { acc25 += imageLoad(t_input, ivec3(ix1, iy6, zin + group_block + b)) * m; }
-#line 95
-            if (yok6 && xok2) { acc26 += imageLoad(t_input, ivec3(ix2, iy6, zin + group_block + b)) * m; }
-#line 95
-            if (yok6 && xok3) { acc27 += imageLoad(t_input, ivec3(ix3, iy6, zin + group_block + b)) * m; }
-#line 95
-            if (yok7 && xok0) { acc28 += imageLoad(t_input, ivec3(ix0, iy7, zin + group_block + b)) * m; }
-#line 95
-            if (yok7 && xok1) { acc29 += imageLoad(t_input, ivec3(ix1, iy7, zin + group_block + b)) * m; }
-#line 95
-            if (yok7 && xok2) { acc30 += imageLoad(t_input, ivec3(ix2, iy7, zin + group_block + b)) * m; }
-#line 95
-            if (yok7 && xok3) { acc31 += imageLoad(t_input, ivec3(ix3, iy7, zin + group_block + b)) * m; }
 #line 97
+            if (yok0 && xok0) { acc0 += imageLoad(t_input, ivec3(ix0, iy0, zin + group_block + b)) * m; }
+#line 97
+            if (yok0 && xok1) { acc1 += imageLoad(t_input, ivec3(ix1, iy0, zin + group_block + b)) * m; }
+#line 97
+            if (yok0 && xok2) { acc2 += imageLoad(t_input, ivec3(ix2, iy0, zin + group_block + b)) * m; }
+#line 97
+            if (yok0 && xok3) { acc3 += imageLoad(t_input, ivec3(ix3, iy0, zin + group_block + b)) * m; }
+#line 97
+            if (yok1 && xok0) { acc4 += imageLoad(t_input, ivec3(ix0, iy1, zin + group_block + b)) * m; }
+#line 97
+            if (yok1 && xok1) { acc5 += imageLoad(t_input, ivec3(ix1, iy1, zin + group_block + b)) * m; }
+#line 97
+            if (yok1 && xok2) { acc6 += imageLoad(t_input, ivec3(ix2, iy1, zin + group_block + b)) * m; }
+#line 97
+            if (yok1 && xok3) { acc7 += imageLoad(t_input, ivec3(ix3, iy1, zin + group_block + b)) * m; }
+#line 97
+            if (yok2 && xok0) { acc8 += imageLoad(t_input, ivec3(ix0, iy2, zin + group_block + b)) * m; }
+#line 97
+            if (yok2 && xok1) { acc9 += imageLoad(t_input, ivec3(ix1, iy2, zin + group_block + b)) * m; }
+#line 97
+            if (yok2 && xok2) { acc10 += imageLoad(t_input, ivec3(ix2, iy2, zin + group_block + b)) * m; }
+#line 97
+            if (yok2 && xok3) { acc11 += imageLoad(t_input, ivec3(ix3, iy2, zin + group_block + b)) * m; }
+#line 97
+            if (yok3 && xok0) { acc12 += imageLoad(t_input, ivec3(ix0, iy3, zin + group_block + b)) * m; }
+#line 97
+            if (yok3 && xok1) { acc13 += imageLoad(t_input, ivec3(ix1, iy3, zin + group_block + b)) * m; }
+#line 97
+            if (yok3 && xok2) { acc14 += imageLoad(t_input, ivec3(ix2, iy3, zin + group_block + b)) * m; }
+#line 97
+            if (yok3 && xok3) { acc15 += imageLoad(t_input, ivec3(ix3, iy3, zin + group_block + b)) * m; }
+#line 97
+            if (yok4 && xok0) { acc16 += imageLoad(t_input, ivec3(ix0, iy4, zin + group_block + b)) * m; }
+#line 97
+            if (yok4 && xok1) { acc17 += imageLoad(t_input, ivec3(ix1, iy4, zin + group_block + b)) * m; }
+#line 97
+            if (yok4 && xok2) { acc18 += imageLoad(t_input, ivec3(ix2, iy4, zin + group_block + b)) * m; }
+#line 97
+            if (yok4 && xok3) { acc19 += imageLoad(t_input, ivec3(ix3, iy4, zin + group_block + b)) * m; }
+#line 97
+            if (yok5 && xok0) { acc20 += imageLoad(t_input, ivec3(ix0, iy5, zin + group_block + b)) * m; }
+#line 97
+            if (yok5 && xok1) { acc21 += imageLoad(t_input, ivec3(ix1, iy5, zin + group_block + b)) * m; }
+#line 97
+            if (yok5 && xok2) { acc22 += imageLoad(t_input, ivec3(ix2, iy5, zin + group_block + b)) * m; }
+#line 97
+            if (yok5 && xok3) { acc23 += imageLoad(t_input, ivec3(ix3, iy5, zin + group_block + b)) * m; }
+#line 97
+            if (yok6 && xok0) { acc24 += imageLoad(t_input, ivec3(ix0, iy6, zin + group_block + b)) * m; }
+#line 97
+            if (yok6 && xok1) { acc25 += imageLoad(t_input, ivec3(ix1, iy6, zin + group_block + b)) * m; }
+#line 97
+            if (yok6 && xok2) { acc26 += imageLoad(t_input, ivec3(ix2, iy6, zin + group_block + b)) * m; }
+#line 97
+            if (yok6 && xok3) { acc27 += imageLoad(t_input, ivec3(ix3, iy6, zin + group_block + b)) * m; }
+#line 97
+            if (yok7 && xok0) { acc28 += imageLoad(t_input, ivec3(ix0, iy7, zin + group_block + b)) * m; }
+#line 97
+            if (yok7 && xok1) { acc29 += imageLoad(t_input, ivec3(ix1, iy7, zin + group_block + b)) * m; }
+#line 97
+            if (yok7 && xok2) { acc30 += imageLoad(t_input, ivec3(ix2, iy7, zin + group_block + b)) * m; }
+#line 97
+            if (yok7 && xok3) { acc31 += imageLoad(t_input, ivec3(ix3, iy7, zin + group_block + b)) * m; }
+#line 99
             ci += 4;
           }
         } else {
@@ -318,71 +335,71 @@ void main() {
               int z = zin + c / 4;
               int lane = c % 4;
               T wl = t_weight[w[l] + ci * taps];
-#line 108
-              if (yok0 && xok0) { acc0[l] += imageLoad(t_input, ivec3(ix0, iy0, z))[lane] * wl; }
-#line 108
-              if (yok0 && xok1) { acc1[l] += imageLoad(t_input, ivec3(ix1, iy0, z))[lane] * wl; }
-#line 108
-              if (yok0 && xok2) { acc2[l] += imageLoad(t_input, ivec3(ix2, iy0, z))[lane] * wl; }
-#line 108
-              if (yok0 && xok3) { acc3[l] += imageLoad(t_input, ivec3(ix3, iy0, z))[lane] * wl; }
-#line 108
-              if (yok1 && xok0) { acc4[l] += imageLoad(t_input, ivec3(ix0, iy1, z))[lane] * wl; }
-#line 108
-              if (yok1 && xok1) { acc5[l] += imageLoad(t_input, ivec3(ix1, iy1, z))[lane] * wl; }
-#line 108
-              if (yok1 && xok2) { acc6[l] += imageLoad(t_input, ivec3(ix2, iy1, z))[lane] * wl; }
-#line 108
-              if (yok1 && xok3) { acc7[l] += imageLoad(t_input, ivec3(ix3, iy1, z))[lane] * wl; }
-#line 108
-              if (yok2 && xok0) { acc8[l] += imageLoad(t_input, ivec3(ix0, iy2, z))[lane] * wl; }
-#line 108
-              if (yok2 && xok1) { acc9[l] += imageLoad(t_input, ivec3(ix1, iy2, z))[lane] * wl; }
-#line 108
-              if (yok2 && xok2) { acc10[l] += imageLoad(t_input, ivec3(ix2, iy2, z))[lane] * wl; }
-#line 108
-              if (yok2 && xok3) { acc11[l] += imageLoad(t_input, ivec3(ix3, iy2, z))[lane] * wl; }
-#line 108
-              if (yok3 && xok0) { acc12[l] += imageLoad(t_input, ivec3(ix0, iy3, z))[lane] * wl; }
-#line 108
-              if (yok3 && xok1) { acc13[l] += imageLoad(t_input, ivec3(ix1, iy3, z))[lane] * wl; }
-#line 108
-              if (yok3 && xok2) { acc14[l] += imageLoad(t_input, ivec3(ix2, iy3, z))[lane] * wl; }
-#line 108
-              if (yok3 && xok3) { acc15[l] += imageLoad(t_input, ivec3(ix3, iy3, z))[lane] * wl; }
-#line 108
-              if (yok4 && xok0) { acc16[l] += imageLoad(t_input, ivec3(ix0, iy4, z))[lane] * wl; }
-#line 108
-              if (yok4 && xok1) { acc17[l] += imageLoad(t_input, ivec3(ix1, iy4, z))[lane] * wl; }
-#line 108
-              if (yok4 && xok2) { acc18[l] += imageLoad(t_input, ivec3(ix2, iy4, z))[lane] * wl; }
-#line 108
-              if (yok4 && xok3) { acc19[l] += imageLoad(t_input, ivec3(ix3, iy4, z))[lane] * wl; }
-#line 108
-              if (yok5 && xok0) { acc20[l] += imageLoad(t_input, ivec3(ix0, iy5, z))[lane] * wl; }
-#line 108
-              if (yok5 && xok1) { acc21[l] += imageLoad(t_input, ivec3(ix1, iy5, z))[lane] * wl; }
-#line 108
-              if (yok5 && xok2) { acc22[l] += imageLoad(t_input, ivec3(ix2, iy5, z))[lane] * wl; }
-#line 108
-              if (yok5 && xok3) { acc23[l] += imageLoad(t_input, ivec3(ix3, iy5, z))[lane] * wl; }
-#line 108
-              if (yok6 && xok0) { acc24[l] += imageLoad(t_input, ivec3(ix0, iy6, z))[lane] * wl; }
-#line 108
-              if (yok6 && xok1) { acc25[l] += imageLoad(t_input, ivec3(ix1, iy6, z))[lane] * wl; }
-#line 108
-              if (yok6 && xok2) { acc26[l] += imageLoad(t_input, ivec3(ix2, iy6, z))[lane] * wl; }
-#line 108
-              if (yok6 && xok3) { acc27[l] += imageLoad(t_input, ivec3(ix3, iy6, z))[lane] * wl; }
-#line 108
-              if (yok7 && xok0) { acc28[l] += imageLoad(t_input, ivec3(ix0, iy7, z))[lane] * wl; }
-#line 108
-              if (yok7 && xok1) { acc29[l] += imageLoad(t_input, ivec3(ix1, iy7, z))[lane] * wl; }
-#line 108
-              if (yok7 && xok2) { acc30[l] += imageLoad(t_input, ivec3(ix2, iy7, z))[lane] * wl; }
-#line 108
-              if (yok7 && xok3) { acc31[l] += imageLoad(t_input, ivec3(ix3, iy7, z))[lane] * wl; }
 #line 110
+              if (yok0 && xok0) { acc0[l] += imageLoad(t_input, ivec3(ix0, iy0, z))[lane] * wl; }
+#line 110
+              if (yok0 && xok1) { acc1[l] += imageLoad(t_input, ivec3(ix1, iy0, z))[lane] * wl; }
+#line 110
+              if (yok0 && xok2) { acc2[l] += imageLoad(t_input, ivec3(ix2, iy0, z))[lane] * wl; }
+#line 110
+              if (yok0 && xok3) { acc3[l] += imageLoad(t_input, ivec3(ix3, iy0, z))[lane] * wl; }
+#line 110
+              if (yok1 && xok0) { acc4[l] += imageLoad(t_input, ivec3(ix0, iy1, z))[lane] * wl; }
+#line 110
+              if (yok1 && xok1) { acc5[l] += imageLoad(t_input, ivec3(ix1, iy1, z))[lane] * wl; }
+#line 110
+              if (yok1 && xok2) { acc6[l] += imageLoad(t_input, ivec3(ix2, iy1, z))[lane] * wl; }
+#line 110
+              if (yok1 && xok3) { acc7[l] += imageLoad(t_input, ivec3(ix3, iy1, z))[lane] * wl; }
+#line 110
+              if (yok2 && xok0) { acc8[l] += imageLoad(t_input, ivec3(ix0, iy2, z))[lane] * wl; }
+#line 110
+              if (yok2 && xok1) { acc9[l] += imageLoad(t_input, ivec3(ix1, iy2, z))[lane] * wl; }
+#line 110
+              if (yok2 && xok2) { acc10[l] += imageLoad(t_input, ivec3(ix2, iy2, z))[lane] * wl; }
+#line 110
+              if (yok2 && xok3) { acc11[l] += imageLoad(t_input, ivec3(ix3, iy2, z))[lane] * wl; }
+#line 110
+              if (yok3 && xok0) { acc12[l] += imageLoad(t_input, ivec3(ix0, iy3, z))[lane] * wl; }
+#line 110
+              if (yok3 && xok1) { acc13[l] += imageLoad(t_input, ivec3(ix1, iy3, z))[lane] * wl; }
+#line 110
+              if (yok3 && xok2) { acc14[l] += imageLoad(t_input, ivec3(ix2, iy3, z))[lane] * wl; }
+#line 110
+              if (yok3 && xok3) { acc15[l] += imageLoad(t_input, ivec3(ix3, iy3, z))[lane] * wl; }
+#line 110
+              if (yok4 && xok0) { acc16[l] += imageLoad(t_input, ivec3(ix0, iy4, z))[lane] * wl; }
+#line 110
+              if (yok4 && xok1) { acc17[l] += imageLoad(t_input, ivec3(ix1, iy4, z))[lane] * wl; }
+#line 110
+              if (yok4 && xok2) { acc18[l] += imageLoad(t_input, ivec3(ix2, iy4, z))[lane] * wl; }
+#line 110
+              if (yok4 && xok3) { acc19[l] += imageLoad(t_input, ivec3(ix3, iy4, z))[lane] * wl; }
+#line 110
+              if (yok5 && xok0) { acc20[l] += imageLoad(t_input, ivec3(ix0, iy5, z))[lane] * wl; }
+#line 110
+              if (yok5 && xok1) { acc21[l] += imageLoad(t_input, ivec3(ix1, iy5, z))[lane] * wl; }
+#line 110
+              if (yok5 && xok2) { acc22[l] += imageLoad(t_input, ivec3(ix2, iy5, z))[lane] * wl; }
+#line 110
+              if (yok5 && xok3) { acc23[l] += imageLoad(t_input, ivec3(ix3, iy5, z))[lane] * wl; }
+#line 110
+              if (yok6 && xok0) { acc24[l] += imageLoad(t_input, ivec3(ix0, iy6, z))[lane] * wl; }
+#line 110
+              if (yok6 && xok1) { acc25[l] += imageLoad(t_input, ivec3(ix1, iy6, z))[lane] * wl; }
+#line 110
+              if (yok6 && xok2) { acc26[l] += imageLoad(t_input, ivec3(ix2, iy6, z))[lane] * wl; }
+#line 110
+              if (yok6 && xok3) { acc27[l] += imageLoad(t_input, ivec3(ix3, iy6, z))[lane] * wl; }
+#line 110
+              if (yok7 && xok0) { acc28[l] += imageLoad(t_input, ivec3(ix0, iy7, z))[lane] * wl; }
+#line 110
+              if (yok7 && xok1) { acc29[l] += imageLoad(t_input, ivec3(ix1, iy7, z))[lane] * wl; }
+#line 110
+              if (yok7 && xok2) { acc30[l] += imageLoad(t_input, ivec3(ix2, iy7, z))[lane] * wl; }
+#line 110
+              if (yok7 && xok3) { acc31[l] += imageLoad(t_input, ivec3(ix3, iy7, z))[lane] * wl; }
+#line 112
             }
           }
         }
@@ -390,134 +407,134 @@ void main() {
     }
 
     bvec4 real_c = lessThan(lane_c, ivec4(cout));
-#line 118
+#line 120
     if (x0 + 0 < os.x && y0 + 0 < os.y) {
       store_texel_out(ivec3(x0 + 0, y0 + 0, zc), mix(VEC4(0), conv_activation(acc0), real_c));
     }
-#line 118
+#line 120
     if (x0 + 1 < os.x && y0 + 0 < os.y) {
       store_texel_out(ivec3(x0 + 1, y0 + 0, zc), mix(VEC4(0), conv_activation(acc1), real_c));
     }
-#line 118
+#line 120
     if (x0 + 2 < os.x && y0 + 0 < os.y) {
       store_texel_out(ivec3(x0 + 2, y0 + 0, zc), mix(VEC4(0), conv_activation(acc2), real_c));
     }
-#line 118
+#line 120
     if (x0 + 3 < os.x && y0 + 0 < os.y) {
       store_texel_out(ivec3(x0 + 3, y0 + 0, zc), mix(VEC4(0), conv_activation(acc3), real_c));
     }
-#line 118
+#line 120
     if (x0 + 0 < os.x && y0 + 1 < os.y) {
       store_texel_out(ivec3(x0 + 0, y0 + 1, zc), mix(VEC4(0), conv_activation(acc4), real_c));
     }
-#line 118
+#line 120
     if (x0 + 1 < os.x && y0 + 1 < os.y) {
       store_texel_out(ivec3(x0 + 1, y0 + 1, zc), mix(VEC4(0), conv_activation(acc5), real_c));
     }
-#line 118
+#line 120
     if (x0 + 2 < os.x && y0 + 1 < os.y) {
       store_texel_out(ivec3(x0 + 2, y0 + 1, zc), mix(VEC4(0), conv_activation(acc6), real_c));
     }
-#line 118
+#line 120
     if (x0 + 3 < os.x && y0 + 1 < os.y) {
       store_texel_out(ivec3(x0 + 3, y0 + 1, zc), mix(VEC4(0), conv_activation(acc7), real_c));
     }
-#line 118
+#line 120
     if (x0 + 0 < os.x && y0 + 2 < os.y) {
       store_texel_out(ivec3(x0 + 0, y0 + 2, zc), mix(VEC4(0), conv_activation(acc8), real_c));
     }
-#line 118
+#line 120
     if (x0 + 1 < os.x && y0 + 2 < os.y) {
       store_texel_out(ivec3(x0 + 1, y0 + 2, zc), mix(VEC4(0), conv_activation(acc9), real_c));
     }
-#line 118
+#line 120
     if (x0 + 2 < os.x && y0 + 2 < os.y) {
       store_texel_out(ivec3(x0 + 2, y0 + 2, zc), mix(VEC4(0), conv_activation(acc10), real_c));
     }
-#line 118
+#line 120
     if (x0 + 3 < os.x && y0 + 2 < os.y) {
       store_texel_out(ivec3(x0 + 3, y0 + 2, zc), mix(VEC4(0), conv_activation(acc11), real_c));
     }
-#line 118
+#line 120
     if (x0 + 0 < os.x && y0 + 3 < os.y) {
       store_texel_out(ivec3(x0 + 0, y0 + 3, zc), mix(VEC4(0), conv_activation(acc12), real_c));
     }
-#line 118
+#line 120
     if (x0 + 1 < os.x && y0 + 3 < os.y) {
       store_texel_out(ivec3(x0 + 1, y0 + 3, zc), mix(VEC4(0), conv_activation(acc13), real_c));
     }
-#line 118
+#line 120
     if (x0 + 2 < os.x && y0 + 3 < os.y) {
       store_texel_out(ivec3(x0 + 2, y0 + 3, zc), mix(VEC4(0), conv_activation(acc14), real_c));
     }
-#line 118
+#line 120
     if (x0 + 3 < os.x && y0 + 3 < os.y) {
       store_texel_out(ivec3(x0 + 3, y0 + 3, zc), mix(VEC4(0), conv_activation(acc15), real_c));
     }
-#line 118
+#line 120
     if (x0 + 0 < os.x && y0 + 4 < os.y) {
       store_texel_out(ivec3(x0 + 0, y0 + 4, zc), mix(VEC4(0), conv_activation(acc16), real_c));
     }
-#line 118
+#line 120
     if (x0 + 1 < os.x && y0 + 4 < os.y) {
       store_texel_out(ivec3(x0 + 1, y0 + 4, zc), mix(VEC4(0), conv_activation(acc17), real_c));
     }
-#line 118
+#line 120
     if (x0 + 2 < os.x && y0 + 4 < os.y) {
       store_texel_out(ivec3(x0 + 2, y0 + 4, zc), mix(VEC4(0), conv_activation(acc18), real_c));
     }
-#line 118
+#line 120
     if (x0 + 3 < os.x && y0 + 4 < os.y) {
       store_texel_out(ivec3(x0 + 3, y0 + 4, zc), mix(VEC4(0), conv_activation(acc19), real_c));
     }
-#line 118
+#line 120
     if (x0 + 0 < os.x && y0 + 5 < os.y) {
       store_texel_out(ivec3(x0 + 0, y0 + 5, zc), mix(VEC4(0), conv_activation(acc20), real_c));
     }
-#line 118
+#line 120
     if (x0 + 1 < os.x && y0 + 5 < os.y) {
       store_texel_out(ivec3(x0 + 1, y0 + 5, zc), mix(VEC4(0), conv_activation(acc21), real_c));
     }
-#line 118
+#line 120
     if (x0 + 2 < os.x && y0 + 5 < os.y) {
       store_texel_out(ivec3(x0 + 2, y0 + 5, zc), mix(VEC4(0), conv_activation(acc22), real_c));
     }
-#line 118
+#line 120
     if (x0 + 3 < os.x && y0 + 5 < os.y) {
       store_texel_out(ivec3(x0 + 3, y0 + 5, zc), mix(VEC4(0), conv_activation(acc23), real_c));
     }
-#line 118
+#line 120
     if (x0 + 0 < os.x && y0 + 6 < os.y) {
       store_texel_out(ivec3(x0 + 0, y0 + 6, zc), mix(VEC4(0), conv_activation(acc24), real_c));
     }
-#line 118
+#line 120
     if (x0 + 1 < os.x && y0 + 6 < os.y) {
       store_texel_out(ivec3(x0 + 1, y0 + 6, zc), mix(VEC4(0), conv_activation(acc25), real_c));
     }
-#line 118
+#line 120
     if (x0 + 2 < os.x && y0 + 6 < os.y) {
       store_texel_out(ivec3(x0 + 2, y0 + 6, zc), mix(VEC4(0), conv_activation(acc26), real_c));
     }
-#line 118
+#line 120
     if (x0 + 3 < os.x && y0 + 6 < os.y) {
       store_texel_out(ivec3(x0 + 3, y0 + 6, zc), mix(VEC4(0), conv_activation(acc27), real_c));
     }
-#line 118
+#line 120
     if (x0 + 0 < os.x && y0 + 7 < os.y) {
       store_texel_out(ivec3(x0 + 0, y0 + 7, zc), mix(VEC4(0), conv_activation(acc28), real_c));
     }
-#line 118
+#line 120
     if (x0 + 1 < os.x && y0 + 7 < os.y) {
       store_texel_out(ivec3(x0 + 1, y0 + 7, zc), mix(VEC4(0), conv_activation(acc29), real_c));
     }
-#line 118
+#line 120
     if (x0 + 2 < os.x && y0 + 7 < os.y) {
       store_texel_out(ivec3(x0 + 2, y0 + 7, zc), mix(VEC4(0), conv_activation(acc30), real_c));
     }
-#line 118
+#line 120
     if (x0 + 3 < os.x && y0 + 7 < os.y) {
       store_texel_out(ivec3(x0 + 3, y0 + 7, zc), mix(VEC4(0), conv_activation(acc31), real_c));
     }
-#line 122
+#line 124
   }
 }

@@ -43,7 +43,7 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 60
+#line 65
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'self' (texture3d) ----
@@ -95,11 +95,11 @@ T compute_out(ivec4 idx) {
   return load_self(tf_fold8(e, pc.self_lead));
 }
 
-#line 5 "shaders/_per_element.glsl.j2"
+#line 12 "shaders/_per_element.glsl.j2"
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 11
+#line 18
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
@@ -110,5 +110,5 @@ void main() {
     if (tf_in_bounds(e, pc.out_sizes)) { r[k] = compute_out(e); }
   }
   store_texel_out(pos, r);
-#line 22
+#line 29
 }

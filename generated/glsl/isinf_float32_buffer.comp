@@ -44,15 +44,52 @@ layout(push_constant) uniform PushConstants {
 #line 42
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
-#line 11 "shaders/unary.glsl.j2"
-#define VEC T
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 5) const int tail = 1;  // units_tail
+#line 75
+layout(constant_id = 6) const int ragged = 1;  // ragged
 
-#line 16
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 81
+const int tf_span = 16;
+
+// vec4 views of the buffer bindings (aliases of the same descriptors).
+#line 8 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
+#line 8
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
+
+#line 22 "shaders/unary.glsl.j2"
+const bool vec4_path = true;
+
+#define VEC VEC4
+void unit_vec4(int k) {
+  VEC4 X = VEC4(t4_self[k]);
+  t4_out[k] = ivec4(tf_isinf(X));
+}
+#undef VEC
+
+#define VEC T
+void unit_word(int w) {
+  T X = T(t_self[w]);
+  t_out[w] = (tf_isinf(X));
+}
+#undef VEC
+
+#line 15 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 20
-  T X = t_self[u];
-  t_out[u] = tf_isinf(X);
-#line 28
+  int first = u * tf_span;
+  if (first >= pc.units) { return; }
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(u); return; }
+#endif
+  if (vec4_path && (tail == 0 || first + tf_span <= pc.units)) {
+    for (int k = u * (tf_span / 4); k < (u + 1) * (tf_span / 4); ++k) { unit_vec4(k); }
+    return;
+  }
+  int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);
+  for (int w = first; w < last; ++w) { unit_word(w); }
 }

@@ -72,7 +72,7 @@ void store4_out(int r, int w, VEC4 v) {
   for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = v[j]; }
 }
 #line 21
-layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { VEC4 t4_input[]; };
+layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
 ivec2 row_input(int r) { return ivec2(r * pc.input_sizes.x, 0); }
 VEC4 vec4a_input(ivec2 row, int w) { return t4_input[(row.x + w) >> 2]; }
 VEC4 vec4_input(ivec2 row, int w) {
@@ -84,7 +84,7 @@ VEC4 cols_input(ivec2 row, ivec4 w) {
 }
 T elem_input(ivec2 row, int w) { return t_input[row.x + w]; }
 #line 21
-layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { VEC4 t4_weight[]; };
+layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 ivec2 row_weight(int r) { return ivec2(r * pc.weight_sizes.x, 0); }
 VEC4 vec4a_weight(ivec2 row, int w) { return t4_weight[(row.x + w) >> 2]; }
 VEC4 vec4_weight(ivec2 row, int w) {
@@ -96,7 +96,7 @@ VEC4 cols_weight(ivec2 row, ivec4 w) {
 }
 T elem_weight(ivec2 row, int w) { return t_weight[row.x + w]; }
 #line 21
-layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { VEC4 t4_bias[]; };
+layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
 ivec2 row_bias(int r) { return ivec2(r * pc.bias_sizes.x, 0); }
 VEC4 vec4a_bias(ivec2 row, int w) { return t4_bias[(row.x + w) >> 2]; }
 VEC4 vec4_bias(ivec2 row, int w) {
@@ -109,211 +109,211 @@ VEC4 cols_bias(ivec2 row, ivec4 w) {
 T elem_bias(ivec2 row, int w) { return t_bias[row.x + w]; }
 
 // The 8x8 tile at input row r0 and output column n0, for K % 4 == 0: every row starts on a vec4.
-#line 32 "shaders/linear.glsl.j2"
+#line 35 "shaders/linear.glsl.j2"
 void tile(int r0, int n0, int rows, int N, int K) {
-#line 34
+#line 37
   ivec2 a0 = row_input(min(r0 + 0, rows - 1));
-#line 34
+#line 37
   ivec2 a1 = row_input(min(r0 + 1, rows - 1));
-#line 34
+#line 37
   ivec2 a2 = row_input(min(r0 + 2, rows - 1));
-#line 34
+#line 37
   ivec2 a3 = row_input(min(r0 + 3, rows - 1));
-#line 34
+#line 37
   ivec2 a4 = row_input(min(r0 + 4, rows - 1));
-#line 34
+#line 37
   ivec2 a5 = row_input(min(r0 + 5, rows - 1));
-#line 34
+#line 37
   ivec2 a6 = row_input(min(r0 + 6, rows - 1));
-#line 34
+#line 37
   ivec2 a7 = row_input(min(r0 + 7, rows - 1));
-#line 37
+#line 40
   ivec2 w0 = row_weight(min(n0 + 0, N - 1));
-#line 37
+#line 40
   ivec2 w1 = row_weight(min(n0 + 1, N - 1));
-#line 37
+#line 40
   ivec2 w2 = row_weight(min(n0 + 2, N - 1));
-#line 37
+#line 40
   ivec2 w3 = row_weight(min(n0 + 3, N - 1));
-#line 37
+#line 40
   ivec2 w4 = row_weight(min(n0 + 4, N - 1));
-#line 37
+#line 40
   ivec2 w5 = row_weight(min(n0 + 5, N - 1));
-#line 37
+#line 40
   ivec2 w6 = row_weight(min(n0 + 6, N - 1));
-#line 37
+#line 40
   ivec2 w7 = row_weight(min(n0 + 7, N - 1));
-#line 40
+#line 43
   VEC4 acc00 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc01 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc10 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc11 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc20 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc21 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc30 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc31 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc40 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc41 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc50 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc51 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc60 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc61 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc70 = VEC4(0);
-#line 40
+#line 43
   VEC4 acc71 = VEC4(0);
-#line 42
+#line 45
   for (int k = 0; k < K; k += 4) {
-#line 44
+#line 47
     VEC4 b0 = vec4a_weight(w0, k);
-#line 44
+#line 47
     VEC4 b1 = vec4a_weight(w1, k);
-#line 44
+#line 47
     VEC4 b2 = vec4a_weight(w2, k);
-#line 44
+#line 47
     VEC4 b3 = vec4a_weight(w3, k);
-#line 44
+#line 47
     VEC4 b4 = vec4a_weight(w4, k);
-#line 44
+#line 47
     VEC4 b5 = vec4a_weight(w5, k);
-#line 44
+#line 47
     VEC4 b6 = vec4a_weight(w6, k);
-#line 44
+#line 47
     VEC4 b7 = vec4a_weight(w7, k);
-#line 46
+#line 49
     VEC4 x;
-#line 48
+#line 51
     x = vec4a_input(a0, k);
-#line 50
-    acc00 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 50
-    acc01 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 48
-    x = vec4a_input(a1, k);
-#line 50
-    acc10 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 50
-    acc11 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 48
-    x = vec4a_input(a2, k);
-#line 50
-    acc20 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 50
-    acc21 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 48
-    x = vec4a_input(a3, k);
-#line 50
-    acc30 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 50
-    acc31 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 48
-    x = vec4a_input(a4, k);
-#line 50
-    acc40 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 50
-    acc41 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 48
-    x = vec4a_input(a5, k);
-#line 50
-    acc50 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 50
-    acc51 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 48
-    x = vec4a_input(a6, k);
-#line 50
-    acc60 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 50
-    acc61 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 48
-    x = vec4a_input(a7, k);
-#line 50
-    acc70 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 50
-    acc71 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
 #line 53
+    acc00 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
+#line 53
+    acc01 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 51
+    x = vec4a_input(a1, k);
+#line 53
+    acc10 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
+#line 53
+    acc11 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 51
+    x = vec4a_input(a2, k);
+#line 53
+    acc20 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
+#line 53
+    acc21 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 51
+    x = vec4a_input(a3, k);
+#line 53
+    acc30 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
+#line 53
+    acc31 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 51
+    x = vec4a_input(a4, k);
+#line 53
+    acc40 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
+#line 53
+    acc41 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 51
+    x = vec4a_input(a5, k);
+#line 53
+    acc50 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
+#line 53
+    acc51 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 51
+    x = vec4a_input(a6, k);
+#line 53
+    acc60 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
+#line 53
+    acc61 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 51
+    x = vec4a_input(a7, k);
+#line 53
+    acc70 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
+#line 53
+    acc71 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
+#line 56
   }
-#line 55
+#line 58
   VEC4 bias0 = pc.has_bias != 0 ? cols_bias(row_bias(0), min(ivec4(n0 + 0) + ivec4(0, 1, 2, 3), ivec4(N - 1))) : VEC4(0);
-#line 55
+#line 58
   VEC4 bias1 = pc.has_bias != 0 ? cols_bias(row_bias(0), min(ivec4(n0 + 4) + ivec4(0, 1, 2, 3), ivec4(N - 1))) : VEC4(0);
-#line 58
+#line 61
   if (r0 + 0 < rows) {
-#line 60
+#line 63
     if (n0 + 0 < N) { store4_out(r0 + 0, n0 + 0, acc00 + bias0); }
-#line 60
+#line 63
     if (n0 + 4 < N) { store4_out(r0 + 0, n0 + 4, acc01 + bias1); }
-#line 62
+#line 65
   }
-#line 58
+#line 61
   if (r0 + 1 < rows) {
-#line 60
+#line 63
     if (n0 + 0 < N) { store4_out(r0 + 1, n0 + 0, acc10 + bias0); }
-#line 60
+#line 63
     if (n0 + 4 < N) { store4_out(r0 + 1, n0 + 4, acc11 + bias1); }
-#line 62
+#line 65
   }
-#line 58
+#line 61
   if (r0 + 2 < rows) {
-#line 60
+#line 63
     if (n0 + 0 < N) { store4_out(r0 + 2, n0 + 0, acc20 + bias0); }
-#line 60
+#line 63
     if (n0 + 4 < N) { store4_out(r0 + 2, n0 + 4, acc21 + bias1); }
-#line 62
+#line 65
   }
-#line 58
+#line 61
   if (r0 + 3 < rows) {
-#line 60
+#line 63
     if (n0 + 0 < N) { store4_out(r0 + 3, n0 + 0, acc30 + bias0); }
-#line 60
+#line 63
     if (n0 + 4 < N) { store4_out(r0 + 3, n0 + 4, acc31 + bias1); }
-#line 62
+#line 65
   }
-#line 58
+#line 61
   if (r0 + 4 < rows) {
-#line 60
+#line 63
     if (n0 + 0 < N) { store4_out(r0 + 4, n0 + 0, acc40 + bias0); }
-#line 60
+#line 63
     if (n0 + 4 < N) { store4_out(r0 + 4, n0 + 4, acc41 + bias1); }
-#line 62
+#line 65
   }
-#line 58
+#line 61
   if (r0 + 5 < rows) {
-#line 60
+#line 63
     if (n0 + 0 < N) { store4_out(r0 + 5, n0 + 0, acc50 + bias0); }
-#line 60
+#line 63
     if (n0 + 4 < N) { store4_out(r0 + 5, n0 + 4, acc51 + bias1); }
-#line 62
+#line 65
   }
-#line 58
+#line 61
   if (r0 + 6 < rows) {
-#line 60
+#line 63
     if (n0 + 0 < N) { store4_out(r0 + 6, n0 + 0, acc60 + bias0); }
-#line 60
+#line 63
     if (n0 + 4 < N) { store4_out(r0 + 6, n0 + 4, acc61 + bias1); }
-#line 62
+#line 65
   }
-#line 58
+#line 61
   if (r0 + 7 < rows) {
-#line 60
+#line 63
     if (n0 + 0 < N) { store4_out(r0 + 7, n0 + 0, acc70 + bias0); }
-#line 60
+#line 63
     if (n0 + 4 < N) { store4_out(r0 + 7, n0 + 4, acc71 + bias1); }
-#line 62
+#line 65
   }
-#line 64
+#line 67
 }
 
 // The same tile for K % 4 != 0 (rows off the vec4 grid): element by element, 4 columns at a time.

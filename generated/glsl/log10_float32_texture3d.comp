@@ -39,7 +39,7 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 60
+#line 65
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'self' (texture3d) ----
@@ -50,17 +50,42 @@ T load_self(ivec4 idx) {
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
 
-#line 13 "shaders/unary.glsl.j2"
-#define VEC VEC4
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 5) const int tail = 1;  // units_tail
+#line 75
+layout(constant_id = 6) const int ragged = 1;  // ragged
 
-#line 16
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 81
+const int tf_span = 2;
+
+
+#line 39 "shaders/unary.glsl.j2"
+#define VEC VEC4
+void unit_texel(ivec3 pos) {
+  VEC4 X = load_texel_self(pos);
+  if (ragged == 0) {
+    store_texel_out(pos, tf_log10(X));
+  } else {  // padding lanes stay zero whatever OP(0) is
+    store_texel_out(pos, mix(tf_log10(X), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
+  }
+}
+
+#line 30 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 23
-  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-  VEC4 X = load_texel_self(pos);
-  // Padding lanes stay zero whatever OP(0) is.
-  store_texel_out(pos, mix(tf_log10(X), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
-#line 28
+  ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
+  int chunks = (e.x + tf_span - 1) / tf_span;
+  int row = u / chunks;
+  if (row >= e.y * e.z) { return; }
+  ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH && (tail == 0 || pos.x + tf_span <= e.x)) { unit_block(pos); return; }
+#endif
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || pos.x < e.x) { unit_texel(pos); }
+    pos.x += 1;
+  }
 }

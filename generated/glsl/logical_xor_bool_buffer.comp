@@ -54,25 +54,101 @@ T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, s
 #line 42
 T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x]; }
 
-#line 16 "shaders/binary.glsl.j2"
-#define VEC T
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 6) const int a_class = 0;  // read_class
+#line 75
+layout(constant_id = 7) const int b_class = 0;  // read_class
+#line 75
+layout(constant_id = 8) const int tail = 1;  // units_tail
+#line 75
+layout(constant_id = 9) const int ragged = 1;  // ragged
 
-#line 21
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 81
+const int tf_span = 16;
+
+#line 24 "shaders/binary.glsl.j2"
+const int READ_GENERAL = 0;
+const int READ_DIRECT = 1;
+const int READ_ROW = 2;
+const int READ_SINGLE = 3;
+
+// vec4 views of the buffer bindings (aliases of the same descriptors).
+#line 8 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
+#line 8
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
+#line 8
+layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { ivec4 t4_other[]; };
+
+#line 32 "shaders/binary.glsl.j2"
+const bool vec4_path = (a_class == READ_DIRECT || a_class == READ_SINGLE || (a_class == READ_ROW && ragged == 0))
+    && (b_class == READ_DIRECT || b_class == READ_SINGLE || (b_class == READ_ROW && ragged == 0));
+
+// vec4 word k of out (words 4k .. 4k + 3) as 'self' broadcasts to it (vec4_path classes only).
+#line 37
+VEC4 vec4_of_self(int k) {
+  if (a_class == READ_DIRECT) { return VEC4(t4_self[k]); }
+  if (a_class == READ_SINGLE) { return VEC4(t_self[0]); }
+  return VEC4(t4_self[(4 * k) % pc.out_sizes[tf_packed_dim(out_layout)] / 4]);
+}
+
+// The word of 'self' that word w of out reads.
+int word_of_self(int w) {
+  if (a_class == READ_DIRECT) { return w; }
+  if (a_class == READ_SINGLE) { return 0; }
+  if (a_class == READ_ROW) { return w % pc.out_sizes[tf_packed_dim(out_layout)]; }
+  ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
+  return tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
+}
+// vec4 word k of out (words 4k .. 4k + 3) as 'other' broadcasts to it (vec4_path classes only).
+#line 37
+VEC4 vec4_of_other(int k) {
+  if (b_class == READ_DIRECT) { return VEC4(t4_other[k]); }
+  if (b_class == READ_SINGLE) { return VEC4(t_other[0]); }
+  return VEC4(t4_other[(4 * k) % pc.out_sizes[tf_packed_dim(out_layout)] / 4]);
+}
+
+// The word of 'other' that word w of out reads.
+int word_of_other(int w) {
+  if (b_class == READ_DIRECT) { return w; }
+  if (b_class == READ_SINGLE) { return 0; }
+  if (b_class == READ_ROW) { return w % pc.out_sizes[tf_packed_dim(out_layout)]; }
+  ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
+  return tf_buffer_word_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).x;
+}
+
+#line 53
+#define VEC VEC4
+void unit_vec4(int k) {
+  VEC4 X = vec4_of_self(k);
+  VEC4 Y = vec4_of_other(k);
+  t4_out[k] = ivec4(tf_truth(X) ^ tf_truth(Y));
+}
+#undef VEC
+
+#define VEC T
+void unit_word(int w) {
+  T X = T(t_self[word_of_self(w)]);
+  T Y = T(t_other[word_of_other(w)]);
+  t_out[w] = (tf_truth(X) ^ tf_truth(Y));
+}
+#undef VEC
+
+#line 15 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-  bool direct = self_layout == out_layout && other_layout == out_layout
-      && pc.self_sizes == pc.out_sizes && pc.other_sizes == pc.out_sizes;
-#line 27
-  int wa = u;
-  int wb = u;
-  if (!direct) {
-    ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
-    wa = tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
-    wb = tf_buffer_word_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).x;
+  int first = u * tf_span;
+  if (first >= pc.units) { return; }
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(u); return; }
+#endif
+  if (vec4_path && (tail == 0 || first + tf_span <= pc.units)) {
+    for (int k = u * (tf_span / 4); k < (u + 1) * (tf_span / 4); ++k) { unit_vec4(k); }
+    return;
   }
-  T X = t_self[wa];
-  T Y = t_other[wb];
-  t_out[u] = tf_truth(X) ^ tf_truth(Y);
-#line 55
+  int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);
+  for (int w = first; w < last; ++w) { unit_word(w); }
 }

@@ -45,7 +45,7 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 ivec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 60
+#line 65
 void store_texel_out(ivec3 pos, ivec4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'self' (texture3d) ----
@@ -64,31 +64,84 @@ T load_other(ivec4 idx) {
   return imageLoad(t_other, pl.xyz)[pl.w];
 }
 
-#line 18 "shaders/binary.glsl.j2"
-#define VEC VEC4
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 6) const int a_class = 0;  // read_class
+#line 75
+layout(constant_id = 7) const int b_class = 0;  // read_class
+#line 75
+layout(constant_id = 8) const int tail = 1;  // units_tail
+#line 75
+layout(constant_id = 9) const int ragged = 1;  // ragged
 
-#line 21
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 81
+const int tf_span = 2;
+
+#line 24 "shaders/binary.glsl.j2"
+const int READ_GENERAL = 0;
+const int READ_DIRECT = 1;
+const int READ_ROW = 2;
+const int READ_SINGLE = 3;
+
+
+// The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
+#line 72
+VEC4 texel_of_self(ivec3 pos) {
+  if (a_class == READ_DIRECT) { return load_texel_self(pos); }
+  if (a_class == READ_SINGLE) { return VEC4(load_texel_self(ivec3(0)).x); }
+  int pd = tf_packed_dim(out_layout);
+  if (a_class == READ_ROW) {
+    ivec3 p = ivec3(0);
+    if (pd == 2) { p.z = pos.z % tf_div_up(pc.out_sizes.z, 4); } else { p[pd] = pos[pd]; }
+    return load_texel_self(p);
+  }
+  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
+  VEC4 v = load_texel_self(tf_texel_pos_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).xyz);
+  return pc.self_sizes[pd] == 1 ? VEC4(v.x) : v;
+}
+// The texel of 'other' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
+#line 72
+VEC4 texel_of_other(ivec3 pos) {
+  if (b_class == READ_DIRECT) { return load_texel_other(pos); }
+  if (b_class == READ_SINGLE) { return VEC4(load_texel_other(ivec3(0)).x); }
+  int pd = tf_packed_dim(out_layout);
+  if (b_class == READ_ROW) {
+    ivec3 p = ivec3(0);
+    if (pd == 2) { p.z = pos.z % tf_div_up(pc.out_sizes.z, 4); } else { p[pd] = pos[pd]; }
+    return load_texel_other(p);
+  }
+  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
+  VEC4 v = load_texel_other(tf_texel_pos_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).xyz);
+  return pc.other_sizes[pd] == 1 ? VEC4(v.x) : v;
+}
+
+#line 87
+#define VEC VEC4
+void unit_texel(ivec3 pos) {
+  VEC4 X = texel_of_self(pos);
+  VEC4 Y = texel_of_other(pos);
+  if (ragged == 0) {
+    store_texel_out(pos, tf_truth(X) ^ tf_truth(Y));
+  } else {  // padding lanes stay zero whatever OP(0, 0) is
+    store_texel_out(pos, mix(tf_truth(X) ^ tf_truth(Y), ivec4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
+  }
+}
+
+#line 30 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-  bool direct = self_layout == out_layout && other_layout == out_layout
-      && pc.self_sizes == pc.out_sizes && pc.other_sizes == pc.out_sizes;
-#line 38
-  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-  ivec3 pa = pos;
-  ivec3 pb = pos;
-  if (!direct) {
-    ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
-    pa = tf_texel_pos_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).xyz;
-    pb = tf_texel_pos_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).xyz;
+  ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
+  int chunks = (e.x + tf_span - 1) / tf_span;
+  int row = u / chunks;
+  if (row >= e.y * e.z) { return; }
+  ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH && (tail == 0 || pos.x + tf_span <= e.x)) { unit_block(pos); return; }
+#endif
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || pos.x < e.x) { unit_texel(pos); }
+    pos.x += 1;
   }
-  VEC4 X = load_texel_self(pa);
-  VEC4 Y = load_texel_other(pb);
-  // An input of size 1 along the packed dim broadcasts its lane 0.
-  int pd = tf_packed_dim(out_layout);
-  if (pc.self_sizes[pd] == 1) { X = VEC4(X.x); }
-  if (pc.other_sizes[pd] == 1) { Y = VEC4(Y.x); }
-  // Padding lanes stay zero whatever OP(0, 0) is.
-  store_texel_out(pos, mix(tf_truth(X) ^ tf_truth(Y), ivec4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
-#line 55
 }

@@ -62,7 +62,7 @@ void store4_out(int r, int w, VEC4 v) {
   for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = v[j]; }
 }
 #line 21
-layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { VEC4 t4_self[]; };
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
 ivec2 row_self(int r) { return ivec2(r * pc.self_sizes.x, 0); }
 VEC4 vec4a_self(ivec2 row, int w) { return t4_self[(row.x + w) >> 2]; }
 VEC4 vec4_self(ivec2 row, int w) {
@@ -74,7 +74,7 @@ VEC4 cols_self(ivec2 row, ivec4 w) {
 }
 T elem_self(ivec2 row, int w) { return t_self[row.x + w]; }
 #line 21
-layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { VEC4 t4_other[]; };
+layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { vec4 t4_other[]; };
 ivec2 row_other(int r) { return ivec2(r * pc.other_sizes.x, 0); }
 VEC4 vec4a_other(ivec2 row, int w) { return t4_other[(row.x + w) >> 2]; }
 VEC4 vec4_other(ivec2 row, int w) {

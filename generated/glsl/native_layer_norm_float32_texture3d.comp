@@ -69,15 +69,15 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 60
+#line 65
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'mean' (texture3d) ----
-#line 60
+#line 65
 void store_texel_mean(ivec3 pos, VEC4 v) { imageStore(t_mean, pos, v); }
 
 // ---- element access for 'rstd' (texture3d) ----
-#line 60
+#line 65
 void store_texel_rstd(ivec3 pos, VEC4 v) { imageStore(t_rstd, pos, v); }
 
 // ---- element access for 'input' (texture3d) ----

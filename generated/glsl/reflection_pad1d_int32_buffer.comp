@@ -56,11 +56,11 @@ T compute_out(ivec4 idx) {
   return load_self(ivec4(i, idx.zw));
 }
 
-#line 5 "shaders/_per_element.glsl.j2"
+#line 12 "shaders/_per_element.glsl.j2"
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 9
+#line 16
   t_out[u] = compute_out(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout));
-#line 22
+#line 29
 }

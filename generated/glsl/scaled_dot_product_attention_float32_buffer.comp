@@ -86,7 +86,7 @@ void store4_out(int r, int w, VEC4 v) {
   for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = v[j]; }
 }
 #line 21
-layout(set = 0, binding = 1, std430) readonly buffer query_buf4 { VEC4 t4_query[]; };
+layout(set = 0, binding = 1, std430) readonly buffer query_buf4 { vec4 t4_query[]; };
 ivec2 row_query(int r) { return ivec2(r * pc.query_sizes.x, 0); }
 VEC4 vec4a_query(ivec2 row, int w) { return t4_query[(row.x + w) >> 2]; }
 VEC4 vec4_query(ivec2 row, int w) {
@@ -98,7 +98,7 @@ VEC4 cols_query(ivec2 row, ivec4 w) {
 }
 T elem_query(ivec2 row, int w) { return t_query[row.x + w]; }
 #line 21
-layout(set = 0, binding = 2, std430) readonly buffer key_buf4 { VEC4 t4_key[]; };
+layout(set = 0, binding = 2, std430) readonly buffer key_buf4 { vec4 t4_key[]; };
 ivec2 row_key(int r) { return ivec2(r * pc.key_sizes.x, 0); }
 VEC4 vec4a_key(ivec2 row, int w) { return t4_key[(row.x + w) >> 2]; }
 VEC4 vec4_key(ivec2 row, int w) {
@@ -110,7 +110,7 @@ VEC4 cols_key(ivec2 row, ivec4 w) {
 }
 T elem_key(ivec2 row, int w) { return t_key[row.x + w]; }
 #line 21
-layout(set = 0, binding = 3, std430) readonly buffer value_buf4 { VEC4 t4_value[]; };
+layout(set = 0, binding = 3, std430) readonly buffer value_buf4 { vec4 t4_value[]; };
 ivec2 row_value(int r) { return ivec2(r * pc.value_sizes.x, 0); }
 VEC4 vec4a_value(ivec2 row, int w) { return t4_value[(row.x + w) >> 2]; }
 VEC4 vec4_value(ivec2 row, int w) {
@@ -122,7 +122,7 @@ VEC4 cols_value(ivec2 row, ivec4 w) {
 }
 T elem_value(ivec2 row, int w) { return t_value[row.x + w]; }
 #line 21
-layout(set = 0, binding = 4, std430) readonly buffer attn_mask_buf4 { VEC4 t4_attn_mask[]; };
+layout(set = 0, binding = 4, std430) readonly buffer attn_mask_buf4 { vec4 t4_attn_mask[]; };
 ivec2 row_attn_mask(int r) { return ivec2(r * pc.attn_mask_sizes.x, 0); }
 VEC4 vec4a_attn_mask(ivec2 row, int w) { return t4_attn_mask[(row.x + w) >> 2]; }
 VEC4 vec4_attn_mask(ivec2 row, int w) {
@@ -134,9 +134,11 @@ VEC4 cols_attn_mask(ivec2 row, ivec4 w) {
 }
 T elem_attn_mask(ivec2 row, int w) { return t_attn_mask[row.x + w]; }
 
-#line 38 "shaders/sdpa.glsl.j2"
+#line 49 "shaders/sdpa.glsl.j2"
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define NAN uintBitsToFloat(0x7fc00000u)
+#define ROWS 4  // = the grid's tile height
+#define KB 2  // keys per softmax block of the tiled path: 4 doubles lavapipe's compile time
 
 // scale * query_row . key_row over E elements.
 T score(ivec2 q, ivec2 k, int E) {
@@ -175,58 +177,8 @@ struct Row {
 // Output columns c0 .. c0 + 4 * 16 - 1 of row `w` (those past Ev are not stored): one pass
 // over the keys. 16 vec4 accumulators with constant indices, so that they can live in
 // registers rather than in an indexed private array; value columns past Ev are clamped into the
-// row on load, and every value row starts on a vec4 (Ev % 4 == 0).
-#line 81
-void attend16_aligned(Row w, int c0) {
-  int E = pc.query_sizes.x;
-  int S = pc.key_sizes.y;
-  int Ev = pc.value_sizes.x;
-  bool cached = E <= 64 && (E & 3) == 0;
-  VEC4 qv[16];
-  for (int i = 0; i < 16; ++i) { qv[i] = cached && 4 * i < E ? vec4a_query(w.q, 4 * i) : VEC4(0); }
-  VEC4 acc[16];
-  for (int i = 0; i < 16; ++i) { acc[i] = VEC4(0); }
-  T m = NEG_INF;
-  T sum = T(0);
-  bool nan_row = false;
-  for (int s = 0; s < S; ++s) {
-    T x = NEG_INF;
-    if (s < w.seen) {
-      ivec2 k = row_key(w.k_first + s);
-      x = cached ? score_cached(qv, k, E) : score(w.q, k, E);
-      if (pc.has_attn_mask != 0) { x += elem_attn_mask(w.mask, s * w.m_step); }
-    }
-    nan_row = nan_row || isnan(x);
-    T p = T(0);
-    T m_new = isnan(x) ? m : max(m, x);
-    if (m_new != NEG_INF) {  // else every score so far is -inf: weights stay 0
-      T corr = exp(m - m_new);
-      p = exp(x - m_new);
-      sum = sum * corr + p;
-      if (corr != T(1)) {
-        for (int i = 0; i < 16; ++i) { acc[i] *= corr; }
-      }
-      m = m_new;
-    }
-    ivec2 vrow = row_value(w.v_first + s);
-    for (int i = 0; i < 16; ++i) {
-#line 115
-      acc[i] += p * vec4a_value(vrow, min(c0 + 4 * i, Ev - 4));
-#line 119
-    }
-  }
-  // NaN scores poison the row; a fully masked row (m still -inf) is 0, as in torch
-  T inv = nan_row ? NAN : (m == NEG_INF ? T(0) : T(1) / sum);
-  for (int i = 0; i < 16; ++i) {
-    if (c0 + 4 * i < Ev) { store4_out(w.r, c0 + 4 * i, acc[i] * inv); }
-  }
-}
-
-// Output columns c0 .. c0 + 4 * 16 - 1 of row `w` (those past Ev are not stored): one pass
-// over the keys. 16 vec4 accumulators with constant indices, so that they can live in
-// registers rather than in an indexed private array; value columns past Ev are clamped into the
 // row on load.
-#line 81
+#line 94
 void attend16(Row w, int c0) {
   int E = pc.query_sizes.x;
   int S = pc.key_sizes.y;
@@ -260,9 +212,9 @@ void attend16(Row w, int c0) {
     }
     ivec2 vrow = row_value(w.v_first + s);
     for (int i = 0; i < 16; ++i) {
-#line 117
+#line 130
       acc[i] += p * cols_value(vrow, min(ivec4(c0 + 4 * i) + ivec4(0, 1, 2, 3), ivec4(Ev - 1)));
-#line 119
+#line 132
     }
   }
   // NaN scores poison the row; a fully masked row (m still -inf) is 0, as in torch
@@ -272,133 +224,158 @@ void attend16(Row w, int c0) {
   }
 }
 
-// Output columns c0 .. c0 + 4 * 64 - 1 of row `w` (those past Ev are not stored): one pass
-// over the keys. 64 vec4 accumulators with constant indices, so that they can live in
-// registers rather than in an indexed private array; value columns past Ev are clamped into the
-// row on load, and every value row starts on a vec4 (Ev % 4 == 0).
-#line 81
-void attend64_aligned(Row w, int c0) {
-  int E = pc.query_sizes.x;
-  int S = pc.key_sizes.y;
+// Elements w .. w + 3 of row r of out (w + 3 < W, W % 4 == 0).
+#line 145
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { VEC4 t4_out[]; };
+void store_vec4_out(int r, int w, VEC4 v) { t4_out[(r * pc.out_sizes.x + w) >> 2] = v; }
+
+// Where a tile reads: its first row and how many keys it visits, the key and value rows of its
+// batch, each row's mask row.
+#line 153
+struct Tile {
+  int l0;        // first query row
+  int c0;        // first output column (a multiple of 64)
+  int rows;      // query rows in the tile (the last tile of a matrix may have fewer than ROWS)
+  int out_row0;  // row index of out's row l0 (over every dim but W)
+  int q_row0;    // same for query
+  int k_first;   // key row of key 0
+  int v_first;   // value row of key 0
+  int s_end;     // keys visited: S, or with is_causal min(S, last row + 1)
+  int m_base;    // attn_mask row of query row 0 (before the per-row step)
+  int m_rstep;   // attn_mask rows from one query row to the next (0: broadcast over L)
+  int m_step;    // attn_mask elements from one key to the next (0: broadcast over S)
+};
+
+// Score x (scale * query . key) of row r of the tile for key s plus the mask, -inf where not
+// seen (past s_end, or causal). The mask is read without a branch (from the 1-element dummy buffer
+// when there is none): loads under branches, unrolled over the tile, slow lavapipe's compile.
+T seen_score(Tile t, int r, int s, T x) {
+  r = min(r, t.rows - 1);  // rows past the tile's last repeat it
+  bool seen = s < t.s_end && (pc.is_causal == 0 || s <= t.l0 + r);
+  bool has = pc.has_attn_mask != 0;
+  T add = elem_attn_mask(row_attn_mask(has ? t.m_base + r * t.m_rstep : 0), has ? min(s, t.s_end - 1) * t.m_step : 0);
+  return mix(NEG_INF, x + mix(T(0), add, has), seen);
+}
+
+// The tile row by row, for what the tiled path does not take (E > 64, E or Ev not a multiple of
+// 4): each row streams the keys once for the tile's 64 columns.
+void attend_rows(Tile t) {
   int Ev = pc.value_sizes.x;
-  bool cached = E <= 64 && (E & 3) == 0;
-  VEC4 qv[16];
-  for (int i = 0; i < 16; ++i) { qv[i] = cached && 4 * i < E ? vec4a_query(w.q, 4 * i) : VEC4(0); }
-  VEC4 acc[64];
-  for (int i = 0; i < 64; ++i) { acc[i] = VEC4(0); }
-  T m = NEG_INF;
-  T sum = T(0);
-  bool nan_row = false;
-  for (int s = 0; s < S; ++s) {
-    T x = NEG_INF;
-    if (s < w.seen) {
-      ivec2 k = row_key(w.k_first + s);
-      x = cached ? score_cached(qv, k, E) : score(w.q, k, E);
-      if (pc.has_attn_mask != 0) { x += elem_attn_mask(w.mask, s * w.m_step); }
-    }
-    nan_row = nan_row || isnan(x);
-    T p = T(0);
-    T m_new = isnan(x) ? m : max(m, x);
-    if (m_new != NEG_INF) {  // else every score so far is -inf: weights stay 0
-      T corr = exp(m - m_new);
-      p = exp(x - m_new);
-      sum = sum * corr + p;
-      if (corr != T(1)) {
-        for (int i = 0; i < 64; ++i) { acc[i] *= corr; }
-      }
-      m = m_new;
-    }
-    ivec2 vrow = row_value(w.v_first + s);
-    for (int i = 0; i < 64; ++i) {
-#line 115
-      acc[i] += p * vec4a_value(vrow, min(c0 + 4 * i, Ev - 4));
-#line 119
-    }
-  }
-  // NaN scores poison the row; a fully masked row (m still -inf) is 0, as in torch
-  T inv = nan_row ? NAN : (m == NEG_INF ? T(0) : T(1) / sum);
-  for (int i = 0; i < 64; ++i) {
-    if (c0 + 4 * i < Ev) { store4_out(w.r, c0 + 4 * i, acc[i] * inv); }
+  for (int r = 0; r < t.rows; ++r) {
+    Row w;
+    w.r = t.out_row0 + r;
+    w.q = row_query(t.q_row0 + r);
+    w.k_first = t.k_first;
+    w.v_first = t.v_first;
+    w.mask = row_attn_mask(t.m_base + r * t.m_rstep);
+    w.m_step = t.m_step;
+    w.seen = pc.is_causal != 0 ? min(pc.key_sizes.y, t.l0 + r + 1) : pc.key_sizes.y;
+    attend16(w, t.c0);  // no aligned copy: on lavapipe a vec4 load costs as much as 4 scalar ones, and it would add to the compile
   }
 }
 
-// Output columns c0 .. c0 + 4 * 64 - 1 of row `w` (those past Ev are not stored): one pass
-// over the keys. 64 vec4 accumulators with constant indices, so that they can live in
-// registers rather than in an indexed private array; value columns past Ev are clamped into the
-// row on load.
-#line 81
-void attend64(Row w, int c0) {
-  int E = pc.query_sizes.x;
-  int S = pc.key_sizes.y;
-  int Ev = pc.value_sizes.x;
-  bool cached = E <= 64 && (E & 3) == 0;
-  VEC4 qv[16];
-  for (int i = 0; i < 16; ++i) { qv[i] = cached && 4 * i < E ? vec4a_query(w.q, 4 * i) : VEC4(0); }
-  VEC4 acc[64];
-  for (int i = 0; i < 64; ++i) { acc[i] = VEC4(0); }
-  T m = NEG_INF;
-  T sum = T(0);
-  bool nan_row = false;
-  for (int s = 0; s < S; ++s) {
-    T x = NEG_INF;
-    if (s < w.seen) {
-      ivec2 k = row_key(w.k_first + s);
-      x = cached ? score_cached(qv, k, E) : score(w.q, k, E);
-      if (pc.has_attn_mask != 0) { x += elem_attn_mask(w.mask, s * w.m_step); }
+// The tiled path (E <= 64, E and Ev multiples of 4): ROWS query rows (scaled) in registers, each
+// key and value vec4 loaded once for all of them, keys KB at a time.
+void attend_tile(Tile t) {
+  int E4 = pc.query_sizes.x >> 2;
+  int Ev4 = pc.value_sizes.x >> 2;
+  int cv = t.c0 >> 2;
+  VEC4 q[ROWS][16];
+  VEC4 acc[ROWS][16];
+  T m[ROWS];
+  T sum[ROWS];
+  bool nan_row[ROWS];
+  for (int r = 0; r < ROWS; ++r) {
+    ivec2 qrow = row_query(t.q_row0 + min(r, t.rows - 1));
+    for (int i = 0; i < 16; ++i) {
+      VEC4 qi = vec4a_query(qrow, 4 * min(i, E4 - 1)) * pc.scale;  // a load under a branch would bloat the JIT
+      q[r][i] = mix(VEC4(0), qi, bvec4(i < E4));
+      acc[r][i] = VEC4(0);
     }
-    nan_row = nan_row || isnan(x);
-    T p = T(0);
-    T m_new = isnan(x) ? m : max(m, x);
-    if (m_new != NEG_INF) {  // else every score so far is -inf: weights stay 0
-      T corr = exp(m - m_new);
-      p = exp(x - m_new);
-      sum = sum * corr + p;
-      if (corr != T(1)) {
-        for (int i = 0; i < 64; ++i) { acc[i] *= corr; }
+    m[r] = NEG_INF;
+    sum[r] = T(0);
+    nan_row[r] = false;
+  }
+  for (int s0 = 0; s0 < t.s_end; s0 += KB) {
+    T x[ROWS][KB];
+    for (int j = 0; j < KB; ++j) {
+      ivec2 krow = row_key(t.k_first + min(s0 + j, t.s_end - 1));
+      VEC4 a[ROWS];
+      for (int r = 0; r < ROWS; ++r) { a[r] = VEC4(0); }
+      for (int i = 0; i < 16; ++i) {
+        VEC4 k = vec4a_key(krow, 4 * min(i, E4 - 1));
+        k = mix(VEC4(0), k, bvec4(i < E4));  // not 0 * k: an inf in k would give NaN
+        for (int r = 0; r < ROWS; ++r) { a[r] += q[r][i] * k; }
       }
-      m = m_new;
+      for (int r = 0; r < ROWS; ++r) { x[r][j] = seen_score(t, r, s0 + j, a[r].x + a[r].y + a[r].z + a[r].w); }
     }
-    ivec2 vrow = row_value(w.v_first + s);
-    for (int i = 0; i < 64; ++i) {
-#line 117
-      acc[i] += p * cols_value(vrow, min(ivec4(c0 + 4 * i) + ivec4(0, 1, 2, 3), ivec4(Ev - 1)));
-#line 119
+    // online softmax over the block: one rescale of the accumulators per KB keys
+    for (int r = 0; r < ROWS; ++r) {
+      T bm = m[r];
+      for (int j = 0; j < KB; ++j) {
+        nan_row[r] = nan_row[r] || isnan(x[r][j]);
+        bm = isnan(x[r][j]) ? bm : max(bm, x[r][j]);
+      }
+      bool live = bm != NEG_INF;  // else every score so far is -inf: weights stay 0
+      T corr = live ? exp(m[r] - bm) : T(1);
+      T ps = T(0);
+      for (int j = 0; j < KB; ++j) {
+        x[r][j] = live ? exp(x[r][j] - bm) : T(0);
+        ps += x[r][j];
+      }
+      sum[r] = sum[r] * corr + ps;
+      m[r] = bm;
+      for (int i = 0; i < 16; ++i) { acc[r][i] *= corr; }
+    }
+    for (int j = 0; j < KB; ++j) {
+      ivec2 vrow = row_value(t.v_first + min(s0 + j, t.s_end - 1));
+      for (int i = 0; i < 16; ++i) {
+        VEC4 v = vec4a_value(vrow, 4 * min(cv + i, Ev4 - 1));
+        for (int r = 0; r < ROWS; ++r) { acc[r][i] += x[r][j] * v; }
+      }
     }
   }
-  // NaN scores poison the row; a fully masked row (m still -inf) is 0, as in torch
-  T inv = nan_row ? NAN : (m == NEG_INF ? T(0) : T(1) / sum);
-  for (int i = 0; i < 64; ++i) {
-    if (c0 + 4 * i < Ev) { store4_out(w.r, c0 + 4 * i, acc[i] * inv); }
+  for (int r = 0; r < ROWS; ++r) {
+    // NaN scores poison the row; a fully masked row (m still -inf) is 0, as in torch
+    T inv = nan_row[r] ? NAN : (m[r] == NEG_INF ? T(0) : T(1) / sum[r]);
+    if (r < t.rows) {
+      for (int i = 0; i < 16; ++i) {
+        // inline stores: store4_out's loop, unrolled over the tile, makes lavapipe's compile far slower
+        if (cv + i < Ev4) { store_vec4_out(t.out_row0 + r, t.c0 + 4 * i, acc[r][i] * inv); }
+      }
+    }
   }
 }
 
-#line 130
 void main() {
-  int r = tf_unit_id();
-  if (r >= pc.units) { return; }
   ivec4 os = pc.out_sizes;  // (Ev, L, batch z, batch w): query's batch dims broadcast with key's
+  int Ev = os.x;
   int L = os.y;
   int S = pc.key_sizes.y;
-  int l = r % L;
-  ivec4 batch = ivec4(0, l, (r / L) % os.z, r / (L * os.z));
+  int col_tiles = (Ev + 63) >> 6;
+  int row_tiles = (L + ROWS - 1) / ROWS;
+  int u = tf_unit_id();
+  if (u >= min(pc.units, col_tiles * row_tiles * os.z * os.w)) { return; }
+  Tile t;
+  t.c0 = (u % col_tiles) * 64;
+  int rt = u / col_tiles;
+  t.l0 = (rt % row_tiles) * ROWS;
+  t.rows = min(ROWS, L - t.l0);
+  int mat = rt / row_tiles;
+  ivec4 batch = ivec4(0, t.l0, mat % os.z, mat / os.z);
   ivec4 qb = tf_broadcast(batch, pc.query_sizes);
   ivec4 kb = tf_broadcast(batch, pc.key_sizes);
   ivec4 vb = tf_broadcast(batch, pc.value_sizes);
-  ivec4 mb = tf_broadcast(batch, pc.attn_mask_sizes);
-  Row w;
-  w.r = r;
-  w.q = row_query(l + L * (qb.z + pc.query_sizes.z * qb.w));
-  w.k_first = (kb.w * pc.key_sizes.z + kb.z) * S;
-  w.v_first = (vb.w * pc.value_sizes.z + vb.z) * S;
-  w.mask = row_attn_mask(mb.y + pc.attn_mask_sizes.y * (mb.z + pc.attn_mask_sizes.z * mb.w));
-  w.m_step = pc.attn_mask_sizes.x > 1 ? 1 : 0;
-  w.seen = pc.is_causal != 0 ? min(S, l + 1) : S;  // keys past `seen` weigh exactly 0
-  int Ev = pc.value_sizes.x;
-  if (Ev <= 64) {
-    if ((Ev & 3) == 0) { attend16_aligned(w, 0); } else { attend16(w, 0); }
-  } else {
-    for (int c0 = 0; c0 < Ev; c0 += 256) {
-      if ((Ev & 3) == 0) { attend64_aligned(w, c0); } else { attend64(w, c0); }
-    }
-  }
+  ivec4 ms = pc.attn_mask_sizes;
+  ivec4 mb = tf_broadcast(batch, ms);
+  t.out_row0 = t.l0 + L * (batch.z + os.z * batch.w);
+  t.q_row0 = t.l0 + L * (qb.z + pc.query_sizes.z * qb.w);
+  t.k_first = (kb.w * pc.key_sizes.z + kb.z) * S;
+  t.v_first = (vb.w * pc.value_sizes.z + vb.z) * S;
+  t.s_end = pc.is_causal != 0 ? min(S, t.l0 + t.rows) : S;
+  t.m_rstep = ms.y > 1 ? 1 : 0;
+  t.m_base = mb.y + ms.y * (mb.z + ms.z * mb.w);
+  t.m_step = ms.x > 1 ? 1 : 0;
+  bool tiled = pc.query_sizes.x <= 64 && (pc.query_sizes.x & 3) == 0 && (Ev & 3) == 0;
+  if (tiled) { attend_tile(t); } else { attend_rows(t); }
 }

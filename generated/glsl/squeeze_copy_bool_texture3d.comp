@@ -39,7 +39,7 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 ivec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 60
+#line 65
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'self' (texture3d) ----
@@ -50,26 +50,64 @@ T load_self(ivec4 idx) {
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
 
-#line 9 "shaders/copy.glsl.j2"
-bool same_shape() { return pc.out_sizes == pc.self_sizes; }
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 5) const int same_units = 0;  // same_order
+#line 75
+layout(constant_id = 6) const int same_shape = 0;  // same_sizes
+#line 75
+layout(constant_id = 7) const int transpose = 0;  // transpose4
+#line 75
+layout(constant_id = 8) const int tail = 1;  // units_tail
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 81
+const int tf_span = 4;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
+#line 24 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
-  return same_shape() ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
+  return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
+}
+
+// vec4 views of the buffer bindings (aliases of the same descriptors).
+
+// ---- 4 x 4 blocks between packed dims q (input) and p (output), shape class `transpose` ----
+#line 32
+#define TF_BLOCK_PATH (transpose != 0)
+
+// The block at `base` (base[p], base[q] multiples of 4): b[k] is the output's vec4 along p at
+// q offset k, lane j of it lane k of the input's vec4 along q at p offset j (moved, not converted).
+// Input vec4s past out's sizes along p (a texture's padding lanes) read as zero.
+void block_at(ivec4 base, out VEC4 b[4]) {
+  int tp = tf_packed_dim(out_layout);
+  int past = pc.out_sizes[tp] - base[tp];  // input vec4s 0 .. past - 1 exist
+  VEC4 a[4];
+#line 46
+  for (int j = 0; j < 4; ++j) {
+    ivec4 idx = base;
+    idx[tp] += j;
+    a[j] = j < past ? load_texel_self(tf_texel_pos_lane(idx, pc.self_sizes, self_layout).xyz) : VEC4(0);
+  }
+#line 52
+  for (int k = 0; k < 4; ++k) { b[k] = VEC4(a[0][k], a[1][k], a[2][k], a[3][k]); }
 }
 
 
-#line 26
-void main() {
-  int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 49
-  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-  // Textures take only the same-shape case: a reshape that keeps the texel order would need a
-  // second unit -> texel division here, which drivers that mask rather than branch always pay.
-#line 53
-  if (out_layout == self_layout && same_shape()) { store_texel_out(pos, load_texel_self(pos)); return; }
-#line 55
+// The 4 texels from pos along x (= W = q): the block whose W offset k is texel pos + (k, 0, 0).
+#line 115
+void unit_block(ivec3 pos) {
+  VEC4 b[4];
+  block_at(tf_texel_to_idx(pos, pc.out_sizes, out_layout), b);
+  for (int k = 0; k < 4; ++k) { store_texel_out(pos + ivec3(k, 0, 0), b[k]); }
+}
+
+#line 122
+void unit_texel(ivec3 pos) {
+#line 124
+  if (same_units != 0) { store_texel_out(pos, load_texel_self(pos)); return; }
+#line 126
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);
@@ -81,5 +119,21 @@ void main() {
     }
   }
   store_texel_out(pos, r);
-#line 67
+}
+
+#line 30 "shaders/_span_main.glsl.j2"
+void main() {
+  int u = tf_unit_id();
+  ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
+  int chunks = (e.x + tf_span - 1) / tf_span;
+  int row = u / chunks;
+  if (row >= e.y * e.z) { return; }
+  ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH && (tail == 0 || pos.x + tf_span <= e.x)) { unit_block(pos); return; }
+#endif
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || pos.x < e.x) { unit_texel(pos); }
+    pos.x += 1;
+  }
 }

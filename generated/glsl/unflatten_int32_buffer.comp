@@ -44,31 +44,103 @@ layout(push_constant) uniform PushConstants {
 #line 42
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
-#line 9 "shaders/copy.glsl.j2"
-bool same_shape() { return pc.out_sizes == pc.self_sizes; }
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 5) const int same_units = 0;  // same_order
+#line 75
+layout(constant_id = 6) const int same_shape = 0;  // same_sizes
+#line 75
+layout(constant_id = 7) const int transpose = 0;  // transpose4
+#line 75
+layout(constant_id = 8) const int tail = 1;  // units_tail
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 81
+const int tf_span = 16;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
+#line 24 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
-  return same_shape() ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
+  return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
 
-// Fast path: the same layout, and a shape that keeps every element in the same unit and lane
-// (any identity copy, and reshapes such as a contiguous buffer view), is a word-for-word copy.
-// For width-packed float buffers the condition is decided at pipeline creation (layouts are
-// specialization constants), so the element path below is compiled out.
-#line 21
-bool same_units() {
-  return out_layout == self_layout && tf_same_buffer_order(pc.self_sizes, pc.out_sizes, out_layout);
+// vec4 views of the buffer bindings (aliases of the same descriptors).
+#line 8 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
+#line 8
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
+
+// ---- 4 x 4 blocks between packed dims q (input) and p (output), shape class `transpose` ----
+#line 32 "shaders/copy.glsl.j2"
+#define TF_BLOCK_PATH (transpose != 0)
+
+// The block at `base` (base[p], base[q] multiples of 4): b[k] is the output's vec4 along p at
+// q offset k, lane j of it lane k of the input's vec4 along q at p offset j (moved, not converted).
+// Input vec4s past out's sizes along p (a texture's padding lanes) read as zero.
+void block_at(ivec4 base, out VEC4 b[4]) {
+  int tp = tf_packed_dim(out_layout);
+  int past = pc.out_sizes[tp] - base[tp];  // input vec4s 0 .. past - 1 exist
+  VEC4 a[4];
+#line 42
+  int w = tf_buffer_word_lane(base, pc.self_sizes, self_layout).x;
+  int step = tf_buffer_stride(tp, pc.self_sizes, self_layout);
+  for (int j = 0; j < 4; ++j) { a[j] = j < past ? VEC4(t4_self[(w + j * step) / 4]) : VEC4(0); }
+#line 52
+  for (int k = 0; k < 4; ++k) { b[k] = VEC4(a[0][k], a[1][k], a[2][k], a[3][k]); }
 }
 
-#line 26
+
+#line 59
+const bool vec4_path = same_units != 0;
+
+void unit_vec4(int k) { t4_out[k] = t4_self[k]; }
+
+// Invocation u moves block u: blocks ordered p fastest, then q, then the two other dims.
+#line 70
+void unit_block(int u) {
+  int tp = tf_packed_dim(out_layout);
+  int tq = tf_packed_dim(self_layout);
+  ivec2 r = tf_rest_dims(tp, tq);
+  int bp = pc.out_sizes[tp] / 4;
+  int bq = pc.out_sizes[tq] / 4;
+  ivec4 base;
+  base[tp] = 4 * (u % bp);
+  int t = u / bp;
+  base[tq] = 4 * (t % bq);
+  t /= bq;
+  base[r.x] = t % pc.out_sizes[r.x];
+  base[r.y] = t / pc.out_sizes[r.x];
+  VEC4 b[4];
+  block_at(base, b);
+  int w = tf_buffer_word_lane(base, pc.out_sizes, out_layout).x;
+  int step = tf_buffer_stride(tq, pc.out_sizes, out_layout);
+  for (int k = 0; k < 4; ++k) { t4_out[(w + k * step) / 4] = ivec4(b[k]); }
+}
+
+#line 91
+void unit_word(int w) {
+#line 93
+  if (same_units != 0) { t_out[w] = t_self[w]; return; }
+#line 95
+  ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
+#line 97
+  t_out[w] = (load_self(src(idx)));
+#line 110
+}
+
+#line 15 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 31
-  if (same_units()) { t_out[u] = t_self[u]; return; }
-#line 33
-  ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
-  t_out[u] = load_self(src(idx));
-#line 67
+  int first = u * tf_span;
+  if (first >= pc.units) { return; }
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(u); return; }
+#endif
+  if (vec4_path && (tail == 0 || first + tf_span <= pc.units)) {
+    for (int k = u * (tf_span / 4); k < (u + 1) * (tf_span / 4); ++k) { unit_vec4(k); }
+    return;
+  }
+  int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);
+  for (int w = first; w < last; ++w) { unit_word(w); }
 }

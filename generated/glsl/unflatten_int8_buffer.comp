@@ -47,30 +47,47 @@ int load_self(ivec4 idx) {
   return bitfieldExtract(t_self[wl.x], 8 * wl.y, 8);
 }
 
-#line 9 "shaders/copy.glsl.j2"
-bool same_shape() { return pc.out_sizes == pc.self_sizes; }
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 5) const int same_units = 0;  // same_order
+#line 75
+layout(constant_id = 6) const int same_shape = 0;  // same_sizes
+#line 75
+layout(constant_id = 7) const int transpose = 0;  // transpose4
+#line 75
+layout(constant_id = 8) const int tail = 1;  // units_tail
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 81
+const int tf_span = 16;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
+#line 24 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
-  return same_shape() ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
+  return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
 
-// Fast path: the same layout, and a shape that keeps every element in the same unit and lane
-// (any identity copy, and reshapes such as a contiguous buffer view), is a word-for-word copy.
-// For width-packed float buffers the condition is decided at pipeline creation (layouts are
-// specialization constants), so the element path below is compiled out.
-#line 21
-bool same_units() {
-  return out_layout == self_layout && tf_same_buffer_order(pc.self_sizes, pc.out_sizes, out_layout);
-}
+// vec4 views of the buffer bindings (aliases of the same descriptors).
+#line 8 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
+#line 8
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
 
-#line 26
-void main() {
-  int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 36
-  if (same_units()) { t_out[u] = t_self[u]; return; }
-  ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
+
+#line 59 "shaders/copy.glsl.j2"
+const bool vec4_path = same_units != 0;
+
+void unit_vec4(int k) { t4_out[k] = t4_self[k]; }
+
+
+#line 91
+void unit_word(int w) {
+#line 93
+  if (same_units != 0) { t_out[w] = t_self[w]; return; }
+#line 95
+  ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
+#line 99
   int pd = tf_packed_dim(out_layout);
   int word = 0;
   for (int k = 0; k < 4; ++k) {
@@ -80,6 +97,22 @@ void main() {
       word = bitfieldInsert(word, load_self(src(e)), 8 * k, 8);
     }
   }
-  t_out[u] = word;
-#line 67
+  t_out[w] = word;
+#line 110
+}
+
+#line 15 "shaders/_span_main.glsl.j2"
+void main() {
+  int u = tf_unit_id();
+  int first = u * tf_span;
+  if (first >= pc.units) { return; }
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(u); return; }
+#endif
+  if (vec4_path && (tail == 0 || first + tf_span <= pc.units)) {
+    for (int k = u * (tf_span / 4); k < (u + 1) * (tf_span / 4); ++k) { unit_vec4(k); }
+    return;
+  }
+  int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);
+  for (int w = first; w < last; ++w) { unit_word(w); }
 }

@@ -163,3 +163,7 @@ def evaluate(v: Value, fetch: Callable):
         raise ValueError(f"derived constant '{v.name}' ({d.describe()}) came out with shape "
                          f"{list(out.shape)}, not {list(v.shape)}")
     return out
+
+
+from . import prepack_conv  # noqa: E402,F401  registers the specialised convs' prepack recipes
+from . import prepack_matmul  # noqa: E402,F401  registers linear_packed's prepack recipe

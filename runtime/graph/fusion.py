@@ -23,6 +23,19 @@ In order, in place on the graph:
 5. conv + activation: a device conv2d or conv2d_dw (folded or not) whose only user is relu,
    relu6 / hardtanh, hardswish, silu or gelu becomes one `conv2d_act` / `conv2d_dw_act` node
    (ops.yaml), one dispatch.
+6. Kernel choice (`choose_conv_kernels`, skipped with `choose_kernels=False`): a device conv2d /
+   conv2d_act / conv2d_dw / conv2d_dw_act with a constant weight takes the specialised kernel its
+   parameters allow, its weight a derived constant prepacked for it (runtime/graph/prepack_conv.py):
+     pointwise (1x1, stride 1, padding 0, groups 1)  -> conv2d_pw / conv2d_pw_act (a GEMM)
+     3x3 (stride 1, dilation 1, groups 1)            -> conv2d_wino (Winograd F(2x2, 3x3), any padding)
+     depthwise 3x3 / 5x5 (stride 1, dilation 1)     -> conv2d_dw3_s1 / conv2d_dw5_s1 (rows loaded once)
+     any other dense conv (groups 1)                 -> conv2d_gemm (an implicit GEMM)
+   Grouped convs, strided or dilated depthwise ones and tall outputs narrower than 4 (conv1d runs
+   as [N, C, L, 1]: the specialised kernels tile along W, the general one 4 x 8) stay on the
+   general conv2d / conv2d_act (conv2d_dw / conv2d_dw_act). The decision is made here, once, so
+   no kernel pays at run time for a path it does not take.
+7. Matmul kernel choice (runtime/graph/prepack_matmul.py, always): a device linear with a constant
+   float32 weight becomes linear_packed / linear_packed_gemv, its weight prepacked [K, N].
 Each fused node lists what it absorbed in `node.fused`, which the plan shows.
 """
 
@@ -55,8 +68,11 @@ ACTIVATIONS = {
 }
 
 
-def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMITS) -> PlanGraph:
-    """Rewrite `graph` in place with every fusion that applies; returns it."""
+def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMITS,
+                  choose_kernels: bool = True) -> PlanGraph:
+    """Rewrite `graph` in place with every fusion that applies; returns it. `choose_kernels=False`
+    leaves every dense conv on the general conv2d / conv2d_act kernel (step 6 skipped: what
+    conv_dim_order="nhwc" retargets, and the baseline of bench/conv.py)."""
     for node in list(graph.nodes):
         if node.target == DECOMPOSED_CONV:
             _canonical_conv2d(graph, node, texture_limits)
@@ -84,6 +100,11 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
     for node in list(graph.nodes):
         if _is_device_conv(node) or (node.on_device and node.op.name == "conv2d_dw"):
             _fuse_activation(graph, node)
+    if choose_kernels:
+        choose_conv_kernels(graph, texture_limits)
+    from .prepack_matmul import choose_matmul_kernels
+
+    choose_matmul_kernels(graph, texture_limits)  # linear -> linear_packed (prepack_matmul.py)
     return graph
 
 
@@ -322,6 +343,95 @@ def _fuse_activation(graph: PlanGraph, conv: Node) -> None:
     _replace(graph, conv, fused)
 
 
+# ---- 6: kernel choice ------------------------------------------------------------------------------------
+# general conv op -> {kernel class: the specialised op}
+SPECIALISED = {"conv2d": {"pointwise": "conv2d_pw", "winograd": "conv2d_wino", "dense": "conv2d_gemm"},
+               "conv2d_act": {"pointwise": "conv2d_pw_act", "winograd": "conv2d_wino", "dense": "conv2d_gemm"},
+               "conv2d_dw": {"depthwise3": "conv2d_dw3_s1", "depthwise5": "conv2d_dw5_s1"},
+               "conv2d_dw_act": {"depthwise3": "conv2d_dw3_s1", "depthwise5": "conv2d_dw5_s1"}}
+# kernel class -> (prepack recipe, weight suffix)
+PREPACKS = {"pointwise": ("pointwise_conv_weight", "pointwise"), "winograd": ("winograd_f2_weight", "winograd"),
+            "dense": ("conv_gemm_weight", "gemm"),
+            "depthwise3": ("depthwise_conv_weight", "depthwise"), "depthwise5": ("depthwise_conv_weight", "depthwise")}
+
+
+def conv_kernel_class(node: Node) -> str:
+    """Which kernel a device conv2d / conv2d_act / conv2d_dw / conv2d_dw_act runs on, from its
+    parameters: "pointwise", "winograd", "dense", "depthwise3", "depthwise5" or "general"."""
+    weight = node.arg("weight")
+    if not isinstance(weight, Value) or weight.role is not Role.CONST or len(weight.shape) != 4:
+        return "general"
+    (kh, kw), groups = weight.shape[2:], node.value("groups") or 1
+    stride, padding = _pair(node.value("stride") or [1]), _pair(node.value("padding") or [0])
+    dilation = _pair(node.value("dilation") or [1])
+    oh, ow = node.outputs[0][1].shape[-2:]
+    if ow < 4 and oh >= 4:
+        return "general"  # their tiles run along W: the general one's 4 x 8 suits a tall, narrow output better
+    if node.op.name in ("conv2d_dw", "conv2d_dw_act"):
+        if stride == (1, 1) and dilation == (1, 1) and kh == kw and kh in (3, 5):
+            return f"depthwise{kh}"
+        return "general"
+    if groups != 1:
+        return "general"
+    if stride != (1, 1):
+        return "dense"
+    if (kh, kw) == (1, 1) and padding == (0, 0):
+        return "pointwise"
+    if (kh, kw) == (3, 3) and dilation == (1, 1):
+        return "winograd"
+    return "dense"
+
+
+def _pair(v) -> tuple[int, int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return (int(v[0]), int(v[-1]))
+
+
+def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS) -> list[Node]:
+    """Step 6: retarget every device conv2d / conv2d_act that a specialised kernel takes; returns
+    the new nodes."""
+    made = []
+    for node in list(graph.nodes):
+        if not node.on_device or node.op.name not in SPECIALISED:
+            continue
+        kernel = conv_kernel_class(node)
+        op_name = SPECIALISED[node.op.name].get(kernel)
+        if op_name is None:
+            continue
+        new, packed = _specialised(graph, node, OPS[op_name], kernel)
+        if partition_reason(new, limits) is not None:
+            graph.constants.remove(packed)
+            continue
+        _replace(graph, node, new)
+        made.append(new)
+    return made
+
+
+def _specialised(graph: PlanGraph, conv: Node, op, kernel: str) -> tuple[Node, Value]:
+    """The `op` node of a conv of kernel class `kernel`, and its prepacked weight (a new derived
+    constant, runtime/graph/prepack_conv.py)."""
+    from .prepack_conv import padded4
+
+    recipe, suffix = PREPACKS[kernel]
+    w = conv.arg("weight")
+    cout, cin, kh, kw = w.shape
+    shape = {"pointwise": (padded4(cin), padded4(cout)), "winograd": (16, padded4(cin), padded4(cout)),
+             "dense": (kh * kw, padded4(cin), padded4(cout)),
+             "depthwise3": (9, padded4(cout)), "depthwise5": (25, padded4(cout))}[kernel]
+    packed = graph.add_derived(f"{w.name}.{suffix}", shape, w.dtype, recipe, (w,))
+    args = [("input", conv.arg("input")), ("weight", packed), ("bias", conv.arg("bias"))]
+    padding = list(_pair(conv.value("padding") or [0]))  # explicit: torch's export omits defaults
+    args += {"pointwise": [("out_channels", cout)], "winograd": [("padding", padding), ("out_channels", cout)],
+             "dense": [("kernel_size", [kh, kw]), ("stride", list(_pair(conv.value("stride") or [1]))),
+                       ("padding", padding), ("dilation", list(_pair(conv.value("dilation") or [1]))),
+                       ("out_channels", cout)],
+             "depthwise3": [("padding", padding)], "depthwise5": [("padding", padding)]}[kernel]
+    args += [(n, v) for n, v in conv.args if n in ("activation", "act_min", "act_max")]
+    new = Node(conv.name, op.targets[0], op, args, list(conv.outputs))
+    new.fused = list(conv.fused) + [f"{op.name} kernel (from {conv.op.name})"]
+    return new, packed
+
+
 def conv2d_act_reference(input, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1,
                          activation="none", act_min=0.0, act_max=0.0):
     """What texelflow's conv2d_act, conv2d_dw and conv2d_dw_act compute, in torch (the kernel
@@ -336,3 +446,15 @@ def conv2d_act_reference(input, weight, bias=None, stride=(1, 1), padding=(0, 0)
     if activation in ("gelu", "gelu_tanh"):
         return F.gelu(y, approximate="tanh" if activation == "gelu_tanh" else "none")
     return {"relu": F.relu, "hardswish": F.hardswish, "silu": F.silu}[activation](y)
+
+
+def fusion_op_name(node: Node) -> str:
+    """The op a node stands for before step 6 chose its kernel: conv2d, conv2d_act, conv2d_dw or
+    conv2d_dw_act for a specialised conv kernel (by its activation), else the node's own op (tests
+    and reports that are about what fused, not about which kernel runs it)."""
+    name = node.op.name
+    if not any(name in kernels.values() for kernels in SPECIALISED.values()):
+        return name
+    base = "conv2d_dw" if name.startswith("conv2d_dw") else "conv2d"
+    act = node.value("activation") if any(a.name == "activation" for a in node.op.args) else None
+    return base + "_act" if act not in (None, "none") else base

@@ -46,6 +46,12 @@ class Plan:
     # Seconds per stage: export, decomposition, lowering, fusion, planning (texelflow.plan); compile
     # adds prepacking and pipelines. A plan built from an IR graph has planning only.
     timings: dict[str, float] = field(default_factory=dict)
+    # The cost model the plan minimised predicted time under (runtime/graph/costs.py); None when
+    # planned by transitions alone
+    costs: object = None
+    # What precision="fp16" did (runtime/graph/precision.py PrecisionReport): float16 nodes, casts,
+    # or why float32 variants are used; None for a plan that was not asked for a precision
+    precision: object = None
 
     # ---- the numbers of DESIGN §10 -------------------------------------------------------------
     @property
@@ -89,6 +95,25 @@ class Plan:
     def dispatches(self) -> Counter:
         return Counter(n.op.name for n in self.graph.device_nodes() if not n.folded)
 
+    # ---- predicted time (runtime/graph/costs.py) ----------------------------------------------------
+    def predicted(self, costs=None) -> dict[str, float]:
+        """Predicted seconds per device node (transitions included, folded nodes 0) under `costs`,
+        else the plan's own cost model, else the built-in estimate."""
+        from .costs import CostModel
+
+        model = costs or self.costs or CostModel.estimate()
+        slots = self.assignment.slots
+        out = {}
+        for n in self.graph.device_nodes():
+            names = [name for name, _ in n.tensor_args()] + [name for name, _ in n.outputs]
+            out[n.name] = model.node_seconds(n, {name: slots[(n, name)] for name in names if (n, name) in slots})
+        return out
+
+    @property
+    def predicted_seconds(self) -> float | None:
+        """The plan's total predicted device time under its cost model; None without one."""
+        return sum(self.predicted().values()) if self.costs is not None else None
+
     # ---- presentation ----------------------------------------------------------------------------
     def rows(self) -> list[tuple[str, str, str, str, str]]:
         """(node, op, where, representation, note) per node, in execution order."""
@@ -103,6 +128,8 @@ class Plan:
                 rows.append((n.name, n.target, "cpu", "-", f"fallback: {n.fallback}"))
             else:
                 note = "folded (no data moves)" if n.folded else "; ".join(n.fused)
+                if out is not None and out.dtype == "float16":  # precision="fp16" stores it narrow
+                    note = "; ".join(x for x in (note, "float16") if x)
                 rows.append((n.name, n.op.name, "vulkan", rep, note))
         return rows
 
@@ -110,8 +137,18 @@ class Plan:
         head = (f"planner={self.planner}  transitions={self.num_transitions} ({self.transition_bytes} B)  "
                 f"optimal={self.optimal}  lower_bound={self.lower_bound}  prepacked constants={len(self.prepacks)}  "
                 f"fallbacks={len(self.fallbacks)}  planning {self.seconds * 1000:.1f} ms")
+        if self.precision is not None and self.precision.requested != "fp32":
+            head += f"\n{self.precision.summary()}"
         rows = [("node", "op", "where", "representation", "note")] + self.rows()
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        if self.costs is not None:  # a predicted-time column, from the cost model the plan minimised
+            predicted = self.predicted()
+            head += f"\ncosts={self.costs.source}  predicted {sum(predicted.values()) * 1000:.3f} ms"
+            if self.costs.device:
+                head += f" on {self.costs.device}"
+            head += "".join(f"\n{note}" for note in self.assignment.notes)
+            rows = [rows[0][:4] + ("predicted us",) + rows[0][4:]] + [
+                r[:4] + (f"{predicted[r[0]] * 1e6:.1f}" if r[0] in predicted else "-",) + r[4:] for r in rows[1:]]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [head, ""]
         for i, r in enumerate(rows):
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -162,14 +199,42 @@ class Plan:
         return "\n".join(lines) + "\n"
 
 
+# The priced plan replaces the transitions-alone plan only when it is predicted this much faster
+# (relative): predictions err by more than a few percent, and a plan that differs for less moved
+# measured latency either way on the zoo (docs/planner.md, "Predicted time").
+MIN_PREDICTED_GAIN = 0.05
+
+
+def _clear_gain_only(problem: Problem, priced: Assignment, time_limit: float) -> Assignment:
+    """The plan minimising predicted time when it beats the transitions-alone plan (priced alike)
+    by MIN_PREDICTED_GAIN; else the transitions-alone plan, with a note saying why."""
+    costs = problem.costs
+    problem.costs = None
+    try:
+        alone = plan_optimal(problem, time_limit)
+    finally:
+        problem.costs = costs
+    t_priced, t_alone = priced.predicted_seconds(problem), alone.predicted_seconds(problem)
+    if t_priced <= t_alone * (1 - MIN_PREDICTED_GAIN):
+        return priced
+    gain = 1 - t_priced / t_alone if t_alone > 0 else 0.0
+    alone.notes.append(f"kept the transitions-alone plan: the predicted-time plan gains {gain:.1%} "
+                       f"(< {MIN_PREDICTED_GAIN:.0%})")
+    return alone
+
+
 def plan_graph(graph: PlanGraph, planner: str = "optimal", texture_limits: Sequence[int] = TEXTURE_LIMITS,
-               time_limit: float = SOLVER_TIME_LIMIT_S) -> Plan:
-    """Plan representations, insert transitions, fold identity ops and verify, in place on `graph`."""
+               time_limit: float = SOLVER_TIME_LIMIT_S, costs=None) -> Plan:
+    """Plan representations, insert transitions, fold identity ops and verify, in place on `graph`.
+    `costs`: a costs.CostModel whose predicted time the optimal planner minimises (transitions
+    priced by it too); None: transitions alone, count then bytes. Greedy ignores it."""
     if planner not in PLANNERS:
         raise ValueError(f"unknown planner '{planner}'; choose one of {', '.join(PLANNERS)}")
     start = time.perf_counter()
-    problem = Problem.build(graph, texture_limits)
+    problem = Problem.build(graph, texture_limits, costs)
     assignment = plan_optimal(problem, time_limit) if planner == "optimal" else plan_greedy(problem)
+    if costs is not None and planner == "optimal":
+        assignment = _clear_gain_only(problem, assignment, time_limit)
     prepacks = sorted({
         (v.name, str(assignment.slots[(n, slot)]))
         for n in problem.repsets for slot, v in n.tensor_args() if v.role is Role.CONST
@@ -179,4 +244,4 @@ def plan_graph(graph: PlanGraph, planner: str = "optimal", texture_limits: Seque
     verify(problem, assignment)
     seconds = time.perf_counter() - start
     return Plan(graph, assignment, planner, transitions, folded, seconds, tuple(texture_limits), prepacks,
-                timings={"planning": seconds})
+                timings={"planning": seconds}, costs=costs)

@@ -28,9 +28,12 @@ class Problem:
     limits: tuple[int, int, int]
     repsets: dict[Node, OpRepSets]  # pristine, per device node
     planned: list[Value]  # values that get a representation (non-constant, touching the device)
+    # The cost model (runtime/graph/costs.py) whose predicted time the optimal planner minimises;
+    # None: transitions alone (count, then bytes)
+    costs: object = None
 
     @classmethod
-    def build(cls, graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS) -> "Problem":
+    def build(cls, graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS, costs=None) -> "Problem":
         limits = tuple(limits)
         with gc_paused():
             built: dict = {}
@@ -43,7 +46,7 @@ class Problem:
                     if v.role is not Role.CONST and id(v) not in seen:
                         seen.add(id(v))
                         planned.append(v)
-        return cls(graph, limits, repsets, planned)
+        return cls(graph, limits, repsets, planned, costs)
 
     def free_domain(self, v: Value) -> TensorRepSet:
         """Representations a value not produced on the device may take (uploads land anywhere)."""
@@ -176,3 +179,21 @@ class Assignment:
         """(number of transitions, bytes they copy)."""
         t = self.transitions(problem)
         return len(t), sum(v.nbytes for v, _ in t)
+
+    def predicted_seconds(self, problem: Problem, costs=None) -> float:
+        """The plan's predicted time under a cost model (`costs`, else the problem's): every
+        device node's slots at their representations plus every transition, what the optimal
+        planner minimises when the problem has costs. Constants' slots count at the
+        representation they are prepacked in; host values cost nothing to upload."""
+        model = costs if costs is not None else problem.costs
+        if model is None:
+            raise ValueError("predicted_seconds needs a cost model (the problem has none)")
+        total = 0.0
+        for node in problem.repsets:
+            if node.transition:
+                continue
+            for name, v in list(node.tensor_args()) + list(node.outputs):
+                total += model.slot_seconds(node, name, v, self.slots[(node, name)])
+        for v, want in self.transitions(problem):
+            total += model.transition_seconds(v, want)
+        return total

@@ -43,6 +43,23 @@ def work_to_host(vk, cmd) -> None:
     barrier(vk, cmd, s["work"], s["writes"], vk.VK_PIPELINE_STAGE_HOST_BIT, vk.VK_ACCESS_HOST_READ_BIT)
 
 
+def work_to_work_discarding(vk, cmd, images, *, memory: bool = True) -> None:
+    """One barrier doing both jobs a program needs before a dispatch: the global work_to_work
+    barrier (when `memory`) and the discarding move of `images` to GENERAL (image_to_general),
+    instead of one vkCmdPipelineBarrier each."""
+    s = stages(vk)
+    rng = vk.VkImageSubresourceRange(aspectMask=vk.VK_IMAGE_ASPECT_COLOR_BIT, baseMipLevel=0, levelCount=1,
+                                     baseArrayLayer=0, layerCount=1)
+    ibs = [vk.VkImageMemoryBarrier(
+        sType=vk.VK_STRUCTURE_TYPE_IMAGE_MEMORY_BARRIER, srcAccessMask=s["all"], dstAccessMask=s["all"],
+        oldLayout=vk.VK_IMAGE_LAYOUT_UNDEFINED, newLayout=vk.VK_IMAGE_LAYOUT_GENERAL,
+        srcQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED, dstQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
+        image=image, subresourceRange=rng) for image in images]
+    mbs = [vk.VkMemoryBarrier(sType=vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER, srcAccessMask=s["writes"],
+                              dstAccessMask=s["all"])] if memory else []
+    vk.vkCmdPipelineBarrier(cmd, s["work"], s["work"], 0, len(mbs), mbs or None, 0, None, len(ibs), ibs or None)
+
+
 def image_to_general(vk, cmd, image, *, discard: bool) -> None:
     """Move a colour image to GENERAL; `discard` starts from UNDEFINED (contents not kept).
 

@@ -17,8 +17,9 @@ from texelflow.shaders.geometry import (MAX_TEXTURE_RANK, as_layout, as_storage,
 
 # Host dtypes packing handles -> the numpy type of a stored lane: the host element itself (int8
 # lanes are bytes of a word), except bool, stored as int32 0 / 1 (layouts.yaml) and read back as
-# `lane != 0`, so what comes back is exactly a bool array.
-_NP_DTYPES = {"float32": np.float32, "int32": np.int32, "int8": np.int8, "bool": np.int32}
+# `lane != 0`, so what comes back is exactly a bool array. float16 lanes are IEEE halves, 2 bytes
+# in a buffer, 8 bytes a texel in an rgba16f texture.
+_NP_DTYPES = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "int8": np.int8, "bool": np.int32}
 # numpy axis of each WHCN dim in an (N, C, H, W) array
 _AXIS = {0: 3, 1: 2, 2: 1, 3: 0}
 

@@ -21,7 +21,7 @@ from texelflow.runtime.vulkan.errors import (BufferTooLargeError, TextureTooLarg
 from texelflow.runtime.vulkan.memory import (MemoryBlock, Requirements, buffer_requirements, create_buffer,
                                              image_requirements, staging_buffer)
 
-_NP = {"float32": np.float32, "int32": np.int32, "int8": np.int8, "bool": np.bool_}
+_NP = {"float32": np.float32, "float16": np.float16, "int32": np.int32, "int8": np.int8, "bool": np.bool_}
 
 
 def image_format(vk, dtype: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from collections import Counter
 
 import pytest
 
@@ -10,6 +11,7 @@ import torch
 
 import texelflow
 from texelflow.models import tiny_mixer, tiny_resnet
+from texelflow.runtime.graph.fusion import fusion_op_name
 
 
 def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
@@ -22,7 +24,8 @@ def test_plan_accepts_an_exported_program():
     plan = texelflow.plan(ep)
     assert plan.num_transitions == 1 and plan.optimal
     # five convs: the three followed only by a relu run fused with it (conv2d_act)
-    assert plan.dispatches["conv2d"] == 2 and plan.dispatches["conv2d_act"] == 3
+    ops = Counter(fusion_op_name(n) for n in plan.graph.device_nodes())  # whichever conv kernel runs
+    assert ops["conv2d"] == 2 and ops["conv2d_act"] == 3
     assert plan.dispatches["to_layout"] == 1
     assert plan.num_permutes == 0
 

@@ -71,10 +71,10 @@ def test_glsl_error_fails_gen_and_leaves_tree(scratch_repo: Path):
     before = tree_digest(scratch_repo)
     with pytest.raises(ShaderCompileError) as err:
         generate(scratch_repo)
-    assert set(err.value.failures) == {"abs_float32_buffer", "abs_float32_texture3d"}
+    assert set(err.value.failures) == {f"abs_{d}_{s}" for d in ("float16", "float32") for s in ("buffer", "texture3d")}
     run = gen_cli(scratch_repo)
     assert run.returncode == 1
-    assert "2 shader variant(s) failed to compile" in run.stderr
+    assert "4 shader variant(s) failed to compile" in run.stderr  # abs: float16 and float32, buffer and texture
     assert "Traceback" not in run.stderr
     assert tree_digest(scratch_repo) == before
 
@@ -96,7 +96,7 @@ def test_generated_modules_import_and_agree():
     assert ops.op_for_target("aten.relu.default").name == "relu"
     assert ops.op_for_target("aten.nonexistent.default") is None
     assert variants.find_variant("add", dtype="float32", storage="buffer").name == "add_float32_buffer"
-    with pytest.raises(KeyError, match="it has: dtype=float32, storage=buffer"):
+    with pytest.raises(KeyError, match="it has: dtype=float16, storage=buffer; .*dtype=float32, storage=buffer"):
         variants.find_variant("relu", dtype="int8", storage="buffer")
     # int8 lives only in buffers: no identity variant of int8 on textures.
     assert "clone_int8_buffer" in variants.VARIANTS and "clone_int8_texture3d" not in variants.VARIANTS

@@ -76,9 +76,9 @@ def test_source_map_reads_markers():
 
 def test_template_glsl_error_names_the_template_line(scratch_repo: Path):
     unary = scratch_repo / "shaders" / "unary.glsl.j2"
-    needle = "t_out[u] = {{ OP }};"
+    needle = "t_out[w] = {{ out.to_word }}({{ OP }});"
     line = line_of(unary, needle)
-    unary.write_text(unary.read_text().replace(needle, "not_declared_anywhere; t_out[u] = {{ OP }};"))  # no type clash, whatever out is
+    unary.write_text(unary.read_text().replace(needle, "not_declared_anywhere; " + needle))  # no type clash, whatever out is
     before = tree_digest(scratch_repo)
 
     with pytest.raises(ShaderCompileError) as err:
@@ -105,8 +105,9 @@ def test_template_glsl_error_names_the_template_line(scratch_repo: Path):
 def test_errors_in_two_templates_are_all_reported(scratch_repo: Path):
     shaders = scratch_repo / "shaders"
     unary, binary = shaders / "unary.glsl.j2", shaders / "binary.glsl.j2"
-    unary.write_text(unary.read_text().replace("void main() {", "void main() {\n  undefined_in_unary();", 1))
-    binary.write_text(binary.read_text().replace("void main() {", "void main() {\n  undefined_in_binary();", 1))
+    include = '{% include "_prologue.glsl.j2" %}\n'  # main() itself is in _span_main.glsl.j2
+    unary.write_text(unary.read_text().replace(include, include + "void broken() { undefined_in_unary(); }\n", 1))
+    binary.write_text(binary.read_text().replace(include, include + "void broken() { undefined_in_binary(); }\n", 1))
     before = tree_digest(scratch_repo)
 
     run = gen_cli(scratch_repo)

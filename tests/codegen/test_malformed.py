@@ -61,8 +61,8 @@ CASES = [
      "template 'binary' has no parameter 'TILE'", '"X * Y", TILE'),
     ("missing-param", "ops.yaml", ('params: {OP: "X * Y"}', "params: {}"),
      "template 'binary' needs parameter 'OP'", "params: {}"),
-    ("unknown-dtype-set", "ops.yaml", ("    dtypes: FP_INT\n    shader: {template: binary}", "    dtypes: FP_INTS\n    shader: {template: binary}"),
-     "unknown dtype set 'FP_INTS' (did you mean 'FP_INT'?)", "dtypes: FP_INTS"),
+    ("unknown-dtype-set", "ops.yaml", ("    dtypes: FP_H_INT\n    shader: {template: binary}", "    dtypes: FP_H_INTS\n    shader: {template: binary}"),
+     "unknown dtype set 'FP_H_INTS' (did you mean 'FP_H_INT'?)", "dtypes: FP_H_INTS"),
     ("unknown-axis", "ops.yaml", ("shader: {axes: [dtype, storage]}", "shader: {axes: [dtype, storag]}"),
      "unknown variant axis 'storag' (did you mean 'storage'?)", "axes: [dtype, storag]"),
     ("bad-target", "ops.yaml", ("targets: [aten.relu.default]", "targets: [relu]"),
@@ -185,7 +185,7 @@ def test_malformed_input_is_reported_with_its_line(scratch_repo: Path, case):
 def test_every_problem_is_reported_not_just_the_first(scratch_repo: Path):
     ops_yaml = scratch_repo / "ops.yaml"
     edit(ops_yaml, "template: binary", "template: binry")
-    edit(ops_yaml, "    dtypes: FP_INT\n    shader: {template: binry}", "    dtypes: FP_INTS\n    shader: {template: binry}")
+    edit(ops_yaml, "    dtypes: FP_H_INT\n    shader: {template: binry}", "    dtypes: FP_H_INTS\n    shader: {template: binry}")
     edit(scratch_repo / "layouts.yaml", "    short: HP\n", "")
     run = gen_cli(scratch_repo, "--no-compile")
     assert run.returncode == 1

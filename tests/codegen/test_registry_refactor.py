@@ -18,8 +18,9 @@ BEFORE = json.loads((Path(__file__).parent / "data" / "registry_before_classes.j
 # Fields the refactor added (push, checks, grid) or removed as dead (dim_order; issue 12 brought it
 # back with a meaning: the dim order a kernel computes in, empty for every op listed here).
 NEW_FIELDS = {"push", "checks", "grid", "template", "dtype_of", "dim_order"}
-# Dtypes added since (issue 10: bool joined the ALL set of identity ops and transitions).
-NEW_DTYPES = {"bool"}
+# Dtypes added since (issue 10: bool joined the ALL set of identity ops and transitions; issue 13:
+# float16 variants for precision="fp16", docs/precision.md).
+NEW_DTYPES = {"bool", "float16"}
 REMOVED_FIELDS = {"dim_order"}
 # Flags added since (issue 10: permute and cat run rank <= 7 tensors in buffers).
 NEW_FLAGS = {"permute_copy": ["supports_highdim"], "cat": ["supports_highdim"]}

@@ -476,8 +476,8 @@ def test_x86_float_ops_with_quantized_weights_run_on_the_device():
     x = r(4, 16)
     plan = texelflow.plan(x86_quantize(Linear(16, 8), x), (x,))
     assert plan.fallbacks == []
-    (lin,) = fused(plan, "linear")
-    w = lin.arg("weight")
+    (lin,) = fused(plan, "linear_packed")  # a constant weight: prepacked for the tiled kernel
+    w = lin.arg("weight").derive.sources[0]
     assert w.dtype == "float32" and w.derive.recipe == "dequantized_per_channel"
 
 
@@ -667,7 +667,7 @@ def test_a_linear_summing_more_products_than_int32_holds_stays_float():
     x = r(2, 33026)
     plan = texelflow.plan(tf_quantize(Linear(33026, 2), x), (x,))
     assert plan.fallbacks == []
-    assert "q8ta_linear" not in plan.dispatches and plan.dispatches["linear"] == 1
+    assert "q8ta_linear" not in plan.dispatches and plan.dispatches["linear_packed"] == 1
 
 
 class ConvPoolConv(nn.Module):

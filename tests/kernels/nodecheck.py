@@ -33,6 +33,7 @@ from texelflow.shaders.node_rules import run_checks
 
 DISPATCHED: set[str] = set()  # names of the variants run_nodes dispatched (for the coverage test)
 
+FLOATS = ("float32", "float16")  # float16 inputs are drawn, stored and passed to torch as float32 (below)
 DEFAULT_FLOAT_RANGE = (-3.0, 3.0)  # uniform float inputs where the op declares no sample_values;
 # integer inputs span their dtype's whole range (int32 arithmetic wraps alike in torch and GLSL)
 
@@ -43,6 +44,7 @@ INJECT_TEMPLATES = ("unary", "binary", "copy", "where")
 INJECT_TEMPLATES += ("reduce", "softmax", "adaptive_pool2d", "group_norm")
 INJECT_TEMPLATES += ("batch_norm",)  # elementwise per channel: NaN / Inf in input or statistics
 INJECT_TEMPLATES += ("matmul", "linear")  # a NaN or Inf spreads over its row and column of the product
+INJECT_TEMPLATES += ("linear_packed", "linear_packed_gemv", "mm_tiled")  # the same (linear_packed: padding rows included)
 INJECT_TEMPLATES += ("permute", "slice", "select", "expand", "pad", "pixel_shuffle", "cat")  # moved bit for bit
 INJECT_TEMPLATES += ("layer_norm",)  # a NaN or an infinity spreads over its row
 INJECT_TEMPLATES += ("masked_fill", "roll", "embedding")  # select or move elements bit for bit
@@ -120,9 +122,9 @@ def _seed(*key) -> int:
 
 def random_array(rng: np.random.Generator, shape, dtype: str, value_range=None) -> np.ndarray:
     """Uniform values in `value_range` (default: DEFAULT_FLOAT_RANGE, or an integer dtype's range)."""
-    if dtype == "float32":
+    if dtype in FLOATS:
         low, high = value_range or DEFAULT_FLOAT_RANGE
-        return rng.uniform(low, high, size=shape).astype(np.float32)
+        return rng.uniform(low, high, size=shape).astype(dtype)
     if dtype == "bool":
         return rng.integers(0, 1, size=shape, endpoint=True).astype(bool)
     info = np.iinfo(dtype)
@@ -166,9 +168,9 @@ def sample_inputs(op: OpEntry, dtype: str, index: int, specials: tuple = ()) -> 
         own = op.tensor_dtype(name, dtype)  # the variant's dtype, or fixed by dtype_of
         arrays = [random_array(rng, s, own, ranges.get(name) or ((-3, 3) if gives_bool(op) else None))
                   for s in shapes]
-        if gives_bool(op) and own == "float32":
-            arrays = [np.asarray(np.round(a * 2) / 2, dtype=np.float32) for a in arrays]
-        if specials and own == "float32":
+        if gives_bool(op) and own in FLOATS:
+            arrays = [np.asarray(np.round(a * 2) / 2, dtype=own) for a in arrays]
+        if specials and own in FLOATS:
             arrays = [inject_specials(a, k + i, specials) for i, a in enumerate(arrays)]
         out[name] = arrays if is_list else arrays[0]
     return out
@@ -193,11 +195,30 @@ NO_TORCH_TARGET = {
     "conv2d_dw_act": "texelflow.runtime.graph.fusion.conv2d_act_reference",  # depthwise conv2d + activation
     # channels-last conv: conv2d of the NCHW-permuted input, its result permuted back
     "conv2d_nhwc": "texelflow.runtime.graph.permutes.dim_order.conv2d_nhwc_reference",
+    # specialised convs on prepacked weights (runtime/graph/prepack_conv.py)
+    "conv2d_pw": "texelflow.runtime.graph.prepack_conv.conv2d_pw_reference",
+    "linear_packed": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
+    "linear_packed_gemv": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
+    "conv2d_pw_act": "texelflow.runtime.graph.prepack_conv.conv2d_pw_reference",
+    "conv2d_wino": "texelflow.runtime.graph.prepack_conv.conv2d_wino_reference",
+    "conv2d_gemm": "texelflow.runtime.graph.prepack_conv.conv2d_gemm_reference",
+    "conv2d_dw3_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
+    "conv2d_dw5_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
 }
+# the precision pass's casts (docs/precision.md): torch's .half() / .float()
+NO_TORCH_TARGET.update({name: f"texelflow.runtime.graph.precision.{name}_reference"
+                        for name in ("cast_to_float16", "cast_to_float32")})
 # q8ta ops: dequantize, the float op, quantize (tests/kernels/q8ta_reference.py)
 NO_TORCH_TARGET.update({name: f"tests.kernels.q8ta_reference.{name}" for name in (
     "q8ta_add", "q8ta_relu", "q8ta_pixel_shuffle", "q8ta_max_pool2d", "q8ta_linear", "q8ta_linear_gemv", "q8ta_conv2d",
     "q8ta_conv2d_im2col")})
+
+
+def _torch_input(array: np.ndarray) -> torch.Tensor:
+    """A sample input for torch: float16 arrays (already rounded to float16) as float32, so the
+    reference of a float16 variant is torch's float32 answer on the float16 inputs (docs/precision.md)."""
+    t = torch.from_numpy(array.copy())
+    return t.float() if t.dtype == torch.float16 else t
 
 
 def torch_reference(op: OpEntry, sample: dict, inputs: dict) -> list[np.ndarray]:
@@ -214,9 +235,9 @@ def torch_reference(op: OpEntry, sample: dict, inputs: dict) -> list[np.ndarray]
             continue
         v = sample[a.name]
         if a.kind == "tensor" and v is not None:
-            v = torch.from_numpy(inputs[a.name].copy())
+            v = _torch_input(inputs[a.name])
         elif a.kind == "tensor_list":
-            v = [torch.from_numpy(x.copy()) for x in inputs[a.name]]
+            v = [_torch_input(x) for x in inputs[a.name]]
         elif isinstance(v, tuple):
             v = list(v)
         elif a.kind == "any" and isinstance(getattr(torch, str(v), None), torch.dtype):
@@ -339,8 +360,13 @@ class Output:
 def padding_mask(t: VkTensor) -> np.ndarray:
     """True for every stored element (as raw_elements gives them) that is padding: where the
     host packer puts none of the ones of an all-ones tensor."""
-    ones = t.pack(np.ones(t.shape, dtype=np.float32 if t.dtype == "float32" else np.int8))
-    return ones.view(np.int8 if t.dtype == "int8" else np.int32) == 0
+    ones = t.pack(np.ones(t.shape, dtype=t.dtype if t.dtype in FLOATS else np.int8))
+    return ones.view(_raw_type(t)) == 0
+
+
+def _raw_type(t: VkTensor):
+    """The integer type of one stored element: int32 words, int16 float16 lanes, int8 lanes."""
+    return {"int8": np.int8, "float16": np.int16}.get(t.dtype, np.int32)
 
 
 def raw_elements(device, ts: list[VkTensor]) -> list[np.ndarray]:
@@ -361,8 +387,7 @@ def raw_elements(device, ts: list[VkTensor]) -> list[np.ndarray]:
 
     device.run_once(record, "raw downloads")
     view = stage.view(total)
-    return [view[off:off + t.nbytes].copy().view(np.int8 if t.dtype == "int8" else np.int32)
-            for t, off in zip(ts, offsets)]
+    return [view[off:off + t.nbytes].copy().view(_raw_type(t)) for t, off in zip(ts, offsets)]
 
 
 def variant_at(op_name: str, **axes: str) -> str:
@@ -410,7 +435,8 @@ def run_nodes(device, nodes: list[tuple[Node, dict]], slot_reprs: dict[str, Tens
                             ins.append(t)
                             in_arrays.append(arrays[v])
                     bound[name] = t
-                dispatches.append(Dispatch(spec.variant, bound, spec.scalars, label=spec.label, units=spec.units))
+                dispatches.append(Dispatch(spec.variant, bound, spec.scalars, label=spec.label, units=spec.units,
+                                                spec=spec.spec))
         outs = [tensors[v] for node, _ in nodes for _, v in node.outputs]
         prog = Program(device, dispatches, ins, outs, timestamps=False)
         try:
@@ -456,11 +482,19 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "maximum": None,
     "matmul": (1e-4, 1e-5),  # dot products accumulated in another order than torch's
     "linear": (1e-4, 1e-5),
+    "linear_packed": (1e-4, 1e-5),  # dot products in another order (runtime/graph/prepack_matmul.py)
+    "linear_packed_gemv": (1e-4, 1e-5),
+    "mm_tiled": (1e-4, 1e-5),  # dot products accumulated in another order than torch's
     "conv2d": (1e-4, 1e-4),
     "conv2d_act": (1e-4, 1e-4),  # conv2d's sums, then exp / tanh / erf approximations
     "conv2d_dw": (1e-4, 1e-4),
     "conv2d_dw_act": (1e-4, 1e-4),
     "conv2d_nhwc": (1e-4, 1e-4),  # conv2d_act's sums and activations, channels-last
+    "conv2d_pw": (1e-4, 1e-4),  # conv2d's sums over input channels (runtime/graph/prepack_conv.py)
+    "conv2d_pw_act": (1e-4, 1e-4),
+    "conv2d_dw_s1": (1e-4, 1e-4),  # conv2d_dw's sums and activations
+    "conv2d_gemm": (1e-4, 1e-4),  # conv2d_act's sums and activations
+    "conv2d_wino": (1e-4, 1e-4),  # Winograd F(2x2, 3x3): its transforms' sums, in another order
     "batch_norm": (1e-5, 1e-5),  # one multiply-add per element, torch's order
     "layer_norm": (1e-4, 1e-4),  # mean and variance reductions, rsqrt
     "sdpa": (1e-4, 1e-5),  # dot products, exp and an online softmax in another order than torch's
@@ -484,6 +518,7 @@ TOLERANCES.update({
 })
 TOLERANCES.update({"masked_fill": None, "roll": None, "embedding": None})  # exact: elements are moved
 TOLERANCES.update({"conv1d": (1e-4, 1e-4), "conv_transpose1d": (1e-4, 1e-4), "conv_transpose2d": (1e-4, 1e-4)})  # sums in another order than torch's
+TOLERANCES.update({"cast_to_float16": None, "cast_to_float32": None})  # torch's .half() (to nearest even), .float()
 TOLERANCES.update({"pad_mode": None})  # reflection / replication pads move elements
 TOLERANCES.update({"max_pool1d": None})  # selects an element
 TOLERANCES.update({name: None for name in (  # rounding, sign and selects are exact, -0.0 included
@@ -502,9 +537,19 @@ def tolerance(op_name: str) -> tuple[float, float] | int | None:
     return TOLERANCES[key]
 
 
+# float16 outputs (docs/precision.md): the kernel computes in float32 and rounds once on the store,
+# so it is compared with torch's float32 answer rounded to float16, within the template's tolerance
+# or FP16_TOLERANCE, whichever is wider (two roundings of nearly equal values differ by one ulp,
+# 2**-10 relative); a bit-exact template (None) stays bit-exact on the rounded answer.
+FP16_TOLERANCE = (2e-3, 1e-4)
+
+
 def assert_matches(got: np.ndarray, want: np.ndarray, op_name: str, what: str) -> None:
     assert got.shape == want.shape, f"{what}: shape {got.shape} != torch's {want.shape}"
     tol = tolerance(op_name)
+    if got.dtype == np.float16 and want.dtype in (np.float32, np.float16):
+        _assert_matches_fp16(got, want, tol, what)
+        return
     if isinstance(tol, int):
         assert want.dtype != np.float32, f"{what}: a tolerance in steps ({tol}) is for integer outputs"
         diff = np.abs(got.astype(np.int64) - want.astype(np.int64)).reshape(-1)
@@ -525,6 +570,21 @@ def assert_matches(got: np.ndarray, want: np.ndarray, op_name: str, what: str) -
             np.testing.assert_array_equal(got, want, err_msg=what)
         return
     np.testing.assert_allclose(got, want, rtol=tol[0], atol=tol[1], equal_nan=True, err_msg=what)
+
+
+def _assert_matches_fp16(got: np.ndarray, want: np.ndarray, tol, what: str) -> None:
+    with np.errstate(over="ignore"):
+        want16 = want.astype(np.float16)  # past 65504: +-Inf, as the kernel's store
+    if tol is None:
+        bad = (got.view(np.int16) != want16.view(np.int16)) & ~(np.isnan(got) & np.isnan(want16))
+        if bad.any():
+            i = np.flatnonzero(bad.reshape(-1))
+            raise AssertionError(f"{what}: {i.size} float16 elements differ from torch's (rounded) bit for bit; "
+                                 f"first at {i[:6].tolist()}: got {got.reshape(-1)[i[:6]]}, want {want16.reshape(-1)[i[:6]]}")
+        return
+    rtol, atol = max(tol[0], FP16_TOLERANCE[0]), max(tol[1], FP16_TOLERANCE[1])
+    np.testing.assert_allclose(got.astype(np.float32), want16.astype(np.float32), rtol=rtol, atol=atol,
+                               equal_nan=True, err_msg=f"{what} (float16, rtol={rtol}, atol={atol})")
 
 
 def assert_padding_zero(out: Output, what: str) -> None:

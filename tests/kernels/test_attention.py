@@ -39,11 +39,12 @@ def assert_all_variants_match(device, inputs: dict, label: str, **scalars) -> No
     assert not failures, "\n\n".join(failures)
 
 
-def test_mask_with_fully_masked_rows(device):
+@pytest.mark.parametrize("e", [6, 8])
+def test_mask_with_fully_masked_rows(device, e):
     """An additive mask of -inf on whole rows gives 0 there (torch's safe softmax); -inf on some
-    keys drops them; finite values shift the scores."""
+    keys drops them; finite values shift the scores. Head dim 6 takes the row path, 8 the tiled one."""
     rng = np.random.default_rng(1)
-    inputs = qkv(rng, 2, 3, 5, 7, 6)
+    inputs = qkv(rng, 2, 3, 5, 7, e)
     mask = rng.uniform(-2, 2, size=(5, 7)).astype(np.float32)
     mask[1, :] = -INF
     mask[3, ::2] = -INF
@@ -74,6 +75,22 @@ def test_long_rows_and_large_head_dim(device):
     rng = np.random.default_rng(3)
     assert_all_variants_match(device, qkv(rng, 1, 2, 197, 197, 64), "197 tokens, d 64")
     assert_all_variants_match(device, qkv(rng, 1, 1, 5, 9, 300, ev=301), "d 300, dv 301")
+
+
+@pytest.mark.parametrize("L,S", [(1, 1), (3, 7), (5, 13), (7, 3), (13, 5), (197, 197)])
+@pytest.mark.parametrize("e,ev", [(64, 64), (4, 68), (3, 5), (1, 1)])
+def test_tiled_and_row_paths_on_awkward_sizes(device, L, S, e, ev):
+    """Head dims that are multiples of 4 up to 64 take the tiled path (4 rows per invocation, a
+    last tile of 1 to 3 rows; Ev 68: two column tiles); 3 and 1 take the row path."""
+    inputs = qkv(np.random.default_rng(L * 1000 + S * 10 + e), 1, 2, L, S, e, ev)
+    assert_all_variants_match(device, inputs, f"L={L} S={S} E={e} Ev={ev}")
+
+
+@pytest.mark.parametrize("L,S", [(1, 5), (5, 1), (7, 13), (13, 7), (197, 197)])
+def test_causal_tiles_stop_at_their_last_row(device, L, S):
+    """is_causal on the tiled path: a tile visits keys up to its last row only (top-left aligned)."""
+    inputs = qkv(np.random.default_rng(L * 7 + S), 2, 1, L, S, 64, 8)
+    assert_all_variants_match(device, inputs, f"causal tiled L={L} S={S}", is_causal=True)
 
 
 def test_nan_and_inf_propagate_like_torch(device):

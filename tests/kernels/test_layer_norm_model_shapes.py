@@ -17,7 +17,9 @@ from .nodecheck import check_variant, combo_id, explicit_case, repr_combos
 
 SHAPES = [[1, 197, 384], [1, 56, 56, 40], [2, 3, 5, 37]]
 OP_NAMES = ("layer_norm", "native_layer_norm")
-CASES = [(vname, combo) for name in OP_NAMES for vname in OPS[name].variants
+# float32 variants: these references are computed from the float32 inputs; the float16 variants
+# are checked against references from their rounded inputs (test_registry_ops, test_fp16_precision).
+CASES = [(vname, combo) for name in OP_NAMES for vname in OPS[name].variants if VARIANTS[vname].dtype == "float32"
          for combo in repr_combos(OPS[name], VARIANTS[vname])]
 
 

@@ -41,7 +41,11 @@ def test_entry_is_consistent(name):
     for w in op.weights:
         assert w in args and args[w].repset is not None, f"{name}: weight '{w}' is no tensor argument"
         assert w not in synced, f"{name}: weight '{w}' is prepacked, so it cannot be in a sync group"
-        assert len(TensorRepSet.named(args[w].repset)) == 1, f"{name}: weight '{w}' is prepacked into one representation"
+        # one representation, or one layout whose storage the planner picks by the texture limits
+        # where the op has a variant per weight storage (linear_packed's `weight_storage` axis)
+        reprs = TensorRepSet.named(args[w].repset)
+        assert len(reprs) == 1 or ("weight_storage" in op.shader_axes and len({r.layout for r in reprs}) == 1), \
+            f"{name}: weight '{w}' is prepacked into one representation"
     lists = [a.name for a in op.args if a.kind == "tensor_list"]
     if lists:
         assert op.grid == ("per_list_element", lists[0]), f"{name}: a tensor list needs one dispatch per element"
@@ -107,6 +111,9 @@ def _any_float(repset):
 ACCEPTANCE = {  # template -> (activation repset predicate, all activations synced)
     "matmul": (_width_packed, False),  # linear / addmm / mm: width-packed, weights prepacked
     "linear": (_width_packed, False),
+    "linear_packed": (_width_packed, False),  # the tiled family (issue 13): weights prepacked
+    "linear_packed_gemv": (_width_packed, False),
+    "mm_tiled": (_width_packed, False),
     "conv2d": (_channels_packed_texture, False),  # conv2d, pools: channels-packed texture
     # Ours also takes a channels-packed buffer (NHWC memory): beside conv2d_nhwc the permutes
     # around a pool are then free views (ResNet-18's max pool; the reference: texture only).

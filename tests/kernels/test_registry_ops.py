@@ -50,7 +50,7 @@ KNOWN_DEVIATIONS: dict[str, str] = {}  # op -> why it may differ from torch on N
 
 def _specials(op, dtype) -> tuple[str, ...]:
     """The special values injected into the op's inputs: none unless a float elementwise op."""
-    if dtype != "float32" or template_of(op.name) not in INJECT_TEMPLATES:
+    if dtype not in ("float32", "float16") or template_of(op.name) not in INJECT_TEMPLATES:
         return ()
     skipped = NOT_INJECTED.get(op.name, ((), ""))[0]
     return tuple(v for v in SPECIALS if v not in skipped)

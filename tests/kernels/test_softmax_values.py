@@ -44,7 +44,9 @@ def _cases(op_name):
     return cases
 
 
-PARAMS = [(v, c) for v, c in variant_cases() if VARIANTS[v].op in SOFTMAX_OPS]
+# float32 variants: logits around +-1000 keep no fraction in float16 (spacing 0.5), and these
+# references come from the float32 inputs; float16 is checked in test_registry_ops / test_fp16_precision.
+PARAMS = [(v, c) for v, c in variant_cases() if VARIANTS[v].op in SOFTMAX_OPS and VARIANTS[v].dtype == "float32"]
 
 
 @pytest.mark.parametrize("vname,combo", PARAMS, ids=[f"{v}-{combo_id(OPS[VARIANTS[v].op], c)}" for v, c in PARAMS])

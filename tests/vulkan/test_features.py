@@ -10,6 +10,7 @@ import pytest
 from texelflow.codegen.layouts_schema import KNOWN_FEATURES
 from texelflow.generated import variants as gv
 from texelflow.generated.layouts import DEVICE_FEATURES, DTYPES
+from texelflow.generated.ops import OPS
 from texelflow.runtime.vulkan.device import FEATURE_SOURCES
 from texelflow.runtime.vulkan.errors import MissingFeatureError, UnsupportedError
 from texelflow.runtime.vulkan.pipeline import check_features, find_variant
@@ -19,7 +20,7 @@ FP16 = DTYPES["float16"].features
 
 @pytest.fixture
 def fp16_add(monkeypatch):
-    """A float16 `add` variant in the generated table (none is generated today)."""
+    """A float16 `add` variant in the generated table (add has no float16 variant of its own yet)."""
     base = gv.VARIANTS["add_float32_buffer"]
     v = dataclasses.replace(base, name="add_float16_buffer", dtype="float16", source="add_float16_buffer.comp",
                             axes=(("dtype", "float16"), ("storage", "buffer")), features=FP16)
@@ -37,10 +38,14 @@ def test_variants_carry_their_dtypes_features():
     assert FP16 == ("shaderFloat16", "storageBuffer16BitAccess")
     for v in gv.VARIANTS.values():  # plus those of its choice axis values (int_dot: dot4x8)
         chosen = {f for axis, value in v.axes if axis in gv.CHOICES for f in gv.CHOICES[axis][value]}
-        assert v.features == tuple(sorted(set(DTYPES[v.dtype].features) | chosen)), v.name
-    # float16 is in the dtype table but has no variants yet: ops.yaml variant_axes decides. bool
-    # has them (comparisons, where, logical ops, and the identity ops that move masks).
-    assert not [v.name for v in gv.VARIANTS.values() if v.dtype == "float16"]
+        # every bound tensor's dtype counts: cast_to_float16's float32 variant writes float16
+        dtypes = {OPS[v.op].tensor_dtype(b.tensor, v.dtype) for b in v.bindings} | {v.dtype}
+        assert v.features == tuple(sorted({f for d in dtypes for f in DTYPES[d].features} | chosen)), v.name
+    # ops.yaml variant_axes and each op's dtypes decide which dtypes get variants: float16 ones
+    # (precision="fp16", docs/precision.md) need both float16 features, bool ones none.
+    half = [v for v in gv.VARIANTS.values() if v.dtype == "float16"]
+    assert half and all(set(FP16) <= set(v.features) for v in half)
+    assert set(FP16) <= set(gv.VARIANTS["cast_to_float16_float32_buffer"].features)
     assert any(v.dtype == "bool" for v in gv.VARIANTS.values())
 
 

@@ -83,12 +83,14 @@ class ComponentProgram:
         return sol
 
 
-def build_program(cls, ev, ecc, evc, groups, domain, vbytes) -> ComponentProgram:
+def build_program(cls, ev, ecc, evc, groups, domain, vbytes, priced=None) -> ComponentProgram:
     """cls: the component's class roots (sorted); ev/ecc/evc: its edges (value, consumer root,
-    producer root); groups: its int8 sync groups (lists of class roots); domain: every class's mask."""
+    producer root); groups: its int8 sync groups (lists of class roots); domain: every class's mask;
+    priced: prices.Prices when the objective is predicted time (None: count, then bytes)."""
     n_cls = len(cls)
     lcc, lvc = np.searchsorted(cls, ecc), np.searchsorted(cls, evc)
-    dom = useful_domains(domain[cls], bool(groups))
+    # Restricting flexible classes to useful labels is exact for transitions alone, not with prices.
+    dom = useful_domains(domain[cls], bool(groups)) if priced is None else domain[cls]
     has = (dom[:, None] >> np.arange(NB)) & 1 == 1
     n_x = int(has.sum())
     xcol = np.full(has.shape, -1, dtype=np.int64)
@@ -130,12 +132,20 @@ def build_program(cls, ev, ecc, evc, groups, domain, vbytes) -> ComponentProgram
     n_rows = n_cls + n_zr + len(w_rows)
     a = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(n_rows, n)).tocsr()
 
-    # Count first, bytes second: each byte term is scaled so that all of them together weigh
-    # less than one transition.
-    zbytes = np.asarray(vbytes, dtype=np.int64)[z_value]
-    total = float(int(zbytes.sum())) + 1.0
     obj = np.zeros(n)
-    obj[n_x:n_x + n_z] = 1.0 + zbytes / total
+    if priced is None:
+        # Count first, bytes second: each byte term is scaled so that all of them together weigh
+        # less than one transition.
+        zbytes = np.asarray(vbytes, dtype=np.int64)[z_value]
+        total = float(int(zbytes.sum())) + 1.0
+        obj[n_x:n_x + n_z] = 1.0 + zbytes / total
+    else:
+        # Predicted time in microseconds: each class in its representation, each copy.
+        x_cls, x_bit = np.nonzero(has)
+        obj[:n_x] = priced.unary[cls[x_cls], x_bit] * 1e6
+        z_bit = np.empty(n_z, dtype=np.int64)
+        z_bit[rank] = uniq % NB
+        obj[n_x:n_x + n_z] = [priced.transition(int(v))[b] * 1e6 for v, b in zip(z_value.tolist(), z_bit.tolist())]
     return ComponentProgram(
         n_cls, ev, lcc, lvc, dom, local, has, xcol, n_x, n_z, z_row, xc, xp,
         objective=obj,

@@ -16,6 +16,7 @@ from ..problem import Assignment, Problem, gc_paused
 from ..repr import REPRS
 from .components import components, settle, unsettled
 from .contraction import contract_chains
+from .prices import price
 from .tables import Tables, build_tables, count_transitions, crossing_edges
 
 # integer_program, local_search and solver import scipy (about a second): they are imported only
@@ -30,14 +31,21 @@ def plan(problem: Problem, time_limit: float) -> Assignment:
 def _plan(problem: Problem, time_limit: float) -> Assignment:
     t = build_tables(problem)
     classes = t.classes
-    contract_chains(t, classes.roots().tolist())
+    costs = problem.costs
+    if costs is None:  # exact for transition counts and bytes only: with unary costs it is not
+        contract_chains(t, classes.roots().tolist())
     root = classes.roots()  # final: every later lookup reads this instead of calling find
     domain = np.asarray(classes.domain, dtype=np.int64)
     ev, ecc, evc = crossing_edges(t, root)
     groups = [[int(root[k]) for k in keys] for keys in t.int8_groups]
     comp = components(len(root), ecc, evc, groups)
     roots = np.nonzero(root == np.arange(len(root)))[0]
-    label, todo = settle(comp, roots, domain, ecc, groups)
+    priced = None
+    if costs is None:
+        label, todo = settle(comp, roots, domain, ecc, groups)
+    else:
+        priced = price(problem, t, root, roots, domain)
+        label, todo = settle(comp, roots, priced.cheapest, ecc, groups)
 
     fallback: dict[int, object] = {}  # class index -> greedy representation, where a solve failed
     greedy: list[Assignment] = []  # computed only if a component has to fall back to it
@@ -48,7 +56,7 @@ def _plan(problem: Problem, time_limit: float) -> Assignment:
         from .solver import MIN_SOLVE_S
 
         remaining = max(MIN_SOLVE_S, deadline - time.monotonic())
-        solved = solve_component(cls, cev, cecc, cevc, cgroups, domain, t.vbytes, remaining)
+        solved = solve_component(cls, cev, cecc, cevc, cgroups, domain, t.vbytes, remaining, priced)
         if solved is None:
             certified = False
             if not greedy:
@@ -71,18 +79,19 @@ def _plan(problem: Problem, time_limit: float) -> Assignment:
     return result
 
 
-def solve_component(cls, ev, ecc, evc, groups, domain, vbytes, time_limit):
+def solve_component(cls, ev, ecc, evc, groups, domain, vbytes, time_limit, priced=None):
     """One program over a component (LP first); None when no solution was found in time.
 
     cls: the component's class roots (sorted); ev/ecc/evc: its edges (value, consumer root,
-    producer root); groups: its int8 sync groups (lists of class roots). Returns (the bit picked
-    per class of cls, lower bound on the count, certified).
+    producer root); groups: its int8 sync groups (lists of class roots); priced: the Prices of a
+    problem with a cost model (None: transitions alone). Returns (the bit picked per class of cls,
+    lower bound on the count, certified); with prices the bound is the count when certified, else 0.
     """
     from .integer_program import build_program
     from .local_search import polish_preference, round_relaxation
     from .solver import BINARY_ONE, DUAL_BOUND_SLACK, lp_then_mip
 
-    prog = build_program(cls, ev, ecc, evc, groups, domain, vbytes)
+    prog = build_program(cls, ev, ecc, evc, groups, domain, vbytes, priced)
     # Rounding ignores int8 groups, so it could break them: with groups only the MIP decides.
     rounded = None if groups else (lambda x: round_relaxation(x, prog, vbytes))
     solved = lp_then_mip(prog, time_limit, rounded)
@@ -90,11 +99,15 @@ def solve_component(cls, ev, ecc, evc, groups, domain, vbytes, time_limit):
         return None
     sol, exact, dual = solved
     count = round(float(sol[prog.n_x:prog.n_x + prog.n_z].sum()))
-    bound = count if exact else max(0, math.floor(dual + DUAL_BOUND_SLACK))
+    if priced is None:
+        bound = count if exact else max(0, math.floor(dual + DUAL_BOUND_SLACK))
+    else:
+        bound = count if exact else 0  # the dual bounds predicted time, not the count
     chosen = prog.has & (sol[np.maximum(prog.xcol, 0)] > BINARY_ONE)
     picks = np.argmax(chosen, axis=1).tolist()  # the first representation set per class
-    pinned = {prog.local[r] for g in groups for r in g}
-    polish_preference(picks, domain[cls].tolist(), pinned, prog, vbytes)
+    if priced is None:  # with prices, ties are already broken by time (preference only as a last resort)
+        pinned = {prog.local[r] for g in groups for r in g}
+        polish_preference(picks, domain[cls].tolist(), pinned, prog, vbytes)
     return picks, bound, exact
 
 

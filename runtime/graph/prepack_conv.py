@@ -1,0 +1,140 @@
+"""Weight prepack recipes of the specialised convolution kernels, and their torch references.
+
+The fusion pass (fusion.py, step 6) gives a conv it takes to conv2d_pw, conv2d_wino, conv2d_gemm
+or conv2d_dw{3,5}_s1 a derived weight (derived.py's recipe mechanism): torch's [Cout, Cin, KH, KW]
+rearranged once, at load, into the order the kernel reads (a WIDTH_PACKED texture: one texel load
+feeds 4 output channels), so that no kernel pays for index math or a transform per call. Each
+recipe gets float64 sources; the program rounds the result to float32 (Winograd's transform is
+thus exact up to that one rounding).
+"""
+
+from __future__ import annotations
+
+from .derived import recipe
+
+
+def padded4(n: int) -> int:
+    """n rounded up to a whole number of texels (4 channels)."""
+    return -(-n // 4) * 4
+
+
+@recipe
+def pointwise_conv_weight(source):
+    """A 1x1 conv weight [Cout, Cin, 1, 1] as conv2d_pw's [Cin4 * 4, Cout4 * 4]: row ci holds input
+    channel ci's weights for every output channel; padded rows and columns are zero."""
+    import torch.nn.functional as F
+
+    cout, cin = source.shape[:2]
+    w = source.reshape(cout, cin).t()
+    return F.pad(w, (0, padded4(cout) - cout, 0, padded4(cin) - cin)).contiguous()
+
+
+@recipe
+def conv_gemm_weight(source):
+    """A dense conv weight [Cout, Cin, KH, KW] as conv2d_gemm's [KH * KW, Cin4 * 4, Cout4 * 4]:
+    plane KW ky + kx, row ci holds that tap's weights of input channel ci for every output
+    channel; padded rows and columns are zero."""
+    import torch.nn.functional as F
+
+    cout, cin, kh, kw = source.shape
+    w = source.permute(2, 3, 1, 0).reshape(kh * kw, cin, cout)
+    return F.pad(w, (0, padded4(cout) - cout, 0, padded4(cin) - cin)).contiguous()
+
+
+@recipe
+def depthwise_conv_weight(source):
+    """A depthwise conv weight [C, 1, KH, KW] as conv2d_dw{K}_s1's [KH * KW, C4 * 4]: row
+    KW ky + kx holds that tap's weight for every channel; padded columns are zero."""
+    import torch.nn.functional as F
+
+    c, _, kh, kw = source.shape
+    return F.pad(source.reshape(c, kh * kw).t(), (0, padded4(c) - c)).contiguous()
+
+
+# Winograd F(2x2, 3x3) (Lavin & Gray): Y = A^T [(G g G^T) (.) (B^T d B)] A
+WINO_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+WINO_BT = ((1.0, 0.0, -1.0, 0.0), (0.0, 1.0, 1.0, 0.0), (0.0, -1.0, 1.0, 0.0), (0.0, 1.0, 0.0, -1.0))
+WINO_AT = ((1.0, 1.0, 1.0, 0.0), (0.0, 1.0, -1.0, -1.0))
+
+
+@recipe
+def winograd_f2_weight(source):
+    """A 3x3 conv weight [Cout, Cin, 3, 3] transformed to G g G^T and laid out as conv2d_wino's
+    [16, Cin4 * 4, Cout4 * 4]: plane 4 row + column of the 4x4 transform, row ci, column co;
+    padded rows and columns are zero. Computed in float64, rounded to float32 once."""
+    import torch
+    import torch.nn.functional as F
+
+    cout, cin = source.shape[:2]
+    g = torch.tensor(WINO_G, dtype=source.dtype)
+    u = g @ source @ g.t()  # [Cout, Cin, 4, 4]
+    u = u.permute(2, 3, 1, 0).reshape(16, cin, cout)
+    return F.pad(u, (0, padded4(cout) - cout, 0, padded4(cin) - cin)).contiguous()
+
+
+# ---- torch references (the kernel tests' and the generic registry test's) ---------------------------
+def conv2d_pw_reference(input, weight, bias=None, out_channels=1, activation="none", act_min=0.0, act_max=0.0):
+    """What conv2d_pw / conv2d_pw_act compute: the 1x1 convolution whose weight is the prepacked
+    [Cin4 * 4, Cout4 * 4] one's first Cin rows and `out_channels` columns, then the activation."""
+    from .fusion import conv2d_act_reference
+
+    cin = input.shape[1]
+    w = weight[:cin, :out_channels].t().reshape(out_channels, cin, 1, 1)
+    return conv2d_act_reference(input, w, bias, activation=activation, act_min=act_min, act_max=act_max)
+
+
+def conv2d_gemm_reference(input, weight, bias=None, kernel_size=(1, 1), stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                          out_channels=1, activation="none", act_min=0.0, act_max=0.0):
+    """What conv2d_gemm computes: the convolution whose weight is the prepacked
+    [KH * KW, Cin4 * 4, Cout4 * 4] one's first Cin rows and `out_channels` columns."""
+    from .fusion import conv2d_act_reference
+
+    cin = input.shape[1]
+    kh, kw = (list(kernel_size) * 2)[:2] if len(kernel_size) == 1 else kernel_size
+    w = weight[:, :cin, :out_channels].reshape(kh, kw, cin, out_channels).permute(3, 2, 0, 1)
+    return conv2d_act_reference(input, w, bias, tuple(stride), tuple(padding), tuple(dilation), 1, activation,
+                                act_min, act_max)
+
+
+def conv2d_dw_s1_reference(input, weight, bias=None, padding=(0, 0), activation="none", act_min=0.0,
+                           act_max=0.0):
+    """What conv2d_dw3_s1 / conv2d_dw5_s1 compute: the stride-1 K x K depthwise convolution whose
+    weight is the prepacked [K * K, C4 * 4] one's first C columns, then the activation."""
+    from .fusion import conv2d_act_reference
+
+    c, k = input.shape[1], round(weight.shape[0] ** 0.5)
+    w = weight[:, :c].t().reshape(c, 1, k, k)
+    return conv2d_act_reference(input, w, bias, padding=tuple(padding), groups=c, activation=activation,
+                                act_min=act_min, act_max=act_max)
+
+
+def conv2d_wino_reference(input, weight, bias=None, padding=(0, 0), out_channels=1, activation="none", act_min=0.0,
+                          act_max=0.0):
+    """What conv2d_wino computes, for any transformed weight U [16, Cin4 * 4, Cout4 * 4] (the
+    generic test draws U at random, so this is Winograd's formula, not F.conv2d): per 2x2 output
+    tile, A^T [sum_ci (B^T d B) (.) U] A, plus bias, then the activation. In float64."""
+    import torch
+    import torch.nn.functional as F
+
+    from .fusion import conv2d_act_reference
+
+    x = input.double()
+    n, cin, h, w = x.shape
+    ph, pw = (list(padding) * 2)[:2] if len(padding) == 1 else padding
+    oh, ow = h + 2 * ph - 2, w + 2 * pw - 2
+    th, tw = -(-oh // 2), -(-ow // 2)
+    # the input from (-ph, -pw), zero-padded to the 2 t + 2 rows and columns the tiles read
+    x = F.pad(x, (pw, 2 * tw + 2 - w - pw, ph, 2 * th + 2 - h - ph))
+    d = x.unfold(2, 4, 2).unfold(3, 4, 2)  # [N, Cin, th, tw, 4, 4]
+    bt, at = torch.tensor(WINO_BT, dtype=x.dtype), torch.tensor(WINO_AT, dtype=x.dtype)
+    v = bt @ d @ bt.t()
+    u = weight.double()[:, :cin, :out_channels].reshape(4, 4, cin, out_channels)
+    m = torch.einsum("ncyxab,abco->noyxab", v, u)
+    y = at @ m @ at.t()  # [N, Cout, th, tw, 2, 2]
+    y = y.permute(0, 1, 2, 4, 3, 5).reshape(n, out_channels, 2 * th, 2 * tw)[:, :, :oh, :ow]
+    if bias is not None:
+        y = y + bias.double().reshape(1, -1, 1, 1)
+    ident = torch.ones(out_channels, 1, 1, 1, dtype=y.dtype)
+    y = conv2d_act_reference(y, ident, None, groups=out_channels, activation=activation, act_min=act_min,
+                             act_max=act_max)
+    return y.to(input.dtype)

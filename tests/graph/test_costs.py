@@ -1,0 +1,216 @@
+"""The cost model (runtime/graph/costs.py) and planning by predicted time: the optimal planner is
+still exact and certified for the costs given, never worse than greedy on the same costs, and
+costs="none" keeps the transitions-alone plan."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import texelflow
+from texelflow.runtime.graph.costs import ESTIMATE, Coeffs, CostModel, node_flops, resolve, table_path, value_bytes
+from texelflow.runtime.graph.greedy import plan_greedy
+from texelflow.runtime.graph.optimal import plan_optimal
+from texelflow.runtime.graph.plan import plan_graph
+from texelflow.runtime.graph.problem import Assignment, Problem
+from texelflow.runtime.graph.repr import TensorRepr
+from texelflow.runtime.graph.verify import verify
+from tests.graph.synthetic import GraphBuilder, model_like
+from tests.graph.test_planners import REAL, UNARY, BINARY, random_graphs
+
+TEX_CP = TensorRepr.parse("TEXTURE_3D/CHANNELS_PACKED")
+TEX_WP = TensorRepr.parse("TEXTURE_3D/WIDTH_PACKED")
+BUF_WP = TensorRepr.parse("BUFFER/WIDTH_PACKED")
+BUF_CP = TensorRepr.parse("BUFFER/CHANNELS_PACKED")
+
+# A table where textures are slow for unary ops and fast for binary ones, and copies are cheap:
+# the plan should mix storages where the transitions pay for themselves.
+MIXED = CostModel("table", "test device", {
+    ("unary", "TEXTURE_3D/*"): Coeffs(5e-6, 4e-9, 0.0),
+    ("unary", "BUFFER/*"): Coeffs(5e-6, 1e-9, 0.0),
+    ("binary", "TEXTURE_3D/*"): Coeffs(5e-6, 1e-9, 0.0),
+    ("binary", "BUFFER/*"): Coeffs(5e-6, 3e-9, 0.0),
+    ("to_layout", "TEXTURE_3D/*"): Coeffs(2e-6, 0.5e-9, 0.0),
+    ("to_layout", "BUFFER/*"): Coeffs(2e-6, 0.5e-9, 0.0),
+    ("linear", "TEXTURE_3D/WIDTH_PACKED"): Coeffs(8e-6, 1e-9, 1e-10),
+    ("*", "TEXTURE_3D/*"): Coeffs(6e-6, 2e-9, 0.0),
+    ("*", "BUFFER/*"): Coeffs(6e-6, 2e-9, 0.0),
+})
+
+
+def brute_force_seconds(problem: Problem) -> float:
+    """The least predicted time over every legal assignment (small graphs only)."""
+    nodes = list(problem.repsets)
+    per_node = []
+    for n in nodes:
+        sets = problem.repsets[n]
+        slots = list(sets.sets)
+        configs = [dict(zip(slots, combo)) for combo in itertools.product(*(list(sets.sets[s]) for s in slots))]
+        per_node.append([c for c in configs if sets.is_sync_compatible(c)])
+    free = [v for v in problem.planned if v.producer is None or v.producer not in problem.repsets]
+    best = None
+    for configs in itertools.product(*per_node):
+        a = Assignment()
+        for n, chosen in zip(nodes, configs):
+            a.slots.update({(n, s): r for s, r in chosen.items()})
+            a.values.update({v: chosen[name] for name, v in n.outputs})
+        # A host value best takes a representation one of its consumers wants (a copy is priced
+        # by its destination only, so any other costs at least as much).
+        wanted = [sorted({a.slots[k] for k in problem.consumer_slots(v)}, key=TensorRepr.preference_key) or
+                  list(problem.free_domain(v))[:1] for v in free]
+        for picks in itertools.product(*wanted):
+            a.values.update(zip(free, picks))
+            t = a.predicted_seconds(problem)
+            best = t if best is None else min(best, t)
+    return best
+
+
+# ---- the model ------------------------------------------------------------------------------------
+def test_padding_makes_a_three_channel_texture_dearer_than_a_buffer():
+    b = GraphBuilder()
+    x = b.input((1, 3, 8, 8))
+    b.output(b.unary("relu", x))
+    assert value_bytes(x, TEX_CP) == 4 * 8 * 8 * 4 and value_bytes(x, BUF_WP) == 3 * 8 * 8 * 4
+    node = b.graph.nodes[0]
+    est = CostModel.estimate()
+    assert est.node_seconds(node, {"self": TEX_CP, "out": TEX_CP}) > est.node_seconds(node, {"self": BUF_WP, "out": BUF_WP})
+    assert est.node_seconds(node, {"self": BUF_WP, "out": BUF_WP}) == pytest.approx(
+        ESTIMATE.fixed + ESTIMATE.per_byte * 2 * 3 * 64 * 4 + ESTIMATE.per_flop * 3 * 64)
+
+
+def test_flops_of_conv_and_linear_and_lookup_order():
+    b = GraphBuilder()
+    x = b.input((1, 8, 5, 7))
+    y = b.conv(x, 16)
+    z = b.linear(b.input((3, 10)), 6)
+    b.output(y, z)
+    conv, linear = b.graph.nodes
+    assert node_flops(conv) == 2 * (16 * 5 * 7) * (8 * 3 * 3)
+    assert node_flops(linear) == 2 * (3 * 6) * 10
+    # op name first, then template, then "*"; exact representation before its storage side
+    assert MIXED.coeffs(("linear", "linear", "*"), TEX_WP) == Coeffs(8e-6, 1e-9, 1e-10)
+    assert MIXED.coeffs(("linear", "linear", "*"), BUF_WP) == Coeffs(6e-6, 2e-9, 0.0)
+    assert CostModel("table").coeffs(("relu", "unary", "*"), BUF_WP) == ESTIMATE
+
+
+def test_a_view_that_keeps_its_elements_in_place_costs_nothing():
+    b = GraphBuilder()
+    x = b.input((2, 4, 6))
+    b.output(b.view(x, (8, 6)))
+    node = b.graph.nodes[0]
+    assert MIXED.node_seconds(node, {"self": BUF_WP, "out": BUF_WP}) == 0.0  # a reshape of a contiguous buffer
+    assert MIXED.node_seconds(node, {"self": TEX_CP, "out": TEX_CP}) > 0.0  # C changes: a copy
+
+
+def test_table_json_round_trip_and_bad_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("TEXELFLOW_COSTS_DIR", str(tmp_path))
+    path = table_path("my gpu/1")
+    assert path.parent == tmp_path and "/" not in path.name
+    path.write_text(MIXED.to_json({"name": "my gpu"}))
+    loaded = resolve("table", "my gpu/1")
+    assert loaded.source == "table" and loaded.entries == MIXED.entries and loaded.device == "test device"
+    assert resolve(None, "my gpu/1").entries == MIXED.entries  # the default takes an existing table
+    assert resolve(None, "other gpu") is None  # ... and transitions alone without one
+    assert resolve("table", "other gpu").source == "estimate"
+    assert resolve("none", "my gpu/1") is None
+    doc = json.loads(path.read_text())
+    doc["entries"][0]["fixed_s"] = -1.0
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=f"{path}: not a texelflow cost table"):
+        resolve("table", "my gpu/1")
+    with pytest.warns(UserWarning, match="planning by transitions alone"):
+        assert resolve(None, "my gpu/1") is None
+    with pytest.raises(ValueError, match="costs='fast': choose 'table', 'estimate' or 'none'"):
+        resolve("fast", None)
+
+
+# ---- planning by predicted time -------------------------------------------------------------------
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_graphs(ops_unary=UNARY + REAL[:3], ops_binary=BINARY, max_nodes=3))
+def test_optimal_minimises_predicted_time_exactly_and_beats_greedy(graph):
+    problem = Problem.build(graph, costs=MIXED)
+    optimal, greedy = plan_optimal(problem), plan_greedy(problem)
+    assert optimal.optimal and optimal.lower_bound == len(optimal.transitions(problem))
+    best = brute_force_seconds(problem)
+    assert optimal.predicted_seconds(problem) == pytest.approx(best, rel=1e-6)
+    assert optimal.predicted_seconds(problem) <= greedy.predicted_seconds(problem) * (1 + 1e-9)
+    verify(problem, optimal, transitions_inserted=False)
+
+
+def test_costs_mix_storages_where_the_copies_pay_for_themselves():
+    b = GraphBuilder()
+    x = b.input((1, 16, 32, 32))
+    y = x
+    for _ in range(4):  # unary ops are cheap in buffers, binary ones in textures
+        y = b.unary("relu", b.unary("sigmoid", y))
+    z = b.binary("mul", b.binary("add", y, y), y)
+    graph = b.output(z)
+    plan = plan_graph(graph, costs=MIXED)
+    storages = {r.split("/")[0] for r in plan.reprs.values()}
+    assert storages == {"BUFFER", "TEXTURE_3D"}, plan.summary()
+    assert plan.optimal and plan.num_transitions >= 1
+    assert "predicted us" in plan.summary() and "costs=table" in plan.summary()
+    assert plan.predicted_seconds == pytest.approx(sum(plan.predicted().values()))
+
+
+def test_none_keeps_the_transitions_alone_plan_and_greedy_ignores_costs():
+    plans = {}
+    for costs in (None, MIXED):
+        graph = model_like(60, seed=3)
+        plans[costs is None] = plan_graph(graph, costs=costs)
+    alone, priced = plans[True], plans[False]
+    assert alone.costs is None and alone.predicted_seconds is None and "predicted us" not in alone.summary()
+    assert priced.optimal and alone.optimal
+    # with the table, the plan's predicted time is the least of the two (both priced alike)
+    assert sum(priced.predicted(MIXED).values()) <= sum(alone.predicted(MIXED).values()) * (1 + 1e-9)
+    graph = model_like(60, seed=3)
+    problem = Problem.build(graph, costs=MIXED)
+    g1 = plan_greedy(problem)
+    g2 = plan_greedy(Problem.build(model_like(60, seed=3)))
+    assert [str(r) for r in g1.values.values()] == [str(r) for r in g2.values.values()]
+    assert plan_optimal(problem).predicted_seconds(problem) <= g1.predicted_seconds(problem) * (1 + 1e-9)
+
+
+def test_large_graph_with_costs_plans_in_reasonable_time():
+    import time
+
+    graph = model_like(600, seed=1)
+    start = time.perf_counter()
+    plan = plan_graph(graph, costs=CostModel.estimate())
+    assert plan.optimal
+    assert time.perf_counter() - start < 30
+
+
+def test_api_costs_option_without_a_device():
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 5))
+    x = torch.randn(1, 3, 6, 6)
+    est = texelflow.plan(model, (x,), costs="estimate")
+    assert est.costs.source == "estimate" and est.optimal and est.predicted_seconds > 0
+    assert texelflow.plan(model, (x,)).costs is None  # no device: no table, transitions alone
+    assert texelflow.plan(model, (x,), costs="table").costs.source == "estimate"  # no device: no table
+    with pytest.raises(ValueError, match="costs='nope'"):
+        texelflow.plan(model, (x,), costs="nope")
+
+
+def test_a_plan_predicted_barely_faster_keeps_the_transitions_alone_plan():
+    nearly = CostModel("table", "test device", {  # buffers 1% cheaper: under MIN_PREDICTED_GAIN
+        ("*", "TEXTURE_3D/*"): Coeffs(5e-6, 1.01e-9, 0.0),
+        ("*", "BUFFER/*"): Coeffs(5e-6, 1.0e-9, 0.0),
+    })
+    b = GraphBuilder()
+    x = b.input((1, 16, 32, 32))
+    graph = b.output(b.unary("relu", b.unary("sigmoid", x)))
+    plan = plan_graph(graph, costs=nearly)
+    assert set(plan.reprs.values()) == {"TEXTURE_3D/WIDTH_PACKED"}  # the preferred one, as without costs
+    assert "kept the transitions-alone plan" in plan.summary() and plan.optimal
+    b = GraphBuilder()
+    x = b.input((1, 16, 32, 32))
+    graph = b.output(b.unary("relu", b.unary("sigmoid", x)))
+    clear = CostModel("table", "test device", {("*", "TEXTURE_3D/*"): Coeffs(5e-6, 2e-9, 0.0),
+                                               ("*", "BUFFER/*"): Coeffs(5e-6, 1e-9, 0.0)})
+    assert set(plan_graph(graph, costs=clear).reprs.values()) == {"BUFFER/WIDTH_PACKED"}

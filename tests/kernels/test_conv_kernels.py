@@ -1,0 +1,192 @@
+"""The specialised convolution kernels the fusion pass chooses (runtime/graph/fusion.py step 6):
+conv2d_pw (pointwise as a GEMM), conv2d_wino (Winograd F(2x2, 3x3)), conv2d_gemm (any other dense
+conv as an implicit GEMM) and conv2d_dw3_s1 / conv2d_dw5_s1 (stride-1 depthwise, rows loaded
+once), on their prepacked weights
+(runtime/graph/prepack_conv.py). The generic registry test runs every sample of ops.yaml on the
+kernels with random prepacked weights; here whole programs (fusion, prepack, kernel) are checked
+against torch's conv2d on model-size and awkward shapes (outputs at least 4 wide or at most 3 tall: tall,
+narrow ones keep the general kernel), with fused bias, batch norm and activations, and NaN / Inf propagation.
+
+Tolerance (fp32, every kernel): |got - want| <= 1e-5 * max|want| + 1e-6. The pointwise kernel sums
+the same products as torch in another order; Winograd adds the transforms' sums (its constants
+are 1 and 1/2, exact in fp32), measured at 2-7e-7 of max|want| on ResNet-18's shapes.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import texelflow
+from texelflow.runtime.graph.fusion import conv_kernel_class, fuse_patterns
+from texelflow.runtime.graph.prepack_conv import winograd_f2_weight
+
+REL = 1e-5
+
+
+def _ops(plan) -> list[str]:
+    return [n.op.name for n in plan.graph.device_nodes()]
+
+
+def _close(got, want):
+    tol = REL * float(want.abs().max()) + 1e-6
+    err = float((got - want).abs().max())
+    assert err <= tol, f"max error {err:.3g} > {tol:.3g}"
+
+
+# ---- the choice, at plan time, from the conv's parameters (no device) ----------------------------------
+@pytest.mark.parametrize("layer, op", [
+    (nn.Conv2d(8, 12, 1), "conv2d_pw"),
+    (nn.Conv2d(5, 7, 1, bias=False), "conv2d_pw"),
+    (nn.Conv2d(8, 12, 1, stride=2), "conv2d_gemm"),           # strided: implicit GEMM
+    (nn.Conv2d(8, 12, 1, padding=1), "conv2d_gemm"),          # padded 1x1
+    (nn.Conv2d(8, 12, 3, padding=1), "conv2d_wino"),
+    (nn.Conv2d(3, 5, 3), "conv2d_wino"),                      # no padding
+    (nn.Conv2d(8, 12, 3, padding=1, stride=2), "conv2d_gemm"),
+    (nn.Conv2d(8, 12, 3, padding=2, dilation=2), "conv2d_gemm"),
+    (nn.Conv2d(8, 12, 3, padding=1, groups=2), "conv2d"),    # grouped: the general kernel
+    (nn.Conv2d(8, 8, 3, padding=1, groups=8), "conv2d_dw3_s1"),
+    (nn.Conv2d(8, 8, 5, padding=2, groups=8), "conv2d_dw5_s1"),
+    (nn.Conv2d(8, 8, 3, padding=1, stride=2, groups=8), "conv2d_dw"),  # strided depthwise: general
+    (nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=8), "conv2d_dw"),
+    (nn.Conv2d(8, 8, 7, padding=3, groups=8), "conv2d_dw"),
+    (nn.Conv2d(8, 12, 5, padding=2), "conv2d_gemm"),
+])
+def test_kernel_is_chosen_from_the_conv_parameters(layer, op):
+    plan = texelflow.plan(layer.eval(), (torch.randn(1, layer.in_channels, 9, 9),))
+    assert _ops(plan) == [op]
+
+
+def test_narrow_outputs_stay_on_the_general_kernel():
+    """The specialised kernels tile along W; a tall output narrower than 4 (conv1d as [N, C, L, 1])
+    fits the general kernel's 4 x 8 tiles better. (ops.yaml samples cover narrow shapes on the
+    specialised kernels; a 1 x 1 output, squeeze-excitation's, takes them.)"""
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.Conv2d(8, 8, 1), nn.Conv1d(8, 8, 3))
+    plan = texelflow.plan(nn.Sequential(*model[:2]).eval(), (torch.randn(1, 4, 9, 3),))
+    assert _ops(plan) == ["conv2d", "conv2d"]
+    plan = texelflow.plan(model[2].eval(), (torch.randn(1, 8, 20),))
+    assert [n.op.name for n in plan.graph.device_nodes() if n.op.name.startswith("conv")] == ["conv2d"]
+    plan = texelflow.plan(nn.Conv2d(16, 8, 1).eval(), (torch.randn(1, 16, 1, 1),))
+    assert _ops(plan) == ["conv2d_pw"]
+
+
+@pytest.mark.parametrize("act, op, name", [
+    (nn.ReLU(), "conv2d_pw_act", "relu"), (nn.Hardswish(), "conv2d_pw_act", "hardswish"),
+])
+def test_pointwise_takes_the_fused_activation(act, op, name):
+    model = nn.Sequential(nn.Conv2d(6, 10, 1), nn.BatchNorm2d(10), act).eval()
+    plan = texelflow.plan(model, (torch.randn(1, 6, 5, 5),))
+    (node,) = plan.graph.device_nodes()
+    assert node.op.name == op and node.value("activation") == name and node.value("out_channels") == 10
+    assert node.arg("weight").shape == (8, 12)  # [Cin4 * 4, Cout4 * 4]
+    assert any("batch norm" in f for f in node.fused) and any("conv2d_pw_act kernel" in f for f in node.fused)
+
+
+def test_winograd_takes_relu6_and_padding():
+    model = nn.Sequential(nn.Conv2d(6, 10, 3, padding=(2, 0)), nn.ReLU6()).eval()
+    plan = texelflow.plan(model, (torch.randn(1, 6, 7, 9),))
+    (node,) = plan.graph.device_nodes()
+    assert node.op.name == "conv2d_wino" and node.value("activation") == "hardtanh"
+    assert (node.value("act_min"), node.value("act_max")) == (0.0, 6.0)
+    assert list(node.value("padding")) == [2, 0] and node.arg("weight").shape == (16, 8, 12)
+
+
+def test_choice_can_be_left_off():
+    from texelflow.runtime.graph.importer import export_program
+    from texelflow.runtime.graph.lowering import lower
+
+    model = nn.Sequential(nn.Conv2d(4, 8, 1), nn.Conv2d(8, 8, 3, padding=1)).eval()
+    graph = lower(export_program(model, (torch.randn(1, 4, 6, 6),)))
+    fuse_patterns(graph, choose_kernels=False)
+    assert [n.op.name for n in graph.device_nodes()] == ["conv2d", "conv2d"]
+    assert [conv_kernel_class(n) for n in graph.device_nodes()] == ["pointwise", "winograd"]
+
+
+def test_winograd_weight_transform_is_g_g_gt():
+    w = torch.randn(5, 3, 3, 3, dtype=torch.float64)
+    u = winograd_f2_weight(w)
+    assert u.shape == (16, 4, 8) and not u[:, 3:].any() and not u[:, :, 5:].any()  # zero padding
+    g = torch.tensor([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=torch.float64)
+    want = (g @ w @ g.t()).permute(2, 3, 1, 0).reshape(16, 3, 5)
+    assert torch.equal(u[:, :3, :5], want)
+
+
+# ---- whole programs against torch (device) -------------------------------------------------------------
+CASES = [  # (layer(s), input shape, the op expected)
+    (lambda: nn.Conv2d(64, 64, 3, padding=1), (1, 64, 56, 56), "conv2d_wino"),        # ResNet-18 layer1
+    (lambda: nn.Sequential(nn.Conv2d(128, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU()),
+     (2, 128, 14, 14), "conv2d_wino"),
+    (lambda: nn.Conv2d(96, 24, 1), (1, 96, 28, 28), "conv2d_pw"),                     # MobileNetV3
+    (lambda: nn.Sequential(nn.Conv2d(16, 72, 1), nn.ReLU6()), (1, 16, 56, 56), "conv2d_pw_act"),
+    (lambda: nn.Sequential(nn.Conv2d(576, 130, 1), nn.Hardswish()), (1, 576, 7, 7), "conv2d_pw_act"),
+    # awkward: sizes 1 / 3 / 5 / 7, channels not a multiple of 4, batch 2, no bias, padding
+    (lambda: nn.Conv2d(3, 5, 3, padding=1), (2, 3, 7, 5), "conv2d_wino"),
+    (lambda: nn.Conv2d(5, 7, 3, bias=False), (2, 5, 3, 7), "conv2d_wino"),
+    (lambda: nn.Sequential(nn.Conv2d(7, 3, 3, padding=(0, 2)), nn.SiLU()), (1, 7, 5, 3), "conv2d_wino"),
+    (lambda: nn.Conv2d(1, 3, 3, padding=1), (1, 1, 1, 5), "conv2d_wino"),  # (1 -> 1 is depthwise)
+    (lambda: nn.Sequential(nn.Conv2d(9, 6, 3, padding=1), nn.GELU()), (1, 9, 17, 11), "conv2d_wino"),
+    (lambda: nn.Conv2d(5, 3, 1, bias=False), (2, 5, 3, 7), "conv2d_pw"),
+    (lambda: nn.Sequential(nn.Conv2d(1, 7, 1), nn.Hardtanh(-1.0, 1.5)), (1, 1, 5, 7), "conv2d_pw_act"),
+    (lambda: nn.Sequential(nn.Conv2d(13, 1, 1), nn.SiLU()), (2, 13, 1, 5), "conv2d_pw_act"),
+    (lambda: nn.Sequential(nn.Conv2d(96, 96, 3, padding=1, groups=96), nn.BatchNorm2d(96), nn.ReLU()),
+     (1, 96, 28, 28), "conv2d_dw3_s1"),                                                 # MobileNetV3
+    (lambda: nn.Sequential(nn.Conv2d(240, 240, 5, padding=2, groups=240), nn.Hardswish()), (1, 240, 14, 14),
+     "conv2d_dw5_s1"),
+    (lambda: nn.Conv2d(7, 7, 3, groups=7), (2, 7, 3, 7), "conv2d_dw3_s1"),
+    (lambda: nn.Conv2d(3, 3, 5, padding=(1, 2), groups=3, bias=False), (1, 3, 7, 5), "conv2d_dw5_s1"),
+    (lambda: nn.Conv2d(5, 5, 3, padding=1, groups=5), (2, 5, 1, 5), "conv2d_dw3_s1"),
+    (lambda: nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3), nn.BatchNorm2d(64), nn.ReLU()),
+     (1, 3, 224, 224), "conv2d_gemm"),                                                  # ResNet-18 stem
+    (lambda: nn.Conv2d(64, 128, 3, stride=2, padding=1), (1, 64, 56, 56), "conv2d_gemm"),
+    (lambda: nn.Conv2d(64, 128, 1, stride=2, bias=False), (2, 64, 28, 28), "conv2d_gemm"),
+    (lambda: nn.Sequential(nn.Conv2d(5, 7, (5, 3), stride=(1, 2), padding=(2, 1), dilation=(1, 2)), nn.SiLU()),
+     (2, 5, 9, 11), "conv2d_gemm"),
+    (lambda: nn.Conv2d(7, 3, 2, stride=3, padding=(1, 0)), (1, 7, 5, 13), "conv2d_gemm"),
+    (lambda: nn.Conv2d(1, 5, 3, stride=2, padding=1), (1, 1, 1, 9), "conv2d_gemm"),
+]
+
+
+@pytest.mark.parametrize("make, shape, op", CASES, ids=[f"{c[2]}-{'x'.join(map(str, c[1]))}" for c in CASES])
+def test_matches_torch(device, make, shape, op):
+    torch.manual_seed(0)
+    model = make().eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-1, 1), m.running_var.uniform_(0.5, 2), m.weight.uniform_(0.5, 2)
+    x = torch.rand(shape) * 20 - 10  # values up to ~10
+    with torch.no_grad():
+        want = model(x)
+    with texelflow.compile(model, (x,), device=device) as prog:
+        assert _ops(prog.plan) == [op]
+        _close(prog(x), want)
+
+
+@pytest.mark.parametrize("layer", [nn.Conv2d(6, 5, 1), nn.Conv2d(6, 5, 3, padding=1),
+                                   nn.Conv2d(6, 6, 5, padding=2, groups=6), nn.Conv2d(6, 5, 3, stride=2, padding=1)],
+                         ids=["pointwise", "winograd", "depthwise", "gemm"])
+def test_nan_reaches_exactly_the_outputs_whose_window_holds_it(device, layer):
+    torch.manual_seed(1)
+    layer = layer.eval()
+    x = torch.randn(2, 6, 9, 7)
+    x[0, 2, 4, 3] = float("nan")
+    x[1, 5, 0, 6] = float("nan")  # at a corner: the padded windows
+    with torch.no_grad():
+        want = layer(x)
+    with texelflow.compile(layer, (x,), device=device) as prog:
+        got = prog(x)
+    assert torch.equal(got.isnan(), want.isnan()) and want.isnan().any()
+    finite = ~want.isnan()
+    _close(got[finite], want[finite])
+
+
+def test_pointwise_infinities_as_torch(device):
+    layer = nn.Conv2d(4, 6, 1).eval()
+    x = torch.randn(1, 4, 3, 5)
+    x[0, 1, 1, 2], x[0, 3, 2, 4], x[0, 0, 2, 4] = float("inf"), float("-inf"), float("inf")  # +inf - inf: NaN
+    with torch.no_grad():
+        want = layer(x)
+    with texelflow.compile(layer, (x,), device=device) as prog:
+        got = prog(x)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+    assert torch.equal(got[want.isinf()], want[want.isinf()])

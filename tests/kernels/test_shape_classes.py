@@ -1,0 +1,236 @@
+"""Shape classes (plan-time specialization constants) of the elementwise kernels: lowering picks
+the class each node is in, and the kernel is right in that class and on the general path alike.
+
+Each case is a one-node plan graph lowered by runtime.lower_dispatch.node_dispatches (the code
+programs use). It checks the shape classes lowering gives against the ones expected (direct
+and broadcast inputs, a word count or row not a multiple of the span, a packed dim not a
+multiple of 4, a reshape that keeps the units, rank 5), then runs the kernel twice in one
+Program: specialised with those classes, and as a bare dispatch with the general defaults.
+Both must match torch (NaN, +Inf and -Inf injected into the float inputs) and keep padding zero.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from texelflow.generated.layouts import Layout, Storage
+from texelflow.generated.ops import OPS
+from texelflow.generated.variants import VARIANTS
+from texelflow.runtime.graph.repr import TensorRepr
+from texelflow.runtime.lower_dispatch import node_dispatches
+from texelflow.runtime.vulkan.program import Dispatch, Program, invocations
+from texelflow.runtime.vulkan.tensor import VkTensor
+
+from .nodecheck import (
+    SPECIALS,
+    Output,
+    assert_matches,
+    assert_padding_zero,
+    build_node,
+    explicit_case,
+    inject_specials,
+    padding_mask,
+    raw_elements,
+)
+
+BUF_WP = TensorRepr(Storage.BUFFER, Layout.WIDTH_PACKED)
+BUF_CP = TensorRepr(Storage.BUFFER, Layout.CHANNELS_PACKED)
+TEX_CP = TensorRepr(Storage.TEXTURE_3D, Layout.CHANNELS_PACKED)
+TEX_WP = TensorRepr(Storage.TEXTURE_3D, Layout.WIDTH_PACKED)
+
+# (id, op, sample (tensors as shapes), representation of every tensor, expected shape classes)
+CASES = [
+    # binary: each input's read class (1 direct, 2 a row along out's packed dim, 3 a single
+    # element, 0 general broadcast); 16 words per invocation in buffers
+    ("add-direct-tail", "add", {"self": [2, 3, 5, 7], "other": [2, 3, 5, 7], "alpha": 2.0}, BUF_WP,
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1}),  # 210 words: 13 spans and 2 words
+    ("add-direct-whole-spans", "add", {"self": [4, 8, 16], "other": [4, 8, 16], "alpha": 1.0}, BUF_WP,
+     {"a_class": 1, "b_class": 1, "tail": 0, "ragged": 0}),
+    ("add-row-bias", "add", {"self": [2, 5, 3, 7], "other": [7], "alpha": 1.0}, BUF_WP,
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1}),
+    ("add-row-bias-vec4", "add", {"self": [2, 3, 5, 8], "other": [8], "alpha": -1.0}, BUF_WP,
+     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0}),
+    ("add-channel-bias-nhwc", "add", {"self": [2, 6, 3, 5], "other": [6, 1, 1], "alpha": 1.0}, BUF_CP,
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1}),
+    ("mul-channel-scale-nhwc-vec4", "mul", {"self": [1, 8, 3, 5], "other": [8, 1, 1]}, BUF_CP,
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 0}),
+    ("add-zero-dim-tensor", "add", {"self": [3, 5, 7], "other": [], "alpha": 1.0}, BUF_WP,
+     {"a_class": 1, "b_class": 3, "tail": 1, "ragged": 1}),
+    ("div-by-single-vec4", "div", {"self": [2, 4, 8], "other": [1]}, BUF_WP,
+     {"a_class": 1, "b_class": 3, "tail": 0, "ragged": 0}),
+    ("mul-broadcast-both", "mul", {"self": [3, 1, 7], "other": [5, 1]}, BUF_CP,
+     {"a_class": 0, "b_class": 0, "tail": 1, "ragged": 1}),
+    ("mul-one-element", "mul", {"self": [1], "other": [1]}, BUF_WP,
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1}),
+    ("add-rank5-direct", "add", {"self": [2, 1, 3, 2, 5], "other": [2, 1, 3, 2, 5], "alpha": 1.0}, BUF_WP,
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1}),
+    ("add-rank5-broadcast", "add", {"self": [2, 2, 3, 1, 5], "other": [3, 2, 1], "alpha": 1.0}, BUF_WP,
+     {"a_class": 0, "b_class": 0, "tail": 1, "ragged": 1}),  # out [2, 2, 3, 2, 5]: 120 words
+    # textures: 2 texels of a row per invocation; `tail` when the x extent is odd
+    ("add-texture-ragged", "add", {"self": [2, 5, 3, 7], "other": [2, 5, 3, 7], "alpha": 1.0}, TEX_CP,
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1}),
+    ("mul-texture-packed-div4", "mul", {"self": [1, 8, 3, 6], "other": [1, 8, 3, 6]}, TEX_CP,
+     {"a_class": 1, "b_class": 1, "tail": 0, "ragged": 0}),
+    ("mul-texture-channel-scale", "mul", {"self": [1, 6, 5, 7], "other": [1, 6, 1, 1]}, TEX_CP,
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1}),  # MobileNetV3's squeeze-excitation
+    ("mul-texture-channel-scale-batch2", "mul", {"self": [1, 8, 1, 1], "other": [2, 8, 3, 4]}, TEX_CP,
+     {"a_class": 2, "b_class": 1, "tail": 0, "ragged": 0}),
+    ("add-texture-row-wp", "add", {"self": [3, 5, 9], "other": [9], "alpha": 1.0}, TEX_WP,
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1}),
+    ("add-texture-single", "add", {"self": [2, 5, 3, 7], "other": [1], "alpha": 1.0}, TEX_CP,
+     {"a_class": 1, "b_class": 3, "tail": 1, "ragged": 1}),
+    ("sub-texture-broadcast", "sub", {"self": [1, 3, 1, 5], "other": [2, 1, 7, 1], "alpha": 1.0}, TEX_WP,
+     {"a_class": 0, "b_class": 0, "tail": 0, "ragged": 1}),  # x extent ceil(5 / 4) = 2: whole spans
+    # unary
+    ("relu-buffer-tail", "relu", {"self": [3, 5, 7]}, BUF_WP, {"tail": 1, "ragged": 1}),
+    ("exp-buffer-whole", "exp", {"self": [2, 4, 8]}, BUF_WP, {"tail": 0, "ragged": 0}),
+    ("sigmoid-rank5", "sigmoid", {"self": [2, 1, 3, 2, 5]}, BUF_WP, {"tail": 1, "ragged": 1}),
+    ("relu-texture-ragged", "relu", {"self": [2, 5, 3, 7]}, TEX_CP, {"tail": 1, "ragged": 1}),
+    ("exp-texture-div4", "exp", {"self": [1, 4, 3, 6]}, TEX_CP, {"tail": 0, "ragged": 0}),
+    # copies
+    ("clone-buffer", "clone", {"self": [2, 3, 5, 7]}, BUF_CP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 1}),
+    ("clone-texture", "clone", {"self": [2, 5, 3, 7]}, TEX_CP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 1}),
+    ("clone-rank5", "clone", {"self": [2, 1, 3, 2, 8]}, BUF_WP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 0}),
+    ("view-contiguous", "view_copy", {"self": [2, 3, 5, 7], "size": [6, 35]}, BUF_WP,
+     {"same_units": 1, "same_shape": 0, "transpose": 0, "tail": 1}),
+    ("view-channels-packed-reshape", "view_copy", {"self": [2, 3, 5, 7], "size": [2, 3, 35]}, BUF_CP,
+     {"same_units": 0, "same_shape": 0, "transpose": 0, "tail": 1}),
+]
+
+# to_layout between two representations: (id, shape, in repr, out repr, expected classes)
+TRANSITIONS = [
+    # 4 x 4 blocks (`transpose`): the packed dims differ, buffer sides hold whole vec4 words
+    ("buffer-wp-to-texture-cp-blocks", [2, 5, 3, 8], BUF_WP, TEX_CP,
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0}),
+    ("texture-cp-to-buffer-wp-blocks", [1, 8, 3, 8], TEX_CP, BUF_WP,
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0}),
+    ("buffer-wp-to-buffer-cp-blocks", [2, 8, 1, 4], BUF_WP, BUF_CP,
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0}),
+    ("buffer-hp-to-buffer-wp-blocks", [1, 8, 12], TensorRepr(Storage.BUFFER, Layout.HEIGHT_PACKED), BUF_WP,
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0}),
+    ("texture-wp-to-texture-cp-blocks", [1, 3, 4, 8], TEX_WP, TEX_CP,
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0}),
+    ("texture-wp-to-texture-cp-row-tail", [2, 6, 3, 7], TEX_WP, TEX_CP,  # 7 texels a row: 4 + a tail of 3
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 1}),
+    # the element path: a buffer side that is not whole vec4 words, or a texture's x not the input's packed dim
+    ("buffer-wp-to-texture-cp", [2, 5, 3, 7], BUF_WP, TEX_CP,
+     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1}),
+    ("texture-cp-to-buffer-wp", [2, 5, 3, 7], TEX_CP, BUF_WP,
+     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1}),
+    ("buffer-wp-to-buffer-cp", [1, 6, 1, 5], BUF_WP, BUF_CP,
+     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1}),
+    ("texture-cp-to-texture-wp", [1, 8, 3, 8], TEX_CP, TEX_WP,  # x extent 8 / 4 = 2: a partial span
+     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1}),
+    ("rank5-buffer-cp-to-wp", [2, 1, 3, 4, 8], BUF_CP, BUF_WP,
+     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 0}),  # C = 3: not whole words
+]
+
+
+def _inputs(op, sample, specials: bool) -> dict:
+    rng = np.random.default_rng(7)
+    arrays = {}
+    for a in op.args:
+        if a.kind == "tensor" and a.name in sample:
+            x = rng.uniform(-3, 3, size=sample[a.name]).astype(np.float32)
+            arrays[a.name] = inject_specials(x, 1, tuple(float(v) for v in SPECIALS)) if specials else x
+    return arrays
+
+
+def _run(device, op_name: str, sample: dict, reprs: dict, expected: dict, specials: bool = True) -> None:
+    op = OPS[op_name]
+    case = explicit_case(op, sample, _inputs(op, sample, specials), f"{op_name} {sample}")
+    node, arrays = build_node(op, "float32", case)
+    [spec] = node_dispatches(node, reprs, "float32")
+    assert spec.spec == expected, f"{op_name} {sample}: shape classes {spec.spec}, expected {expected}"
+    tensors, ins, in_arrays = {}, [], []
+    for name, v in list(spec.tensors.items()):
+        r = reprs[name]
+        tensors[name] = VkTensor(device, v.shape, v.dtype, r.storage, r.layout, label=name)
+        if v in arrays:
+            ins.append(tensors[name])
+            in_arrays.append(arrays[v])
+    general = {n: VkTensor(device, t.shape, t.dtype, t.storage, t.layout, label="general_" + n)
+               for n, t in tensors.items() if n == "out"}
+    bare = {**tensors, **general}  # the general path reads the same inputs, writes its own out
+    outs = [tensors["out"], general["out"]]
+    every = list(tensors.values()) + list(general.values())
+    try:
+        prog = Program(device, [Dispatch(spec.variant, tensors, spec.scalars, spec=spec.spec),
+                                Dispatch(spec.variant, bare, spec.scalars)], ins, outs, timestamps=False)
+        try:
+            got = prog(*in_arrays)
+        finally:
+            prog.close()
+        raws = raw_elements(device, outs)
+        for what, g, raw, t in zip(("specialised", "general"), got, raws, outs):
+            label = f"{op_name} {sample} {what} ({spec.spec if what == 'specialised' else 'defaults'})"
+            assert_matches(g, case.want[0], op_name, label)
+            assert_padding_zero(Output(g, raw, padding_mask(t)), label)
+    finally:
+        for t in every:
+            t.close()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_shape_class_taken_and_right(device, case):
+    _, op_name, sample, r, expected = case
+    op = OPS[op_name]
+    names = [a.name for a in op.args if a.kind == "tensor" and a.name in sample] + [o.name for o in op.outputs]
+    _run(device, op_name, sample, {n: r for n in names}, expected)
+
+
+@pytest.mark.parametrize("case", TRANSITIONS, ids=[c[0] for c in TRANSITIONS])
+def test_to_layout_shape_classes(device, case):
+    _, shape, r_in, r_out, expected = case
+    _run(device, "to_layout", {"self": shape}, {"self": r_in, "out": r_out}, expected)
+
+
+def test_model_size_elementwise_at_every_class(device):
+    """A ResNet stage's add (64 x 56 x 56, whole spans) and an odd one (63 x 55 x 57): direct on
+    buffers and textures, with NaN / Inf, beside the general path."""
+    for shape in ([1, 64, 56, 56], [1, 63, 55, 57]):
+        tail = int(np.prod(shape) % 16 != 0)
+        _run(device, "add", {"self": shape, "other": shape, "alpha": 1.0}, {n: BUF_WP for n in ("self", "other", "out")},
+             {"a_class": 1, "b_class": 1, "tail": tail, "ragged": int(shape[-1] % 4 != 0)})
+        _run(device, "relu", {"self": shape}, {"self": TEX_CP, "out": TEX_CP},
+             {"tail": shape[-1] % 2, "ragged": int(shape[1] % 4 != 0)})
+
+
+def test_grid_covers_every_unit_once(device):
+    """A span variant launches ceil(words / 16) invocations on a buffer and ceil(x / 2) per row of
+    a texture; a variant without span one per unit."""
+    t = VkTensor(device, (3, 5, 7), "float32", Storage.BUFFER, Layout.WIDTH_PACKED, allocate=False)
+    tex = VkTensor(device, (2, 5, 3, 7), "float32", Storage.TEXTURE_3D, Layout.CHANNELS_PACKED, allocate=False)
+    try:
+        vb = next(VARIANTS[n] for n in OPS["relu"].variants if dict(VARIANTS[n].axes)["storage"] == "buffer")
+        vt = next(VARIANTS[n] for n in OPS["relu"].variants if dict(VARIANTS[n].axes)["storage"] == "texture3d")
+        assert invocations(vb, t) == -(-105 // 16)
+        x, y, z = tex.extents
+        assert invocations(vt, tex) == -(-x // 2) * y * z
+        permute = next(v for v in VARIANTS.values() if v.op == "permute_copy")
+        assert permute.span == 1 and invocations(permute, t) == t.units
+    finally:
+        t.close(), tex.close()
+
+
+def test_span_kernels_take_their_workgroup_size_from_the_device(device):
+    """128 invocations rounded up to whole subgroups, within the device's limits; the device's
+    own choice is what a span variant's pipeline gets."""
+    from types import SimpleNamespace
+
+    from texelflow.runtime.vulkan.program import vector_local_size
+
+    def limits(sub, most=1024):
+        return SimpleNamespace(subgroup_size=sub, max_workgroup_size=(most, most, 64), max_workgroup_invocations=most)
+
+    assert vector_local_size(limits(8)) == 128 and vector_local_size(limits(32)) == 128
+    assert vector_local_size(limits(48)) == 144 and vector_local_size(limits(None)) == 128
+    assert vector_local_size(limits(64, most=32)) == 32
+    t = VkTensor(device, (3, 5, 7), "float32", Storage.BUFFER, Layout.WIDTH_PACKED, allocate=False)
+    try:
+        vb = next(VARIANTS[n] for n in OPS["relu"].variants if dict(VARIANTS[n].axes)["storage"] == "buffer")
+        spec = Dispatch(vb, {"out": t, "self": t}).specialization([t, t], device.limits)
+        assert spec["local_size_x"] == vector_local_size(device.limits)
+        assert "tail" not in spec  # not given: the pipeline keeps the general default
+    finally:
+        t.close()
