@@ -399,12 +399,20 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
         if op_name is None:
             continue
         new, packed = _specialised(graph, node, OPS[op_name], kernel)
-        if partition_reason(new, limits) is not None:
-            graph.constants.remove(packed)
-            continue
-        _replace(graph, node, new)
-        made.append(new)
+        if retarget(graph, node, new, packed, limits):
+            made.append(new)
     return made
+
+
+def retarget(graph: PlanGraph, old: Node, new: Node, packed: Value, limits: Sequence[int]) -> bool:
+    """Put `new`, a faster kernel's node reading its prepacked weight `packed`, where `old` was,
+    if the new op takes it (its partition check); else drop `packed` and keep `old`. Shared by the
+    conv and matmul kernel choices."""
+    if partition_reason(new, limits) is not None:
+        graph.constants.remove(packed)
+        return False
+    _replace(graph, old, new)
+    return True
 
 
 def _specialised(graph: PlanGraph, conv: Node, op, kernel: str) -> tuple[Node, Value]:

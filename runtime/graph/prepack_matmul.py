@@ -49,8 +49,7 @@ def linear_weight_kn(source):
 def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS) -> list[Node]:
     """Retarget every device `linear` with a constant 2-D float32 weight to linear_packed (or
     linear_packed_gemv for one row); returns the new nodes. A node the new op would not take (its partition check) is left as it was."""
-    from .fusion import _replace  # graph surgery shared with the conv kernel choice
-    from .lowering import partition_reason
+    from .fusion import retarget  # graph surgery shared with the conv kernel choice
 
     made = []
     for node in list(graph.nodes):
@@ -61,11 +60,8 @@ def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMI
                 or weight.dtype != "float32":
             continue
         new, packed = _packed_linear(graph, node, weight)
-        if partition_reason(new, limits) is not None:
-            graph.constants.remove(packed)
-            continue
-        _replace(graph, node, new)
-        made.append(new)
+        if retarget(graph, node, new, packed, limits):
+            made.append(new)
     return made
 
 
