@@ -33,7 +33,7 @@ def gpu_seconds(prog) -> float:
 def bench_model(name: str, size: int | None, reps: int, device) -> dict:
     model, inputs = ZOO[name]() if size is None else ZOO[name](image_size=size)
     ep = export_program(model, inputs)
-    progs = {c: texelflow.compile(ep, device=device, costs=c) for c in ("none", "table")}
+    progs = {c: texelflow.compile(ep, device=device, costs=c, profile=True) for c in ("none", "table")}
     try:
         table = progs["table"].plan.costs
         if table is None or table.source != "table":

@@ -79,7 +79,7 @@ def compiled(model, inputs, device, force_general: bool = False):
         for node in plan.graph.nodes:
             if node.op is not None and node.op.name == "q8ta_conv2d_im2col":
                 node.op, node.target = OPS["q8ta_conv2d"], OPS["q8ta_conv2d"].targets[0]
-    prog = CompiledProgram(plan, plan.exported, device)
+    prog = CompiledProgram(plan, plan.exported, device, profile=True)
     prog.bench_inputs = inputs
     return prog
 
@@ -150,8 +150,8 @@ def zoo_models(device, reps: int) -> list[tuple]:
         torch.manual_seed(1)
         calibration = [tuple(torch.randn_like(x) for x in inputs) for _ in range(4)]
         qmodel = texelflow.quantize(model, calibration)
-        with texelflow.compile(model, inputs, device=device) as fprog, \
-                texelflow.compile(qmodel, inputs, device=device) as qprog:
+        with texelflow.compile(model, inputs, device=device, profile=True) as fprog, \
+                texelflow.compile(qmodel, inputs, device=device, profile=True) as qprog:
             f_ms, q_ms = call_ms(fprog, inputs, reps), call_ms(qprog, inputs, reps)
             err = (qprog(*inputs) - qmodel(*inputs)).abs().max().item()
             rows.append((name, size, sum(fprog.plan.dispatches.values()), f_ms, sum(qprog.plan.dispatches.values()),

@@ -59,7 +59,7 @@ class CompiledRunner:
 
     def __init__(self, device, module, inputs, buffers_only: bool, tolerance: tuple[float, float]):
         self.inputs = inputs
-        self.prog = texelflow.compile(module, inputs, device=device,
+        self.prog = texelflow.compile(module, inputs, device=device, profile=True,
                                       texture_limits=BUFFER_ONLY if buffers_only else None)
         try:
             plan = self.prog.plan

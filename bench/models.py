@@ -62,11 +62,12 @@ def node_flops(node) -> int | None:
     return None
 
 
-def hottest_ops(prog, count: int = 3):
-    """[(op, dispatches, seconds, flops or None)] of the `count` ops with most device time."""
+def hottest_ops(prog, inputs, count: int = 3):
+    """[(op, dispatches, seconds, flops or None)] of the `count` ops with most device time (one
+    more call, with timestamps)."""
     from texelflow.demo import dispatch_times, op_name, time_by_op
 
-    times = dispatch_times(prog)
+    times = dispatch_times(prog, inputs)
     flops: dict[str, int] = defaultdict(int)
     for node in {node for _, node, _ in times if node is not None}:  # a node's FLOPs once, however many dispatches
         flops[op_name(node, "")] += node_flops(node) or 0
@@ -101,7 +102,7 @@ def bench_model(name, factory, size, reps=None):
             tf_s, _ = demo.time_calls(prog, inputs, budget_s=10.0)
             eager_s, _ = demo.time_calls(lambda *a: demo.eager(model, a), inputs, budget_s=2.0, min_runs=10,
                                          max_runs=50)
-        hot = hottest_ops(prog)
+        hot = hottest_ops(prog, inputs)
     return {
         "model": name, "input": "x".join(map(str, inputs[0].shape)),
         "nodes": sum(1 for n in best.graph.nodes if not n.transition),

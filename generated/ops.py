@@ -312,7 +312,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('mat1', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('self', 'mat2'),
@@ -325,6 +325,8 @@ OPS: dict[str, OpEntry] = {
         template='matmul',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'addmm_float16_buffer',
+            'addmm_float16_texture3d',
             'addmm_float32_buffer',
             'addmm_float32_texture3d',
         ),
@@ -643,7 +645,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'mat2', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -653,6 +655,8 @@ OPS: dict[str, OpEntry] = {
         template='mm_tiled',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'bmm_float16_buffer',
+            'bmm_float16_texture3d',
             'bmm_float32_buffer',
             'bmm_float32_texture3d',
         ),
@@ -1031,7 +1035,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1048,6 +1052,7 @@ OPS: dict[str, OpEntry] = {
         template='conv2d',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv2d_float16_texture3d',
             'conv2d_float32_texture3d',
         ),
     ),
@@ -1074,7 +1079,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1094,6 +1099,7 @@ OPS: dict[str, OpEntry] = {
         template='conv2d_act',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv2d_act_float16_texture3d',
             'conv2d_act_float32_texture3d',
         ),
     ),
@@ -1117,7 +1123,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1133,6 +1139,7 @@ OPS: dict[str, OpEntry] = {
         template='conv2d_dw',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv2d_dw_float16_texture3d',
             'conv2d_dw_float32_texture3d',
         ),
     ),
@@ -1156,7 +1163,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1174,6 +1181,7 @@ OPS: dict[str, OpEntry] = {
         template='conv2d_dw_s1',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv2d_dw3_s1_float16_texture3d',
             'conv2d_dw3_s1_float32_texture3d',
         ),
     ),
@@ -1197,7 +1205,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1215,6 +1223,7 @@ OPS: dict[str, OpEntry] = {
         template='conv2d_dw_s1',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv2d_dw5_s1_float16_texture3d',
             'conv2d_dw5_s1_float32_texture3d',
         ),
     ),
@@ -1241,7 +1250,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1260,6 +1269,7 @@ OPS: dict[str, OpEntry] = {
         template='conv2d_dw_act',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv2d_dw_act_float16_texture3d',
             'conv2d_dw_act_float32_texture3d',
         ),
     ),
@@ -1287,7 +1297,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1306,6 +1316,7 @@ OPS: dict[str, OpEntry] = {
         template='conv2d_gemm',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv2d_gemm_float16_texture3d',
             'conv2d_gemm_float32_texture3d',
         ),
     ),
@@ -1331,7 +1342,7 @@ OPS: dict[str, OpEntry] = {
         ),
         sync=(
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1350,6 +1361,7 @@ OPS: dict[str, OpEntry] = {
         template='conv2d_nhwc',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv2d_nhwc_float16_buffer',
             'conv2d_nhwc_float32_buffer',
         ),
         dim_order=(('input', (0, 2, 3, 1)), ('out', (0, 2, 3, 1))),
@@ -1371,7 +1383,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1385,6 +1397,7 @@ OPS: dict[str, OpEntry] = {
         template='conv2d_pw',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv2d_pw_float16_texture3d',
             'conv2d_pw_float32_texture3d',
         ),
     ),
@@ -1408,7 +1421,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1425,6 +1438,7 @@ OPS: dict[str, OpEntry] = {
         template='conv2d_pw_act',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv2d_pw_act_float16_texture3d',
             'conv2d_pw_act_float32_texture3d',
         ),
     ),
@@ -1449,7 +1463,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -1467,6 +1481,7 @@ OPS: dict[str, OpEntry] = {
         template='conv2d_wino',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'conv2d_wino_float16_texture3d',
             'conv2d_wino_float32_texture3d',
         ),
     ),
@@ -2794,7 +2809,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -2808,6 +2823,8 @@ OPS: dict[str, OpEntry] = {
         template='linear',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'linear_float16_buffer',
+            'linear_float16_texture3d',
             'linear_float32_buffer',
             'linear_float32_texture3d',
         ),
@@ -2829,7 +2846,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -2843,6 +2860,10 @@ OPS: dict[str, OpEntry] = {
         template='linear_packed',
         shader_axes=('dtype', 'storage', 'weight_storage'),
         variants=(
+            'linear_packed_float16_buffer_buffer',
+            'linear_packed_float16_buffer_texture3d',
+            'linear_packed_float16_texture3d_buffer',
+            'linear_packed_float16_texture3d_texture3d',
             'linear_packed_float32_buffer_buffer',
             'linear_packed_float32_buffer_texture3d',
             'linear_packed_float32_texture3d_buffer',
@@ -2866,7 +2887,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('input', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=('weight', 'bias'),
@@ -2880,6 +2901,10 @@ OPS: dict[str, OpEntry] = {
         template='linear_packed_gemv',
         shader_axes=('dtype', 'storage', 'weight_storage'),
         variants=(
+            'linear_packed_gemv_float16_buffer_buffer',
+            'linear_packed_gemv_float16_buffer_texture3d',
+            'linear_packed_gemv_float16_texture3d_buffer',
+            'linear_packed_gemv_float16_texture3d_texture3d',
             'linear_packed_gemv_float32_buffer_buffer',
             'linear_packed_gemv_float32_buffer_texture3d',
             'linear_packed_gemv_float32_texture3d_buffer',
@@ -3360,7 +3385,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'other', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -3372,6 +3397,8 @@ OPS: dict[str, OpEntry] = {
         template='matmul',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'matmul_float16_buffer',
+            'matmul_float16_texture3d',
             'matmul_float32_buffer',
             'matmul_float32_texture3d',
         ),
@@ -3607,7 +3634,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'mat2', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -3617,6 +3644,8 @@ OPS: dict[str, OpEntry] = {
         template='mm_tiled',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'mm_float16_buffer',
+            'mm_float16_texture3d',
             'mm_float32_buffer',
             'mm_float32_texture3d',
         ),
@@ -5011,7 +5040,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('query', 'key', 'value', 'out'),
         ),
-        dtypes=('float32',),
+        dtypes=('float32', 'float16'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -5028,6 +5057,8 @@ OPS: dict[str, OpEntry] = {
         template='sdpa',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'scaled_dot_product_attention_float16_buffer',
+            'scaled_dot_product_attention_float16_texture3d',
             'scaled_dot_product_attention_float32_buffer',
             'scaled_dot_product_attention_float32_texture3d',
         ),

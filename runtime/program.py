@@ -12,6 +12,12 @@ device run concurrently). What the program holds on the device lives in `_Resour
 close(), by the context manager, by a finalizer when the program is garbage collected, or by the
 device's own close(); a closed program raises ProgramClosedError when called, and closing twice is
 a no-op. Call arguments are checked by `runtime/call_args.py` before anything runs.
+
+Calls: a program of one device segment with plain tensor inputs and outputs gets a fast call
+planned at build (`runtime/call_fast.py`: a few attribute checks, one copy in, one copy out per
+tensor); every other program, and any call whose arguments are not exactly what was compiled,
+takes the general path below (which also raises every argument error). `fast_path = False`
+forces the general path (benchmarks, tests).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from texelflow.runtime.call_args import AnySpec, ConstSpec, TensorSpec, check_call
+from texelflow.runtime.call_fast import plan_fast_call
 from texelflow.runtime.errors import ProgramClosedError
 from texelflow.runtime.graph.ir import Node, Role, Value
 from texelflow.runtime.lower_dispatch import DUMMY_BUFFER, DispatchSpec, node_dispatches
@@ -97,7 +104,7 @@ class CompiledProgram:
     close() or `with texelflow.compile(...) as prog:`; a program dropped without either is freed
     by a finalizer."""
 
-    def __init__(self, plan, exported, device, owns_device: bool = False, progress=None):
+    def __init__(self, plan, exported, device, owns_device: bool = False, progress=None, profile: bool = False):
         import torch
 
         self.plan, self.device, self.exported = plan, device, exported
@@ -113,6 +120,8 @@ class CompiledProgram:
                 self._alias[n.outputs[0][1]] = self._root(n.arg("self"))
                 self._folded_by[n.outputs[0][1]] = n
         self._by_name = None
+        self._fast = None  # the planned common case of a call (runtime/call_fast.py), if it applies
+        self.fast_path = True  # False: every call takes the general path (benchmarks, tests)
         self._tensors: dict[Value, VkTensor] = {}
         self._consts: dict[tuple[Value, object], VkTensor] = {}
         self._res = _Resources(device, owns_device, self._tensors, self._consts)
@@ -139,8 +148,9 @@ class CompiledProgram:
             for seg, dispatches in zip(self.segments, seg_dispatches):
                 ins = [self._tensor(v, assignment, persistent) for v in seg.inputs]
                 outs = [self._tensor(v, assignment, persistent) for v in seg.outputs]
-                seg.program = Program(device, dispatches, ins, outs)
+                seg.program = Program(device, dispatches, ins, outs, profiling=profile)
             self.timings["pipelines"] = time.perf_counter() - start
+            self._fast = plan_fast_call(self)
         except BaseException:
             self.close()
             raise
@@ -323,6 +333,16 @@ class CompiledProgram:
 
     # ---- running ----------------------------------------------------------------------------------
     def __call__(self, *args):
+        fast = self._fast if self.fast_path else None
+        if fast is not None:  # the common case, planned at build (runtime/call_fast.py)
+            if fast.accepts(args):
+                with self._res.lock:
+                    self._check_open()
+                    return fast.run(args)
+        return self._general_call(args)
+
+    def _general_call(self, args):
+        """Any call: pytree arguments, CPU fallbacks, narrowed inputs, mutations written back."""
         torch = self._torch
         flat = self._flat_args(args)
         self._check_open()
@@ -534,6 +554,25 @@ class CompiledProgram:
         from texelflow.runtime.tune import device_key
 
         return resolve("table", device_key(self.device))
+
+    def save(self, path):
+        """Write this program to one file that `texelflow.load` runs without torch
+        (runtime/saved, docs/format.md); returns the path."""
+        from texelflow.runtime.saved import save
+
+        return save(self, path)
+
+    @property
+    def profiling(self) -> bool:
+        """Whether calls record GPU timestamps around each dispatch, for profile(). Off by default:
+        on lavapipe a timestamp pair costs about as much device time as a small kernel."""
+        return any(s.program.profiling for s in self.segments if s.program is not None and s.program.dispatches)
+
+    @profiling.setter
+    def profiling(self, on: bool) -> None:
+        for seg in self.segments:
+            if seg.program is not None:
+                seg.program.profiling = on
 
     @property
     def closed(self) -> bool:

@@ -16,8 +16,24 @@ from texelflow.runtime.errors import (  # noqa: E402
     UnsupportedModelError,
 )
 
-__all__ = ["compile", "plan", "quantize", "Quantizer", "__version__", "TexelflowError", "InputTypeError",
+__all__ = ["compile", "plan", "load", "inspect", "quantize", "Quantizer", "__version__", "TexelflowError", "InputTypeError",
            "InputValueError", "UnsupportedModelError", "QuantizationError", "ProgramClosedError"]
+
+
+def load(path, device=None):
+    """A program saved by `prog.save(path)`, ready to run with numpy and Vulkan only (no torch):
+    `texelflow.runtime.saved.load` (format: docs/format.md)."""
+    from texelflow.runtime.saved import load as _load
+
+    return _load(path, device)
+
+
+def inspect(path) -> str:
+    """A saved program's plan summary, shader variants and sizes, checked like a load but built on
+    no device (`texelflow inspect`)."""
+    from texelflow.runtime.saved import inspect as _inspect
+
+    return _inspect(path)
 
 
 def __getattr__(name: str):

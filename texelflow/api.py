@@ -6,6 +6,7 @@ import time
 from typing import Sequence
 
 from texelflow.runtime.graph.optimal import SOLVER_TIME_LIMIT_S  # light: scipy loads when planning
+from texelflow.runtime.graph.prepack_matmul import subgroup_facts
 
 
 def _texture_limits(texture_limits, device):
@@ -43,7 +44,7 @@ def _check_precision(precision) -> None:
 
 
 def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, conv_dim_order="nchw", costs=None,
-          precision="fp32", features=None):
+          precision="fp32", features=None, subgroup=None):
     from texelflow.runtime.graph.fusion import choose_conv_kernels, fuse_patterns
     from texelflow.runtime.graph.importer import export_program
     from texelflow.runtime.graph.lowering import lower
@@ -56,7 +57,7 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     ep = export_program(model, example_inputs, timings)
     graph = lower(ep, limits, timings)
     start = time.perf_counter()
-    graph = fuse_patterns(graph, limits, choose_kernels=False)
+    graph = fuse_patterns(graph, limits, choose_kernels=False, subgroup=subgroup)
     timings["fusion"] = time.perf_counter() - start
     start = time.perf_counter()
     graph = apply_dim_orders(graph, conv_dim_order, limits)  # explicit permutes, before they are optimised
@@ -105,12 +106,13 @@ def plan(model, example_inputs: Sequence = (), planner: str = "optimal", texture
     _check_precision(precision)
     return _plan(model, example_inputs, planner, _texture_limits(texture_limits, device), time_limit, permutes,
                  conv_dim_order, _cost_model(costs, device), precision,
-                 device.enabled_features if device is not None else None)
+                 device.enabled_features if device is not None else None,
+                 subgroup_facts(device.limits) if device is not None else None)
 
 
 def compile(model, example_inputs: Sequence = (), planner: str = "optimal", device=None, texture_limits=None,
             time_limit: float = SOLVER_TIME_LIMIT_S, progress=None, permutes: str | None = None,
-            conv_dim_order: str = "nchw", costs=None, precision: str = "fp32"):
+            conv_dim_order: str = "nchw", costs=None, precision: str = "fp32", profile: bool = False):
     """Plan `model` for `device` and build a callable program.
 
     `progress`, when given, is called as `progress(stage, done, total)` while the program is
@@ -126,7 +128,11 @@ def compile(model, example_inputs: Sequence = (), planner: str = "optimal", devi
     `costs` as for plan(), keyed by this device: by default its cost table when `texelflow tune`
     measured one, else transitions alone. `precision` as for plan(): "fp16" stores activations and
     weights as float16 where this device has the float16 features, else runs the float32
-    variants and says so in `prog.plan.precision`."""
+    variants and says so in `prog.plan.precision`.
+
+    `profile=True` records GPU timestamps around every dispatch of each call, which
+    `prog.profile()` reads (also switchable later: `prog.profiling = True`). Off by default: a
+    timestamp pair costs device time (on lavapipe about as much as a small kernel)."""
     _check_precision(precision)
     from texelflow.runtime.program import CompiledProgram
     from texelflow.runtime.vulkan.device import default_device
@@ -134,5 +140,6 @@ def compile(model, example_inputs: Sequence = (), planner: str = "optimal", devi
     device = default_device() if device is None else device
     device.check_open("compiling a program")
     result = _plan(model, example_inputs, planner, _texture_limits(texture_limits, device), time_limit, permutes,
-                   conv_dim_order, _cost_model(costs, device), precision, device.enabled_features)
-    return CompiledProgram(result, result.exported, device, progress=progress)
+                   conv_dim_order, _cost_model(costs, device), precision, device.enabled_features,
+                   subgroup_facts(device.limits))
+    return CompiledProgram(result, result.exported, device, progress=progress, profile=profile)

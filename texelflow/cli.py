@@ -1,4 +1,4 @@
-"""The `texelflow` command line: gen, variants, plan, demo, tune, bench."""
+"""The `texelflow` command line: gen, variants, plan, demo, compile, run, inspect, tune, bench."""
 
 from __future__ import annotations
 
@@ -212,6 +212,110 @@ def cmd_bench(args) -> int:
     return rc
 
 
+# ---- shipping a compiled program (runtime/saved: docs/format.md) ---------------------------------
+def cmd_compile(args) -> int:
+    """Export, plan, compile and prepack a model once, then save the runnable program to one file."""
+    import time
+
+    import texelflow
+    from texelflow.runtime.errors import TexelflowError
+
+    model, inputs = load_target(args.target)
+    start = time.perf_counter()
+    try:
+        with texelflow.compile(model, inputs, planner=args.planner, precision=args.precision) as prog:
+            compiled = time.perf_counter() - start
+            prog.save(args.output)
+    except (TexelflowError, OSError) as exc:
+        print(f"texelflow compile: {exc}", file=sys.stderr)
+        return 1
+    size = Path(args.output).stat().st_size
+    print(f"compiled {args.target} in {compiled:.1f} s; wrote {args.output} ({size / 1e6:.2f} MB)")
+    return 0
+
+
+def _saved_inputs(prog, paths: list[str], seed: int) -> list:
+    """The arrays to call a loaded program with: one .npy per input in order, or seeded random
+    values of each input's shape and dtype when none are given."""
+    import numpy as np
+
+    specs = list(prog.input_specs)
+    if paths:
+        if len(paths) != len(specs):
+            raise SystemExit(f"texelflow run: the program takes {len(specs)} input(s) "
+                             f"({', '.join(s['name'] for s in specs)}); --input was given {len(paths)}")
+        arrays = []
+        for path in paths:
+            try:
+                arrays.append(np.load(path, allow_pickle=False))
+            except (OSError, ValueError) as exc:
+                raise SystemExit(f"texelflow run: cannot read {path}: {exc}") from None
+        return arrays
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for s in specs:
+        dtype, shape = np.dtype(s["dtype"]), tuple(s["shape"])
+        if dtype.kind == "f":
+            arrays.append(rng.standard_normal(shape).astype(dtype))
+        elif dtype.kind == "b":
+            arrays.append(rng.integers(0, 2, shape).astype(dtype))
+        else:
+            arrays.append(rng.integers(0, 10, shape).astype(dtype))
+    return arrays
+
+
+def cmd_run(args) -> int:
+    """Load a saved program (no torch needed) and run it on inputs from .npy files or random ones."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    import texelflow
+    from texelflow.runtime.errors import TexelflowError
+
+    try:
+        with texelflow.load(args.file) as prog:
+            arrays = _saved_inputs(prog, args.input or [], args.seed)
+            outputs = prog(*arrays)
+            outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+            for spec, out in zip(prog.output_specs, outputs):
+                out = np.asarray(out)
+                finite = out[np.isfinite(out)] if out.dtype.kind == "f" else out
+                stats = (f"min {finite.min():.4g} max {finite.max():.4g} mean {finite.mean():.4g}"
+                         if finite.size else "no finite values")
+                print(f"{spec['name']}: {out.dtype} {list(out.shape)}  {stats}")
+            if args.output:
+                names = [s["name"] for s in prog.output_specs]
+                np.savez(args.output, **dict(zip(names, outputs)))
+                print(f"wrote {args.output}")
+            if args.bench:
+                times = []
+                for _ in range(args.bench):
+                    start = time.perf_counter()
+                    prog(*arrays)
+                    times.append(time.perf_counter() - start)
+                print(f"{args.bench} calls: median {statistics.median(times) * 1e3:.2f} ms, "
+                      f"best {min(times) * 1e3:.2f} ms")
+    except TexelflowError as exc:
+        print(f"texelflow run: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    """Print a saved program's plan summary, the shader variants it uses and the sizes of its parts."""
+    import texelflow
+    from texelflow.runtime.errors import TexelflowError
+
+    try:
+        print(texelflow.inspect(args.file))
+    except TexelflowError as exc:
+        print(f"texelflow inspect: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_tune(args) -> int:
     """Measure this device's cost table (runtime/tune.py) and store it where compile finds it."""
     import time
@@ -275,6 +379,24 @@ def build_parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="measure this device's kernel cost table (the planner's predicted times)")
     tune.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (well under a minute)")
     tune.set_defaults(func=cmd_tune)
+    comp = sub.add_parser("compile", help="compile a model for this device and save it to one file (docs/format.md)")
+    comp.add_argument("target", help="MODULE:ATTR giving (model, inputs), or a zoo model name")
+    comp.add_argument("-o", "--output", required=True, help="the file to write, e.g. model.tflow")
+    comp.add_argument("--planner", choices=["optimal", "greedy"], default="optimal")
+    comp.add_argument("--precision", choices=["fp32", "fp16"], default="fp32")
+    comp.set_defaults(func=cmd_compile)
+    run = sub.add_parser("run", help="load a saved program and run it (torch not needed)")
+    run.add_argument("file", help="a file written by `texelflow compile` or prog.save()")
+    run.add_argument("--input", action="append", metavar="X.npy",
+                     help="one .npy per program input, in order (default: seeded random inputs)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--output", metavar="OUT.npz", help="save the outputs, by name")
+    run.add_argument("--bench", type=int, nargs="?", const=20, default=0, metavar="N",
+                     help="then time N more calls (default 20)")
+    run.set_defaults(func=cmd_run)
+    insp = sub.add_parser("inspect", help="print a saved program's plan summary, variants and sizes")
+    insp.add_argument("file")
+    insp.set_defaults(func=cmd_inspect)
     bench = sub.add_parser("bench", help="run the benchmarks under bench/")
     bench.add_argument("--quick", action="store_true", help="small sizes")
     bench.set_defaults(func=cmd_bench)

@@ -141,15 +141,19 @@ def fallback_table(plan, examples: int = 3):
     return table
 
 
-def dispatch_times(prog) -> list[tuple[str, object, float]]:
-    """(label, IR node or None, microseconds) per dispatch of the last call; [] on a device
-    without timestamps on its compute queue."""
+def dispatch_times(prog, inputs) -> list[tuple[str, object, float]]:
+    """(label, IR node or None, microseconds) per dispatch of one call with `inputs`, timestamps
+    switched on for that call only; [] on a device without timestamps on its compute queue."""
     from texelflow.runtime.errors import TexelflowError
 
+    was, prog.profiling = prog.profiling, True
     try:
+        prog(*inputs)
         rows = prog.profile()
     except TexelflowError:
         return []
+    finally:
+        prog.profiling = was
     nodes = {n.name: n for n in prog.plan.graph.nodes}
     return [(label, nodes.get(label.split("[")[0]), us) for label, us in rows]  # NAME[i]: i-th of a node
 
@@ -279,7 +283,7 @@ def _run(model, inputs, title, console) -> int:
         console.print(latency_table(tf_s, tf_runs, eager_s, eager_runs, prog.num_submits_per_call))
         console.print(f"{tf_s * 1000:.2f} ms per call; {prog.num_submits_per_call} queue submit(s) per call",
                       soft_wrap=True)
-        times = dispatch_times(prog)
+        times = dispatch_times(prog, inputs)
         if times:
             for table in slowest_tables(times):
                 console.print(table)

@@ -91,7 +91,16 @@ void main() {
   if (TF_BLOCK_PATH) { unit_block(u); return; }
 #endif
   if (vec4_path && (tail == 0 || first + tf_span <= pc.units)) {
-    for (int k = u * (tf_span / 4); k < (u + 1) * (tf_span / 4); ++k) { unit_vec4(k); }
+    int k = u * (tf_span / 4);  // unrolled: a rolled loop costs lavapipe mask bookkeeping per trip
+#line 25
+    unit_vec4(k + 0);
+#line 25
+    unit_vec4(k + 1);
+#line 25
+    unit_vec4(k + 2);
+#line 25
+    unit_vec4(k + 3);
+#line 27
     return;
   }
   int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);

@@ -64,13 +64,13 @@ layout(constant_id = 7) const int n_ragged = 1;  // ragged
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #line 33
-layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { VEC4 t4_self[]; };
-layout(set = 0, binding = 2, std430) readonly buffer mat2_buf4 { VEC4 t4_mat2[]; };
-layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { VEC4 t4_out[]; };
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
+layout(set = 0, binding = 2, std430) readonly buffer mat2_buf4 { vec4 t4_mat2[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
 
 // Texel k4 of row `row` of self (elements 4 * k4 .. + 3, zero past K).
 VEC4 a_texel(int row, int k4, int K) {
-  if (k_ragged == 0) { return t4_self[row * (K >> 2) + k4]; }
+  if (k_ragged == 0) { return VEC4(t4_self[row * (K >> 2) + k4]); }
   int o = row * K + 4 * k4;
   int k = 4 * k4;
   return VEC4(k < K ? t_self[o] : T(0), k + 1 < K ? t_self[o + 1] : T(0), k + 2 < K ? t_self[o + 2] : T(0),
@@ -79,7 +79,7 @@ VEC4 a_texel(int row, int k4, int K) {
 
 // Texel n4 of row k of mat2 (zero past N, and for k past K).
 VEC4 b_texel(int k, int n4, int N, int K) {
-  if (k_ragged == 0 && n_ragged == 0) { return t4_mat2[k * (N >> 2) + n4]; }
+  if (k_ragged == 0 && n_ragged == 0) { return VEC4(t4_mat2[k * (N >> 2) + n4]); }
   int n = 4 * n4;
   int o = min(k, K - 1) * N + n;
   VEC4 v = VEC4(t_mat2[o], n + 1 < N ? t_mat2[o + 1] : T(0), n + 2 < N ? t_mat2[o + 2] : T(0),
@@ -89,7 +89,7 @@ VEC4 b_texel(int k, int n4, int N, int K) {
 
 void store_out(int row, int n4, int N, VEC4 v) {
   if (n_ragged == 0) {
-    t4_out[row * (N >> 2) + n4] = v;
+    t4_out[row * (N >> 2) + n4] = vec4(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = v[j]; }

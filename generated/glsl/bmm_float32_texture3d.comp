@@ -85,7 +85,7 @@ VEC4 b_texel(int k, int n4, int batch, int K) {
 
 void store_out(int row, int n4, int batch, int N, VEC4 v) {
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
-  imageStore(t_out, ivec3(n4, row, batch), mix(v, VEC4(0), pad));
+  store_texel_out(ivec3(n4, row, batch), mix(v, VEC4(0), pad));
 }
 
 #line 80

@@ -57,7 +57,7 @@ layout(constant_id = 5) const int same_units = 0;  // same_order
 #line 75
 layout(constant_id = 6) const int same_shape = 0;  // same_sizes
 #line 75
-layout(constant_id = 7) const int transpose = 0;  // transpose4
+layout(constant_id = 7) const int transpose = 0;  // transpose4_texels
 #line 75
 layout(constant_id = 8) const int tail = 1;  // units_tail
 
@@ -66,7 +66,7 @@ layout(constant_id = 8) const int tail = 1;  // units_tail
 const int tf_span = 4;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
-#line 24 "shaders/copy.glsl.j2"
+#line 31 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
@@ -74,40 +74,68 @@ ivec4 src(ivec4 e) {
 // vec4 views of the buffer bindings (aliases of the same descriptors).
 
 // ---- 4 x 4 blocks between packed dims q (input) and p (output), shape class `transpose` ----
-#line 32
+// Blocks (transpose) or stepped indices (same_shape, any other re-layout): unit_block below.
+#line 44
 #define TF_BLOCK_PATH (transpose != 0)
 
 // The block at `base` (base[p], base[q] multiples of 4): b[k] is the output's vec4 along p at
 // q offset k, lane j of it lane k of the input's vec4 along q at p offset j (moved, not converted).
 // Input vec4s past out's sizes along p (a texture's padding lanes) read as zero.
+#line 50
 void block_at(ivec4 base, out VEC4 b[4]) {
   int tp = tf_packed_dim(out_layout);
   int past = pc.out_sizes[tp] - base[tp];  // input vec4s 0 .. past - 1 exist
   VEC4 a[4];
-#line 46
-  for (int j = 0; j < 4; ++j) {
+#line 62
+  for (int j = 0; j < 4; ++j) {  // clamped, then zeroed: a select, not a masked load
     ivec4 idx = base;
-    idx[tp] += j;
-    a[j] = j < past ? load_texel_self(tf_texel_pos_lane(idx, pc.self_sizes, self_layout).xyz) : VEC4(0);
+    idx[tp] += min(j, past - 1);
+    VEC4 t = load_texel_self(tf_texel_pos_lane(idx, pc.self_sizes, self_layout).xyz);
+    a[j] = j < past ? t : VEC4(0);
   }
-#line 52
+#line 69
   for (int k = 0; k < 4; ++k) { b[k] = VEC4(a[0][k], a[1][k], a[2][k], a[3][k]); }
 }
 
 
+// `transpose` from a channels-packed texture to a width-packed one (C % 4 == 0: output z slices
+// 4m .. 4m + 3 are four channels of one batch, all in input z slice m; ceil(W / 4) % 4 == 0:
+// rows of whole chunks). The chunk at (x, y, z) takes output texels (x + z % 4, y,
+// z - z % 4 + k), k = 0 .. 3: a bijection of the grid onto the output's texels. Input
+// texel j along W of them is (4 (x + z % 4) + j, y, z / 4), lane k of it lane j of output texel
+// k; with W % 4 != 0 the last texel's padding lanes come from past W: read clamped, set to zero.
+#line 144
+void unit_texels(ivec3 pos) {
+  int xo = pos.x + (pos.z & 3);
+  int z4 = pos.z & ~3;
+  int w_end = pc.self_sizes.x;
+  VEC4 a[4];
+  for (int j = 0; j < 4; ++j) {
+    int w = 4 * xo + j;
+    VEC4 t = load_texel_self(ivec3(min(w, w_end - 1), pos.y, z4 / 4));
+    a[j] = w < w_end ? t : VEC4(0);
+  }
+  for (int k = 0; k < 4; ++k) {
+    store_texel_out(ivec3(xo, pos.y, z4 + k), VEC4(a[0][k], a[1][k], a[2][k], a[3][k]));
+  }
+}
+
 // The 4 texels from pos along x (= W = q): the block whose W offset k is texel pos + (k, 0, 0).
-#line 115
+#line 161
 void unit_block(ivec3 pos) {
+#line 163
+  if (tf_packed_dim(self_layout) == 2 && tf_packed_dim(out_layout) == 0) { unit_texels(pos); return; }
+#line 165
   VEC4 b[4];
   block_at(tf_texel_to_idx(pos, pc.out_sizes, out_layout), b);
   for (int k = 0; k < 4; ++k) { store_texel_out(pos + ivec3(k, 0, 0), b[k]); }
 }
 
-#line 122
+#line 171
 void unit_texel(ivec3 pos) {
-#line 124
+#line 173
   if (same_units != 0) { store_texel_out(pos, load_texel_self(pos)); return; }
-#line 126
+#line 175
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);
@@ -121,7 +149,7 @@ void unit_texel(ivec3 pos) {
   store_texel_out(pos, r);
 }
 
-#line 30 "shaders/_span_main.glsl.j2"
+#line 33 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);

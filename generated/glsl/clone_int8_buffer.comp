@@ -54,7 +54,7 @@ layout(constant_id = 5) const int same_units = 0;  // same_order
 #line 75
 layout(constant_id = 6) const int same_shape = 0;  // same_sizes
 #line 75
-layout(constant_id = 7) const int transpose = 0;  // transpose4
+layout(constant_id = 7) const int transpose = 0;  // transpose4_texels
 #line 75
 layout(constant_id = 8) const int tail = 1;  // units_tail
 
@@ -63,7 +63,7 @@ layout(constant_id = 8) const int tail = 1;  // units_tail
 const int tf_span = 16;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
-#line 24 "shaders/copy.glsl.j2"
+#line 31 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
@@ -75,19 +75,19 @@ layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[];
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
 
 
-#line 59 "shaders/copy.glsl.j2"
+#line 80 "shaders/copy.glsl.j2"
 const bool vec4_path = same_units != 0;
 
 void unit_vec4(int k) { t4_out[k] = t4_self[k]; }
 
 
-#line 91
+#line 114
 void unit_word(int w) {
-#line 93
+#line 116
   if (same_units != 0) { t_out[w] = t_self[w]; return; }
-#line 95
+#line 118
   ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
-#line 99
+#line 122
   int pd = tf_packed_dim(out_layout);
   int word = 0;
   for (int k = 0; k < 4; ++k) {
@@ -98,7 +98,7 @@ void unit_word(int w) {
     }
   }
   t_out[w] = word;
-#line 110
+#line 133
 }
 
 #line 15 "shaders/_span_main.glsl.j2"
@@ -110,7 +110,16 @@ void main() {
   if (TF_BLOCK_PATH) { unit_block(u); return; }
 #endif
   if (vec4_path && (tail == 0 || first + tf_span <= pc.units)) {
-    for (int k = u * (tf_span / 4); k < (u + 1) * (tf_span / 4); ++k) { unit_vec4(k); }
+    int k = u * (tf_span / 4);  // unrolled: a rolled loop costs lavapipe mask bookkeeping per trip
+#line 25
+    unit_vec4(k + 0);
+#line 25
+    unit_vec4(k + 1);
+#line 25
+    unit_vec4(k + 2);
+#line 25
+    unit_vec4(k + 3);
+#line 27
     return;
   }
   int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);

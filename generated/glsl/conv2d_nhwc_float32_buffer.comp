@@ -94,9 +94,9 @@ VEC4 conv_activation(VEC4 v) {
   return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
 }
 #line 44 "shaders/conv2d_nhwc.glsl.j2"
-layout(set = 0, binding = 1, std430) readonly buffer input4_buf { VEC4 t_input4[]; };
+layout(set = 0, binding = 1, std430) readonly buffer input4_buf { vec4 t_input4[]; };
 #line 44
-layout(set = 0, binding = 2, std430) readonly buffer weight4_buf { VEC4 t_weight4[]; };
+layout(set = 0, binding = 2, std430) readonly buffer weight4_buf { vec4 t_weight4[]; };
 
 #line 47
 void main() {
@@ -182,226 +182,234 @@ void main() {
 #line 93
       int ix0 = (x0 + 0) * stride.x - pad.x + kx * dil.x;
       bool ok0 = ix0 >= 0 && ix0 < is.y && x0 + 0 < os.y;
-      // taps outside the input read pixel 0 of the row, scaled by 0: no branch in the loops
+      // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
+      // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px0 = row + (ok0 ? ix0 : 0);
-      T m0 = ok0 ? T(1) : T(0);
+      bvec4 m0 = bvec4(ok0);
 #line 93
       int ix1 = (x0 + 1) * stride.x - pad.x + kx * dil.x;
       bool ok1 = ix1 >= 0 && ix1 < is.y && x0 + 1 < os.y;
-      // taps outside the input read pixel 0 of the row, scaled by 0: no branch in the loops
+      // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
+      // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px1 = row + (ok1 ? ix1 : 0);
-      T m1 = ok1 ? T(1) : T(0);
+      bvec4 m1 = bvec4(ok1);
 #line 93
       int ix2 = (x0 + 2) * stride.x - pad.x + kx * dil.x;
       bool ok2 = ix2 >= 0 && ix2 < is.y && x0 + 2 < os.y;
-      // taps outside the input read pixel 0 of the row, scaled by 0: no branch in the loops
+      // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
+      // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px2 = row + (ok2 ? ix2 : 0);
-      T m2 = ok2 ? T(1) : T(0);
+      bvec4 m2 = bvec4(ok2);
 #line 93
       int ix3 = (x0 + 3) * stride.x - pad.x + kx * dil.x;
       bool ok3 = ix3 >= 0 && ix3 < is.y && x0 + 3 < os.y;
-      // taps outside the input read pixel 0 of the row, scaled by 0: no branch in the loops
+      // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
+      // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px3 = row + (ok3 ? ix3 : 0);
-      T m3 = ok3 ? T(1) : T(0);
+      bvec4 m3 = bvec4(ok3);
 #line 93
       int ix4 = (x0 + 4) * stride.x - pad.x + kx * dil.x;
       bool ok4 = ix4 >= 0 && ix4 < is.y && x0 + 4 < os.y;
-      // taps outside the input read pixel 0 of the row, scaled by 0: no branch in the loops
+      // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
+      // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px4 = row + (ok4 ? ix4 : 0);
-      T m4 = ok4 ? T(1) : T(0);
+      bvec4 m4 = bvec4(ok4);
 #line 93
       int ix5 = (x0 + 5) * stride.x - pad.x + kx * dil.x;
       bool ok5 = ix5 >= 0 && ix5 < is.y && x0 + 5 < os.y;
-      // taps outside the input read pixel 0 of the row, scaled by 0: no branch in the loops
+      // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
+      // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px5 = row + (ok5 ? ix5 : 0);
-      T m5 = ok5 ? T(1) : T(0);
+      bvec4 m5 = bvec4(ok5);
 #line 93
       int ix6 = (x0 + 6) * stride.x - pad.x + kx * dil.x;
       bool ok6 = ix6 >= 0 && ix6 < is.y && x0 + 6 < os.y;
-      // taps outside the input read pixel 0 of the row, scaled by 0: no branch in the loops
+      // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
+      // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px6 = row + (ok6 ? ix6 : 0);
-      T m6 = ok6 ? T(1) : T(0);
+      bvec4 m6 = bvec4(ok6);
 #line 93
       int ix7 = (x0 + 7) * stride.x - pad.x + kx * dil.x;
       bool ok7 = ix7 >= 0 && ix7 < is.y && x0 + 7 < os.y;
-      // taps outside the input read pixel 0 of the row, scaled by 0: no branch in the loops
+      // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
+      // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px7 = row + (ok7 ? ix7 : 0);
-      T m7 = ok7 ? T(1) : T(0);
-#line 99
+      bvec4 m7 = bvec4(ok7);
+#line 100
       int wtap = (ky * kw + kx) * cin;  // weight row of (ky, kx, 0)
       for (int b = 0; b < vec_blocks; ++b) {
         int w = (wtap + b * 4) * cw4;
-#line 103
+#line 104
         VEC4 w00 = t_weight4[w + blk0];
         VEC4 w01 = t_weight4[w + cw4 + blk0];
         VEC4 w02 = t_weight4[w + 2 * cw4 + blk0];
         VEC4 w03 = t_weight4[w + 3 * cw4 + blk0];
-#line 103
+#line 104
         VEC4 w10 = t_weight4[w + blk1];
         VEC4 w11 = t_weight4[w + cw4 + blk1];
         VEC4 w12 = t_weight4[w + 2 * cw4 + blk1];
         VEC4 w13 = t_weight4[w + 3 * cw4 + blk1];
-#line 109
+#line 110
         {
-          VEC4 v = t_input4[px0 * cin4 + b] * m0;
-#line 112
+          VEC4 v = mix(VEC4(0), VEC4(t_input4[px0 * cin4 + b]), m0);
+#line 113
           acc0_0 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 112
+#line 113
           acc1_0 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 114
+#line 115
         }
-#line 109
+#line 110
         {
-          VEC4 v = t_input4[px1 * cin4 + b] * m1;
-#line 112
+          VEC4 v = mix(VEC4(0), VEC4(t_input4[px1 * cin4 + b]), m1);
+#line 113
           acc0_1 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 112
+#line 113
           acc1_1 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 114
+#line 115
         }
-#line 109
+#line 110
         {
-          VEC4 v = t_input4[px2 * cin4 + b] * m2;
-#line 112
+          VEC4 v = mix(VEC4(0), VEC4(t_input4[px2 * cin4 + b]), m2);
+#line 113
           acc0_2 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 112
+#line 113
           acc1_2 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 114
+#line 115
         }
-#line 109
+#line 110
         {
-          VEC4 v = t_input4[px3 * cin4 + b] * m3;
-#line 112
+          VEC4 v = mix(VEC4(0), VEC4(t_input4[px3 * cin4 + b]), m3);
+#line 113
           acc0_3 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 112
+#line 113
           acc1_3 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 114
+#line 115
         }
-#line 109
+#line 110
         {
-          VEC4 v = t_input4[px4 * cin4 + b] * m4;
-#line 112
+          VEC4 v = mix(VEC4(0), VEC4(t_input4[px4 * cin4 + b]), m4);
+#line 113
           acc0_4 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 112
+#line 113
           acc1_4 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 114
+#line 115
         }
-#line 109
+#line 110
         {
-          VEC4 v = t_input4[px5 * cin4 + b] * m5;
-#line 112
+          VEC4 v = mix(VEC4(0), VEC4(t_input4[px5 * cin4 + b]), m5);
+#line 113
           acc0_5 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 112
+#line 113
           acc1_5 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 114
+#line 115
         }
-#line 109
+#line 110
         {
-          VEC4 v = t_input4[px6 * cin4 + b] * m6;
-#line 112
+          VEC4 v = mix(VEC4(0), VEC4(t_input4[px6 * cin4 + b]), m6);
+#line 113
           acc0_6 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 112
+#line 113
           acc1_6 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 114
+#line 115
         }
-#line 109
+#line 110
         {
-          VEC4 v = t_input4[px7 * cin4 + b] * m7;
-#line 112
+          VEC4 v = mix(VEC4(0), VEC4(t_input4[px7 * cin4 + b]), m7);
+#line 113
           acc0_7 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 112
+#line 113
           acc1_7 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 114
+#line 115
         }
-#line 116
+#line 117
       }
       for (int c = vec_blocks * 4; c < cin; ++c) {
         int w = (wtap + c) * cw4;
-#line 120
+#line 121
         VEC4 wc0 = t_weight4[w + blk0];
-#line 120
+#line 121
         VEC4 wc1 = t_weight4[w + blk1];
-#line 123
+#line 124
         {
-          T v = t_input[px0 * cin + c] * m0;
-#line 126
+          T v = ok0 ? T(t_input[px0 * cin + c]) : T(0);
+#line 127
           acc0_0 += wc0 * v;
-#line 126
+#line 127
           acc1_0 += wc1 * v;
-#line 128
+#line 129
         }
-#line 123
+#line 124
         {
-          T v = t_input[px1 * cin + c] * m1;
-#line 126
+          T v = ok1 ? T(t_input[px1 * cin + c]) : T(0);
+#line 127
           acc0_1 += wc0 * v;
-#line 126
+#line 127
           acc1_1 += wc1 * v;
-#line 128
+#line 129
         }
-#line 123
+#line 124
         {
-          T v = t_input[px2 * cin + c] * m2;
-#line 126
+          T v = ok2 ? T(t_input[px2 * cin + c]) : T(0);
+#line 127
           acc0_2 += wc0 * v;
-#line 126
+#line 127
           acc1_2 += wc1 * v;
-#line 128
+#line 129
         }
-#line 123
+#line 124
         {
-          T v = t_input[px3 * cin + c] * m3;
-#line 126
+          T v = ok3 ? T(t_input[px3 * cin + c]) : T(0);
+#line 127
           acc0_3 += wc0 * v;
-#line 126
+#line 127
           acc1_3 += wc1 * v;
-#line 128
+#line 129
         }
-#line 123
+#line 124
         {
-          T v = t_input[px4 * cin + c] * m4;
-#line 126
+          T v = ok4 ? T(t_input[px4 * cin + c]) : T(0);
+#line 127
           acc0_4 += wc0 * v;
-#line 126
+#line 127
           acc1_4 += wc1 * v;
-#line 128
+#line 129
         }
-#line 123
+#line 124
         {
-          T v = t_input[px5 * cin + c] * m5;
-#line 126
+          T v = ok5 ? T(t_input[px5 * cin + c]) : T(0);
+#line 127
           acc0_5 += wc0 * v;
-#line 126
+#line 127
           acc1_5 += wc1 * v;
-#line 128
+#line 129
         }
-#line 123
+#line 124
         {
-          T v = t_input[px6 * cin + c] * m6;
-#line 126
+          T v = ok6 ? T(t_input[px6 * cin + c]) : T(0);
+#line 127
           acc0_6 += wc0 * v;
-#line 126
+#line 127
           acc1_6 += wc1 * v;
-#line 128
+#line 129
         }
-#line 123
+#line 124
         {
-          T v = t_input[px7 * cin + c] * m7;
-#line 126
+          T v = ok7 ? T(t_input[px7 * cin + c]) : T(0);
+#line 127
           acc0_7 += wc0 * v;
-#line 126
+#line 127
           acc1_7 += wc1 * v;
-#line 128
+#line 129
         }
-#line 130
+#line 131
       }
     }
   }
 
-#line 135
+#line 136
   if (x0 + 0 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 0) * cout + co0;
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc0_0);
       int lanes = min(4, cout - co0 - 0);
@@ -409,7 +417,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc1_0);
       int lanes = min(4, cout - co0 - 4);
@@ -417,12 +425,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 146
+#line 147
   }
-#line 135
+#line 136
   if (x0 + 1 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 1) * cout + co0;
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc0_1);
       int lanes = min(4, cout - co0 - 0);
@@ -430,7 +438,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc1_1);
       int lanes = min(4, cout - co0 - 4);
@@ -438,12 +446,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 146
+#line 147
   }
-#line 135
+#line 136
   if (x0 + 2 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 2) * cout + co0;
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc0_2);
       int lanes = min(4, cout - co0 - 0);
@@ -451,7 +459,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc1_2);
       int lanes = min(4, cout - co0 - 4);
@@ -459,12 +467,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 146
+#line 147
   }
-#line 135
+#line 136
   if (x0 + 3 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 3) * cout + co0;
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc0_3);
       int lanes = min(4, cout - co0 - 0);
@@ -472,7 +480,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc1_3);
       int lanes = min(4, cout - co0 - 4);
@@ -480,12 +488,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 146
+#line 147
   }
-#line 135
+#line 136
   if (x0 + 4 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 4) * cout + co0;
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc0_4);
       int lanes = min(4, cout - co0 - 0);
@@ -493,7 +501,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc1_4);
       int lanes = min(4, cout - co0 - 4);
@@ -501,12 +509,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 146
+#line 147
   }
-#line 135
+#line 136
   if (x0 + 5 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 5) * cout + co0;
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc0_5);
       int lanes = min(4, cout - co0 - 0);
@@ -514,7 +522,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc1_5);
       int lanes = min(4, cout - co0 - 4);
@@ -522,12 +530,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 146
+#line 147
   }
-#line 135
+#line 136
   if (x0 + 6 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 6) * cout + co0;
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc0_6);
       int lanes = min(4, cout - co0 - 0);
@@ -535,7 +543,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc1_6);
       int lanes = min(4, cout - co0 - 4);
@@ -543,12 +551,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 146
+#line 147
   }
-#line 135
+#line 136
   if (x0 + 7 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 7) * cout + co0;
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc0_7);
       int lanes = min(4, cout - co0 - 0);
@@ -556,7 +564,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 138
+#line 139
     {
       VEC4 r = conv_activation(acc1_7);
       int lanes = min(4, cout - co0 - 4);
@@ -564,7 +572,7 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 146
+#line 147
   }
-#line 148
+#line 149
 }

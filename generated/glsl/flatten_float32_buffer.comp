@@ -51,7 +51,7 @@ layout(constant_id = 5) const int same_units = 0;  // same_order
 #line 75
 layout(constant_id = 6) const int same_shape = 0;  // same_sizes
 #line 75
-layout(constant_id = 7) const int transpose = 0;  // transpose4
+layout(constant_id = 7) const int transpose = 0;  // transpose4_texels
 #line 75
 layout(constant_id = 8) const int tail = 1;  // units_tail
 
@@ -60,7 +60,7 @@ layout(constant_id = 8) const int tail = 1;  // units_tail
 const int tf_span = 16;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
-#line 24 "shaders/copy.glsl.j2"
+#line 31 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
@@ -72,33 +72,193 @@ layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; 
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
 
 // ---- 4 x 4 blocks between packed dims q (input) and p (output), shape class `transpose` ----
-#line 32 "shaders/copy.glsl.j2"
-#define TF_BLOCK_PATH (transpose != 0)
+// Blocks (transpose) or stepped indices (same_shape, any other re-layout): unit_block below.
+#line 42 "shaders/copy.glsl.j2"
+#define TF_BLOCK_PATH (transpose != 0 || (same_shape != 0 && same_units == 0))
 
 // The block at `base` (base[p], base[q] multiples of 4): b[k] is the output's vec4 along p at
 // q offset k, lane j of it lane k of the input's vec4 along q at p offset j (moved, not converted).
 // Input vec4s past out's sizes along p (a texture's padding lanes) read as zero.
+#line 50
 void block_at(ivec4 base, out VEC4 b[4]) {
   int tp = tf_packed_dim(out_layout);
   int past = pc.out_sizes[tp] - base[tp];  // input vec4s 0 .. past - 1 exist
   VEC4 a[4];
-#line 42
+#line 55
   int w = tf_buffer_word_lane(base, pc.self_sizes, self_layout).x;
   int step = tf_buffer_stride(tp, pc.self_sizes, self_layout);
-  for (int j = 0; j < 4; ++j) { a[j] = j < past ? VEC4(t4_self[(w + j * step) / 4]) : VEC4(0); }
-#line 52
+  for (int j = 0; j < 4; ++j) {  // clamped, then zeroed: a select, not a masked load
+    VEC4 t = VEC4(t4_self[(w + min(j, past - 1) * step) / 4]);
+    a[j] = j < past ? t : VEC4(0);
+  }
+#line 69
   for (int k = 0; k < 4; ++k) { b[k] = VEC4(a[0][k], a[1][k], a[2][k], a[3][k]); }
 }
 
+// Words between neighbours along each WHCN dim of a buffer self (zero for a texture: unused).
+#line 13 "shaders/_copy_steps.glsl.j2"
+ivec4 self_strides() {
+#line 15
+  return ivec4(tf_buffer_stride(0, pc.self_sizes, self_layout), tf_buffer_stride(1, pc.self_sizes, self_layout),
+               tf_buffer_stride(2, pc.self_sizes, self_layout), tf_buffer_stride(3, pc.self_sizes, self_layout));
+#line 20
+}
 
+// Element `e` of self (same sizes as out); `st`: self_strides().
+T read_step(ivec4 e, ivec4 st) {
+#line 25
+  return T(t_self[e.x * st.x + e.y * st.y + e.z * st.z + e.w * st.w]);
+#line 29
+}
+
+// The next element in out's unit order: +1 along its packed dim, carried into the outer dim,
+// then the faster and the slower of the other two.
+ivec4 next_step(ivec4 e, ivec4 s, int pd, int od, ivec2 r) {
+  e[pd] += 1;
+  int c = int(e[pd] == s[pd]);
+  e[pd] -= c * s[pd];
+  e[od] += c;
+  c = int(e[od] == s[od]);
+  e[od] -= c * s[od];
+  e[r.x] += c;
+  c = int(e[r.x] == s[r.x]);
+  e[r.x] -= c * s[r.x];
+  e[r.y] += c;
+  return e;
+}
+
+// Words u * span .. u * span + span - 1 of out.
+void unit_steps(int u) {
+  int first = u * tf_span;
+  int pd = tf_packed_dim(out_layout);
+  int od = tf_outer_dim(out_layout);
+  ivec2 r = tf_rest_dims(pd, od);
+  ivec4 s = pc.out_sizes;
+  ivec4 e = tf_buffer_word_to_idx(first, s, out_layout);
+  ivec4 st = self_strides();
+  bool whole = tail == 0 || first + tf_span <= pc.units;
+  VEC4 v[4];
 #line 59
+  v[0][0] = (whole || first + 0 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[0][1] = (whole || first + 1 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[0][2] = (whole || first + 2 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[0][3] = (whole || first + 3 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[1][0] = (whole || first + 4 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[1][1] = (whole || first + 5 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[1][2] = (whole || first + 6 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[1][3] = (whole || first + 7 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[2][0] = (whole || first + 8 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[2][1] = (whole || first + 9 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[2][2] = (whole || first + 10 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[2][3] = (whole || first + 11 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[3][0] = (whole || first + 12 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[3][1] = (whole || first + 13 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[3][2] = (whole || first + 14 < pc.units) ? read_step(e, st) : T(0);
+#line 61
+  e = next_step(e, s, pd, od, r);
+#line 59
+  v[3][3] = (whole || first + 15 < pc.units) ? read_step(e, st) : T(0);
+#line 64
+  if (whole) {
+#line 66
+    t4_out[u * 4 + 0] = vec4(v[0]);
+#line 66
+    t4_out[u * 4 + 1] = vec4(v[1]);
+#line 66
+    t4_out[u * 4 + 2] = vec4(v[2]);
+#line 66
+    t4_out[u * 4 + 3] = vec4(v[3]);
+#line 68
+    return;
+  }
+#line 71
+  if (first + 0 < pc.units) { t_out[first + 0] = (v[0][0]); }
+#line 71
+  if (first + 1 < pc.units) { t_out[first + 1] = (v[0][1]); }
+#line 71
+  if (first + 2 < pc.units) { t_out[first + 2] = (v[0][2]); }
+#line 71
+  if (first + 3 < pc.units) { t_out[first + 3] = (v[0][3]); }
+#line 71
+  if (first + 4 < pc.units) { t_out[first + 4] = (v[1][0]); }
+#line 71
+  if (first + 5 < pc.units) { t_out[first + 5] = (v[1][1]); }
+#line 71
+  if (first + 6 < pc.units) { t_out[first + 6] = (v[1][2]); }
+#line 71
+  if (first + 7 < pc.units) { t_out[first + 7] = (v[1][3]); }
+#line 71
+  if (first + 8 < pc.units) { t_out[first + 8] = (v[2][0]); }
+#line 71
+  if (first + 9 < pc.units) { t_out[first + 9] = (v[2][1]); }
+#line 71
+  if (first + 10 < pc.units) { t_out[first + 10] = (v[2][2]); }
+#line 71
+  if (first + 11 < pc.units) { t_out[first + 11] = (v[2][3]); }
+#line 71
+  if (first + 12 < pc.units) { t_out[first + 12] = (v[3][0]); }
+#line 71
+  if (first + 13 < pc.units) { t_out[first + 13] = (v[3][1]); }
+#line 71
+  if (first + 14 < pc.units) { t_out[first + 14] = (v[3][2]); }
+#line 71
+  if (first + 15 < pc.units) { t_out[first + 15] = (v[3][3]); }
+#line 73
+}
+
+
+#line 80 "shaders/copy.glsl.j2"
 const bool vec4_path = same_units != 0;
 
 void unit_vec4(int k) { t4_out[k] = t4_self[k]; }
 
-// Invocation u moves block u: blocks ordered p fastest, then q, then the two other dims.
-#line 70
+// Transpose: invocation u moves block u, blocks ordered p fastest, then q, then the two other
+// dims. Otherwise (same_shape) the span's 16 words, stepped (unit_steps).
+#line 92
 void unit_block(int u) {
+  if (transpose == 0) { unit_steps(u); return; }
   int tp = tf_packed_dim(out_layout);
   int tq = tf_packed_dim(self_layout);
   ivec2 r = tf_rest_dims(tp, tq);
@@ -118,15 +278,15 @@ void unit_block(int u) {
   for (int k = 0; k < 4; ++k) { t4_out[(w + k * step) / 4] = vec4(b[k]); }
 }
 
-#line 91
+#line 114
 void unit_word(int w) {
-#line 93
+#line 116
   if (same_units != 0) { t_out[w] = t_self[w]; return; }
-#line 95
+#line 118
   ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
-#line 97
+#line 120
   t_out[w] = (load_self(src(idx)));
-#line 110
+#line 133
 }
 
 #line 15 "shaders/_span_main.glsl.j2"
@@ -138,7 +298,16 @@ void main() {
   if (TF_BLOCK_PATH) { unit_block(u); return; }
 #endif
   if (vec4_path && (tail == 0 || first + tf_span <= pc.units)) {
-    for (int k = u * (tf_span / 4); k < (u + 1) * (tf_span / 4); ++k) { unit_vec4(k); }
+    int k = u * (tf_span / 4);  // unrolled: a rolled loop costs lavapipe mask bookkeeping per trip
+#line 25
+    unit_vec4(k + 0);
+#line 25
+    unit_vec4(k + 1);
+#line 25
+    unit_vec4(k + 2);
+#line 25
+    unit_vec4(k + 3);
+#line 27
     return;
   }
   int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);

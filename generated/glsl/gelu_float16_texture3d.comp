@@ -75,13 +75,13 @@ const int tf_span = 2;
 void unit_texel(ivec3 pos) {
   VEC4 X = load_texel_self(pos);
   if (ragged == 0) {
-    store_texel_out(pos, (pc.approximate == 1 ? tf_gelu_tanh(X) : tf_gelu_erf(X)));
+    store_texel_out(pos, tf_gelu(X, pc.approximate));
   } else {  // padding lanes stay zero whatever OP(0) is
-    store_texel_out(pos, mix((pc.approximate == 1 ? tf_gelu_tanh(X) : tf_gelu_erf(X)), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
+    store_texel_out(pos, mix(tf_gelu(X, pc.approximate), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
   }
 }
 
-#line 30 "shaders/_span_main.glsl.j2"
+#line 33 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);

@@ -76,17 +76,17 @@ layout(constant_id = 8) const int n_ragged = 1;  // ragged
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #line 46
-layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { VEC4 t4_input[]; };
+layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
 #line 49
-layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { VEC4 t4_weight[]; };
+layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 #line 52
-layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { VEC4 t4_out[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
 
 // Texel k4 (elements 4 * k4 .. 4 * k4 + 3, zero past K) of input row `row`.
 #line 56
 VEC4 input_texel(int row, int k4, int K) {
 #line 58
-  if (k_ragged == 0) { return t4_input[row * (K >> 2) + k4]; }
+  if (k_ragged == 0) { return VEC4(t4_input[row * (K >> 2) + k4]); }
   int o = row * K + 4 * k4;
   int k = 4 * k4;
   return VEC4(t_input[o], k + 1 < K ? t_input[o + 1] : T(0), k + 2 < K ? t_input[o + 2] : T(0),
@@ -97,7 +97,7 @@ VEC4 input_texel(int row, int k4, int K) {
 // Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k.
 VEC4 weight_texel(int n4, int k) {
 #line 72
-  return t4_weight[k * (pc.weight_sizes.x >> 2) + n4];
+  return VEC4(t4_weight[k * (pc.weight_sizes.x >> 2) + n4]);
 #line 76
 }
 
@@ -106,7 +106,7 @@ VEC4 weight_texel(int n4, int k) {
 void store_out(int row, int n4, int N, VEC4 v) {
 #line 82
   if (n_ragged == 0) {
-    t4_out[row * (N >> 2) + n4] = v;
+    t4_out[row * (N >> 2) + n4] = vec4(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = v[j]; }

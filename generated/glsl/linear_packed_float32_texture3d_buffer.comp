@@ -82,7 +82,7 @@ layout(constant_id = 8) const int n_ragged = 1;  // ragged
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #line 49
-layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { VEC4 t4_weight[]; };
+layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 
 // Texel k4 (elements 4 * k4 .. 4 * k4 + 3, zero past K) of input row `row`.
 #line 56
@@ -96,7 +96,7 @@ VEC4 input_texel(int row, int k4, int K) {
 // Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k.
 VEC4 weight_texel(int n4, int k) {
 #line 72
-  return t4_weight[k * (pc.weight_sizes.x >> 2) + n4];
+  return VEC4(t4_weight[k * (pc.weight_sizes.x >> 2) + n4]);
 #line 76
 }
 
@@ -106,7 +106,7 @@ void store_out(int row, int n4, int N, VEC4 v) {
 #line 89
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
-  imageStore(t_out, ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
+  store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
 #line 93
 }
 

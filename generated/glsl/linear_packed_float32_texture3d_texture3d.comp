@@ -108,7 +108,7 @@ void store_out(int row, int n4, int N, VEC4 v) {
 #line 89
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
-  imageStore(t_out, ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
+  store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
 #line 93
 }
 

@@ -73,16 +73,16 @@ layout(constant_id = 7) const int k_ragged = 1;  // ragged
 #line 75
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
 #line 24 "shaders/linear_packed_gemv.glsl.j2"
-layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { VEC4 t4_input[]; };
+layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
 #line 27
-layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { VEC4 t4_weight[]; };
+layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 #line 30
-layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { VEC4 t4_out[]; };
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
 
 #line 33
 VEC4 input_texel(int row, int k4, int K) {
 #line 35
-  if (k_ragged == 0) { return t4_input[row * (K >> 2) + k4]; }
+  if (k_ragged == 0) { return VEC4(t4_input[row * (K >> 2) + k4]); }
   int o = row * K + 4 * k4;
   int k = 4 * k4;
   return VEC4(t_input[o], k + 1 < K ? t_input[o + 1] : T(0), k + 2 < K ? t_input[o + 2] : T(0),
@@ -92,7 +92,7 @@ VEC4 input_texel(int row, int k4, int K) {
 
 VEC4 weight_texel(int n4, int k) {
 #line 48
-  return t4_weight[k * (pc.weight_sizes.x >> 2) + n4];
+  return VEC4(t4_weight[k * (pc.weight_sizes.x >> 2) + n4]);
 #line 52
 }
 
@@ -129,7 +129,7 @@ void main() {
   }
 #line 86
   if (n_ragged == 0) {
-    t4_out[row * N4 + n4] = v;
+    t4_out[row * N4 + n4] = vec4(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = v[j]; }

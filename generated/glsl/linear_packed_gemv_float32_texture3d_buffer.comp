@@ -79,7 +79,7 @@ layout(constant_id = 7) const int k_ragged = 1;  // ragged
 #line 75
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
 #line 27 "shaders/linear_packed_gemv.glsl.j2"
-layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { VEC4 t4_weight[]; };
+layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 
 #line 33
 VEC4 input_texel(int row, int k4, int K) {
@@ -91,7 +91,7 @@ VEC4 input_texel(int row, int k4, int K) {
 
 VEC4 weight_texel(int n4, int k) {
 #line 48
-  return t4_weight[k * (pc.weight_sizes.x >> 2) + n4];
+  return VEC4(t4_weight[k * (pc.weight_sizes.x >> 2) + n4]);
 #line 52
 }
 
@@ -129,6 +129,6 @@ void main() {
 #line 93
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
-  imageStore(t_out, ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
+  store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
 #line 97
 }

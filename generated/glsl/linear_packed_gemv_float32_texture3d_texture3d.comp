@@ -131,6 +131,6 @@ void main() {
 #line 93
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
-  imageStore(t_out, ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
+  store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
 #line 97
 }

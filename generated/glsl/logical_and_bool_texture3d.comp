@@ -79,7 +79,7 @@ layout(constant_id = 9) const int ragged = 1;  // ragged
 #line 81
 const int tf_span = 2;
 
-#line 24 "shaders/binary.glsl.j2"
+#line 25 "shaders/binary.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
@@ -87,7 +87,7 @@ const int READ_SINGLE = 3;
 
 
 // The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 72
+#line 126
 VEC4 texel_of_self(ivec3 pos) {
   if (a_class == READ_DIRECT) { return load_texel_self(pos); }
   if (a_class == READ_SINGLE) { return VEC4(load_texel_self(ivec3(0)).x); }
@@ -102,7 +102,7 @@ VEC4 texel_of_self(ivec3 pos) {
   return pc.self_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 // The texel of 'other' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 72
+#line 126
 VEC4 texel_of_other(ivec3 pos) {
   if (b_class == READ_DIRECT) { return load_texel_other(pos); }
   if (b_class == READ_SINGLE) { return VEC4(load_texel_other(ivec3(0)).x); }
@@ -117,7 +117,7 @@ VEC4 texel_of_other(ivec3 pos) {
   return pc.other_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 
-#line 87
+#line 141
 #define VEC VEC4
 void unit_texel(ivec3 pos) {
   VEC4 X = texel_of_self(pos);
@@ -129,7 +129,7 @@ void unit_texel(ivec3 pos) {
   }
 }
 
-#line 30 "shaders/_span_main.glsl.j2"
+#line 33 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);

@@ -79,13 +79,13 @@ T load_value(ivec4 idx) { return t_value[tf_buffer_word_lane(idx, pc.value_sizes
 // ---- element access for 'attn_mask' (buffer) ----
 #line 42
 T load_attn_mask(ivec4 idx) { return t_attn_mask[tf_buffer_word_lane(idx, pc.attn_mask_sizes, attn_mask_layout).x]; }
-#line 39 "shaders/_rows.glsl.j2"
+#line 41 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int width = pc.out_sizes.x;
   int o = r * width + w;
   for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = v[j]; }
 }
-#line 21
+#line 23
 layout(set = 0, binding = 1, std430) readonly buffer query_buf4 { vec4 t4_query[]; };
 ivec2 row_query(int r) { return ivec2(r * pc.query_sizes.x, 0); }
 VEC4 vec4a_query(ivec2 row, int w) { return t4_query[(row.x + w) >> 2]; }
@@ -97,7 +97,7 @@ VEC4 cols_query(ivec2 row, ivec4 w) {
   return VEC4(t_query[row.x + w.x], t_query[row.x + w.y], t_query[row.x + w.z], t_query[row.x + w.w]);
 }
 T elem_query(ivec2 row, int w) { return t_query[row.x + w]; }
-#line 21
+#line 23
 layout(set = 0, binding = 2, std430) readonly buffer key_buf4 { vec4 t4_key[]; };
 ivec2 row_key(int r) { return ivec2(r * pc.key_sizes.x, 0); }
 VEC4 vec4a_key(ivec2 row, int w) { return t4_key[(row.x + w) >> 2]; }
@@ -109,7 +109,7 @@ VEC4 cols_key(ivec2 row, ivec4 w) {
   return VEC4(t_key[row.x + w.x], t_key[row.x + w.y], t_key[row.x + w.z], t_key[row.x + w.w]);
 }
 T elem_key(ivec2 row, int w) { return t_key[row.x + w]; }
-#line 21
+#line 23
 layout(set = 0, binding = 3, std430) readonly buffer value_buf4 { vec4 t4_value[]; };
 ivec2 row_value(int r) { return ivec2(r * pc.value_sizes.x, 0); }
 VEC4 vec4a_value(ivec2 row, int w) { return t4_value[(row.x + w) >> 2]; }
@@ -121,7 +121,7 @@ VEC4 cols_value(ivec2 row, ivec4 w) {
   return VEC4(t_value[row.x + w.x], t_value[row.x + w.y], t_value[row.x + w.z], t_value[row.x + w.w]);
 }
 T elem_value(ivec2 row, int w) { return t_value[row.x + w]; }
-#line 21
+#line 23
 layout(set = 0, binding = 4, std430) readonly buffer attn_mask_buf4 { vec4 t4_attn_mask[]; };
 ivec2 row_attn_mask(int r) { return ivec2(r * pc.attn_mask_sizes.x, 0); }
 VEC4 vec4a_attn_mask(ivec2 row, int w) { return t4_attn_mask[(row.x + w) >> 2]; }
@@ -134,7 +134,7 @@ VEC4 cols_attn_mask(ivec2 row, ivec4 w) {
 }
 T elem_attn_mask(ivec2 row, int w) { return t_attn_mask[row.x + w]; }
 
-#line 49 "shaders/sdpa.glsl.j2"
+#line 51 "shaders/sdpa.glsl.j2"
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define NAN uintBitsToFloat(0x7fc00000u)
 #define ROWS 4  // = the grid's tile height
@@ -178,7 +178,7 @@ struct Row {
 // over the keys. 16 vec4 accumulators with constant indices, so that they can live in
 // registers rather than in an indexed private array; value columns past Ev are clamped into the
 // row on load.
-#line 94
+#line 96
 void attend16(Row w, int c0) {
   int E = pc.query_sizes.x;
   int S = pc.key_sizes.y;
@@ -212,9 +212,9 @@ void attend16(Row w, int c0) {
     }
     ivec2 vrow = row_value(w.v_first + s);
     for (int i = 0; i < 16; ++i) {
-#line 130
-      acc[i] += p * cols_value(vrow, min(ivec4(c0 + 4 * i) + ivec4(0, 1, 2, 3), ivec4(Ev - 1)));
 #line 132
+      acc[i] += p * cols_value(vrow, min(ivec4(c0 + 4 * i) + ivec4(0, 1, 2, 3), ivec4(Ev - 1)));
+#line 134
     }
   }
   // NaN scores poison the row; a fully masked row (m still -inf) is 0, as in torch
@@ -225,13 +225,13 @@ void attend16(Row w, int c0) {
 }
 
 // Elements w .. w + 3 of row r of out (w + 3 < W, W % 4 == 0).
-#line 145
-layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { VEC4 t4_out[]; };
-void store_vec4_out(int r, int w, VEC4 v) { t4_out[(r * pc.out_sizes.x + w) >> 2] = v; }
+#line 147
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
+void store_vec4_out(int r, int w, VEC4 v) { t4_out[(r * pc.out_sizes.x + w) >> 2] = vec4(v); }  // float16: rounded once, here
 
 // Where a tile reads: its first row and how many keys it visits, the key and value rows of its
 // batch, each row's mask row.
-#line 153
+#line 155
 struct Tile {
   int l0;        // first query row
   int c0;        // first output column (a multiple of 64)

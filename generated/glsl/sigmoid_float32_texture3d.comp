@@ -67,13 +67,13 @@ const int tf_span = 2;
 void unit_texel(ivec3 pos) {
   VEC4 X = load_texel_self(pos);
   if (ragged == 0) {
-    store_texel_out(pos, VEC(1.0) / (VEC(1.0) + exp(-X)));
+    store_texel_out(pos, tf_sigmoid(X));
   } else {  // padding lanes stay zero whatever OP(0) is
-    store_texel_out(pos, mix(VEC(1.0) / (VEC(1.0) + exp(-X)), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
+    store_texel_out(pos, mix(tf_sigmoid(X), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
   }
 }
 
-#line 30 "shaders/_span_main.glsl.j2"
+#line 33 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);

@@ -71,7 +71,7 @@ layout(constant_id = 9) const int ragged = 1;  // ragged
 #line 81
 const int tf_span = 16;
 
-#line 24 "shaders/binary.glsl.j2"
+#line 25 "shaders/binary.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
@@ -85,16 +85,16 @@ layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]
 #line 8
 layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { ivec4 t4_other[]; };
 
-#line 32 "shaders/binary.glsl.j2"
-const bool vec4_path = (a_class == READ_DIRECT || a_class == READ_SINGLE || (a_class == READ_ROW && ragged == 0))
-    && (b_class == READ_DIRECT || b_class == READ_SINGLE || (b_class == READ_ROW && ragged == 0));
+// (an input that is a row goes through the row block path below instead)
+#line 34 "shaders/binary.glsl.j2"
+const bool vec4_path = (a_class == READ_DIRECT || a_class == READ_SINGLE)
+    && (b_class == READ_DIRECT || b_class == READ_SINGLE);
 
 // vec4 word k of out (words 4k .. 4k + 3) as 'self' broadcasts to it (vec4_path classes only).
-#line 37
+#line 39
 VEC4 vec4_of_self(int k) {
   if (a_class == READ_DIRECT) { return VEC4(t4_self[k]); }
-  if (a_class == READ_SINGLE) { return VEC4(t_self[0]); }
-  return VEC4(t4_self[(4 * k) % pc.out_sizes[tf_packed_dim(out_layout)] / 4]);
+  return VEC4(t_self[0]);
 }
 
 // The word of 'self' that word w of out reads.
@@ -106,11 +106,10 @@ int word_of_self(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
 }
 // vec4 word k of out (words 4k .. 4k + 3) as 'other' broadcasts to it (vec4_path classes only).
-#line 37
+#line 39
 VEC4 vec4_of_other(int k) {
   if (b_class == READ_DIRECT) { return VEC4(t4_other[k]); }
-  if (b_class == READ_SINGLE) { return VEC4(t_other[0]); }
-  return VEC4(t4_other[(4 * k) % pc.out_sizes[tf_packed_dim(out_layout)] / 4]);
+  return VEC4(t_other[0]);
 }
 
 // The word of 'other' that word w of out reads.
@@ -122,7 +121,7 @@ int word_of_other(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).x;
 }
 
-#line 53
+#line 54
 #define VEC VEC4
 void unit_vec4(int k) {
   VEC4 X = vec4_of_self(k);
@@ -139,6 +138,105 @@ void unit_word(int w) {
 }
 #undef VEC
 
+// Row block path: an input is a row (a bias along out's packed dim of length n) and neither is
+// general. One `%` per invocation gives the row offset r of its first word; r then steps with a
+// wrap (a compare and select per lane) instead of a `%` per vec4 or word (an integer division,
+// which lavapipe scalarises per lane). Full spans go as vec4 words: a row operand is one vec4 when
+// n % 4 == 0 (not `ragged`: r stays a multiple of 4), else four words gathered lane by lane (any
+// n >= 1, a row may wrap several times in one vec4); direct and single operands as in unit_vec4.
+const bool row_block = (a_class == READ_ROW || b_class == READ_ROW)
+    && a_class != READ_GENERAL && b_class != READ_GENERAL;
+#define TF_BLOCK_PATH row_block
+
+// vec4 word k of out as 'self' broadcasts to it, r the row offset of word 4k.
+#line 82
+VEC4 row_vec4_of_self(int k, int r, int n) {
+  if (a_class == READ_DIRECT) { return VEC4(t4_self[k]); }
+  if (a_class == READ_SINGLE) { return VEC4(t_self[0]); }
+  if (ragged == 0) { return VEC4(t4_self[r / 4]); }
+  int r1 = r + 1 == n ? 0 : r + 1;
+  int r2 = r1 + 1 == n ? 0 : r1 + 1;
+  int r3 = r2 + 1 == n ? 0 : r2 + 1;
+  return VEC4(t_self[r], t_self[r1], t_self[r2], t_self[r3]);
+}
+// vec4 word k of out as 'other' broadcasts to it, r the row offset of word 4k.
+#line 82
+VEC4 row_vec4_of_other(int k, int r, int n) {
+  if (b_class == READ_DIRECT) { return VEC4(t4_other[k]); }
+  if (b_class == READ_SINGLE) { return VEC4(t_other[0]); }
+  if (ragged == 0) { return VEC4(t4_other[r / 4]); }
+  int r1 = r + 1 == n ? 0 : r + 1;
+  int r2 = r1 + 1 == n ? 0 : r1 + 1;
+  int r3 = r2 + 1 == n ? 0 : r2 + 1;
+  return VEC4(t_other[r], t_other[r1], t_other[r2], t_other[r3]);
+}
+
+#line 93
+void unit_block(int u) {
+  int first = u * tf_span;
+  if (tail != 0 && first + tf_span > pc.units) {  // the partial span at the end
+    for (int w = first; w < pc.units; ++w) { unit_word(w); }
+    return;
+  }
+  int n = pc.out_sizes[tf_packed_dim(out_layout)];
+  int r = first % n;
+  int k = u * (tf_span / 4);
+#define VEC VEC4
+#line 104
+  {
+    VEC4 X = row_vec4_of_self(k + 0, r, n);
+    VEC4 Y = row_vec4_of_other(k + 0, r, n);
+    t4_out[k + 0] = ivec4(X - VEC(pc.alpha) * Y);
+  }
+#line 110
+  if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
+    r = r + 4 >= n ? r + 4 - n : r + 4;
+  } else {  // any n >= 1: one wrap per lane
+    r = r + 1 == n ? 0 : r + 1;
+    r = r + 1 == n ? 0 : r + 1;
+    r = r + 1 == n ? 0 : r + 1;
+    r = r + 1 == n ? 0 : r + 1;
+  }
+#line 104
+  {
+    VEC4 X = row_vec4_of_self(k + 1, r, n);
+    VEC4 Y = row_vec4_of_other(k + 1, r, n);
+    t4_out[k + 1] = ivec4(X - VEC(pc.alpha) * Y);
+  }
+#line 110
+  if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
+    r = r + 4 >= n ? r + 4 - n : r + 4;
+  } else {  // any n >= 1: one wrap per lane
+    r = r + 1 == n ? 0 : r + 1;
+    r = r + 1 == n ? 0 : r + 1;
+    r = r + 1 == n ? 0 : r + 1;
+    r = r + 1 == n ? 0 : r + 1;
+  }
+#line 104
+  {
+    VEC4 X = row_vec4_of_self(k + 2, r, n);
+    VEC4 Y = row_vec4_of_other(k + 2, r, n);
+    t4_out[k + 2] = ivec4(X - VEC(pc.alpha) * Y);
+  }
+#line 110
+  if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
+    r = r + 4 >= n ? r + 4 - n : r + 4;
+  } else {  // any n >= 1: one wrap per lane
+    r = r + 1 == n ? 0 : r + 1;
+    r = r + 1 == n ? 0 : r + 1;
+    r = r + 1 == n ? 0 : r + 1;
+    r = r + 1 == n ? 0 : r + 1;
+  }
+#line 104
+  {
+    VEC4 X = row_vec4_of_self(k + 3, r, n);
+    VEC4 Y = row_vec4_of_other(k + 3, r, n);
+    t4_out[k + 3] = ivec4(X - VEC(pc.alpha) * Y);
+  }
+#line 120
+#undef VEC
+}
+
 #line 15 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
@@ -148,7 +246,16 @@ void main() {
   if (TF_BLOCK_PATH) { unit_block(u); return; }
 #endif
   if (vec4_path && (tail == 0 || first + tf_span <= pc.units)) {
-    for (int k = u * (tf_span / 4); k < (u + 1) * (tf_span / 4); ++k) { unit_vec4(k); }
+    int k = u * (tf_span / 4);  // unrolled: a rolled loop costs lavapipe mask bookkeeping per trip
+#line 25
+    unit_vec4(k + 0);
+#line 25
+    unit_vec4(k + 1);
+#line 25
+    unit_vec4(k + 2);
+#line 25
+    unit_vec4(k + 3);
+#line 27
     return;
   }
   int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);

@@ -10,7 +10,8 @@ and the node's fixed and FLOP terms are paid at its first output's representatio
 lets the integer program (optimal/integer_program.py) charge them to classes of slots.
 
 Coefficients come from a per-device table (`texelflow tune` measures it, runtime/tune.py; stored
-as JSON under `table_dir()`, keyed by the device) or, without one, from a built-in estimate that
+as JSON under `table_dir()`, keyed by the device; a node the tuner timed itself, by
+node_signature, is predicted from that time instead) or, without one, from a built-in estimate that
 treats every representation alike apart from padding. Pure data and arithmetic: no Vulkan here.
 """
 
@@ -127,6 +128,20 @@ def charged_bytes(node, slots: dict) -> int:
     return sum(value_bytes(v, out_r if v.role is Role.CONST else slots[name]) for name, v in slots_of(node))
 
 
+def node_signature(node) -> str:
+    """What a kernel's time depends on, names aside: the op, its tensors' shapes and dtypes (and
+    which are constants), its other arguments. Identical blocks of a network share it."""
+    def arg(v):
+        if isinstance(v, (list, tuple)):
+            return "[" + ",".join(arg(x) for x in v) + "]"
+        if hasattr(v, "shape") and hasattr(v, "role"):
+            return f"{'c' if v.role is Role.CONST else 't'}{'x'.join(map(str, v.shape))}:{v.dtype}"
+        return repr(v)
+    out = node.outputs[0][1] if node.outputs else None
+    tail = f"->{'x'.join(map(str, out.shape))}:{out.dtype}" if out is not None else ""
+    return node.op.name + "(" + ",".join(f"{n}={arg(v)}" for n, v in node.args) + ")" + tail
+
+
 def moves_no_data(node, r: TensorRepr) -> bool:
     """An identity op in `r` whose output keeps every element where its input had it: folded,
     no dispatch (redundant.fold_identity_ops)."""
@@ -147,6 +162,10 @@ class CostModel:
     device: str = ""  # the device a table was measured on
     entries: dict[tuple[str, str], Coeffs] = field(default_factory=dict)  # (class, "STORAGE/LAYOUT")
     path: str | None = None  # the table file, when it came from one
+    # (node_signature, "STORAGE/LAYOUT") -> seconds the tuner measured for that very node with its
+    # computed tensors all in that representation: used before the fitted coefficients, which
+    # miss single nodes by up to 2x across a 1000x range of sizes (linear in buffers on ViT-S).
+    measured: dict[tuple[str, str], float] = field(default_factory=dict)
 
     @classmethod
     def estimate(cls) -> "CostModel":
@@ -174,6 +193,11 @@ class CostModel:
         c = self.coeffs(cost_classes(node), r)
         t = c.per_byte * value_bytes(value, r)
         if node.outputs and slot == node.outputs[0][0] and value is node.outputs[0][1]:
+            known = self.measured.get((node_signature(node), str(r))) if self.measured else None
+            if known is not None:  # the node's measured time less the other computed slots' shares
+                others = sum(c.per_byte * value_bytes(v, r) for name, v in slots_of(node)
+                             if v.role is not Role.CONST and not (name == slot and v is value))
+                return max(known - others, t)
             consts = sum(value_bytes(v, r) for _, v in node.tensor_args() if v.role is Role.CONST)
             t += c.fixed + c.per_flop * node_flops(node) + c.per_byte * consts
         return t
@@ -198,7 +222,8 @@ class CostModel:
     def to_json(self, device_info: dict | None = None, extra: dict | None = None) -> str:
         rows = [{"class": c, "repr": r, "fixed_s": k.fixed, "per_byte_s": k.per_byte, "per_flop_s": k.per_flop}
                 for (c, r), k in sorted(self.entries.items())]
-        doc = {"format": FORMAT, "device": self.device, "device_info": device_info or {}, "entries": rows}
+        doc = {"format": FORMAT, "device": self.device, "device_info": device_info or {}, "entries": rows,
+               "measured": [{"node": k, "repr": r, "seconds": t} for (k, r), t in sorted(self.measured.items())]}
         doc.update(extra or {})
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
@@ -216,9 +241,15 @@ class CostModel:
                 if not all(math.isfinite(x) and x >= 0 for x in (k.fixed, k.per_byte, k.per_flop)):
                     raise ValueError(f"negative or non-finite coefficients for {row['class']} {row['repr']}")
                 entries[(str(row["class"]), str(row["repr"]))] = k
+            measured = {}
+            for row in doc.get("measured", []):  # absent in tables written before it existed
+                t = float(row["seconds"])
+                if not (math.isfinite(t) and t >= 0):
+                    raise ValueError(f"negative or non-finite time for {row['node']} {row['repr']}")
+                measured[(str(row["node"]), str(row["repr"]))] = t
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"{where}: not a texelflow cost table ({exc})") from None
-        return cls("table", str(doc.get("device", "")), entries, path)
+        return cls("table", str(doc.get("device", "")), entries, path, measured)
 
 
 # ---- where tables live ------------------------------------------------------------------------

@@ -69,10 +69,12 @@ ACTIVATIONS = {
 
 
 def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMITS,
-                  choose_kernels: bool = True) -> PlanGraph:
+                  choose_kernels: bool = True, subgroup=None) -> PlanGraph:
     """Rewrite `graph` in place with every fusion that applies; returns it. `choose_kernels=False`
     leaves every dense conv on the general conv2d / conv2d_act kernel (step 6 skipped: what
-    conv_dim_order="nhwc" retargets, and the baseline of bench/conv.py)."""
+    conv_dim_order="nhwc" retargets, and the baseline of bench/conv.py). `subgroup`: the device's
+    prepack_matmul.SubgroupFacts, which decide whether the subgroup-shuffle matmul kernels fit
+    (None: assumed to fit)."""
     for node in list(graph.nodes):
         if node.target == DECOMPOSED_CONV:
             _canonical_conv2d(graph, node, texture_limits)
@@ -104,7 +106,7 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
         choose_conv_kernels(graph, texture_limits)
     from .prepack_matmul import choose_matmul_kernels
 
-    choose_matmul_kernels(graph, texture_limits)  # linear -> linear_packed (prepack_matmul.py)
+    choose_matmul_kernels(graph, texture_limits, subgroup)  # linear -> linear_packed (prepack_matmul.py)
     return graph
 
 
@@ -389,7 +391,8 @@ def _pair(v) -> tuple[int, int]:
 
 def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS) -> list[Node]:
     """Step 6: retarget every device conv2d / conv2d_act that a specialised kernel takes; returns
-    the new nodes."""
+    the new nodes. No conv kernel uses subgroup operations (each invocation owns its tile), so
+    unlike choose_matmul_kernels this choice needs no subgroup facts."""
     made = []
     for node in list(graph.nodes):
         if not node.on_device or node.op.name not in SPECIALISED:

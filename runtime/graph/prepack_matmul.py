@@ -14,10 +14,17 @@ at one k, never clamps a column and never needs a K tail for the weight. The cho
 once per node, so no kernel pays at run time for a path it does not take; the planner then puts
 Wp in a texture when it fits the device's limits (faster loads on lavapipe), else in a buffer.
 (A weight computed at run time never reaches here: lowering decomposes such a linear into mm.)
+
+linear_packed and mm_tiled (the template of mm and bmm) pass operands round groups of 8 lanes
+with subgroupShuffle, so they need a subgroup size that is a multiple of 8 and the shuffle
+operation in compute shaders. Given the device's facts (`SubgroupFacts`), a device without them
+keeps `linear` (the general kernel) and gets `matmul` for mm / bmm, and the node's note says why.
+Without facts (`texelflow.plan` with no device) the shuffle kernels are assumed to fit.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 from texelflow.generated.layouts import TEXTURE_LIMITS
@@ -46,18 +53,64 @@ def linear_weight_kn(source):
     return F.pad(source.t(), (0, padded(n, TILE_N) - n, 0, padded(k, 4) - k)).contiguous()
 
 
-def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS) -> list[Node]:
+SHUFFLE_LANES = 8  # lanes of one shuffle group in linear_packed and mm_tiled
+
+
+@dataclass(frozen=True)
+class SubgroupFacts:
+    """The device facts the shuffle kernels depend on (a plain object: planner tests need no
+    device). `shuffle`: VK_SUBGROUP_FEATURE_SHUFFLE_BIT in supportedOperations with the compute
+    stage in supportedStages; None where the device did not say (Vulkan 1.0)."""
+
+    size: int | None
+    shuffle: bool | None
+
+
+def subgroup_facts(limits) -> SubgroupFacts | None:
+    """The SubgroupFacts of a device's plain `DeviceLimits` (runtime/vulkan/device.py reads them
+    from the driver; the planner never touches Vulkan), or None for None."""
+    if limits is None:
+        return None
+    return SubgroupFacts(limits.subgroup_size, getattr(limits, "subgroup_shuffle", None))
+
+
+def shuffle_unfit(facts: SubgroupFacts | None) -> str | None:
+    """Why the 8-lane shuffle kernels cannot run on a device with `facts`, or None (also for no
+    facts: planning without a device assumes they fit)."""
+    if facts is None:
+        return None
+    if not facts.size or facts.size % SHUFFLE_LANES:
+        return f"subgroup size {facts.size or 'unknown'} is not a multiple of {SHUFFLE_LANES}"
+    if not facts.shuffle:
+        return "no subgroupShuffle in compute shaders" if facts.shuffle is False else "subgroup operations unknown"
+    return None
+
+
+def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS,
+                          subgroup: SubgroupFacts | None = None) -> list[Node]:
     """Retarget every device `linear` with a constant 2-D float32 weight to linear_packed (or
-    linear_packed_gemv for one row); returns the new nodes. A node the new op would not take (its partition check) is left as it was."""
+    linear_packed_gemv for one row); returns the new nodes. A node the new op would not take (its
+    partition check) is left as it was. Where `subgroup` rules out the shuffle kernels
+    (shuffle_unfit), linear_packed is not chosen and mm / bmm become `matmul`."""
     from .fusion import retarget  # graph surgery shared with the conv kernel choice
 
+    unfit = shuffle_unfit(subgroup)
     made = []
     for node in list(graph.nodes):
-        if not node.on_device or node.op.name != "linear":
+        if not node.on_device:
+            continue
+        if unfit and node.op.name in ("mm", "bmm"):
+            new = _general_matmul(graph, node, unfit, limits)
+            made += [new] if new is not None else []
+            continue
+        if node.op.name != "linear":
             continue
         weight = node.arg("weight")
         if not isinstance(weight, Value) or weight.role is not Role.CONST or len(weight.shape) != 2 \
                 or weight.dtype != "float32":
+            continue
+        if unfit and _rows(node) != 1:  # linear_packed_gemv shuffles nothing: it still fits
+            node.fused = list(node.fused) + [f"linear kernel kept, not linear_packed: {unfit}"]
             continue
         new, packed = _packed_linear(graph, node, weight)
         if retarget(graph, node, new, packed, limits):
@@ -65,14 +118,33 @@ def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMI
     return made
 
 
+def _general_matmul(graph: PlanGraph, node: Node, unfit: str, limits: Sequence[int]) -> Node | None:
+    """mm / bmm as the general `matmul` kernel (no shuffles), when the device cannot run mm_tiled."""
+    from .fusion import _replace
+    from .lowering import partition_reason
+
+    op = OPS["matmul"]
+    new = Node(node.name, op.targets[0], op, [("self", node.arg("self")), ("other", node.arg("mat2"))],
+               list(node.outputs))
+    new.fused = list(node.fused) + [f"matmul kernel (from {node.op.name}): mm_tiled unfit, {unfit}"]
+    if partition_reason(new, limits) is not None:
+        return None
+    _replace(graph, node, new)
+    return new
+
+
+def _rows(node: Node) -> int:
+    rows = 1
+    for d in node.arg("input").shape[:-1]:
+        rows *= d
+    return rows
+
+
 def _packed_linear(graph: PlanGraph, node: Node, weight: Value) -> tuple[Node, Value]:
     n, k = weight.shape
     packed = graph.add_derived(f"{weight.name}.kn", (padded(k, 4), padded(n, TILE_N)), weight.dtype,
                                "linear_weight_kn", (weight,))
-    rows = 1
-    for d in node.arg("input").shape[:-1]:
-        rows *= d
-    op = OPS[PACKED_GEMV if rows == 1 else PACKED_LINEAR]
+    op = OPS[PACKED_GEMV if _rows(node) == 1 else PACKED_LINEAR]
     args = [("input", node.arg("input")), ("weight", packed), ("bias", node.arg("bias")), ("out_features", n)]
     new = Node(node.name, op.targets[0], op, args, list(node.outputs))
     new.fused = list(node.fused) + [f"{op.name} kernel, weight prepacked [K, N] (from linear)"]

@@ -115,6 +115,8 @@ class DeviceLimits:
     # supported features whose instructions the device reports as not accelerated
     # (ACCELERATION_PROPERTIES): variants needing them are run only where nothing else fits
     emulated_features: frozenset[str] = frozenset()
+    # VK_SUBGROUP_FEATURE_SHUFFLE_BIT in compute shaders (None: a Vulkan 1.0 device did not say)
+    subgroup_shuffle: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,8 @@ class Device:
             min_storage_buffer_offset_alignment=int(lim.minStorageBufferOffsetAlignment),
             buffer_image_granularity=int(lim.bufferImageGranularity),
             subgroup_size=int(sub.subgroupSize) if extended and sub.subgroupSize else None,
+            subgroup_shuffle=(bool(sub.supportedOperations & vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT)
+                              and bool(sub.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT)) if extended else None,
             timestamp_period_ns=float(lim.timestampPeriod),
             timestamp_valid_bits=int(ts_bits),
             shader_float16="shaderFloat16" in features,

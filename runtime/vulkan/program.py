@@ -4,7 +4,8 @@ Building a Program binds every tensor (intermediates share memory by lifetime), 
 pipelines and descriptor sets, and records: input copies (when staged), each dispatch with the
 barriers its data dependencies need (computed from overlapping memory ranges, so reused memory is
 ordered too), timestamps around each dispatch, and output copies. A call writes the inputs, submits
-once, waits, and reads the outputs.
+once, waits, and reads the outputs; `call_with` lets a caller that has checked its arguments
+itself (a compiled program's fast call) bring its own writes and reads around the submit.
 
 Threads: a call holds the program's lock from the input writes to the output reads (the staging
 memory, the command buffer and the fence are the program's own), so calls from several threads
@@ -128,7 +129,7 @@ class Program:
 
     def __init__(self, device, dispatches: Sequence[Dispatch], inputs: Sequence[VkTensor] = (),
                  outputs: Sequence[VkTensor] = (), *, pipelines: PipelineCache | None = None,
-                 staging: bool | None = None, timestamps: bool = True):
+                 staging: bool | None = None, timestamps: bool = True, profiling: bool = True):
         self.device, self.vk = device, device.vk
         self.dispatches = list(dispatches)
         self.inputs, self.outputs = list(inputs), list(outputs)
@@ -136,11 +137,13 @@ class Program:
         self.labels = [d.label or f"{i}:{d.variant.name}" for i, d in enumerate(self.dispatches)]
         self._blocks: list[MemoryBlock] = []
         self._host: HostBuffer | None = None
-        self.descriptor_pool = self.query_pool = self.cmd = self.fence = None
+        self.descriptor_pool = self.query_pool = self.cmd = self.cmd_timed = self.fence = None
         self._ran = self._closed = False
         self._lock = threading.Lock()
         device.check_open("building a program")
         self.timestamps = timestamps and device.limits.timestamp_valid_bits > 0 and bool(self.dispatches)
+        self._profiling = profiling
+        self._timed_ran = False  # whether the last call ran the timed recording (profile() reads it)
         try:
             device.adopt(self)
             self._bound = [d.bound() for d in self.dispatches]
@@ -253,17 +256,46 @@ class Program:
 
     # ---- recording --------------------------------------------------------------------------------
     def _record(self) -> None:
-        vk, dev = self.vk, self.device
-        self.cmd, self.fence = dev.allocate_command_buffer(), dev.create_fence()
+        """Record the program once without timestamps and, where the device has them, once more
+        with a timestamp pair around each dispatch (profile()). A timestamp costs a few
+        microseconds of device time on lavapipe (about 17 us per dispatch: 3x the whole run of a
+        100-dispatch chain of small kernels), so calls run the plain recording unless profiling."""
+        dev = self.device
+        self.fence = dev.create_fence()
+        self.cmd = dev.allocate_command_buffer()
         self._submit = dev.prepare_submit(self.cmd, self.fence)  # the call's submit structs, built once
-        cmd = self.cmd
+        self._record_into(self.cmd, timed=False)
+        self.cmd_timed = self._submit_timed = None
+        if self.query_pool is not None:
+            self.cmd_timed = dev.allocate_command_buffer()
+            self._submit_timed = dev.prepare_submit(self.cmd_timed, self.fence)
+            self._record_into(self.cmd_timed, timed=True)
+
+    @property
+    def profiling(self) -> bool:
+        """Whether calls record GPU timestamps around each dispatch (what profile() reads)."""
+        return self._profiling and self.cmd_timed is not None
+
+    @profiling.setter
+    def profiling(self, on: bool) -> None:
+        self._profiling = bool(on)
+
+    def _current_submit(self):
+        """(command buffer, submit structs) a call runs, and whether it is the timed recording."""
+        if self._profiling and self.cmd_timed is not None:
+            return self.cmd_timed, self._submit_timed, True
+        return self.cmd, self._submit, False
+
+    def _record_into(self, cmd, timed: bool) -> None:
+        vk, dev = self.vk, self.device
+        query_pool = self.query_pool if timed else None
         self.num_barriers = 0  # barriers for data hazards between dispatches
         self.num_pipeline_barriers = 0  # vkCmdPipelineBarrier calls between dispatches (with image discards)
         # Recording touches the device's command pool, which other threads use too.
         with dev.lock, translate("recording the program"):
             vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(sType=vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO))
-            if self.query_pool is not None:
-                vk.vkCmdResetQueryPool(cmd, self.query_pool, 0, 2 * len(self.dispatches))
+            if query_pool is not None:
+                vk.vkCmdResetQueryPool(cmd, query_pool, 0, 2 * len(self.dispatches))
             commands.host_to_work(vk, cmd)
             for t in self._staged_in:
                 t.record_copy_in(cmd, self._host.handle, self._stage_offsets[id(t)])
@@ -284,8 +316,8 @@ class Program:
                     pending = []
                 pending += acc
                 pipe = self._pipes[i]
-                if self.query_pool is not None:
-                    vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, self.query_pool, 2 * i)
+                if query_pool is not None:
+                    vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, query_pool, 2 * i)
                 vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.handle)
                 vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.layout, 0, 1,
                                            [self._sets[i]], 0, None)
@@ -293,8 +325,8 @@ class Program:
                     vk.vkCmdPushConstants(cmd, pipe.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
                                           d.variant.push_constant_size, self._push[i])
                 vk.vkCmdDispatch(cmd, *self._groups[i])
-                if self.query_pool is not None:
-                    vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, self.query_pool, 2 * i + 1)
+                if query_pool is not None:
+                    vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, query_pool, 2 * i + 1)
             commands.work_to_work(vk, cmd)
             for t in self._staged_out:
                 t.record_copy_out(cmd, self._host.handle, self._stage_offsets[id(t)])
@@ -336,10 +368,35 @@ class Program:
                 raise ProgramClosedError("an input or output tensor of the program was closed")
             return self._run(arrays)
 
+    def call_with(self, write, args, read):
+        """One call whose host side the caller brings (a compiled program's fast call, which has
+        checked `args` itself): under the lock, and only while the program and its tensors are
+        open (so their mapped memory is live), `write(args)` fills the input bytes (`host_writes`),
+        then one submit and wait, then `read()` returns what it makes of the output bytes."""
+        with self._lock:
+            if self._closed or any(t.memory is None for t in self._io):
+                raise ProgramClosedError("the program or one of its tensors was closed")
+            write(args)
+            cmd, submit, self._timed_ran = self._current_submit()
+            self.device.submit(cmd, self.fence, submit)
+            self._ran = True
+            return read()
+
+    @property
+    def host_writes(self) -> list:
+        """The Transfer of each input (the host bytes a call writes), in input order."""
+        return list(self._writes)
+
+    @property
+    def host_reads(self) -> list:
+        """The Transfer of each output (the host bytes a call reads after the wait), in order."""
+        return list(self._reads)
+
     def _run(self, arrays) -> list[np.ndarray]:
         for transfer, a in zip(self._writes, arrays):
             transfer.write(a)
-        self.device.submit(self.cmd, self.fence, self._submit)
+        cmd, submit, self._timed_ran = self._current_submit()
+        self.device.submit(cmd, self.fence, submit)
         self._ran = True
         return [transfer.read() for transfer in self._reads]
 
@@ -350,6 +407,9 @@ class Program:
                                    f"or {self.device.limits.name} has none on its compute queue)")
         if not self._ran:
             raise VulkanError("profile() needs a call of the program first")
+        if not self._timed_ran:
+            raise UnsupportedError("the last call ran without timestamps: set `profiling = True` "
+                                   "(texelflow.compile(..., profile=True)) and call the program again")
         vk, n = self.vk, 2 * len(self.dispatches)
         data = vk.ffi.new("uint64_t[]", n)
         with self._lock, translate("reading timestamps"):
@@ -377,10 +437,11 @@ class Program:
         self._writes = self._reads = []  # views of mapped memory: never touched after this
         if h is None:  # the device was destroyed, and everything made from it
             self._blocks, self._host, self.intermediates = [], None, []
-            self.cmd = self.fence = self.query_pool = self.descriptor_pool = None
+            self.cmd = self.cmd_timed = self.fence = self.query_pool = self.descriptor_pool = None
             return
-        if self.cmd is not None:
-            self.device.free_command_buffer(self.cmd)
+        for cmd in (self.cmd, getattr(self, "cmd_timed", None)):
+            if cmd is not None:
+                self.device.free_command_buffer(cmd)
         if self.fence is not None:
             vk.vkDestroyFence(h, self.fence, None)
         if self.query_pool is not None:
@@ -394,4 +455,4 @@ class Program:
         for b in self._blocks:
             b.close()
         self._blocks, self._host, self.intermediates = [], None, []
-        self.cmd = self.fence = self.query_pool = self.descriptor_pool = None
+        self.cmd = self.cmd_timed = self.fence = self.query_pool = self.descriptor_pool = None

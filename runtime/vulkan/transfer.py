@@ -71,6 +71,23 @@ class Transfer:
         if self.padding is not None:
             self.lanes[self.padding] = 0
 
+    def direct(self, writing: bool) -> np.ndarray | None:
+        """The tensor's elements in the host bytes as an NCHW array (a view), when the packed
+        order is NCHW order (and, `writing`, no padding needs rewriting on each write): a caller
+        may copy into or out of it directly (one copy, e.g. a torch view's copy_ or clone); else
+        None (use write/read)."""
+        if self.planned and self.index is None and (self.padding is None or not writing):
+            return self.elements
+        return None
+
+    def put(self, arr: np.ndarray) -> None:
+        """write() for an array the caller has already checked to have the tensor's shape (a
+        compiled program's fast call): one copy into the packed bytes, no checks."""
+        if self.planned and self.index is None and self.padding is None:
+            np.copyto(self.elements, arr, casting="unsafe")
+        else:
+            self.write(arr)
+
     def read(self) -> np.ndarray:
         """A new contiguous NCHW array of the tensor from the host bytes (nothing shared with them)."""
         if not self.planned:

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import texelflow
-from texelflow.runtime.graph.costs import ESTIMATE, Coeffs, CostModel, node_flops, resolve, table_path, value_bytes
+from texelflow.runtime.graph.costs import ESTIMATE, Coeffs, CostModel, node_flops, node_signature, resolve, slots_of, \
+    table_path, value_bytes
 from texelflow.runtime.graph.greedy import plan_greedy
 from texelflow.runtime.graph.optimal import plan_optimal
 from texelflow.runtime.graph.plan import plan_graph
@@ -125,6 +126,43 @@ def test_table_json_round_trip_and_bad_files(tmp_path, monkeypatch):
         assert resolve(None, "my gpu/1") is None
     with pytest.raises(ValueError, match="costs='fast': choose 'table', 'estimate' or 'none'"):
         resolve("fast", None)
+
+
+def test_a_node_the_tuner_timed_is_predicted_as_measured_names_aside():
+    """ViT-S's twelve blocks share one signature; the measured time replaces the fit, split so the
+    slots still add up to it (the integer program charges them separately)."""
+    b = GraphBuilder()
+    x, y = b.input((1, 3, 5, 7)), b.input((1, 3, 5, 7))
+    first, second = b.binary("add", x, y), b.binary("add", b.input((1, 3, 5, 7)), b.input((1, 3, 5, 7)))
+    other = b.binary("add", b.input((1, 3, 5, 1)), b.input((1, 3, 5, 7)))  # broadcast: another kernel time
+    b.output(first, second, other)
+    n1, n2, n3 = b.graph.nodes
+    assert node_signature(n1) == node_signature(n2) != node_signature(n3)
+    measured = {(node_signature(n1), str(BUF_WP)): 40e-6}
+    model = CostModel("table", "test device", MIXED.entries, measured=measured)
+    uniform = {name: BUF_WP for name, _ in slots_of(n2)}
+    assert model.node_seconds(n2, uniform) == pytest.approx(40e-6)
+    assert sum(model.slot_seconds(n2, name, v, BUF_WP) for name, v in slots_of(n2)) == pytest.approx(40e-6)
+    textures = {name: TEX_CP for name in uniform}  # not measured in textures: the fit
+    assert model.node_seconds(n2, textures) == MIXED.node_seconds(n2, textures)
+    assert model.node_seconds(n3, {name: BUF_WP for name, _ in slots_of(n3)}) == \
+        MIXED.node_seconds(n3, {name: BUF_WP for name, _ in slots_of(n3)})
+    # a time below the other slots' fitted shares: the output slot pays its own share, never less
+    tiny = CostModel("table", "test device", MIXED.entries, measured={(node_signature(n1), str(BUF_WP)): 1e-12})
+    assert tiny.slot_seconds(n1, "out", n1.outputs[0][1], BUF_WP) > 0
+
+
+def test_measured_times_round_trip_and_old_tables_still_load(tmp_path):
+    times = {("relu(self=t1x3:float32)->1x3:float32", str(BUF_WP)): 2e-5}
+    model = CostModel("table", "test device", MIXED.entries, measured=times)
+    loaded = CostModel.from_json(model.to_json())
+    assert loaded.measured == model.measured and loaded.entries == MIXED.entries
+    doc = json.loads(model.to_json())
+    del doc["measured"]  # written before measured times were kept
+    assert CostModel.from_json(json.dumps(doc)).measured == {}
+    doc["measured"] = [{"node": "relu()", "repr": str(BUF_WP), "seconds": float("nan")}]
+    with pytest.raises(ValueError, match="t.json: not a texelflow cost table .*non-finite time for relu"):
+        CostModel.from_json(json.dumps(doc), "t.json")
 
 
 # ---- planning by predicted time -------------------------------------------------------------------

@@ -28,14 +28,18 @@ def qkv(rng, b, h, L, S, e, ev=None):
 
 
 def assert_all_variants_match(device, inputs: dict, label: str, **scalars) -> None:
-    """Every variant, in every representation assignment, gives torch's output for `inputs`."""
+    """Every variant, in every representation assignment, gives torch's output for `inputs`: a
+    float16 variant on the inputs rounded to float16, against torch's float32 answer on those
+    rounded to float16 (nodecheck: within max(2e-3 relative, 1e-4); the kernel rounds once)."""
     sample = {name: a.shape for name, a in inputs.items()}
     sample.update(scalars)
-    case = explicit_case(OP, sample, inputs, label)
+    cases = {dtype: explicit_case(OP, sample, {n: a.astype(dtype) for n, a in inputs.items()}, f"{label} ({dtype})")
+             for dtype in ("float32", "float16")}
+    assert {VARIANTS[v].dtype for v in OP.variants} == set(cases)
     failures = []
     for vname in OP.variants:
         for combo in repr_combos(OP, VARIANTS[vname]):
-            failures += [msg for _, msg in check_variant(device, vname, combo, [case])]
+            failures += [msg for _, msg in check_variant(device, vname, combo, [cases[VARIANTS[vname].dtype]])]
     assert not failures, "\n\n".join(failures)
 
 
@@ -78,12 +82,26 @@ def test_long_rows_and_large_head_dim(device):
 
 
 @pytest.mark.parametrize("L,S", [(1, 1), (3, 7), (5, 13), (7, 3), (13, 5), (197, 197)])
-@pytest.mark.parametrize("e,ev", [(64, 64), (4, 68), (3, 5), (1, 1)])
+@pytest.mark.parametrize("e,ev", [(64, 64), (4, 68), (3, 5), (1, 1), (5, 13)])
 def test_tiled_and_row_paths_on_awkward_sizes(device, L, S, e, ev):
-    """Head dims that are multiples of 4 up to 64 take the tiled path (4 rows per invocation, a
-    last tile of 1 to 3 rows; Ev 68: two column tiles); 3 and 1 take the row path."""
+    """Head dims that are multiples of 4 up to 64 (value dims too) take the tiled path (4 rows per
+    invocation, a last tile of 1 to 3 rows; Ev 68: two column tiles); E or Ev 1, 3, 5, 13 the row
+    path (the tile's rows one by one)."""
     inputs = qkv(np.random.default_rng(L * 1000 + S * 10 + e), 1, 2, L, S, e, ev)
     assert_all_variants_match(device, inputs, f"L={L} S={S} E={e} Ev={ev}")
+
+
+@pytest.mark.parametrize("heads,L,causal", [(63, 4, False), (64, 4, False), (16, 13, True), (15, 13, True)])
+def test_many_heads_masks_and_causal_tiles(device, heads, L, causal):
+    """Many heads of whole 4-row tiles, or with a last tile of 1 row (L 13, causal); not causal
+    with a float mask per head (a -inf column); value dim 12, head dim 8; both dtypes."""
+    rng = np.random.default_rng(heads * 100 + L)
+    inputs = qkv(rng, 1, heads, L, 9, 8, ev=12)
+    if not causal:  # torch takes no mask with is_causal
+        mask = rng.uniform(-2, 2, size=(1, heads, L, 9)).astype(np.float32)
+        mask[..., 4] = -INF
+        inputs["attn_mask"] = mask
+    assert_all_variants_match(device, inputs, f"{heads} heads L={L}", is_causal=causal, scale=0.4)
 
 
 @pytest.mark.parametrize("L,S", [(1, 5), (5, 1), (7, 13), (13, 7), (197, 197)])
@@ -159,3 +177,18 @@ def test_timm_attention_block_is_one_sdpa_node(device):
         assert prog.plan.dispatches["scaled_dot_product_attention"] == 1
         got, want = prog(x), model(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_fp16_precision_keeps_attention_in_float16(device):
+    """precision="fp16": sdpa has float16 variants, so the precision pass never keeps it float32
+    for want of one (it may still keep a region float32 where casts cost more, pruned_ops); the
+    block's answer is torch's within float16 rounding of the inputs and the stored values."""
+    torch.manual_seed(1)
+    model = TimmAttention(dim=24, heads=3).eval()
+    x = torch.randn(2, 13, 24)
+    with torch.no_grad(), texelflow.compile(model, (x,), device=device, precision="fp16") as prog:
+        report = prog.plan.precision
+        assert report.used == "fp16" and "scaled_dot_product_attention" not in report.single_ops, report.summary()
+        assert "scaled_dot_product_attention" in report.half_nodes + list(report.pruned_ops), report.summary()
+        got, want = prog(x), model(x)
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)

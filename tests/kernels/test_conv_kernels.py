@@ -190,3 +190,39 @@ def test_pointwise_infinities_as_torch(device):
         got = prog(x)
     assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
     assert torch.equal(got[want.isinf()], want[want.isinf()])
+
+
+WINO_SPECIALS = [  # (layer, input shape, indices that get NaN, +Inf, -Inf in turn)
+    # tile corners and edges (tiles start at even output rows / columns), several channels
+    (nn.Conv2d(6, 5, 3, padding=1), (1, 6, 9, 11),
+     [(0, 0, 0, 0), (0, 1, 3, 3), (0, 5, 4, 7), (0, 2, 8, 10), (0, 3, 5, 2), (0, 4, 6, 9)]),
+    # no padding: Infs on the border rows / columns that only edge windows read
+    (nn.Conv2d(7, 3, 3), (2, 7, 7, 9), [(0, 6, 6, 8), (1, 0, 0, 8), (1, 3, 6, 0), (0, 2, 3, 2)]),
+    # wide padding: windows past the border, one channel in, odd sizes
+    (nn.Sequential(nn.Conv2d(1, 7, 3, padding=(2, 1)), nn.ReLU()), (1, 1, 5, 7),
+     [(0, 0, 4, 6), (0, 0, 0, 1), (0, 0, 2, 0)]),
+    # +Inf and -Inf in one window (NaN in torch too) and Infs alone in other windows
+    (nn.Conv2d(5, 9, 3, padding=1), (1, 5, 5, 9), [(0, 1, 0, 8), (0, 0, 2, 4), (0, 4, 2, 5), (0, 3, 4, 1)]),
+]
+
+
+@pytest.mark.parametrize("layer, shape, where", WINO_SPECIALS, ids=[f"wino-{i}" for i in range(len(WINO_SPECIALS))])
+def test_winograd_infinities_and_nan_as_torch(device, layer, shape, where):
+    """An Inf must not become NaN in its tile's other outputs (the transforms' Inf - Inf): the
+    outputs that come out NaN are recomputed directly, so NaN positions, Inf positions and signs
+    equal torch's and the finite outputs stay within the tolerance."""
+    torch.manual_seed(len(where))
+    layer = layer.eval()
+    x = torch.randn(shape) * 3
+    for i, idx in enumerate(where):
+        x[idx] = (float("nan"), float("inf"), float("-inf"))[i % 3]
+    with torch.no_grad():
+        want = layer(x)
+    with texelflow.compile(layer, (x,), device=device) as prog:
+        assert "conv2d_wino" in _ops(prog.plan)
+        got = prog(x)
+    assert want.isinf().any() and want.isnan().any() and want.isfinite().any()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got[want.isinf()], want[want.isinf()])
+    fin = want.isfinite()
+    _close(got[fin], want[fin])

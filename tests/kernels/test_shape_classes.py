@@ -58,6 +58,18 @@ CASES = [
      {"a_class": 1, "b_class": 3, "tail": 1, "ragged": 1}),
     ("div-by-single-vec4", "div", {"self": [2, 4, 8], "other": [1]}, BUF_WP,
      {"a_class": 1, "b_class": 3, "tail": 0, "ragged": 0}),
+    # the row block path (one `%` per invocation, the row offset stepped with a wrap): rows
+    # shorter than a vec4 that wrap inside one, a row on the left, rows of 4, rank 5, many spans
+    ("add-row-3-wraps-in-vec4-rank5", "add", {"self": [2, 1, 3, 2, 3], "other": [3], "alpha": 0.5}, BUF_WP,
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1}),
+    ("mul-row-left-5", "mul", {"self": [5], "other": [3, 7, 5]}, BUF_WP,
+     {"a_class": 2, "b_class": 1, "tail": 1, "ragged": 1}),
+    ("sub-row-4-tail", "sub", {"self": [3, 5, 4], "other": [4], "alpha": 1.0}, BUF_WP,
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 0}),
+    ("add-row-33-many-spans", "add", {"self": [1, 7, 33], "other": [33], "alpha": 1.0}, BUF_WP,
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1}),
+    ("div-row-12-whole-spans", "div", {"self": [12], "other": [4, 1, 12]}, BUF_WP,
+     {"a_class": 2, "b_class": 1, "tail": 0, "ragged": 0}),
     ("mul-broadcast-both", "mul", {"self": [3, 1, 7], "other": [5, 1]}, BUF_CP,
      {"a_class": 0, "b_class": 0, "tail": 1, "ragged": 1}),
     ("mul-one-element", "mul", {"self": [1], "other": [1]}, BUF_WP,

@@ -103,6 +103,50 @@ def test_independent_dispatches_need_no_barrier(device):
         close_all(prog, [x, a, b])
 
 
+def test_calls_without_profiling_give_the_same_results_and_no_timestamps(device):
+    """Profiling off runs the recording without timestamps: the same outputs, and profile()
+    then says how to switch it on instead of returning stale timings."""
+    from texelflow.runtime.vulkan.errors import UnsupportedError
+
+    prog, ts = chain(device, 5, (3, 5), Storage.BUFFER)
+    try:
+        x = np.array([[np.nan, np.inf, -np.inf, 0.0, -0.0]] * 3, np.float32)
+        prog.profiling = False
+        plain = prog(x)[0]
+        with pytest.raises(UnsupportedError, match="profiling = True"):
+            prog.profile()
+        prog.profiling = True
+        timed = prog(x)[0]
+        assert plain.tobytes() == timed.tobytes()
+        assert len(prog.profile()) == 5
+        prog.profiling = False
+        prog(x)
+        with pytest.raises(UnsupportedError, match="without timestamps"):
+            prog.profile()
+    finally:
+        close_all(prog, ts)
+
+
+def test_compiled_program_profiles_only_when_asked(device):
+    import torch
+
+    import texelflow
+    from texelflow.runtime.errors import TexelflowError
+
+    model, x = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()), torch.randn(1, 3, 5, 7)
+    with texelflow.compile(model, (x,), device=device) as prog:
+        assert not prog.profiling
+        want = prog(x)
+        with pytest.raises(TexelflowError, match="profile=True"):
+            prog.profile()
+        prog.profiling = True
+        assert torch.equal(prog(x), want)
+        assert [r.label for r in prog.profile()] == [label for label, _ in prog.dispatch_variants]
+    with texelflow.compile(model, (x,), device=device, profile=True) as prog:
+        prog(x)
+        assert prog.profiling and all(r.measured_us >= 0 for r in prog.profile())
+
+
 def test_profile_has_one_entry_per_dispatch(device):
     prog, ts = chain(device, 5, (8, 8), Storage.BUFFER)
     try:

@@ -140,3 +140,53 @@ def test_large_reordered_tensors_go_through_pack(device, monkeypatch):
         np.testing.assert_array_equal(transfer.read(), a)
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("storage,layout,dtype", float_family(), ids=lambda x: getattr(x, "name", x))
+def test_put_and_direct_write_the_bytes_write_does(device, storage, layout, dtype):
+    """`put` (no checks: a compiled program's fast call) and a copy into `direct` write exactly
+    what `write` writes, for strided arrays with NaN and Inf too."""
+    for i, shape in enumerate([(1,), (3,), (5, 7), (1, 3, 5, 7), (3, 1, 1, 6)]):
+        t = VkTensor(device, shape, dtype, storage, layout, allocate=False)
+        try:
+            base = np.ascontiguousarray(sample(shape[::-1], dtype, i))
+            if dtype == "float32":
+                base.reshape(-1)[:3] = [np.nan, np.inf, -np.inf][:base.size]
+            a = base.T  # a transposed (non-contiguous) view of the shape
+            want = np.full(t.nbytes, 0xAB, np.uint8)
+            Transfer(t, want).write(a)
+            got = np.full(t.nbytes, 0xAB, np.uint8)
+            transfer = Transfer(t, got)
+            transfer.put(a)
+            np.testing.assert_array_equal(got, want, err_msg=f"{shape}")
+            direct = transfer.direct(writing=True)
+            if direct is not None:
+                assert direct.shape == shape and np.shares_memory(direct, got)
+                got[:] = 0xAB
+                np.copyto(direct, a, casting="unsafe")
+                np.testing.assert_array_equal(got, want, err_msg=f"{shape}")
+            else:  # the packed order differs from NCHW order (or padding lies between)
+                assert transfer.index is not None or transfer.padding is not None
+            readable = transfer.direct(writing=False)  # reads ignore padding
+            if readable is not None:
+                assert transfer.index is None
+                np.testing.assert_array_equal(readable != 0 if dtype == "bool" else readable, transfer.read())
+            else:
+                assert transfer.index is not None
+        finally:
+            t.close()
+
+
+def test_call_with_runs_the_callers_host_side_once_per_submit(device):
+    prog, ts = chain(device, 3, (5,), Storage.BUFFER, alpha=1.0)
+    try:
+        (w,), (r,) = prog.host_writes, prog.host_reads
+        x = np.array([1.0, np.nan, np.inf, -np.inf, 7.0], np.float32)
+        got = prog.call_with(lambda a: w.put(a[0]), (x,), r.read)
+        np.testing.assert_array_equal(got, x + 3)
+        assert not np.shares_memory(got, r.raw)
+        prog.close()
+        with pytest.raises(ProgramClosedError, match="the program or one of its tensors was closed"):
+            prog.call_with(lambda a: w.put(a[0]), (x,), r.read)
+    finally:
+        close_all(prog, ts)
