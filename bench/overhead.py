@@ -118,25 +118,24 @@ def build_layers(device):
 
     assert compiled._fast is not None, "the unary chain should take the fast call (runtime/call_fast.py)"
 
-    def general(*args):
-        compiled.fast_path = False
-        try:
-            return compiled(*args)
-        finally:
-            compiled.fast_path = True
+    def with_setting(attr: str, value: bool):
+        """A call of `compiled` with one of its switches (fast_path, profiling) set for that call."""
+        def call(*args):
+            before = getattr(compiled, attr)
+            setattr(compiled, attr, value)
+            try:
+                return compiled(*args)
+            finally:
+                setattr(compiled, attr, before)
+        return call
+
+    general, timed = with_setting("fast_path", False), with_setting("profiling", True)
 
     def prog_gpu():
         return sum(us for _, us in prog.profile())
 
     def compiled_gpu():  # GPU time only where the call recorded timestamps
         return sum(us for _, us in compiled.profile()) if compiled.profiling else float("nan")
-
-    def timed(*args):
-        compiled.profiling = True
-        try:
-            return compiled(*args)
-        finally:
-            compiled.profiling = False
 
     layers = [
         Layer(f"Program.__call__, numpy input ({CHAIN} dispatches)", lambda: prog(x_np), device, prog_gpu),

@@ -21,22 +21,10 @@ from texelflow.runtime.saved.errors import (MissingDependencyError, MissingDevic
 from texelflow.runtime.saved import fallback as fb
 from texelflow.runtime.saved import contents
 from texelflow.runtime.saved.reader import read
-from texelflow.runtime.saved.writer import registry_hash
+from texelflow.runtime.saved.writer import registry_hash, variant_interface
 
 _INTERFACE = ("op", "dtype", "span", "features", "bindings", "push_constants", "push_constant_size",
               "spec_constants")
-
-
-def _interface(v) -> dict:
-    """A registry variant's interface, as the file records it (writer._Collector.variant)."""
-    return {"op": v.op, "dtype": v.dtype, "span": int(getattr(v, "span", 1)), "features": list(v.features),
-            "bindings": [{"index": b.index, "tensor": b.tensor, "descriptor": b.descriptor, "access": b.access,
-                          "storage": b.storage} for b in v.bindings],
-            "push_constants": [{"name": p.name, "type": p.type, "offset": p.offset, "size": p.size}
-                               for p in v.push_constants],
-            "push_constant_size": v.push_constant_size,
-            "spec_constants": [{"id": s.id, "name": s.name, "type": s.type, "default": int(s.default)}
-                               for s in v.spec_constants]}
 
 
 def _scalar(x):
@@ -111,7 +99,7 @@ class LoadedProgram:
             if v is None:
                 raise UnknownVariantError(f"{self.path}: shader variant {name!r} is not in this runtime's registry; "
                                           "save the program again with this texelflow")
-            if {k: recorded[k] for k in _INTERFACE} != _interface(v):
+            if {k: recorded[k] for k in _INTERFACE} != variant_interface(v):
                 raise UnknownVariantError(f"{self.path}: shader variant {name!r} has another interface in this "
                                           f"runtime (registry {registry_hash()[:12]}); save the program again")
             out[name] = v

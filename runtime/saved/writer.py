@@ -61,6 +61,19 @@ def dumps(doc) -> str:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
+def variant_interface(v) -> dict:
+    """A registry variant's interface as the file records it: what its SPIR-V was compiled
+    against (the loader refuses a variant whose interface in this runtime differs)."""
+    return {"op": v.op, "dtype": v.dtype, "span": int(getattr(v, "span", 1)), "features": list(v.features),
+            "bindings": [{"index": b.index, "tensor": b.tensor, "descriptor": b.descriptor, "access": b.access,
+                          "storage": b.storage} for b in v.bindings],
+            "push_constants": [{"name": p.name, "type": p.type, "offset": p.offset, "size": p.size}
+                               for p in v.push_constants],
+            "push_constant_size": v.push_constant_size,
+            "spec_constants": [{"id": s.id, "name": s.name, "type": s.type, "default": int(s.default)}
+                               for s in v.spec_constants]}
+
+
 class _Collector:
     """Walks one CompiledProgram and gathers the description and the tensors of its file."""
 
@@ -109,16 +122,7 @@ class _Collector:
 
     def variant(self, v, cache) -> str:
         if v.name not in self.variants:
-            self.variants[v.name] = {
-                "op": v.op, "dtype": v.dtype, "span": int(getattr(v, "span", 1)), "features": list(v.features),
-                "bindings": [{"index": b.index, "tensor": b.tensor, "descriptor": b.descriptor, "access": b.access,
-                              "storage": b.storage} for b in v.bindings],
-                "push_constants": [{"name": p.name, "type": p.type, "offset": p.offset, "size": p.size}
-                                   for p in v.push_constants],
-                "push_constant_size": v.push_constant_size,
-                "spec_constants": [{"id": s.id, "name": s.name, "type": s.type, "default": int(s.default)}
-                                   for s in v.spec_constants],
-                "spirv": self.spirv(cache.spirv(v))}
+            self.variants[v.name] = {**variant_interface(v), "spirv": self.spirv(cache.spirv(v))}
         return self.variants[v.name]["spirv"]
 
     def segment(self, seg, cache) -> dict:

@@ -71,8 +71,8 @@ CASES = [
     # ---- the template's contract ----
     ("missing-sync", "ops.yaml", ("    targets: [aten.relu.default]\n", "    targets: [aten.relu.default]\n    sync: []\n"),
      "template 'unary' assumes self, out share packed-dim info (shaders/unary.glsl.j2:2), but no sync group", "    sync: []"),
-    ("wrong-sync", "ops.yaml", ("    sync: [[input, out]]\n    dtypes: FP\n    weights: [weight, bias]\n    samples:\n      - {input: [1, 3, 7, 5]",
-                                "    sync: [[input, weight]]\n    dtypes: FP\n    weights: [weight, bias]\n    samples:\n      - {input: [1, 3, 7, 5]"),
+    ("wrong-sync", "ops.yaml", ("    sync: [[input, out]]\n    dtypes: FP_H\n    weights: [weight, bias]\n    samples:\n      - {input: [1, 3, 7, 5]",
+                                "    sync: [[input, weight]]\n    dtypes: FP_H\n    weights: [weight, bias]\n    samples:\n      - {input: [1, 3, 7, 5]"),
      "template 'conv2d' assumes input, out share packed-dim info", "    sync: [[input, weight]]"),
     ("contract-storage", "ops.yaml", ("tensors: {input: CONTIGUOUS_ANY, weight: CONTIGUOUS_BUFFER,", "tensors: {input: CONTIGUOUS_ANY, weight: CONTIGUOUS_ANY,"),
      "template 'linear' binds 'weight' as a buffer (shaders/linear.glsl.j2:3), but its repset CONTIGUOUS_ANY allows TEXTURE_3D",
