@@ -115,7 +115,7 @@ def bench_model(name, factory, size, reps=None):
 
 
 # ---- lowering speed ------------------------------------------------------------------------------
-def unary_chain(n: int):
+def unary_chain(n: int, shape=(1, 8, 16, 16)):
     """(model, inputs): `n` unary ops in a row, cycling through a few the registry implements."""
     import torch
 
@@ -127,7 +127,7 @@ def unary_chain(n: int):
                 x = steps[i % len(steps)](x)
             return x
 
-    return Chain(), (torch.randn(1, 8, 16, 16),)
+    return Chain(), (torch.randn(*shape),)
 
 
 def lowering_speed():

@@ -48,18 +48,10 @@ def add_chain_program(device, shape=(4,), n=CHAIN, timestamps=True):
 
 
 def unary_chain_model(shape=(1, 4, 4, 4)):
-    """(model, inputs): 100 unary ops in a row (relu, tanh, sigmoid, neg, cycled)."""
-    import torch
+    """(model, inputs): 100 unary ops in a row (relu, tanh, sigmoid, neg, cycled): bench/models.py's."""
+    from models import unary_chain
 
-    steps = (torch.relu, torch.tanh, torch.sigmoid, torch.neg)
-
-    class Chain(torch.nn.Module):
-        def forward(self, x):
-            for i in range(CHAIN):
-                x = steps[i % len(steps)](x)
-            return x
-
-    return Chain(), (torch.randn(*shape),)
+    return unary_chain(CHAIN, shape)
 
 
 class Layer:
