@@ -6,7 +6,9 @@ judged against what the device can do at all. Two ceilings, measured with GPU ti
 - copy bandwidth per storage: the best of trivial copy kernels (buffer: one float per invocation,
   or 1/2/4 vec4 words per invocation; texture: 1/2/4 rgba32f texels of a row per invocation; each
   at workgroup widths 64/128/256), in GB/s of bytes moved (read + written), for a given number of
-  bytes, because caches make small copies faster than large ones;
+  bytes, because caches make small copies faster than large ones; and between the two storages
+  (a transition's ceiling: vec4 word i of a buffer to texel i of a texture, or back, 1/2/4 texels
+  a row per invocation), since a texture store and a texture load cost very differently;
 - FMA peak: 8 independent vec4 FMA chains in registers per invocation, in GFLOP/s (an FMA is
   2 FLOPs), over enough invocations to fill the device.
 Every copy is checked element for element, and the FMA kernel's output against the closed form
@@ -71,12 +73,17 @@ def _local_size_specs() -> tuple[SpecConstant, ...]:
             SpecConstant(2, "local_size_z", "int", 1))
 
 
-def _variant(name: str, storage: str, push: tuple[tuple[str, str], ...], extra_spec=(), reads: bool = True):
-    """A reflection for one hand-written shader: binding 0 `out` (written), binding 1 `self`."""
-    descriptor = "STORAGE_IMAGE" if storage == "texture3d" else "STORAGE_BUFFER"
-    bindings = (Binding(0, "out", descriptor, "write", storage),)
+def _variant(name: str, storage: str, push: tuple[tuple[str, str], ...], extra_spec=(), reads: bool = True,
+             in_storage: str | None = None):
+    """A reflection for one hand-written shader: binding 0 `out` (written, in `storage`), binding 1
+    `self` (read, in `in_storage`, else `storage`)."""
+    def descriptor(st):
+        return "STORAGE_IMAGE" if st == "texture3d" else "STORAGE_BUFFER"
+
+    bindings = (Binding(0, "out", descriptor(storage), "write", storage),)
     if reads:
-        bindings += (Binding(1, "self", descriptor, "read", storage),)
+        src = in_storage or storage
+        bindings += (Binding(1, "self", descriptor(src), "read", src),)
     sizes = {"int": 4, "float": 4, "ivec4": 16}
     offset, constants = 0, []
     for pname, ptype in push:
@@ -92,6 +99,12 @@ def _variant(name: str, storage: str, push: tuple[tuple[str, str], ...], extra_s
 COPY_SCALAR = _variant("copy_scalar", "buffer", (("units", "int"),))
 COPY_VEC4 = _variant("copy_vec4", "buffer", (("units", "int"), ("words", "int")), (("per_invocation", 1),))
 COPY_TEXEL = _variant("copy_texel", "texture3d", (("extents", "ivec4"), ("units", "int")), (("per_invocation", 1),))
+# between storages (a transition's ceiling): vec4 word i <-> texel i, no re-layout
+COPY_BUFFER_TEXEL = _variant("copy_buffer_texel", "texture3d", (("extents", "ivec4"), ("units", "int")),
+                             (("per_invocation", 1),), in_storage="buffer")
+COPY_TEXEL_BUFFER = _variant("copy_texel_buffer", "buffer", (("extents", "ivec4"), ("units", "int")),
+                             (("per_invocation", 1),), in_storage="texture3d")
+MIXED = {"buffer>texture3d": COPY_BUFFER_TEXEL, "texture3d>buffer": COPY_TEXEL_BUFFER}
 FMA = _variant("fma_peak", "buffer", (("units", "int"), ("a", "float"), ("b", "float")), (("iterations", 256),),
                reads=False)
 
@@ -140,7 +153,7 @@ def _dispatch(variant, tensors, units: int, local: int, spec=None, scalars=None)
 class CopyConfig:
     """One trivial copy kernel: which shader, words or texels per invocation, workgroup width."""
 
-    storage: str
+    storage: str  # "buffer", "texture3d", or between them "buffer>texture3d" / "texture3d>buffer"
     per_invocation: int  # 0: the scalar float copy (buffer only)
     local: int
 
@@ -148,17 +161,18 @@ class CopyConfig:
     def label(self) -> str:
         if self.per_invocation == 0:
             return f"scalar float, local {self.local}"
-        unit = "vec4" if self.storage == "buffer" else "rgba32f texel"
+        unit = {"buffer": "vec4", "texture3d": "rgba32f texel"}.get(self.storage, "vec4 word <-> texel")
         return f"{unit} x{self.per_invocation}/invocation, local {self.local}"
 
 
 def copy_configs(storage: str) -> list[CopyConfig]:
     if storage == "buffer":
         pers = (0, 1, 2, 4)
-    elif storage == "texture3d":
+    elif storage == "texture3d" or storage in MIXED:
         pers = (1, 2, 4)
     else:
-        raise ValueError(f"bench/ceilings.py: unknown storage {storage!r}; use 'buffer' or 'texture3d'")
+        raise ValueError(f"bench/ceilings.py: unknown storage {storage!r}; use 'buffer', 'texture3d', "
+                         f"{' or '.join(repr(k) for k in MIXED)}")
     return [CopyConfig(storage, per, ls) for per in pers for ls in LOCAL_SIZES]
 
 
@@ -174,7 +188,9 @@ def _texture_shape(texels: int) -> tuple[int, int, int, int]:
 def copy_probe(device, nbytes: int, config: CopyConfig, shape: tuple[int, ...] | None = None) -> Probe:
     """A trivial copy moving about `nbytes` (half read, half written), or of a tensor of `shape`
     (a buffer's element count a multiple of 4); its result is checked once."""
-    if config.storage == "buffer":
+    if config.storage in MIXED:
+        pass
+    elif config.storage == "buffer":
         shape = shape or (max(4, nbytes // 8 // 4 * 4),)
         layout, storage = Layout.WIDTH_PACKED, Storage.BUFFER
         if int(np.prod(shape)) % 4:
@@ -183,6 +199,8 @@ def copy_probe(device, nbytes: int, config: CopyConfig, shape: tuple[int, ...] |
     else:
         shape = shape or _texture_shape(max(1, nbytes // 32))
         layout, storage = Layout.CHANNELS_PACKED, Storage.TEXTURE_3D
+    if config.storage in MIXED:
+        return _mixed_copy_probe(device, nbytes, config)
     x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
     src = VkTensor(device, shape, "float32", storage, layout, label="self")
     dst = VkTensor(device, shape, "float32", storage, layout, label="out")
@@ -209,6 +227,34 @@ def copy_probe(device, nbytes: int, config: CopyConfig, shape: tuple[int, ...] |
         src.close(), dst.close()
         raise
     np.testing.assert_array_equal(dst.download(), x, err_msg=f"bench copy kernel {config.label} copied wrongly")
+    return probe
+
+
+def _mixed_copy_probe(device, nbytes: int, config: CopyConfig) -> Probe:
+    """The trivial copy between a buffer and a channels-packed texture (config.storage "buffer>texture3d"
+    or "texture3d>buffer") moving about `nbytes`: vec4 word i <-> texel i; checked once."""
+    shape = _texture_shape(max(1, nbytes // 32))
+    ex, ey, ez = shape[3], shape[2], shape[1] // 4  # texels along x, y, z (C = 4 per texel)
+    words = np.random.default_rng(0).standard_normal((ez, ey, ex, 4), dtype=np.float32)
+    as_texture = np.ascontiguousarray(words.transpose(0, 3, 1, 2).reshape(shape))  # texel (x, y, z) = word
+    buf = VkTensor(device, (words.size,), "float32", Storage.BUFFER, Layout.WIDTH_PACKED,
+                   label="self" if config.storage.startswith("buffer") else "out")
+    tex = VkTensor(device, shape, "float32", Storage.TEXTURE_3D, Layout.CHANNELS_PACKED,
+                   label="out" if config.storage.startswith("buffer") else "self")
+    try:
+        src, dst = (buf, tex) if config.storage.startswith("buffer") else (tex, buf)
+        src.upload(words.reshape(-1) if src is buf else as_texture)
+        dst.upload(np.zeros(dst.shape, np.float32))
+        units = ey * ez * -(-ex // config.per_invocation)
+        d = _dispatch(MIXED[config.storage], {"out": dst, "self": src}, units, config.local,
+                      {"per_invocation": config.per_invocation}, {"extents": (ex, ey, ez, 0)})
+        probe = Probe(device, d, config.label, 2 * words.size * 4, (buf, tex))
+    except BaseException:
+        buf.close(), tex.close()
+        raise
+    want = as_texture if dst is tex else words.reshape(-1)
+    np.testing.assert_array_equal(dst.download(), want, err_msg=f"bench copy kernel {config.storage} "
+                                                                f"{config.label} copied wrongly")
     return probe
 
 

@@ -2,7 +2,8 @@
 
 Memory-bound kernels (elementwise, unary, identity copies, to_layout) are reported as a fraction of
 the trivial copy kernel's bandwidth (bench/ceilings.py) for the same bytes moved on the same
-storage; compute-bound ones (mm, the ViT-S/16 linears, ResNet-18 / MobileNetV3 convs, sdpa) as a
+storage (a transition between a buffer and a texture: the trivial copy between the two, since on
+lavapipe a texture store costs about three times a texture load); compute-bound ones (mm, the ViT-S/16 linears, ResNet-18 / MobileNetV3 convs, sdpa) as a
 fraction of the trivial FMA kernel's GFLOP/s, and of their roofline bound max(FLOPs / FMA peak,
 bytes / copy bandwidth). Every time is a GPU timestamp (`profile()`), and each kernel's samples
 alternate with its ceiling's, call by call, so load from other processes hits both alike.
@@ -33,8 +34,8 @@ from typing import Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # machine, ceilings: beside this file
-from ceilings import (FMA_CHAINS, Probe, best_copy, best_fma, copy_probe, fastest_configs,  # noqa: E402
-                      fma_probe)
+from ceilings import (FMA_CHAINS, MIXED, Probe, best_copy, best_fma, copy_probe,  # noqa: E402
+                      fastest_configs, fma_probe)
 from machine import machine  # noqa: E402
 
 import torch  # noqa: E402
@@ -368,9 +369,9 @@ def measure(device, case: Case, reps: int, budget_s: float, configs) -> Row:
         if case.flops:
             probes["fma"] = [fma_probe(device, *fma_size_for(device, case.flops))]
             probes["copy"] = [copy_probe(device, case.nbytes, cfg) for cfg in configs["buffer"]]
-        else:
-            for storage in dict.fromkeys(storages):
-                probes[storage] = [copy_probe(device, case.nbytes, cfg) for cfg in configs[storage]]
+        else:  # a transition between storages: the trivial copy between them (bench/ceilings.py MIXED)
+            key = ">".join(storages) if len(storages) == 2 else storages[0]
+            probes[key] = [copy_probe(device, case.nbytes, cfg) for cfg in configs[key]]
         kernel: list[float] = []
         samples = {id(p): [] for ps in probes.values() for p in ps}
         start = time.perf_counter()
@@ -400,8 +401,8 @@ def measure(device, case: Case, reps: int, budget_s: float, configs) -> Row:
             row.bound_seconds = statistics.median(bound)
             row.of_bound = statistics.median(bound[i] / kernel[i] for i in rounds)
         else:
-            # a mixed to_layout: the mean of the two storages' copy times for the same bytes
-            ceiling = [len(storages) / sum(1 / best_gbps(probes[s], i) for s in storages) for i in rounds]
+            [ps] = probes.values()
+            ceiling = [best_gbps(ps, i) for i in rounds]
             row.ceiling_gbps = statistics.median(ceiling)
             row.fraction = statistics.median(case.nbytes / kernel[i] / 1e9 / ceiling[i] for i in rounds)
             row.best_fraction = case.nbytes / min(kernel) / 1e9 / max(ceiling)
@@ -419,7 +420,7 @@ def print_memory(rows: list[Row]) -> None:
     print("\n## Memory-bound kernels: fraction of the trivial copy's bandwidth (same bytes, same storage)\n\n"
           "MB moved: logical bytes (each input read once, the output written once). fraction: median over "
           "rounds of kernel GB/s / copy GB/s of the same round (a buffer <-> texture to_layout: against the "
-          "mean of the two storages' copy times); best/best: the kernel's best round over the copy's best "
+          "trivial copy between those storages, word i <-> texel i); best/best: the kernel's best round over the copy's best "
           "(other processes' load only ever slows a round down).\n")
     print("| kernel | shape | ran (out storage/layout: variant) | MB moved | ms | GB/s | copy GB/s | fraction "
           "| best/best |")
@@ -468,6 +469,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     reps = args.reps or (3 if args.quick else 7)
     budget = 1.0 if args.quick else 6.0
+    # torch only builds inputs and references here; its OpenMP workers spin for a while after each
+    # parallel op, and on a CPU device (lavapipe) they then take cores from the device's threads:
+    # on this 2-core machine a dispatch ran at the speed of one core or of two at random, kernel
+    # and copy alike, so per-round ratios swung 0.5x-1.7x. One torch thread keeps both sides steady.
+    torch.set_num_threads(1)
     start = time.perf_counter()
     with Device() as device:
         lim = device.limits
@@ -480,13 +486,13 @@ def main(argv=None) -> None:
               f"- load average at the start: {_load()} (other processes share the {os.cpu_count()} cores; "
               "the fractions are per-round ratios for that reason)\n"
               "- host overhead per call: see `python bench/overhead.py`")
-        configs = {s: fastest_configs(device, s, count=2) for s in ("buffer", "texture3d")}
+        configs = {s: fastest_configs(device, s, count=2) for s in ("buffer", "texture3d", *MIXED)}
         print("- copy kernels used as ceilings (the 2 fastest of bench/ceilings.py at 16 MiB): "
               + "; ".join(f"{s}: {', '.join(c.label for c in cs)}" for s, cs in configs.items()))
         print("\n## The device's ceilings in this run (bench/ceilings.py)\n\n| ceiling | kernel | value |\n|---|---|---:|")
-        for storage in ("buffer", "texture3d"):
+        for storage in ("buffer", "texture3d", *MIXED):
             best = best_copy(device, 16 << 20, storage, reps=3)
-            print(f"| copy, {storage}, 16 MiB moved | {best.kernel} | {best.gbps:.2f} GB/s |")
+            print(f"| copy, {storage.replace('>', ' -> ')}, 16 MiB moved | {best.kernel} | {best.gbps:.2f} GB/s |")
         fma = best_fma(device, 1 << 16, 256, reps=3)
         print(f"| FMA peak | {fma.kernel} | {fma.gflops:.1f} GFLOP/s |")
         cases = _elementwise_cases(args.quick) + _copy_cases(args.quick) + _compute_cases(args.quick)

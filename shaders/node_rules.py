@@ -392,6 +392,35 @@ def _ragged(facts: SpecFacts, p: dict) -> int:
     return int(_whcn_of(facts, name)[LAYOUT_INFO[facts.repr(name).layout].packed_dim] % 4 != 0)
 
 
+@_spec_rule("row_groups", 0, tensor_params=("row_groups",))
+def _row_groups(facts: SpecFacts, p: dict) -> int:
+    """1 when the tensor is a buffer whose packed dim is a multiple of 4 and whose rows along it
+    (numel / packed size) come in whole groups of 4: an invocation can then take one vec4 column
+    of 4 neighbouring rows, and a row operand (a bias) is read once for all 4."""
+    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+
+    name = p["row_groups"]
+    r = facts.repr(name)
+    if STORAGE_INFO[r.storage].is_image:
+        return 0
+    sizes = _whcn_of(facts, name)
+    n = sizes[LAYOUT_INFO[r.layout].packed_dim]
+    numel = sizes[0] * sizes[1] * sizes[2] * sizes[3]
+    return int(n % 4 == 0 and (numel // n) % 4 == 0)
+
+
+@_spec_rule("float_index", 0, required=("per",), tensor_params=("float_index",))
+def _float_index(facts: SpecFacts, p: dict) -> int:
+    """1 when the tensor's elements divided by `per` (the elements each index a kernel divides
+    counts: 1 for an element index, 16 for one index per 4 x 4 block) are fewer than 2^22: such an index and
+    its quotients are exact in float32 and a float quotient (2.5 ulp in Vulkan) is off by less than
+    one, so indexing.glslh tf_divmod may divide through it, corrected by one step, which lavapipe
+    vectorises, instead of an integer division, which it runs lane by lane."""
+    sizes = _whcn_of(facts, p["float_index"])
+    per = max(int(p["per"]), 1)
+    return int(sizes[0] * sizes[1] * sizes[2] * sizes[3] // per < FLOAT_INDEX_LIMIT)
+
+
 @_spec_rule("units_tail", 1, tensor_params=("units_tail",))
 def _units_tail(facts: SpecFacts, p: dict) -> int:
     """1 when some invocation covers a partial span of the tensor: in a buffer, its words are
@@ -413,13 +442,19 @@ def spec_values(facts: SpecFacts, specs: Sequence) -> dict:
     return {s.name: int(SPEC_RULES[s.rule].fn(facts, dict(s.params))) for s in specs}
 
 
+FLOAT_INDEX_LIMIT = 1 << 22  # indices below it divide exactly through a float quotient (tf_divmod)
+TRANSPOSE_GATHER = 2  # transpose4's value for a buffer input gathered word by word
+
+
 @_spec_rule("transpose4", 0, required=("of",), tensor_params=("transpose4", "of"))
 def _transpose4(facts: SpecFacts, p: dict) -> int:
     """1 when a copy from tensor `transpose4` to `of` (same WHCN sizes, float family, packed dims
     q and p that differ) can move 4 x 4 blocks: four vec4 reads along q, a transpose, four vec4
     writes along p. Buffers (one element per word) need their packed size a multiple of 4 (whole
     vec4 words); a buffer `of` needs both sizes so (its invocations then cover whole blocks); a
-    texture `of` needs q to be W, the axis its invocations run along."""
+    texture `of` needs q to be W, the axis its invocations run along, and from a buffer whose W
+    is not a multiple of 4 the value is 2 (TRANSPOSE_GATHER): each input vec4 along W is
+    gathered word by word (its rows do not start on vec4 words), the rest as for 1."""
     from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
 
     a, b = p["transpose4"], p["of"]
@@ -435,7 +470,9 @@ def _transpose4(facts: SpecFacts, p: dict) -> int:
     if (not a_image and ia.buffer_block != 1) or (not b_image and ib.buffer_block != 1):
         return 0
     if b_image:
-        return int(q == 0 and (a_image or sizes[0] % 4 == 0))
+        if q != 0:
+            return 0
+        return 1 if a_image or sizes[0] % 4 == 0 else TRANSPOSE_GATHER
     return int(sizes[q] % 4 == 0 and sizes[pd] % 4 == 0)
 
 
@@ -448,8 +485,9 @@ def _transpose4_texels(facts: SpecFacts, p: dict) -> int:
     from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
 
     a, b = p["transpose4_texels"], p["of"]
-    if _transpose4(facts, {"transpose4": a, "of": b}):
-        return 1
+    blocks = _transpose4(facts, {"transpose4": a, "of": b})
+    if blocks:
+        return blocks
     sizes = _whcn_of(facts, b)
     ra, rb = facts.repr(a), facts.repr(b)
     ia, ib = LAYOUT_INFO[ra.layout], LAYOUT_INFO[rb.layout]

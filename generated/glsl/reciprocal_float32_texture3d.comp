@@ -59,10 +59,10 @@ layout(constant_id = 6) const int ragged = 1;  // ragged
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 81
-const int tf_span = 2;
+const int tf_span = 4;
 
 
-#line 39 "shaders/unary.glsl.j2"
+#line 41 "shaders/unary.glsl.j2"
 #define VEC VEC4
 void unit_texel(ivec3 pos) {
   VEC4 X = load_texel_self(pos);
@@ -73,7 +73,7 @@ void unit_texel(ivec3 pos) {
   }
 }
 
-#line 33 "shaders/_span_main.glsl.j2"
+#line 50 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
@@ -82,7 +82,7 @@ void main() {
   if (row >= e.y * e.z) { return; }
   ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
 #ifdef TF_BLOCK_PATH
-  if (TF_BLOCK_PATH && (tail == 0 || pos.x + tf_span <= e.x)) { unit_block(pos); return; }
+  if (TF_BLOCK_PATH) { unit_block(pos, tail == 0 ? tf_span : min(tf_span, e.x - pos.x)); return; }
 #endif
   for (int k = 0; k < tf_span; ++k) {
     if (tail == 0 || pos.x < e.x) { unit_texel(pos); }

@@ -76,12 +76,14 @@ layout(constant_id = 7) const int b_class = 0;  // read_class
 layout(constant_id = 8) const int tail = 1;  // units_tail
 #line 75
 layout(constant_id = 9) const int ragged = 1;  // ragged
+#line 75
+layout(constant_id = 10) const int rows4 = 0;  // row_groups
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 81
-const int tf_span = 2;
+const int tf_span = 4;
 
-#line 25 "shaders/binary.glsl.j2"
+#line 28 "shaders/binary.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
@@ -89,7 +91,7 @@ const int READ_SINGLE = 3;
 
 
 // The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 126
+#line 152
 VEC4 texel_of_self(ivec3 pos) {
   if (a_class == READ_DIRECT) { return load_texel_self(pos); }
   if (a_class == READ_SINGLE) { return VEC4(load_texel_self(ivec3(0)).x); }
@@ -104,7 +106,7 @@ VEC4 texel_of_self(ivec3 pos) {
   return pc.self_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 // The texel of 'other' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 126
+#line 152
 VEC4 texel_of_other(ivec3 pos) {
   if (b_class == READ_DIRECT) { return load_texel_other(pos); }
   if (b_class == READ_SINGLE) { return VEC4(load_texel_other(ivec3(0)).x); }
@@ -119,7 +121,7 @@ VEC4 texel_of_other(ivec3 pos) {
   return pc.other_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 
-#line 141
+#line 167
 #define VEC VEC4
 void unit_texel(ivec3 pos) {
   VEC4 X = texel_of_self(pos);
@@ -131,7 +133,7 @@ void unit_texel(ivec3 pos) {
   }
 }
 
-#line 33 "shaders/_span_main.glsl.j2"
+#line 50 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
@@ -140,7 +142,7 @@ void main() {
   if (row >= e.y * e.z) { return; }
   ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
 #ifdef TF_BLOCK_PATH
-  if (TF_BLOCK_PATH && (tail == 0 || pos.x + tf_span <= e.x)) { unit_block(pos); return; }
+  if (TF_BLOCK_PATH) { unit_block(pos, tail == 0 ? tf_span : min(tf_span, e.x - pos.x)); return; }
 #endif
   for (int k = 0; k < tf_span; ++k) {
     if (tail == 0 || pos.x < e.x) { unit_texel(pos); }

@@ -56,13 +56,15 @@ layout(constant_id = 6) const int same_shape = 0;  // same_sizes
 layout(constant_id = 7) const int transpose = 0;  // transpose4_texels
 #line 75
 layout(constant_id = 8) const int tail = 1;  // units_tail
+#line 75
+layout(constant_id = 9) const int findex = 0;  // float_index
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 81
 const int tf_span = 4;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
-#line 31 "shaders/copy.glsl.j2"
+#line 33 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
@@ -73,41 +75,54 @@ layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[];
 
 // ---- 4 x 4 blocks between packed dims q (input) and p (output), shape class `transpose` ----
 // Blocks (transpose) or stepped indices (same_shape, any other re-layout): unit_block below.
-#line 44 "shaders/copy.glsl.j2"
+#line 46 "shaders/copy.glsl.j2"
 #define TF_BLOCK_PATH (transpose != 0)
 
 // The block at `base` (base[p], base[q] multiples of 4): b[k] is the output's vec4 along p at
 // q offset k, lane j of it lane k of the input's vec4 along q at p offset j (moved, not converted).
 // Input vec4s past out's sizes along p (a texture's padding lanes) read as zero.
-#line 50
+#line 52
 void block_at(ivec4 base, out VEC4 b[4]) {
   int tp = tf_packed_dim(out_layout);
   int past = pc.out_sizes[tp] - base[tp];  // input vec4s 0 .. past - 1 exist
   VEC4 a[4];
-#line 55
+#line 57
   int w = tf_buffer_word_lane(base, pc.self_sizes, self_layout).x;
   int step = tf_buffer_stride(tp, pc.self_sizes, self_layout);
-  for (int j = 0; j < 4; ++j) {  // clamped, then zeroed: a select, not a masked load
-    VEC4 t = VEC4(t4_self[(w + min(j, past - 1) * step) / 4]);
-    a[j] = j < past ? t : VEC4(0);
+  if (transpose == 2) {  // rows not on vec4 words: four words, clamped to the buffer's last one
+    int last = tf_buffer_words(pc.self_sizes, self_layout) - 1;  // past W: lanes of texels not stored
+    for (int j = 0; j < 4; ++j) {
+      int r = w + min(j, past - 1) * step;
+      VEC4 t = VEC4(t_self[min(r, last)], t_self[min(r + 1, last)], t_self[min(r + 2, last)], t_self[min(r + 3, last)]);
+      a[j] = j < past ? t : VEC4(0);
+    }
+  } else {
+    for (int j = 0; j < 4; ++j) {  // clamped, then zeroed: a select, not a masked load
+      VEC4 t = VEC4(t4_self[(w + min(j, past - 1) * step) / 4]);
+      a[j] = j < past ? t : VEC4(0);
+    }
   }
-#line 69
+#line 80
   for (int k = 0; k < 4; ++k) { b[k] = VEC4(a[0][k], a[1][k], a[2][k], a[3][k]); }
 }
 
 
-// The 4 texels from pos along x (= W = q): the block whose W offset k is texel pos + (k, 0, 0).
-#line 161
-void unit_block(ivec3 pos) {
-#line 165
+// The 4 texels from pos along x (= W = q): the block whose W offset k is texel pos + (k, 0, 0),
+// the first `count` of them inside the row (a row's last block when W % 4 != 0: the input's
+// last texel along W is still whole, its padding lanes zero, and the texels past W are not stored).
+#line 175
+void unit_block(ivec3 pos, int count) {
+#line 179
   VEC4 b[4];
   block_at(tf_texel_to_idx(pos, pc.out_sizes, out_layout), b);
-  for (int k = 0; k < 4; ++k) { store_texel_out(pos + ivec3(k, 0, 0), b[k]); }
+  for (int k = 0; k < 4; ++k) {
+    if (tail == 0 || k < count) { store_texel_out(pos + ivec3(k, 0, 0), b[k]); }
+  }
 }
 
-#line 171
+#line 187
 void unit_texel(ivec3 pos) {
-#line 175
+#line 191
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);
@@ -121,7 +136,7 @@ void unit_texel(ivec3 pos) {
   store_texel_out(pos, r);
 }
 
-#line 33 "shaders/_span_main.glsl.j2"
+#line 50 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
@@ -130,7 +145,7 @@ void main() {
   if (row >= e.y * e.z) { return; }
   ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
 #ifdef TF_BLOCK_PATH
-  if (TF_BLOCK_PATH && (tail == 0 || pos.x + tf_span <= e.x)) { unit_block(pos); return; }
+  if (TF_BLOCK_PATH) { unit_block(pos, tail == 0 ? tf_span : min(tf_span, e.x - pos.x)); return; }
 #endif
   for (int k = 0; k < tf_span; ++k) {
     if (tail == 0 || pos.x < e.x) { unit_texel(pos); }

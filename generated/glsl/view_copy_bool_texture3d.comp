@@ -60,13 +60,15 @@ layout(constant_id = 6) const int same_shape = 0;  // same_sizes
 layout(constant_id = 7) const int transpose = 0;  // transpose4_texels
 #line 75
 layout(constant_id = 8) const int tail = 1;  // units_tail
+#line 75
+layout(constant_id = 9) const int findex = 0;  // float_index
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 81
 const int tf_span = 4;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
-#line 31 "shaders/copy.glsl.j2"
+#line 33 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
@@ -75,25 +77,25 @@ ivec4 src(ivec4 e) {
 
 // ---- 4 x 4 blocks between packed dims q (input) and p (output), shape class `transpose` ----
 // Blocks (transpose) or stepped indices (same_shape, any other re-layout): unit_block below.
-#line 44
+#line 46
 #define TF_BLOCK_PATH (transpose != 0)
 
 // The block at `base` (base[p], base[q] multiples of 4): b[k] is the output's vec4 along p at
 // q offset k, lane j of it lane k of the input's vec4 along q at p offset j (moved, not converted).
 // Input vec4s past out's sizes along p (a texture's padding lanes) read as zero.
-#line 50
+#line 52
 void block_at(ivec4 base, out VEC4 b[4]) {
   int tp = tf_packed_dim(out_layout);
   int past = pc.out_sizes[tp] - base[tp];  // input vec4s 0 .. past - 1 exist
   VEC4 a[4];
-#line 62
+#line 73
   for (int j = 0; j < 4; ++j) {  // clamped, then zeroed: a select, not a masked load
     ivec4 idx = base;
     idx[tp] += min(j, past - 1);
     VEC4 t = load_texel_self(tf_texel_pos_lane(idx, pc.self_sizes, self_layout).xyz);
     a[j] = j < past ? t : VEC4(0);
   }
-#line 69
+#line 80
   for (int k = 0; k < 4; ++k) { b[k] = VEC4(a[0][k], a[1][k], a[2][k], a[3][k]); }
 }
 
@@ -104,7 +106,7 @@ void block_at(ivec4 base, out VEC4 b[4]) {
 // z - z % 4 + k), k = 0 .. 3: a bijection of the grid onto the output's texels. Input
 // texel j along W of them is (4 (x + z % 4) + j, y, z / 4), lane k of it lane j of output texel
 // k; with W % 4 != 0 the last texel's padding lanes come from past W: read clamped, set to zero.
-#line 144
+#line 156
 void unit_texels(ivec3 pos) {
   int xo = pos.x + (pos.z & 3);
   int z4 = pos.z & ~3;
@@ -120,22 +122,26 @@ void unit_texels(ivec3 pos) {
   }
 }
 
-// The 4 texels from pos along x (= W = q): the block whose W offset k is texel pos + (k, 0, 0).
-#line 161
-void unit_block(ivec3 pos) {
-#line 163
-  if (tf_packed_dim(self_layout) == 2 && tf_packed_dim(out_layout) == 0) { unit_texels(pos); return; }
-#line 165
+// The 4 texels from pos along x (= W = q): the block whose W offset k is texel pos + (k, 0, 0),
+// the first `count` of them inside the row (a row's last block when W % 4 != 0: the input's
+// last texel along W is still whole, its padding lanes zero, and the texels past W are not stored).
+#line 175
+void unit_block(ivec3 pos, int count) {
+#line 177
+  if (tf_packed_dim(self_layout) == 2 && tf_packed_dim(out_layout) == 0) { unit_texels(pos); return; }  // count == 4
+#line 179
   VEC4 b[4];
   block_at(tf_texel_to_idx(pos, pc.out_sizes, out_layout), b);
-  for (int k = 0; k < 4; ++k) { store_texel_out(pos + ivec3(k, 0, 0), b[k]); }
+  for (int k = 0; k < 4; ++k) {
+    if (tail == 0 || k < count) { store_texel_out(pos + ivec3(k, 0, 0), b[k]); }
+  }
 }
 
-#line 171
+#line 187
 void unit_texel(ivec3 pos) {
-#line 173
+#line 189
   if (same_units != 0) { store_texel_out(pos, load_texel_self(pos)); return; }
-#line 175
+#line 191
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);
@@ -149,7 +155,7 @@ void unit_texel(ivec3 pos) {
   store_texel_out(pos, r);
 }
 
-#line 33 "shaders/_span_main.glsl.j2"
+#line 50 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
@@ -158,7 +164,7 @@ void main() {
   if (row >= e.y * e.z) { return; }
   ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
 #ifdef TF_BLOCK_PATH
-  if (TF_BLOCK_PATH && (tail == 0 || pos.x + tf_span <= e.x)) { unit_block(pos); return; }
+  if (TF_BLOCK_PATH) { unit_block(pos, tail == 0 ? tf_span : min(tf_span, e.x - pos.x)); return; }
 #endif
   for (int k = 0; k < tf_span; ++k) {
     if (tail == 0 || pos.x < e.x) { unit_texel(pos); }

@@ -22,7 +22,7 @@ BAD = [
      "spec constant 'a_class': rule 'read_class' takes exactly read_class, of", "a_class: {read_class: in0}"),
     ("not-a-name", "unary", ("  ragged: {ragged: out}", "  Ragged: {ragged: out}"),
      "spec constant 'Ragged' must be a lower_snake_case name", "Ragged: {ragged: out}"),
-    ("bad-span", "unary", ("span: {buffer: 16, texture3d: 2}", "span: {buffer: 0, texture3d: 2}"),
+    ("bad-span", "unary", ("span: {buffer: 16, texture3d: 4}", "span: {buffer: 0, texture3d: 4}"),
      "contract span of 'buffer' must be an int from 1 to 64, got 0", "span: {buffer: 0"),
     ("tensor-the-op-lacks", "binary", ("b_class: {read_class: in1, of: out}", "b_class: {read_class: in2, of: out}"),
      "op 'add': spec constant 'b_class' names tensor 'in2', which the op does not have", "b_class: {read_class: in2"),
@@ -56,7 +56,7 @@ def test_spec_name_clashing_with_a_push_constant_is_refused(scratch_repo: Path):
 def test_reflection_lists_each_shape_class_with_its_rule_and_general_default():
     add = VARIANTS["add_float32_buffer"]
     classes = {s.name: s for s in add.spec_constants if s.rule}
-    assert set(classes) == {"a_class", "b_class", "tail", "ragged"}
+    assert set(classes) == {"a_class", "b_class", "tail", "ragged", "rows4"}
     assert classes["a_class"].rule == "read_class" and dict(classes["a_class"].params) == {"read_class": "self", "of": "out"}
     for s in classes.values():  # the default is the general path, right for any node
         assert s.default == SPEC_RULES[s.rule].general

@@ -43,98 +43,119 @@ CASES = [
     # binary: each input's read class (1 direct, 2 a row along out's packed dim, 3 a single
     # element, 0 general broadcast); 16 words per invocation in buffers
     ("add-direct-tail", "add", {"self": [2, 3, 5, 7], "other": [2, 3, 5, 7], "alpha": 2.0}, BUF_WP,
-     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1}),  # 210 words: 13 spans and 2 words
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0}),  # 210 words: 13 spans and 2 words
     ("add-direct-whole-spans", "add", {"self": [4, 8, 16], "other": [4, 8, 16], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 1, "tail": 0, "ragged": 0}),
+     {"a_class": 1, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 1}),
     ("add-row-bias", "add", {"self": [2, 5, 3, 7], "other": [7], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0}),
     ("add-row-bias-vec4", "add", {"self": [2, 3, 5, 8], "other": [8], "alpha": -1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0}),
+     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0, "rows4": 0}),
     ("add-channel-bias-nhwc", "add", {"self": [2, 6, 3, 5], "other": [6, 1, 1], "alpha": 1.0}, BUF_CP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0}),
     ("mul-channel-scale-nhwc-vec4", "mul", {"self": [1, 8, 3, 5], "other": [8, 1, 1]}, BUF_CP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 0}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 0, "rows4": 0}),
     ("add-zero-dim-tensor", "add", {"self": [3, 5, 7], "other": [], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 3, "tail": 1, "ragged": 1}),
+     {"a_class": 1, "b_class": 3, "tail": 1, "ragged": 1, "rows4": 0}),
     ("div-by-single-vec4", "div", {"self": [2, 4, 8], "other": [1]}, BUF_WP,
-     {"a_class": 1, "b_class": 3, "tail": 0, "ragged": 0}),
+     {"a_class": 1, "b_class": 3, "tail": 0, "ragged": 0, "rows4": 1}),
     # the row block path (one `%` per invocation, the row offset stepped with a wrap): rows
     # shorter than a vec4 that wrap inside one, a row on the left, rows of 4, rank 5, many spans
     ("add-row-3-wraps-in-vec4-rank5", "add", {"self": [2, 1, 3, 2, 3], "other": [3], "alpha": 0.5}, BUF_WP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0}),
     ("mul-row-left-5", "mul", {"self": [5], "other": [3, 7, 5]}, BUF_WP,
-     {"a_class": 2, "b_class": 1, "tail": 1, "ragged": 1}),
+     {"a_class": 2, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0}),
     ("sub-row-4-tail", "sub", {"self": [3, 5, 4], "other": [4], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 0}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 0, "rows4": 0}),
     ("add-row-33-many-spans", "add", {"self": [1, 7, 33], "other": [33], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0}),
+    # `rows4`: one vec4 column of 4 rows per invocation, the row operand read once
+    ("add-row-bias-columns", "add", {"self": [2, 4, 3, 8], "other": [8], "alpha": 2.0}, BUF_WP,
+     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0, "rows4": 1}),
+    ("mul-channel-scale-nhwc-columns", "mul", {"self": [1, 12, 4, 5], "other": [12, 1, 1]}, BUF_CP,
+     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0, "rows4": 1}),
+    ("sub-row-columns-rank5", "sub", {"self": [2, 2, 2, 3, 8], "other": [8], "alpha": 1.0}, BUF_WP,
+     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0, "rows4": 1}),
     ("div-row-12-whole-spans", "div", {"self": [12], "other": [4, 1, 12]}, BUF_WP,
-     {"a_class": 2, "b_class": 1, "tail": 0, "ragged": 0}),
+     {"a_class": 2, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 1}),
     ("mul-broadcast-both", "mul", {"self": [3, 1, 7], "other": [5, 1]}, BUF_CP,
-     {"a_class": 0, "b_class": 0, "tail": 1, "ragged": 1}),
+     {"a_class": 0, "b_class": 0, "tail": 1, "ragged": 1, "rows4": 0}),
     ("mul-one-element", "mul", {"self": [1], "other": [1]}, BUF_WP,
-     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1}),
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0}),
     ("add-rank5-direct", "add", {"self": [2, 1, 3, 2, 5], "other": [2, 1, 3, 2, 5], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1}),
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0}),
     ("add-rank5-broadcast", "add", {"self": [2, 2, 3, 1, 5], "other": [3, 2, 1], "alpha": 1.0}, BUF_WP,
-     {"a_class": 0, "b_class": 0, "tail": 1, "ragged": 1}),  # out [2, 2, 3, 2, 5]: 120 words
-    # textures: 2 texels of a row per invocation; `tail` when the x extent is odd
+     {"a_class": 0, "b_class": 0, "tail": 1, "ragged": 1, "rows4": 0}),  # out [2, 2, 3, 2, 5]: 120 words
+    # textures: 4 texels of a row per invocation; `tail` when the x extent is not a multiple of 4
     ("add-texture-ragged", "add", {"self": [2, 5, 3, 7], "other": [2, 5, 3, 7], "alpha": 1.0}, TEX_CP,
-     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1}),
-    ("mul-texture-packed-div4", "mul", {"self": [1, 8, 3, 6], "other": [1, 8, 3, 6]}, TEX_CP,
-     {"a_class": 1, "b_class": 1, "tail": 0, "ragged": 0}),
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0}),
+    ("mul-texture-packed-div4", "mul", {"self": [1, 8, 3, 8], "other": [1, 8, 3, 8]}, TEX_CP,
+     {"a_class": 1, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 0}),
+    ("mul-texture-row-tail", "mul", {"self": [1, 8, 3, 6], "other": [1, 8, 3, 6]}, TEX_CP,
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 0, "rows4": 0}),
     ("mul-texture-channel-scale", "mul", {"self": [1, 6, 5, 7], "other": [1, 6, 1, 1]}, TEX_CP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1}),  # MobileNetV3's squeeze-excitation
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0}),  # MobileNetV3's squeeze-excitation
     ("mul-texture-channel-scale-batch2", "mul", {"self": [1, 8, 1, 1], "other": [2, 8, 3, 4]}, TEX_CP,
-     {"a_class": 2, "b_class": 1, "tail": 0, "ragged": 0}),
+     {"a_class": 2, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 0}),
     ("add-texture-row-wp", "add", {"self": [3, 5, 9], "other": [9], "alpha": 1.0}, TEX_WP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0}),
     ("add-texture-single", "add", {"self": [2, 5, 3, 7], "other": [1], "alpha": 1.0}, TEX_CP,
-     {"a_class": 1, "b_class": 3, "tail": 1, "ragged": 1}),
+     {"a_class": 1, "b_class": 3, "tail": 1, "ragged": 1, "rows4": 0}),
     ("sub-texture-broadcast", "sub", {"self": [1, 3, 1, 5], "other": [2, 1, 7, 1], "alpha": 1.0}, TEX_WP,
-     {"a_class": 0, "b_class": 0, "tail": 0, "ragged": 1}),  # x extent ceil(5 / 4) = 2: whole spans
-    # unary
+     {"a_class": 0, "b_class": 0, "tail": 1, "ragged": 1, "rows4": 0}),  # x extent ceil(5 / 4) = 2: a partial span
+    ("sub-texture-broadcast-whole-spans", "sub", {"self": [1, 3, 1, 13], "other": [2, 1, 7, 1], "alpha": 1.0}, TEX_WP,
+     {"a_class": 0, "b_class": 0, "tail": 0, "ragged": 1, "rows4": 0}),  # x extent ceil(13 / 4) = 4
+    # unary: 16 words or 4 texels of a row per invocation
     ("relu-buffer-tail", "relu", {"self": [3, 5, 7]}, BUF_WP, {"tail": 1, "ragged": 1}),
     ("exp-buffer-whole", "exp", {"self": [2, 4, 8]}, BUF_WP, {"tail": 0, "ragged": 0}),
     ("sigmoid-rank5", "sigmoid", {"self": [2, 1, 3, 2, 5]}, BUF_WP, {"tail": 1, "ragged": 1}),
     ("relu-texture-ragged", "relu", {"self": [2, 5, 3, 7]}, TEX_CP, {"tail": 1, "ragged": 1}),
-    ("exp-texture-div4", "exp", {"self": [1, 4, 3, 6]}, TEX_CP, {"tail": 0, "ragged": 0}),
+    ("exp-texture-div4", "exp", {"self": [1, 4, 3, 8]}, TEX_CP, {"tail": 0, "ragged": 0}),  # 4 texels a span
+    ("exp-texture-row-tail", "exp", {"self": [1, 4, 3, 6]}, TEX_CP, {"tail": 1, "ragged": 0}),
+    # buffers with whole spans interleave vec4 words across the invocations (word u + j * g)
+    ("sigmoid-buffer-interleaved", "sigmoid", {"self": [3, 16, 32]}, BUF_WP,
+     {"tail": 0, "ragged": 0}),
     # copies
-    ("clone-buffer", "clone", {"self": [2, 3, 5, 7]}, BUF_CP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 1}),
-    ("clone-texture", "clone", {"self": [2, 5, 3, 7]}, TEX_CP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 1}),
-    ("clone-rank5", "clone", {"self": [2, 1, 3, 2, 8]}, BUF_WP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 0}),
+    ("clone-buffer", "clone", {"self": [2, 3, 5, 7]}, BUF_CP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
+    ("clone-texture", "clone", {"self": [2, 5, 3, 7]}, TEX_CP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
+    ("clone-rank5", "clone", {"self": [2, 1, 3, 2, 8]}, BUF_WP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 0, "findex": 1}),
     ("view-contiguous", "view_copy", {"self": [2, 3, 5, 7], "size": [6, 35]}, BUF_WP,
-     {"same_units": 1, "same_shape": 0, "transpose": 0, "tail": 1}),
+     {"same_units": 1, "same_shape": 0, "transpose": 0, "tail": 1, "findex": 1}),
     ("view-channels-packed-reshape", "view_copy", {"self": [2, 3, 5, 7], "size": [2, 3, 35]}, BUF_CP,
-     {"same_units": 0, "same_shape": 0, "transpose": 0, "tail": 1}),
+     {"same_units": 0, "same_shape": 0, "transpose": 0, "tail": 1, "findex": 1}),
 ]
 
 # to_layout between two representations: (id, shape, in repr, out repr, expected classes)
 TRANSITIONS = [
     # 4 x 4 blocks (`transpose`): the packed dims differ, buffer sides hold whole vec4 words
     ("buffer-wp-to-texture-cp-blocks", [2, 5, 3, 8], BUF_WP, TEX_CP,
-     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0}),
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0, "findex": 1}),
     ("texture-cp-to-buffer-wp-blocks", [1, 8, 3, 8], TEX_CP, BUF_WP,
-     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0}),
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0, "findex": 1}),
     ("buffer-wp-to-buffer-cp-blocks", [2, 8, 1, 4], BUF_WP, BUF_CP,
-     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0}),
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0, "findex": 1}),
     ("buffer-hp-to-buffer-wp-blocks", [1, 8, 12], TensorRepr(Storage.BUFFER, Layout.HEIGHT_PACKED), BUF_WP,
-     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0}),
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0, "findex": 1}),
     ("texture-wp-to-texture-cp-blocks", [1, 3, 4, 8], TEX_WP, TEX_CP,
-     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0}),
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0, "findex": 1}),
     ("texture-wp-to-texture-cp-row-tail", [2, 6, 3, 7], TEX_WP, TEX_CP,  # 7 texels a row: 4 + a tail of 3
-     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 1}),
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 1, "findex": 1}),
+    # blocks from a buffer whose W is not whole vec4 words: gathered word by word (`transpose` 2),
+    # each row's last block storing only the texels inside W
+    ("buffer-wp-to-texture-cp-gathered", [2, 5, 3, 7], BUF_WP, TEX_CP,
+     {"same_units": 0, "same_shape": 1, "transpose": 2, "tail": 1, "findex": 1}),
+    ("buffer-wp-to-texture-cp-gathered-w1", [1, 6, 5, 1], BUF_WP, TEX_CP,
+     {"same_units": 0, "same_shape": 1, "transpose": 2, "tail": 1, "findex": 1}),
     # the element path: a buffer side that is not whole vec4 words, or a texture's x not the input's packed dim
-    ("buffer-wp-to-texture-cp", [2, 5, 3, 7], BUF_WP, TEX_CP,
-     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1}),
+    ("buffer-cp-to-texture-cp", [2, 5, 3, 7], BUF_CP, TEX_CP,
+     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
     ("texture-cp-to-buffer-wp", [2, 5, 3, 7], TEX_CP, BUF_WP,
-     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1}),
+     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
     ("buffer-wp-to-buffer-cp", [1, 6, 1, 5], BUF_WP, BUF_CP,
-     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1}),
+     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
     ("texture-cp-to-texture-wp", [1, 8, 3, 8], TEX_CP, TEX_WP,  # x extent 8 / 4 = 2: a partial span
-     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1}),
+     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
     ("rank5-buffer-cp-to-wp", [2, 1, 3, 4, 8], BUF_CP, BUF_WP,
-     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 0}),  # C = 3: not whole words
+     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 0, "findex": 1}),  # C = 3: not whole words
 ]
 
 
@@ -203,14 +224,15 @@ def test_model_size_elementwise_at_every_class(device):
     for shape in ([1, 64, 56, 56], [1, 63, 55, 57]):
         tail = int(np.prod(shape) % 16 != 0)
         _run(device, "add", {"self": shape, "other": shape, "alpha": 1.0}, {n: BUF_WP for n in ("self", "other", "out")},
-             {"a_class": 1, "b_class": 1, "tail": tail, "ragged": int(shape[-1] % 4 != 0)})
+             {"a_class": 1, "b_class": 1, "tail": tail, "ragged": int(shape[-1] % 4 != 0),
+              "rows4": int(shape[-1] % 4 == 0 and np.prod(shape[:-1]) % 4 == 0)})
         _run(device, "relu", {"self": shape}, {"self": TEX_CP, "out": TEX_CP},
-             {"tail": shape[-1] % 2, "ragged": int(shape[1] % 4 != 0)})
+             {"tail": int(shape[-1] % 4 != 0), "ragged": int(shape[1] % 4 != 0)})
 
 
 def test_grid_covers_every_unit_once(device):
-    """A span variant launches ceil(words / 16) invocations on a buffer and ceil(x / 2) per row of
-    a texture; a variant without span one per unit."""
+    """A span variant launches ceil(words / 16) invocations on a buffer and ceil(x / span) per row
+    of a texture (relu: 4 texels); a variant without span one per unit."""
     t = VkTensor(device, (3, 5, 7), "float32", Storage.BUFFER, Layout.WIDTH_PACKED, allocate=False)
     tex = VkTensor(device, (2, 5, 3, 7), "float32", Storage.TEXTURE_3D, Layout.CHANNELS_PACKED, allocate=False)
     try:
@@ -218,7 +240,7 @@ def test_grid_covers_every_unit_once(device):
         vt = next(VARIANTS[n] for n in OPS["relu"].variants if dict(VARIANTS[n].axes)["storage"] == "texture3d")
         assert invocations(vb, t) == -(-105 // 16)
         x, y, z = tex.extents
-        assert invocations(vt, tex) == -(-x // 2) * y * z
+        assert vt.span == 4 and invocations(vt, tex) == -(-x // 4) * y * z
         permute = next(v for v in VARIANTS.values() if v.op == "permute_copy")
         assert permute.span == 1 and invocations(permute, t) == t.units
     finally:

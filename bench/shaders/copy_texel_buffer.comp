@@ -1,0 +1,23 @@
+#version 450
+// Ceiling kernel: an rgba32f 3-D image -> buffer copy, texel i (x fastest, then y, then z) to vec4
+// word i, `per_invocation` texels of one row per invocation: what any texture -> buffer
+// transition must at least do, with no re-layout.
+layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
+layout(constant_id = 3) const int per_invocation = 1;
+layout(set = 0, binding = 0) writeonly buffer Out { vec4 v[]; } t_out;
+layout(set = 0, binding = 1, rgba32f) uniform readonly image3D t_self;
+layout(push_constant) uniform PushConstants { ivec4 extents; int units; } pc;
+
+void main() {
+  int u = int(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x);
+  if (u >= pc.units) { return; }
+  int chunks = (pc.extents.x + per_invocation - 1) / per_invocation;
+  int row = u / chunks;
+  ivec3 pos = ivec3((u - row * chunks) * per_invocation, row % pc.extents.y, row / pc.extents.y);
+  int word = row * pc.extents.x + pos.x;
+  for (int k = 0; k < per_invocation; ++k) {
+    if (pos.x < pc.extents.x) { t_out.v[word] = imageLoad(t_self, pos); }
+    pos.x += 1;
+    word += 1;
+  }
+}
