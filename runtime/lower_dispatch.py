@@ -59,6 +59,9 @@ class _SpecFacts:
     def present(self, name: str) -> bool:
         return name in self.slot_reprs and hasattr(self.node.value(name), "shape")
 
+    def value(self, name: str):
+        return self.node.value(name)
+
     def repr(self, name: str):
         return self.slot_reprs[name]
 

@@ -269,6 +269,8 @@ class SpecFacts(Protocol):
 
     def shape(self, name: str) -> tuple[int, ...]: ...
 
+    def value(self, name: str): ...  # a non-tensor argument's value (permute's dims)
+
     def present(self, name: str) -> bool: ...
 
     def repr(self, name: str):  # the planned representation: `.storage` and `.layout`
@@ -419,6 +421,60 @@ def _float_index(facts: SpecFacts, p: dict) -> int:
     sizes = _whcn_of(facts, p["float_index"])
     per = max(int(p["per"]), 1)
     return int(sizes[0] * sizes[1] * sizes[2] * sizes[3] // per < FLOAT_INDEX_LIMIT)
+
+
+def _whole_words(size: int, one_per_word: bool) -> int:
+    """packed_permute / packed_select on buffers: 2 when a packed size of `size` makes whole rows of
+    16 words (an invocation's span lies in one row), 1 whole vec4 words, 0 neither."""
+    if not one_per_word or size % 4:
+        return 0
+    return 2 if size % 16 == 0 else 1
+
+
+@_spec_rule("packed_permute", 0, required=("of",), tensor_params=("packed_permute", "of"))
+def _packed_permute(facts: SpecFacts, p: dict) -> int:
+    """1 when permute's `dims` take `of`'s packed dim to tensor `packed_permute`'s packed dim and
+    both lie in textures, or both in buffers with one element per word whose packed size is a
+    multiple of 4: each texel or vec4 word of `of` is then one texel or vec4 word of the other,
+    4 elements along each packed dim (permute.glsl.j2 moves units whole); 2 for buffers whose
+    packed size is a multiple of 16 (16 words of a row at once)."""
+    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+
+    from .hooks import _whcn_permutation8
+
+    a, b = p["packed_permute"], p["of"]
+    ra, rb = facts.repr(a), facts.repr(b)
+    ia, ib = LAYOUT_INFO[ra.layout], LAYOUT_INFO[rb.layout]
+    a_image, b_image = STORAGE_INFO[ra.storage].is_image, STORAGE_INFO[rb.storage].is_image
+    if a_image != b_image or ia.family != "float" or ib.family != "float":
+        return 0
+    if _whcn_permutation8(facts)[ib.packed_dim] != ia.packed_dim:
+        return 0
+    if a_image:
+        return 1
+    return _whole_words(_whcn_of(facts, b)[ib.packed_dim], ia.buffer_block == 1 and ib.buffer_block == 1)
+
+
+@_spec_rule("packed_select", 0, required=("of",), tensor_params=("packed_select", "of"))
+def _packed_select(facts: SpecFacts, p: dict) -> int:
+    """1 when select's removed `dim` lies above the packed dim of tensor `packed_select` (its WHCN
+    lane is higher; `of`, one rank less, shares the layout) and both are textures, or buffers
+    with one element per word whose packed size is a multiple of 4: each texel or vec4 word of
+    `of` is then one texel or vec4 word of the other (select.glsl.j2 moves units whole); 2 for
+    buffers whose packed size is a multiple of 16 (16 words of a row at once)."""
+    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+
+    a, b = p["packed_select"], p["of"]
+    ra, rb = facts.repr(a), facts.repr(b)
+    ia = LAYOUT_INFO[ra.layout]
+    if (ra.storage, ra.layout) != (rb.storage, rb.layout) or ia.family != "float":
+        return 0
+    rank = len(facts.shape(a))
+    if rank == 0 or rank - 1 - facts.value("dim") % rank <= ia.packed_dim:
+        return 0
+    if STORAGE_INFO[ra.storage].is_image:
+        return 1
+    return _whole_words(_whcn_of(facts, b)[ia.packed_dim], ia.buffer_block == 1)
 
 
 @_spec_rule("units_tail", 1, tensor_params=("units_tail",))

@@ -53,6 +53,17 @@ void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 // ---- element access for 'self' (buffer) ----
 #line 42
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 5) const int units_match = 0;  // packed_permute
+#line 75
+layout(constant_id = 6) const int tail = 1;  // units_tail
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 81
+const int tf_span = 2;
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
 #line 7 "shaders/_lead.glsl.j2"
 void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
@@ -83,8 +94,9 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
   s[7] = 1;
 }
 
-#line 29 "shaders/permute.glsl.j2"
-T compute_out(ivec4 idx) {
+// Self's index of out's element at `idx`: out[o] = self[i] with i[p[d]] = o[d] over 8 lanes.
+#line 41 "shaders/permute.glsl.j2"
+ivec4 self_index(ivec4 idx) {
   int o[8];
   tf_unfold8(idx, pc.out_lead, o);
   int s[8];
@@ -92,23 +104,36 @@ T compute_out(ivec4 idx) {
     s[pc.permute_dims[d]] = o[d];
     s[pc.permute_dims_hi[d]] = o[4 + d];
   }
-  return load_self(tf_fold8(s, pc.self_lead));
+  return tf_fold8(s, pc.self_lead);
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
-void main() {
-  int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 18
-  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
+
+#line 55 "shaders/_unit_moves.glsl.j2"
+void unit_texel(ivec3 pos) {
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);
   for (int k = 0; k < 4; ++k) {
     ivec4 e = idx;
     e[pd] += k;
-    if (tf_in_bounds(e, pc.out_sizes)) { r[k] = compute_out(e); }
+    if (tf_in_bounds(e, pc.out_sizes)) { r[k] = load_self(self_index(e)); }
   }
   store_texel_out(pos, r);
-#line 29
+}
+
+#line 50 "shaders/_span_main.glsl.j2"
+void main() {
+  int u = tf_unit_id();
+  ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
+  int chunks = (e.x + tf_span - 1) / tf_span;
+  int row = u / chunks;
+  if (row >= e.y * e.z) { return; }
+  ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(pos, tail == 0 ? tf_span : min(tf_span, e.x - pos.x)); return; }
+#endif
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || pos.x < e.x) { unit_texel(pos); }
+    pos.x += 1;
+  }
 }

@@ -51,6 +51,17 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'self' (buffer) ----
 #line 42
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 5) const int units_match = 0;  // packed_select
+#line 75
+layout(constant_id = 6) const int tail = 1;  // units_tail
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 81
+const int tf_span = 16;
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
 #line 7 "shaders/_lead.glsl.j2"
 void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
@@ -81,22 +92,116 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
   s[7] = 1;
 }
 
-#line 18 "shaders/select.glsl.j2"
-T compute_out(ivec4 idx) {
+// Self's index of out's element at `idx`: the removed lane put back at select_index.
+#line 29 "shaders/select.glsl.j2"
+ivec4 self_index(ivec4 idx) {
   int o[8];
   tf_unfold8(idx, pc.out_lead, o);
   int e[8];
   for (int k = 0; k < 8; ++k) {
     e[k] = k < pc.select_dim ? o[k] : k == pc.select_dim ? pc.select_index : o[k - 1];
   }
-  return load_self(tf_fold8(e, pc.self_lead));
+  return tf_fold8(e, pc.self_lead);
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
+// vec4 views of the buffer bindings (aliases of the same descriptors).
+#line 8 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
+#line 8
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
+
+#line 12 "shaders/_unit_moves.glsl.j2"
+const bool vec4_path = false;  // whole units go through the block path below
+void unit_vec4(int k) {}
+
+#line 16
+#define TF_BLOCK_PATH (units_match != 0)
+// Out's words 16u .. 16u + 15 as vec4 words, each the vec4 word of self holding the same elements.
+void unit_block(int u) {
+  if (units_match == 2) {
+    int k = tf_buffer_word_lane(self_index(tf_buffer_word_to_idx(16 * u, pc.out_sizes, out_layout)),
+                                pc.self_sizes, self_layout).x / 4;
+#line 23
+    t4_out[4 * u + 0] = t4_self[k + 0];
+#line 23
+    t4_out[4 * u + 1] = t4_self[k + 1];
+#line 23
+    t4_out[4 * u + 2] = t4_self[k + 2];
+#line 23
+    t4_out[4 * u + 3] = t4_self[k + 3];
+#line 25
+    return;
+  }
+#line 28
+  if (tail == 0 || 16 * u + 0 < pc.units) {
+    ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 0, pc.out_sizes, out_layout));
+    t4_out[4 * u + 0] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
+  }
+#line 28
+  if (tail == 0 || 16 * u + 4 < pc.units) {
+    ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 4, pc.out_sizes, out_layout));
+    t4_out[4 * u + 1] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
+  }
+#line 28
+  if (tail == 0 || 16 * u + 8 < pc.units) {
+    ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 8, pc.out_sizes, out_layout));
+    t4_out[4 * u + 2] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
+  }
+#line 28
+  if (tail == 0 || 16 * u + 12 < pc.units) {
+    ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 12, pc.out_sizes, out_layout));
+    t4_out[4 * u + 3] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
+  }
+#line 33
+}
+
+#line 36
+void unit_word(int w) {
+  t_out[w] = (load_self(self_index(tf_buffer_word_to_idx(w, pc.out_sizes, out_layout))));
+}
+
+#line 17 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 16
-  t_out[u] = compute_out(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout));
-#line 29
+  int first = u * tf_span;
+  if (first >= pc.units) { return; }
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(u); return; }
+#endif
+  // unrolled below: a rolled loop costs lavapipe mask bookkeeping per trip
+  if (vec4_path) {  // (tested once: glslc's optimizer fails on a second test of this spec expression)
+    if (tail == 0) {
+      // Interleaved: invocation u takes vec4 words u, u + g, u + 2g, ... (g = units / span
+      // invocations), so one access's SIMD lanes touch neighbouring vec4 words, not words a span
+      // apart (on lavapipe: the trivial copy with 4 vec4s per invocation moves 8-9% more this way).
+      int g = pc.units / tf_span;
+#line 32
+      unit_vec4(u + 0 * g);
+#line 32
+      unit_vec4(u + 1 * g);
+#line 32
+      unit_vec4(u + 2 * g);
+#line 32
+      unit_vec4(u + 3 * g);
+#line 34
+      return;
+    }
+    // A partial span somewhere: invocation u's own words, as vec4s where its span is whole (on
+    // lavapipe a runtime guard on interleaved words measured 25-30% slower than this).
+    if (first + tf_span <= pc.units) {
+      int k = u * (tf_span / 4);
+#line 41
+      unit_vec4(k + 0);
+#line 41
+      unit_vec4(k + 1);
+#line 41
+      unit_vec4(k + 2);
+#line 41
+      unit_vec4(k + 3);
+#line 43
+      return;
+    }
+  }
+  int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);
+  for (int w = first; w < last; ++w) { unit_word(w); }
 }

@@ -114,6 +114,14 @@ CASES = [
     # buffers with whole spans interleave vec4 words across the invocations (word u + j * g)
     ("sigmoid-buffer-interleaved", "sigmoid", {"self": [3, 16, 32]}, BUF_WP,
      {"tail": 0, "ragged": 0}),
+    # select: `units_match` when the removed dim lies above the packed one (whole texels / vec4 words)
+    ("select-qkv-units", "select", {"self": [3, 1, 2, 7, 8], "dim": 0, "index": 1}, BUF_WP, {"units_match": 1, "tail": 0}),
+    ("select-qkv-rows-of-16", "select", {"self": [3, 1, 2, 5, 16], "dim": 0, "index": 2}, BUF_WP, {"units_match": 2, "tail": 0}),
+    ("select-units-partial-span", "select", {"self": [2, 3, 1, 4], "dim": 1, "index": 0}, BUF_WP, {"units_match": 1, "tail": 1}),
+    ("select-texture-units", "select", {"self": [2, 6, 5, 3], "dim": 2, "index": -2}, TEX_WP, {"units_match": 1, "tail": 1}),
+    ("select-texture-cp-units", "select", {"self": [2, 6, 5, 3], "dim": 0, "index": 1}, TEX_CP, {"units_match": 1, "tail": 1}),
+    ("select-packed-dim", "select", {"self": [2, 3, 5, 7], "dim": 3, "index": 4}, BUF_WP, {"units_match": 0, "tail": 1}),
+    ("select-buffer-ragged-row", "select", {"self": [2, 3, 5, 7], "dim": 1, "index": 2}, BUF_WP, {"units_match": 0, "tail": 1}),
     # copies
     ("clone-buffer", "clone", {"self": [2, 3, 5, 7]}, BUF_CP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
     ("clone-texture", "clone", {"self": [2, 5, 3, 7]}, TEX_CP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
@@ -156,6 +164,22 @@ TRANSITIONS = [
      {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
     ("rank5-buffer-cp-to-wp", [2, 1, 3, 4, 8], BUF_CP, BUF_WP,
      {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 0, "findex": 1}),  # C = 3: not whole words
+]
+
+# permute between two representations: (id, shape, dims, in repr, out repr, expected classes)
+PERMUTES = [
+    # `units_match`: dims take out's packed dim to self's, so texels / vec4 words move whole
+    ("convnext-nchw-to-nhwc-textures", [1, 6, 3, 5], [0, 2, 3, 1], TEX_CP, TEX_WP, {"units_match": 1, "tail": 0}),
+    ("convnext-nhwc-to-nchw-textures", [2, 3, 5, 7], [0, 3, 1, 2], TEX_WP, TEX_CP, {"units_match": 1, "tail": 1}),
+    ("vit-head-transpose-buffers", [1, 3, 5, 8], [0, 2, 1, 3], BUF_WP, BUF_WP, {"units_match": 1, "tail": 1}),
+    ("vit-head-transpose-rows-of-16", [1, 3, 5, 16], [0, 2, 1, 3], BUF_WP, BUF_WP, {"units_match": 2, "tail": 0}),
+    ("vit-qkv-rank5-buffers", [1, 5, 3, 2, 8], [2, 0, 3, 1, 4], BUF_WP, BUF_WP, {"units_match": 1, "tail": 0}),
+    ("wp-buffer-to-nhwc-buffer", [2, 3, 5, 4], [0, 3, 1, 2], BUF_WP, BUF_CP, {"units_match": 1, "tail": 1}),
+    # the element path: the packed dim moves, a buffer row not whole vec4 words, or mixed storages
+    ("textures-packed-dim-moves", [2, 3, 5, 7], [0, 2, 3, 1], TEX_WP, TEX_WP, {"units_match": 0, "tail": 1}),
+    ("buffer-kept-dim-ragged", [2, 3, 5, 7], [0, 2, 1, 3], BUF_WP, BUF_WP, {"units_match": 0, "tail": 1}),
+    ("rank5-buffer-kept-dim-ragged", [1, 5, 3, 2, 7], [2, 0, 3, 1, 4], BUF_WP, BUF_WP, {"units_match": 0, "tail": 1}),
+    ("buffer-to-texture", [1, 6, 3, 4], [0, 2, 3, 1], BUF_CP, TEX_WP, {"units_match": 0, "tail": 0}),
 ]
 
 
@@ -218,6 +242,12 @@ def test_to_layout_shape_classes(device, case):
     _run(device, "to_layout", {"self": shape}, {"self": r_in, "out": r_out}, expected)
 
 
+@pytest.mark.parametrize("case", PERMUTES, ids=[c[0] for c in PERMUTES])
+def test_permute_shape_classes(device, case):
+    _, shape, dims, r_in, r_out, expected = case
+    _run(device, "permute_copy", {"self": shape, "dims": dims}, {"self": r_in, "out": r_out}, expected)
+
+
 def test_model_size_elementwise_at_every_class(device):
     """A ResNet stage's add (64 x 56 x 56, whole spans) and an odd one (63 x 55 x 57): direct on
     buffers and textures, with NaN / Inf, beside the general path."""
@@ -241,8 +271,8 @@ def test_grid_covers_every_unit_once(device):
         assert invocations(vb, t) == -(-105 // 16)
         x, y, z = tex.extents
         assert vt.span == 4 and invocations(vt, tex) == -(-x // 4) * y * z
-        permute = next(v for v in VARIANTS.values() if v.op == "permute_copy")
-        assert permute.span == 1 and invocations(permute, t) == t.units
+        single = next(v for v in VARIANTS.values() if v.op == "slice")
+        assert single.span == 1 and invocations(single, t) == t.units
     finally:
         t.close(), tex.close()
 
