@@ -276,6 +276,29 @@ def _copy_cases(quick: bool) -> list[Case]:
                             (buf_wp, buf_cp), (buf_cp, buf_wp)):
             cases.append(Case(f"to_layout {_short(r_in.storage, r_in.layout)} -> {_short(r_out.storage, r_out.layout)}",
                               label, node("to_layout", shape, r_in, r_out), _nbytes(shape, shape)))
+
+    # index-mapping copies of the zoo's models, at their sizes (whole units where the packed dim maps through)
+    def mapped(op, shape, args, want_fn, r_in, r_out):
+        def build(device):
+            x = np.random.default_rng(1).standard_normal(shape, dtype=np.float32)
+            want = np.ascontiguousarray(want_fn(x))
+            return NodeRunner(device, op, {"self": x, **args}, want.shape, {"self": r_in, "out": r_out}, want)
+        out_shape = want_fn(np.empty(shape, np.float32)).shape
+        return build, _nbytes(out_shape, out_shape)
+
+    for name, op, shape, args, fn, r_in, r_out in (
+            ("permute (ViT-S heads, 0 2 1 3)", "permute_copy", (1, 6, 197, 64), {"dims": [0, 2, 1, 3]},
+             lambda x: x.transpose(0, 2, 1, 3), buf_wp, buf_wp),
+            ("permute (ViT-S qkv, 2 0 3 1 4)", "permute_copy", (1, 197, 3, 6, 64), {"dims": [2, 0, 3, 1, 4]},
+             lambda x: x.transpose(2, 0, 3, 1, 4), buf_wp, buf_wp),
+            ("select (ViT-S q of qkv)", "select", (3, 1, 6, 197, 64), {"dim": 0, "index": 0}, lambda x: x[0],
+             buf_wp, buf_wp),
+            ("permute (ConvNeXt NCHW -> NHWC)", "permute_copy", (1, 40, 56, 56), {"dims": [0, 2, 3, 1]},
+             lambda x: x.transpose(0, 2, 3, 1), tex_cp, tex_wp)):
+        if quick:
+            continue
+        build, nbytes = mapped(op, shape, args, fn, r_in, r_out)
+        cases.append(Case(name, "x".join(map(str, shape)), build, nbytes))
     return cases
 
 
