@@ -62,7 +62,7 @@ def test_reflection_lists_each_shape_class_with_its_rule_and_general_default():
         assert s.default == SPEC_RULES[s.rule].general
     ids = [s.id for s in add.spec_constants]
     assert ids == list(range(len(ids)))  # layouts first (3, 4, 5), then the classes
-    assert add.span == 16 and VARIANTS["add_float32_texture3d"].span == 2
+    assert add.span == 16 and VARIANTS["add_float32_texture3d"].span == 4
     assert VARIANTS["clone_float32_buffer"].span == 16
     # templates without a contract `spec` keep one unit per invocation and no classes
     conv = next(v for v in VARIANTS.values() if v.op == "conv2d")
