@@ -450,8 +450,8 @@ def _packed_permute(facts: SpecFacts, p: dict) -> int:
         return 0
     if _whcn_permutation8(facts)[ib.packed_dim] != ia.packed_dim:
         return 0
-    if a_image:
-        return 1
+    if a_image:  # textures: rank <= 4 too, so the kernel's index needs no leading dims
+        return int(len(facts.shape(a)) <= 4)
     return _whole_words(_whcn_of(facts, b)[ib.packed_dim], ia.buffer_block == 1 and ib.buffer_block == 1)
 
 

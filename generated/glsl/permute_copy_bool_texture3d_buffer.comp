@@ -113,12 +113,12 @@ ivec4 self_index(ivec4 idx) {
 #line 8 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
 
-#line 12 "shaders/_unit_moves.glsl.j2"
+#line 13 "shaders/_unit_moves.glsl.j2"
 const bool vec4_path = false;  // whole units go through the block path below
 void unit_vec4(int k) {}
 
 
-#line 36
+#line 37
 void unit_word(int w) {
   t_out[w] = (load_self(self_index(tf_buffer_word_to_idx(w, pc.out_sizes, out_layout))));
 }

@@ -111,21 +111,32 @@ ivec4 self_index(ivec4 idx) {
   return tf_fold8(s, pc.self_lead);
 }
 
-#line 41 "shaders/_unit_moves.glsl.j2"
+// self_index for `units_match` between textures, which hold rank <= 4 there (rule packed_permute):
+// no leading dims to unfold, and self's lane k is out's lane d with permute_dims[d] == k, taken by
+// compares on the uniform permutation instead of an array indexed per invocation (which lavapipe
+// keeps in memory, lane by lane).
+#line 57
+ivec4 unit_index(ivec4 idx) {
+  ivec4 i = ivec4(0);
+  for (int d = 0; d < 4; ++d) { i += idx[d] * ivec4(equal(ivec4(pc.permute_dims[d]), ivec4(0, 1, 2, 3))); }
+  return i;
+}
+
+#line 42 "shaders/_unit_moves.glsl.j2"
 #define TF_BLOCK_PATH (units_match != 0)
 // Out's texels from pos along the row (the first `count` inside it), each the texel of self
 // holding the same 4 elements (padding lanes map to padding lanes).
 void unit_block(ivec3 pos, int count) {
   for (int k = 0; k < tf_span; ++k) {
     if (tail == 0 || k < count) {
-      ivec4 i = self_index(tf_texel_to_idx(pos, pc.out_sizes, out_layout));
+      ivec4 i = unit_index(tf_texel_to_idx(pos, pc.out_sizes, out_layout));
       store_texel_out(pos, load_texel_self(tf_texel_pos_lane(i, pc.self_sizes, self_layout).xyz));
     }
     pos.x += 1;
   }
 }
 
-#line 55
+#line 56
 void unit_texel(ivec3 pos) {
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);

@@ -107,8 +107,19 @@ ivec4 self_index(ivec4 idx) {
   return tf_fold8(s, pc.self_lead);
 }
 
+// self_index for `units_match` between textures, which hold rank <= 4 there (rule packed_permute):
+// no leading dims to unfold, and self's lane k is out's lane d with permute_dims[d] == k, taken by
+// compares on the uniform permutation instead of an array indexed per invocation (which lavapipe
+// keeps in memory, lane by lane).
+#line 57
+ivec4 unit_index(ivec4 idx) {
+  ivec4 i = ivec4(0);
+  for (int d = 0; d < 4; ++d) { i += idx[d] * ivec4(equal(ivec4(pc.permute_dims[d]), ivec4(0, 1, 2, 3))); }
+  return i;
+}
 
-#line 55 "shaders/_unit_moves.glsl.j2"
+
+#line 56 "shaders/_unit_moves.glsl.j2"
 void unit_texel(ivec3 pos) {
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);

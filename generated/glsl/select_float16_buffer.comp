@@ -114,52 +114,52 @@ layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[
 #line 8
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
 
-#line 12 "shaders/_unit_moves.glsl.j2"
+#line 13 "shaders/_unit_moves.glsl.j2"
 const bool vec4_path = false;  // whole units go through the block path below
 void unit_vec4(int k) {}
 
-#line 16
+#line 17
 #define TF_BLOCK_PATH (units_match != 0)
 // Out's words 16u .. 16u + 15 as vec4 words, each the vec4 word of self holding the same elements.
 void unit_block(int u) {
   if (units_match == 2) {
     int k = tf_buffer_word_lane(self_index(tf_buffer_word_to_idx(16 * u, pc.out_sizes, out_layout)),
                                 pc.self_sizes, self_layout).x / 4;
-#line 23
+#line 24
     t4_out[4 * u + 0] = t4_self[k + 0];
-#line 23
+#line 24
     t4_out[4 * u + 1] = t4_self[k + 1];
-#line 23
+#line 24
     t4_out[4 * u + 2] = t4_self[k + 2];
-#line 23
+#line 24
     t4_out[4 * u + 3] = t4_self[k + 3];
-#line 25
+#line 26
     return;
   }
-#line 28
+#line 29
   if (tail == 0 || 16 * u + 0 < pc.units) {
     ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 0, pc.out_sizes, out_layout));
     t4_out[4 * u + 0] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
   }
-#line 28
+#line 29
   if (tail == 0 || 16 * u + 4 < pc.units) {
     ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 4, pc.out_sizes, out_layout));
     t4_out[4 * u + 1] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
   }
-#line 28
+#line 29
   if (tail == 0 || 16 * u + 8 < pc.units) {
     ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 8, pc.out_sizes, out_layout));
     t4_out[4 * u + 2] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
   }
-#line 28
+#line 29
   if (tail == 0 || 16 * u + 12 < pc.units) {
     ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 12, pc.out_sizes, out_layout));
     t4_out[4 * u + 3] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
   }
-#line 33
+#line 34
 }
 
-#line 36
+#line 37
 void unit_word(int w) {
   t_out[w] = float16_t(load_self(self_index(tf_buffer_word_to_idx(w, pc.out_sizes, out_layout))));
 }
