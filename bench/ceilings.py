@@ -189,8 +189,8 @@ def copy_probe(device, nbytes: int, config: CopyConfig, shape: tuple[int, ...] |
     """A trivial copy moving about `nbytes` (half read, half written), or of a tensor of `shape`
     (a buffer's element count a multiple of 4); its result is checked once."""
     if config.storage in MIXED:
-        pass
-    elif config.storage == "buffer":
+        return _mixed_copy_probe(device, nbytes, config)
+    if config.storage == "buffer":
         shape = shape or (max(4, nbytes // 8 // 4 * 4),)
         layout, storage = Layout.WIDTH_PACKED, Storage.BUFFER
         if int(np.prod(shape)) % 4:
@@ -199,8 +199,6 @@ def copy_probe(device, nbytes: int, config: CopyConfig, shape: tuple[int, ...] |
     else:
         shape = shape or _texture_shape(max(1, nbytes // 32))
         layout, storage = Layout.CHANNELS_PACKED, Storage.TEXTURE_3D
-    if config.storage in MIXED:
-        return _mixed_copy_probe(device, nbytes, config)
     x = np.random.default_rng(0).standard_normal(shape, dtype=np.float32)
     src = VkTensor(device, shape, "float32", storage, layout, label="self")
     dst = VkTensor(device, shape, "float32", storage, layout, label="out")
@@ -378,7 +376,7 @@ def main(argv=None) -> None:
               f"- GPU timestamps, median of {reps} runs; load average {os.getloadavg()[0]:.1f} (other processes "
               "on the same cores lower every figure)\n")
         print("| storage | bytes moved | best trivial copy | GB/s |\n|---|---:|---|---:|")
-        for storage in ("buffer", "texture3d"):
+        for storage in ("buffer", "texture3d", *MIXED):
             for nbytes in sizes:
                 cands = copy_candidates(device, nbytes, storage, reps)
                 best = max(cands, key=lambda r: r.gbps)

@@ -3,9 +3,9 @@
 Memory-bound kernels (elementwise, unary, identity copies, to_layout) are reported as a fraction of
 the trivial copy kernel's bandwidth (bench/ceilings.py) for the same bytes moved on the same
 storage (a transition between a buffer and a texture: the trivial copy between the two, since on
-lavapipe a texture store costs about three times a texture load); compute-bound ones (mm, the ViT-S/16 linears, ResNet-18 / MobileNetV3 convs, sdpa) as a
-fraction of the trivial FMA kernel's GFLOP/s, and of their roofline bound max(FLOPs / FMA peak,
-bytes / copy bandwidth). Every time is a GPU timestamp (`profile()`), and each kernel's samples
+lavapipe a texture store costs about three times a texture load); compute-bound ones (mm, the
+ViT-S/16 linears, ResNet-18 / MobileNetV3 convs, sdpa) as a fraction of the trivial FMA kernel's
+GFLOP/s, and of their roofline bound max(FLOPs / FMA peak, bytes / copy bandwidth). Every time is a GPU timestamp (`profile()`), and each kernel's samples
 alternate with its ceiling's, call by call, so load from other processes hits both alike.
 
 Kernels are built the way models run them: a tiny torch module through `texelflow.compile` (the

@@ -414,10 +414,10 @@ def _row_groups(facts: SpecFacts, p: dict) -> int:
 @_spec_rule("float_index", 0, required=("per",), tensor_params=("float_index",))
 def _float_index(facts: SpecFacts, p: dict) -> int:
     """1 when the tensor's elements divided by `per` (the elements each index a kernel divides
-    counts: 1 for an element index, 16 for one index per 4 x 4 block) are fewer than 2^22: such an index and
-    its quotients are exact in float32 and a float quotient (2.5 ulp in Vulkan) is off by less than
-    one, so indexing.glslh tf_divmod may divide through it, corrected by one step, which lavapipe
-    vectorises, instead of an integer division, which it runs lane by lane."""
+    counts: 1 for an element index, 16 for one index per 4 x 4 block) are fewer than 2^22: such
+    an index and its quotients are exact in float32 and a float quotient (2.5 ulp in Vulkan) is
+    off by less than one, so indexing.glslh tf_divmod may divide through it, corrected by one
+    step, which lavapipe vectorises, instead of an integer division, which it runs lane by lane."""
     sizes = _whcn_of(facts, p["float_index"])
     per = max(int(p["per"]), 1)
     return int(sizes[0] * sizes[1] * sizes[2] * sizes[3] // per < FLOAT_INDEX_LIMIT)
@@ -434,8 +434,8 @@ def _whole_words(size: int, one_per_word: bool) -> int:
 @_spec_rule("packed_permute", 0, required=("of",), tensor_params=("packed_permute", "of"))
 def _packed_permute(facts: SpecFacts, p: dict) -> int:
     """1 when permute's `dims` take `of`'s packed dim to tensor `packed_permute`'s packed dim and
-    both lie in textures, or both in buffers with one element per word whose packed size is a
-    multiple of 4: each texel or vec4 word of `of` is then one texel or vec4 word of the other,
+    both lie in textures (rank <= 4: permute.glsl.j2's texel index has no leading dims), or both in
+    buffers with one element per word whose packed size is a multiple of 4: each texel or vec4 word of `of` is then one texel or vec4 word of the other,
     4 elements along each packed dim (permute.glsl.j2 moves units whole); 2 for buffers whose
     packed size is a multiple of 16 (16 words of a row at once)."""
     from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
