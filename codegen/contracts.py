@@ -8,7 +8,9 @@ A template opens with a YAML block in a jinja comment:
     weights: [weight]                   tensors that must be prepacked constants
     checks: [{rank: {input: [4]}}]      node checks (shaders/node_rules.py CHECK_RULES)
     push: {groups: arg, tile: int}      push constants: a derivation, or a type the op must derive
-    grid: {per_list_element: tensors}   dispatches: one per output unit (default) or per list item;
+    grid: {per_list_element: tensors}   dispatches: one per output unit (default) or per list item
+                                        (`element_units: NAME`: an element whose spec constant NAME
+                                        is nonzero runs over its own units, not all of out's);
                                         {per_row: out}: one invocation per W-row of a tensor;
                                         {cooperative: out, invocations: 8}: 8 invocations of one
                                         workgroup per unit of a tensor (shared-memory reductions);
@@ -74,12 +76,15 @@ def parse_contract(text: str, file: str, out: Collector) -> Contract:
     if grid is not None and grid != "per_output_unit":
         g = c.mapping(grid, data.line_of("grid"), "contract grid")
         if g is not None and not _valid_grid(g):
-            c.error(data.line_of("grid"), "contract grid must be per_output_unit, {per_list_element: LIST_ARG}, "
+            c.error(data.line_of("grid"), "contract grid must be per_output_unit, {per_list_element: LIST_ARG[, element_units: SPEC]}, "
                     "{per_row: TENSOR}, {cooperative: TENSOR, invocations: N} (N in "
                     f"{', '.join(map(str, COOPERATIVE_INVOCATIONS))}) or "
                     "{per_tile: TENSOR, width: W, height: H} (W, H positive)")
     if "spec" in data:
         _check_spec(c, data)
+    units = grid.get("element_units") if isinstance(grid, dict) else None
+    if units is not None and units not in (data.get("spec") or {}):
+        c.error(data.line_of("grid"), f"contract grid: element_units '{units}' is not a spec constant of the template")
     if "span" in data:
         span = c.mapping(data["span"], data.line_of("span"), "contract span")
         for axis, n in (span or {}).items():
@@ -154,6 +159,8 @@ def _valid_grid(g) -> bool:
     if set(g) == {"per_tile", "width", "height"}:
         sizes = (g["width"], g["height"])
         return isinstance(g["per_tile"], str) and all(isinstance(v, int) and v > 0 for v in sizes)
+    if "per_list_element" in g and set(g) <= {"per_list_element", "element_units"}:
+        return all(isinstance(v, str) for v in g.values())
     return len(g) == 1 and list(g)[0] in GRIDS[1:3] and isinstance(next(iter(g.values())), str)
 
 

@@ -314,7 +314,7 @@ class _Context:
                     c.error(b.line_of("shader"), f"{where}: template '{shader.template}' dispatches per unit of "
                             f"'{grid[1]}', which is not a tensor of the op ({contract.file}:{contract.line_of('grid')})")
             elif isinstance(g, dict):
-                grid = ("per_list_element", str(g["per_list_element"]))
+                grid = ("per_list_element", str(g["per_list_element"]), g.get("element_units"))
                 if not any(a.name == grid[1] and a.kind == "tensor_list" for a in args):
                     c.error(b.line_of("shader"), f"{where}: template '{shader.template}' dispatches per element of "
                             f"the tensor list '{grid[1]}', which the op does not have ({contract.file}:"

@@ -744,7 +744,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('rank', (('rank', (('out', (0, 1, 2, 3, 4, 5, 6, 7)),)),)),
         ),
-        grid=('per_list_element', 'tensors'),
+        grid=('per_list_element', 'tensors', 'whole'),
         template='cat',
         shader_axes=('dtype', 'storage'),
         variants=(

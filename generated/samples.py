@@ -230,6 +230,8 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'dim': 2, 'tensors': ((2, 3, 1, 2, 5), (2, 3, 2, 2, 5))},
         {'dim': -5, 'tensors': ((2, 1, 3, 2, 1, 3), (2, 2, 3, 2, 1, 3))},
         {'dim': -1, 'tensors': ((2, 3, 2, 5, 7), (2, 3, 2, 5, 1))},
+        {'dim': 1, 'tensors': ((1, 4, 3, 5), (1, 8, 3, 5), (1, 3, 3, 5))},
+        {'dim': -1, 'tensors': ((2, 3, 4), (2, 3, 8), (2, 3, 1))},
     ),
     'ceil': (
         {'self': ()},
@@ -759,6 +761,10 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'eps': 1e-05, 'input': (2, 3, 6, 5), 'normalized_shape': (5,)},
         {'eps': 1e-05, 'input': (1, 5, 1, 9), 'normalized_shape': (9,), 'weight': (9,)},
         {'bias': (6,), 'eps': 1e-05, 'input': (6,), 'normalized_shape': (6,)},
+        {'bias': (8,), 'eps': 1e-05, 'input': (2, 3, 8), 'normalized_shape': (8,), 'weight': (8,)},
+        {'eps': 1e-05, 'input': (3, 4), 'normalized_shape': (4,)},
+        {'bias': (12,), 'eps': 0.001, 'input': (1, 2, 5, 12), 'normalized_shape': (12,)},
+        {'eps': 1e-05, 'input': (5, 16), 'normalized_shape': (16,), 'weight': (16,)},
     ),
     'le': (
         {'other': (2, 3, 5, 7), 'self': (2, 3, 5, 7)},
@@ -1167,6 +1173,10 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'eps': 1e-05, 'input': (2, 3, 6, 5), 'normalized_shape': (5,)},
         {'eps': 1e-05, 'input': (1, 5, 1, 9), 'normalized_shape': (9,), 'weight': (9,)},
         {'bias': (6,), 'eps': 1e-05, 'input': (6,), 'normalized_shape': (6,)},
+        {'bias': (8,), 'eps': 1e-05, 'input': (2, 3, 8), 'normalized_shape': (8,), 'weight': (8,)},
+        {'eps': 1e-05, 'input': (3, 4), 'normalized_shape': (4,)},
+        {'bias': (12,), 'eps': 0.001, 'input': (1, 2, 5, 12), 'normalized_shape': (12,)},
+        {'eps': 1e-05, 'input': (5, 16), 'normalized_shape': (16,), 'weight': (16,)},
     ),
     'ne': (
         {'other': (2, 3, 5, 7), 'self': (2, 3, 5, 7)},

@@ -4,7 +4,8 @@ Everything op-specific comes from the generated registry: the variant is chosen 
 dtype and the storage each binding must have (never by building a name); push constants are
 evaluated from their declared derivations (texelflow.shaders.node_rules); an absent optional
 tensor is bound as a 1-element dummy buffer; a template whose grid is `per_list_element` gets one
-dispatch per element of its tensor list, one whose grid is `per_row` one invocation per W-row of
+dispatch per element of its tensor list (over the element's own units where the grid's
+`element_units` shape class says so), one whose grid is `per_row` one invocation per W-row of
 the named tensor (H * C * N of its WHCN sizes) instead of one per output unit, one whose grid is
 `cooperative` that many invocations (of one workgroup) per unit of the named tensor, one whose
 grid is `per_tile` one invocation per width x height tile of each W-H plane of the named tensor.
@@ -50,8 +51,8 @@ class _SpecFacts:
     """What a shape-class rule sees of a node: its shapes, which tensors it has, the planned
     representation of each (slot_reprs) and the variant's span."""
 
-    def __init__(self, node, slot_reprs: dict, span: int):
-        self.node, self.slot_reprs, self.span = node, slot_reprs, span
+    def __init__(self, node, slot_reprs: dict, span: int, element: int | None = None):
+        self.node, self.slot_reprs, self.span, self.element = node, slot_reprs, span, element
 
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self.node.shape(name))
@@ -66,10 +67,12 @@ class _SpecFacts:
         return self.slot_reprs[name]
 
 
-def shape_classes(node, variant, slot_reprs: dict) -> dict:
-    """The variant's shape-class spec constants for this node: name -> value."""
+def shape_classes(node, variant, slot_reprs: dict, element: int | None = None) -> dict:
+    """The variant's shape-class spec constants for this node (for one element of its tensor
+    list, for a per-element dispatch): name -> value."""
     rules = [s for s in variant.spec_constants if getattr(s, "rule", None)]
-    return spec_values(_SpecFacts(node, slot_reprs, getattr(variant, "span", 1)), rules) if rules else {}
+    facts = _SpecFacts(node, slot_reprs, getattr(variant, "span", 1), element)
+    return spec_values(facts, rules) if rules else {}
 
 
 def select_variant(op_name: str, dtype: str, storages: dict[str, Storage], device_features=None,
@@ -112,12 +115,16 @@ def node_dispatches(node, slot_reprs: dict, dtype: str, device_features=None,
         if a.kind == "tensor" and a.optional and tensors.get(a.name) is None and a.name in bound:
             tensors[a.name] = DUMMY_BUFFER
     if op.grid[0] == "per_list_element":
-        name = op.grid[1]
+        _, name, element_units = op.grid
         specs = []
+        r = slot_reprs[name]
         for i, element in enumerate(node.value(name)):
             if element.numel:  # an empty element has nothing to write
+                spec = shape_classes(node, variant, slot_reprs, i)
+                own = element_units is not None and spec.get(element_units)  # its own units, not out's
+                units = geometry_units(element.shape, r.storage, r.layout) if own else None
                 specs.append(DispatchSpec(variant, {**tensors, name: element}, push_values(node, op.push, i),
-                                          f"{node.name}[{i}]"))
+                                          f"{node.name}[{i}]", units, spec))
         return specs
     units = None
     if op.grid[0] == "per_row":

@@ -266,6 +266,7 @@ def push_values(node: NodeFacts, pushes: Sequence, element: int | None = None) -
 # Dispatch) still computes the right thing.
 class SpecFacts(Protocol):
     span: int  # units of `out` each invocation handles (the variant's reflection)
+    element: int | None  # a per-element dispatch's index in its tensor list, else None
 
     def shape(self, name: str) -> tuple[int, ...]: ...
 
@@ -475,6 +476,40 @@ def _packed_select(facts: SpecFacts, p: dict) -> int:
     if STORAGE_INFO[ra.storage].is_image:
         return 1
     return _whole_words(_whcn_of(facts, b)[ia.packed_dim], ia.buffer_block == 1)
+
+
+@_spec_rule("list_units", 0, required=("of", "dim"), tensor_params=("list_units", "of"))
+def _list_units(facts: SpecFacts, p: dict) -> int:
+    """For one element of the tensor list `list_units` concatenated into `of` along torch dim
+    `dim` (a per-element dispatch: `facts.element` is its index): 1 when each unit (texel, or
+    buffer word of one element) of the element is one whole unit of `of`, at the element's index
+    moved along the cat dim by the sizes of the elements before it. That holds for rank <= 4 (no
+    leading dims), one float-family representation for both, and a cat dim that is not the
+    packed dim, or is with an offset that is a multiple of 4 and an element whose size along it
+    is too or that ends `of` (its padding lanes are `of`'s). The kernel then runs over the
+    element's units instead of all of `of`'s, with no read-back of `of`."""
+    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+
+    element = getattr(facts, "element", None)
+    a, b = p["list_units"], p["of"]
+    out_shape = facts.shape(b)
+    if element is None or len(out_shape) > 4 or len(out_shape) == 0:
+        return 0
+    ra, rb = facts.repr(a), facts.repr(b)
+    info = LAYOUT_INFO[rb.layout]
+    if (ra.storage, ra.layout) != (rb.storage, rb.layout) or info.family != "float":
+        return 0
+    items = facts.value(a)[:element + 1]
+    if any(len(x.shape) != len(out_shape) for x in items):  # a legacy empty 1-D element
+        return 0
+    if not STORAGE_INFO[rb.storage].is_image:  # one element per word: any word moves whole
+        return int(info.buffer_block == 1)
+    dim = facts.value(p["dim"]) % len(out_shape)
+    if whcn(dim, len(out_shape)) != info.packed_dim:
+        return 1
+    offset = sum(x.shape[dim] for x in items[:-1])  # as push rule list_offset
+    size = items[-1].shape[dim]
+    return int(offset % 4 == 0 and (size % 4 == 0 or offset + size == out_shape[dim]))
 
 
 @_spec_rule("units_tail", 1, tensor_params=("units_tail",))

@@ -56,14 +56,19 @@ layout(push_constant) uniform PushConstants {
 #line 42
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
-#line 28 "shaders/pool2d.glsl.j2"
+// A larger value or a NaN replaces the running max, and a NaN max stays (per lane).
+#line 31 "shaders/pool2d.glsl.j2"
+T pool_max(T m, T v) { return (v > m || isnan(v)) ? v : m; }
+VEC4 pool_max(VEC4 m, VEC4 v) { return mix(m, v, bvec4(uvec4(greaterThan(v, m)) | uvec4(isnan(v)))); }
+#line 71
 T compute_out(ivec4 idx) {
+#line 37
   ivec2 kernel = pc.pool_kernel_stride.xy;
   ivec2 stride = pc.pool_kernel_stride.zw;
   ivec2 pad = pc.pool_pad_dilation.xy;
   ivec2 in_hw = pc.self_sizes.xy;
   ivec2 start = idx.xy * stride - pad;
-#line 49
+#line 56
   ivec2 end = min(start + kernel, in_hw + pad);
   int pool_size = (end.y - start.y) * (end.x - start.x);
   start = max(start, ivec2(0));
@@ -71,14 +76,13 @@ T compute_out(ivec4 idx) {
   if (start.y >= end.y || start.x >= end.x) { return T(0); }
   T sum = T(0);
   for (int iy = start.y; iy < end.y; ++iy) {
-    for (int ix = start.x; ix < end.x; ++ix) {
-      sum += load_self(ivec4(ix, iy, idx.z, idx.w));
-    }
+    for (int ix = start.x; ix < end.x; ++ix) { sum += load_self(ivec4(ix, iy, idx.z, idx.w)); }
   }
   int divisor = pc.divisor_override != 0 ? pc.divisor_override
               : (pc.count_include_pad != 0 ? pool_size : (end.y - start.y) * (end.x - start.x));
   return sum / T(divisor);
-#line 64
+
+#line 73
 }
 
 #line 10 "shaders/_per_element.glsl.j2"

@@ -58,14 +58,19 @@ T load_self(ivec4 idx) {
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
 
-#line 28 "shaders/pool2d.glsl.j2"
+// A larger value or a NaN replaces the running max, and a NaN max stays (per lane).
+#line 31 "shaders/pool2d.glsl.j2"
+T pool_max(T m, T v) { return (v > m || isnan(v)) ? v : m; }
+VEC4 pool_max(VEC4 m, VEC4 v) { return mix(m, v, bvec4(uvec4(greaterThan(v, m)) | uvec4(isnan(v)))); }
+#line 71
 T compute_out(ivec4 idx) {
+#line 37
   ivec2 kernel = pc.pool_kernel_stride.xy;
   ivec2 stride = pc.pool_kernel_stride.zw;
   ivec2 pad = pc.pool_pad_dilation.xy;
   ivec2 in_hw = pc.self_sizes.xy;
   ivec2 start = idx.xy * stride - pad;
-#line 49
+#line 56
   ivec2 end = min(start + kernel, in_hw + pad);
   int pool_size = (end.y - start.y) * (end.x - start.x);
   start = max(start, ivec2(0));
@@ -73,30 +78,45 @@ T compute_out(ivec4 idx) {
   if (start.y >= end.y || start.x >= end.x) { return T(0); }
   T sum = T(0);
   for (int iy = start.y; iy < end.y; ++iy) {
-    for (int ix = start.x; ix < end.x; ++ix) {
-      sum += load_self(ivec4(ix, iy, idx.z, idx.w));
-    }
+    for (int ix = start.x; ix < end.x; ++ix) { sum += load_self(ivec4(ix, iy, idx.z, idx.w)); }
   }
   int divisor = pc.divisor_override != 0 ? pc.divisor_override
               : (pc.count_include_pad != 0 ? pool_size : (end.y - start.y) * (end.x - start.x));
   return sum / T(divisor);
-#line 64
+
+#line 73
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
+// Textures (both packed along C, with the same C and N, so out texel (x, y, z) pools self texels
+// (ix, iy, z)): whole texels, four channels at once, one texel load per tap instead of four.
+#line 81
+VEC4 pool_texel(ivec3 pos) {
+#line 37
+  ivec2 kernel = pc.pool_kernel_stride.xy;
+  ivec2 stride = pc.pool_kernel_stride.zw;
+  ivec2 pad = pc.pool_pad_dilation.xy;
+  ivec2 in_hw = pc.self_sizes.xy;
+  ivec2 start = pos.xy * stride - pad;
+#line 56
+  ivec2 end = min(start + kernel, in_hw + pad);
+  int pool_size = (end.y - start.y) * (end.x - start.x);
+  start = max(start, ivec2(0));
+  end = min(end, in_hw);
+  if (start.y >= end.y || start.x >= end.x) { return VEC4(0); }
+  VEC4 sum = VEC4(0);
+  for (int iy = start.y; iy < end.y; ++iy) {
+    for (int ix = start.x; ix < end.x; ++ix) { sum += load_texel_self(ivec3(ix, iy, pos.z)); }
+  }
+  int divisor = pc.divisor_override != 0 ? pc.divisor_override
+              : (pc.count_include_pad != 0 ? pool_size : (end.y - start.y) * (end.x - start.x));
+  return sum / VEC4(divisor);
+
+#line 83
+}
+
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 18
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
-  int pd = tf_packed_dim(out_layout);
-  VEC4 r = VEC4(0);
-  for (int k = 0; k < 4; ++k) {
-    ivec4 e = idx;
-    e[pd] += k;
-    if (tf_in_bounds(e, pc.out_sizes)) { r[k] = compute_out(e); }
-  }
-  store_texel_out(pos, r);
-#line 29
+  store_texel_out(pos, mix(pool_texel(pos), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
 }

@@ -51,6 +51,11 @@ T load_out(ivec4 idx) { return t_out[tf_buffer_word_lane(idx, pc.out_sizes, out_
 // ---- element access for 'tensors' (buffer) ----
 #line 42
 T load_tensors(ivec4 idx) { return t_tensors[tf_buffer_word_lane(idx, pc.tensors_sizes, tensors_layout).x]; }
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 5) const int whole = 0;  // list_units
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
 #line 7 "shaders/_lead.glsl.j2"
 void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
@@ -82,7 +87,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
 }
 
 // This input's leading sizes: out's, but along a leading cat_dim, where N says how many.
-#line 35 "shaders/cat.glsl.j2"
+#line 42 "shaders/cat.glsl.j2"
 ivec4 input_lead() {
   ivec4 lead = pc.out_lead;
   if (pc.cat_dim >= 3) {
@@ -105,12 +110,22 @@ bool in_slab(ivec4 e, out ivec4 src) {
   return i[pc.cat_dim] >= 0 && i[pc.cat_dim] < s[pc.cat_dim];
 }
 
+// Shape class `whole`: unit u of this input, moved whole to out.
+void move_unit(int u) {
+#line 67
+  ivec4 idx = tf_buffer_word_to_idx(u, pc.tensors_sizes, out_layout);
+  idx[pc.cat_dim] += pc.cat_offset;
+  t_out[tf_buffer_word_lane(idx, pc.out_sizes, out_layout).x] = t_tensors[u];
+#line 76
+}
+
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
+  if (whole != 0) { move_unit(u); return; }
   ivec4 src;
-#line 62
+#line 84
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   if (in_slab(idx, src)) { t_out[u] = load_tensors(src); }
-#line 82
+#line 104
 }

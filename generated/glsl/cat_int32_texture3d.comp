@@ -61,6 +61,11 @@ T load_tensors(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.tensors_sizes, tensors_layout);
   return imageLoad(t_tensors, pl.xyz)[pl.w];
 }
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 5) const int whole = 0;  // list_units
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
 #line 7 "shaders/_lead.glsl.j2"
 void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
@@ -92,7 +97,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
 }
 
 // This input's leading sizes: out's, but along a leading cat_dim, where N says how many.
-#line 35 "shaders/cat.glsl.j2"
+#line 42 "shaders/cat.glsl.j2"
 ivec4 input_lead() {
   ivec4 lead = pc.out_lead;
   if (pc.cat_dim >= 3) {
@@ -115,11 +120,22 @@ bool in_slab(ivec4 e, out ivec4 src) {
   return i[pc.cat_dim] >= 0 && i[pc.cat_dim] < s[pc.cat_dim];
 }
 
+// Shape class `whole`: unit u of this input, moved whole to out.
+void move_unit(int u) {
+#line 71
+  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.tensors_sizes, out_layout));
+  ivec4 idx = tf_texel_to_idx(pos, pc.tensors_sizes, out_layout);
+  idx[pc.cat_dim] += pc.cat_offset;
+  store_texel_out(tf_texel_pos_lane(idx, pc.out_sizes, out_layout).xyz, load_texel_tensors(pos));
+#line 76
+}
+
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
+  if (whole != 0) { move_unit(u); return; }
   ivec4 src;
-#line 65
+#line 87
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
@@ -136,5 +152,5 @@ void main() {
     }
   }
   if (mine) { store_texel_out(pos, r); }
-#line 82
+#line 104
 }

@@ -82,8 +82,13 @@ T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_si
 #line 42
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 7) const int ragged = 1;  // ragged
+
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
-#line 36 "shaders/layer_norm.glsl.j2"
+#line 40 "shaders/layer_norm.glsl.j2"
 float weight_at(int w) { return pc.has_weight != 0 ? t_weight[w] : 1.0; }
 float bias_at(int w) { return pc.has_bias != 0 ? t_bias[w] : 0.0; }
 
@@ -102,7 +107,7 @@ vec4 bias4(int w) {
 float lanes_sum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 
 // Width-packed: texel t of the row that starts at texel `pos`, lanes past W zeroed.
-#line 123
+#line 163
 vec4 row_texel(ivec3 pos, int t, bvec4 pad) {
   return mix(load_texel_input(pos + ivec3(t, 0, 0)), vec4(0.0), pad);
 }
@@ -135,7 +140,7 @@ void width_packed_row(ivec4 row) {
     vec4 y = (row_texel(pin, t, pad) - mean) * rstd * weight4(4 * t) + bias4(4 * t);
     store_texel_out(pout + ivec3(t, 0, 0), mix(y, vec4(0.0), pad));
   }
-#line 159
+#line 199
 }
 
 // Packed along H or C (pd): the four rows row .. row + 3 along pd, one per lane; lanes past the
@@ -162,7 +167,7 @@ void lane_rows(ivec4 row, int pd) {
     vec4 y = (load_texel_input(pin + ivec3(w, 0, 0)) - mean) * rstd * weight_at(w) + bias_at(w);
     store_texel_out(pout + ivec3(w, 0, 0), mix(y, vec4(0.0), pad));
   }
-#line 189
+#line 229
 }
 
 void main() {

@@ -70,8 +70,13 @@ T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_si
 #line 42
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 75
+layout(constant_id = 7) const int ragged = 1;  // ragged
+
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
-#line 36 "shaders/layer_norm.glsl.j2"
+#line 40 "shaders/layer_norm.glsl.j2"
 float weight_at(int w) { return pc.has_weight != 0 ? t_weight[w] : 1.0; }
 float bias_at(int w) { return pc.has_bias != 0 ? t_bias[w] : 0.0; }
 
@@ -91,7 +96,7 @@ float lanes_sum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 
 // The words of the row through `row` (row.x = 0) in a buffer of `sizes` and layout `lid`:
 // (first word, stride between consecutive w).
-#line 63
+#line 67
 ivec2 row_words(ivec4 row, ivec4 sizes, int lid) {
   int first = tf_buffer_word_lane(row, sizes, lid).x;
   int stride = sizes.x > 1 ? tf_buffer_word_lane(row + ivec4(1, 0, 0, 0), sizes, lid).x - first : 0;
@@ -104,6 +109,38 @@ vec4 input4(ivec2 rw, int w) {
   return vec4(t_input[i], t_input[i + rw.y], t_input[i + 2 * rw.y], t_input[i + 3 * rw.y]);
 }
 
+// vec4 views of the buffer bindings (aliases of the same descriptors).
+#line 8 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
+#line 8
+layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
+#line 8
+layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
+#line 8
+layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
+// Width-packed rows of whole vec4 words: the row `row` whose first words are `first_in`,
+// `first_out` (multiples of 4), `n4` vec4 words long.
+#line 90 "shaders/layer_norm.glsl.j2"
+void vec4_row(ivec4 row, int first_in, int first_out, int n4, float width) {
+  int a = first_in / 4, o = first_out / 4;
+  vec4 s = vec4(0.0);
+  for (int j = 0; j < n4; ++j) { s += vec4(t4_input[a + j]); }
+  float mean = lanes_sum(s) / width;
+  vec4 q = vec4(0.0);
+  for (int j = 0; j < n4; ++j) {
+    vec4 d = vec4(t4_input[a + j]) - mean;
+    q += d * d;
+  }
+  float rstd = inversesqrt(lanes_sum(q) / width + pc.eps);
+  for (int j = 0; j < n4; ++j) {
+    vec4 y = (vec4(t4_input[a + j]) - mean) * rstd;
+    y = pc.has_weight != 0 ? y * vec4(t4_weight[j]) : y;
+    y = pc.has_bias != 0 ? y + vec4(t4_bias[j]) : y;
+    t4_out[o + j] = vec4(y);
+  }
+#line 110
+}
+
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
@@ -113,6 +150,10 @@ void main() {
   ivec4 row = ivec4(0, u % sz.y, (u / sz.y) % sz.z, u / (sz.y * sz.z));
   ivec2 rin = row_words(row, pc.input_sizes, input_layout);
   ivec2 rout = row_words(row, sz, out_layout);
+  if (ragged == 0 && tf_packed_dim(out_layout) == 0) {  // input too: one sync group
+    vec4_row(row, rin.x, rout.x, width / 4, float(width));
+    return;
+  }
 
   vec4 s4 = vec4(0.0);
   float s = 0.0;
@@ -144,5 +185,5 @@ void main() {
     float y = (t_input[rin.x + w * rin.y] - mean) * rstd * weight_at(w) + bias_at(w);
     t_out[rout.x + w * rout.y] = y;
   }
-#line 119
+#line 159
 }

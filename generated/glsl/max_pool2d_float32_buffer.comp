@@ -48,28 +48,33 @@ layout(push_constant) uniform PushConstants {
 #line 42
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
-#line 28 "shaders/pool2d.glsl.j2"
+// A larger value or a NaN replaces the running max, and a NaN max stays (per lane).
+#line 31 "shaders/pool2d.glsl.j2"
+T pool_max(T m, T v) { return (v > m || isnan(v)) ? v : m; }
+VEC4 pool_max(VEC4 m, VEC4 v) { return mix(m, v, bvec4(uvec4(greaterThan(v, m)) | uvec4(isnan(v)))); }
+#line 71
 T compute_out(ivec4 idx) {
+#line 37
   ivec2 kernel = pc.pool_kernel_stride.xy;
   ivec2 stride = pc.pool_kernel_stride.zw;
   ivec2 pad = pc.pool_pad_dilation.xy;
   ivec2 in_hw = pc.self_sizes.xy;
   ivec2 start = idx.xy * stride - pad;
-#line 35
+#line 43
   ivec2 dil = pc.pool_pad_dilation.zw;
-  T m = -uintBitsToFloat(0x7f800000u);  // -inf
+  T m = T(-uintBitsToFloat(0x7f800000u));  // -inf
   for (int ky = 0; ky < kernel.y; ++ky) {
     int iy = start.y + ky * dil.y;
     if (iy < 0 || iy >= in_hw.y) { continue; }
     for (int kx = 0; kx < kernel.x; ++kx) {
       int ix = start.x + kx * dil.x;
       if (ix < 0 || ix >= in_hw.x) { continue; }
-      T v = load_self(ivec4(ix, iy, idx.z, idx.w));
-      if (v > m || isnan(v)) { m = v; }
+      m = pool_max(m, load_self(ivec4(ix, iy, idx.z, idx.w)));
     }
   }
   return m;
-#line 64
+
+#line 73
 }
 
 #line 12 "shaders/_per_element.glsl.j2"

@@ -83,6 +83,9 @@ CASES = [
     ("contract-cooperative-grid", "shaders/q8ta_linear_gemv.glsl.j2",
      ("grid: {cooperative: out, invocations: 4}", "grid: {cooperative: out, invocations: 3}"),
      "contract grid must be per_output_unit", "grid: {cooperative: out, invocations: 3}"),
+    ("contract-element-units", "shaders/cat.glsl.j2",
+     ("grid: {per_list_element: tensors, element_units: whole}", "grid: {per_list_element: tensors, element_units: wholes}"),
+     "contract grid: element_units 'wholes' is not a spec constant of the template", "element_units: wholes"),
     # ---- torch's schema ----
     ("unknown-target", "ops.yaml", ("targets: [aten.relu.default]", "targets: [aten.relu.Tensor]"),
      "target 'aten.relu.Tensor': torch 2.13.0", "targets: [aten.relu.Tensor]"),

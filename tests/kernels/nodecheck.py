@@ -48,7 +48,7 @@ INJECT_TEMPLATES += ("linear_packed", "linear_packed_gemv", "mm_tiled")  # the s
 INJECT_TEMPLATES += ("permute", "slice", "select", "expand", "pad", "pixel_shuffle", "cat")  # moved bit for bit
 INJECT_TEMPLATES += ("layer_norm",)  # a NaN or an infinity spreads over its row
 INJECT_TEMPLATES += ("masked_fill", "roll", "embedding")  # select or move elements bit for bit
-INJECT_TEMPLATES += ("pad_mode", "max_pool1d")  # move or select elements bit for bit
+INJECT_TEMPLATES += ("pad_mode", "max_pool1d", "pool2d")  # move or select elements bit for bit (pool2d: max and sums)
 INJECT_TEMPLATES += ("quantize",)  # +Inf / -Inf clamp to quant_max / quant_min (NaN: test_registry_ops.NOT_INJECTED)
 
 

@@ -20,6 +20,7 @@ from texelflow.runtime.graph.repr import TensorRepr
 from texelflow.runtime.lower_dispatch import node_dispatches
 from texelflow.runtime.vulkan.program import Dispatch, Program, invocations
 from texelflow.runtime.vulkan.tensor import VkTensor
+from texelflow.shaders.geometry import units as geometry_units
 
 from .nodecheck import (
     SPECIALS,
@@ -298,3 +299,65 @@ def test_span_kernels_take_their_workgroup_size_from_the_device(device):
         assert "tail" not in spec  # not given: the pipeline keeps the general default
     finally:
         t.close()
+
+
+# cat: per input, whether its units move whole into out (shape class `whole`, rule list_units)
+CATS = [
+    ("cat-channels-texels", [[1, 4, 3, 5], [1, 8, 3, 5], [1, 3, 3, 5]], 1, TEX_CP, [1, 1, 1]),  # the last ends out
+    ("cat-channels-ragged", [[1, 3, 3, 5], [1, 4, 3, 5]], 1, TEX_CP, [0, 0]),  # 3 channels: offset 3
+    ("cat-channels-middle-ragged", [[1, 4, 3, 5], [1, 5, 3, 5], [1, 2, 3, 5]], 1, TEX_CP, [1, 0, 0]),
+    ("cat-height-texture", [[2, 5, 3, 7], [2, 5, 1, 7]], 2, TEX_CP, [1, 1]),
+    ("cat-width-texture-wp", [[2, 3, 5, 4], [2, 3, 5, 8], [2, 3, 5, 3]], 3, TEX_WP, [1, 1, 1]),
+    ("cat-batch-texture", [[1, 3, 5, 7], [2, 3, 5, 7]], 0, TEX_CP, [1, 1]),
+    ("cat-channels-buffer-wp", [[2, 3, 5, 7], [2, 2, 5, 7]], 1, BUF_WP, [1, 1]),
+    ("cat-width-buffer-wp", [[3, 5], [3, 2]], -1, BUF_WP, [1, 1]),  # along the packed dim: one element per word
+    ("cat-channels-buffer-cp", [[1, 3, 2, 5], [1, 6, 2, 5]], 1, BUF_CP, [1, 1]),
+    ("cat-rank5-general", [[2, 1, 3, 2, 5], [2, 3, 3, 2, 5]], 1, BUF_WP, [0, 0]),  # leading dims: general
+]
+
+
+@pytest.mark.parametrize("case", CATS, ids=[c[0] for c in CATS])
+def test_cat_inputs_move_whole_units(device, case):
+    """cat lowers to one dispatch per input; where an input's units move whole into out (class
+    `whole`) its dispatch runs over its own units. Specialised and general (bare dispatches over
+    all of out) must both give torch's cat, NaN / Inf included, with out's padding zero."""
+    _, shapes, dim, r, expected = case
+    op = OPS["cat"]
+    rng = np.random.default_rng(3)
+    xs = [inject_specials(rng.uniform(-3, 3, size=s).astype(np.float32), 1, tuple(float(v) for v in SPECIALS))
+          for s in shapes]
+    sample = {"tensors": shapes, "dim": dim}
+    case_ = explicit_case(op, sample, {"tensors": xs}, f"cat {sample}")
+    node, arrays = build_node(op, "float32", case_)
+    specs = node_dispatches(node, {"tensors": r, "out": r}, "float32")
+    assert [s.spec["whole"] for s in specs] == expected, f"cat {sample}: {[s.spec for s in specs]}"
+    for s, shape in zip(specs, shapes):  # whole: the input's own units; else out's (None)
+        assert s.units == (geometry_units(shape, r.storage, r.layout) if s.spec["whole"] else None)
+    out_value = specs[0].tensors["out"]
+    made = []
+
+    def tensor(shape, label):
+        made.append(VkTensor(device, shape, "float32", r.storage, r.layout, label=label))
+        return made[-1]
+
+    try:
+        ins = [tensor(x.shape, f"in{i}") for i, x in enumerate(xs)]
+        outs = [tensor(out_value.shape, "out"), tensor(out_value.shape, "general_out")]
+        dispatches = []
+        for s, t in zip(specs, ins):
+            dispatches.append(Dispatch(s.variant, {"out": outs[0], "tensors": t}, s.scalars, units=s.units, spec=s.spec))
+        for s, t in zip(specs, ins):
+            dispatches.append(Dispatch(s.variant, {"out": outs[1], "tensors": t}, s.scalars))
+        prog = Program(device, dispatches, ins, outs, timestamps=False)
+        try:
+            got = prog(*xs)
+        finally:
+            prog.close()
+        raws = raw_elements(device, outs)
+        for what, g, raw, t in zip(("specialised", "general"), got, raws, outs):
+            label = f"cat {sample} {what}"
+            assert_matches(g, case_.want[0], "cat", label)
+            assert_padding_zero(Output(g, raw, padding_mask(t)), label)
+    finally:
+        for t in made:
+            t.close()
