@@ -259,6 +259,48 @@ OPS: dict[str, OpEntry] = {
             'add_int32_texture3d',
         ),
     ),
+    'add_act': OpEntry(
+        name='add_act',
+        targets=(
+            'texelflow.add_act.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+            Arg('alpha', 'float', default=1.0),
+            Arg('activation', 'enum', default='relu', values=('relu', 'hardtanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('relu', 'hardtanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'add_act_float16_buffer',
+            'add_act_float16_texture3d',
+            'add_act_float32_buffer',
+            'add_act_float32_texture3d',
+        ),
+    ),
     'add_scalar': OpEntry(
         name='add_scalar',
         targets=(
@@ -6267,6 +6309,7 @@ TARGETS: dict[str, str] = {
     'dim_order_ops._clone_dim_order.default': 'clone_dim_order',
     'quantized_decomposed.dequantize_per_tensor.default': 'dequantize_per_tensor',
     'quantized_decomposed.quantize_per_tensor.default': 'quantize_per_tensor',
+    'texelflow.add_act.default': 'add_act',
     'texelflow.cast_to_float16.default': 'cast_to_float16',
     'texelflow.cast_to_float32.default': 'cast_to_float32',
     'texelflow.conv2d_act.default': 'conv2d_act',

@@ -61,6 +61,14 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'alpha': 2, 'other': (2, 1, 3, 2, 5), 'self': (2, 1, 3, 2, 5)},
         {'other': (3, 2, 1), 'self': (2, 2, 3, 1, 5)},
     ),
+    'add_act': (
+        {'alpha': 2.0, 'other': (2, 3, 5, 7), 'self': (2, 3, 5, 7)},
+        {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'other': (1, 8, 4, 4), 'self': (1, 8, 4, 4)},
+        {'alpha': -1.5, 'other': (5, 1), 'self': (3, 1, 7)},
+        {'act_max': 1.5, 'act_min': -1.0, 'activation': 'hardtanh', 'other': (8,), 'self': (2, 5, 3, 8)},
+        {'other': (), 'self': (3, 5)},
+        {'other': (2, 1, 3, 2, 5), 'self': (2, 1, 3, 2, 5)},
+    ),
     'add_scalar': (
         {'other': 2, 'self': ()},
         {'alpha': 2, 'other': -3, 'self': (1,)},

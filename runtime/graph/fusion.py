@@ -22,7 +22,8 @@ In order, in place on the graph:
    lavapipe every path of a shader costs, taken or not, so depthwise and dense do not share one).
 5. conv + activation: a device conv2d or conv2d_dw (folded or not) whose only user is relu,
    relu6 / hardtanh, hardswish, silu or gelu becomes one `conv2d_act` / `conv2d_dw_act` node
-   (ops.yaml), one dispatch.
+   (ops.yaml), one dispatch; likewise a float device add whose only user is relu or relu6 /
+   hardtanh becomes one `add_act` (a residual block's add + relu).
 6. Kernel choice (`choose_conv_kernels`, skipped with `choose_kernels=False`): a device conv2d /
    conv2d_act / conv2d_dw / conv2d_dw_act with a constant weight takes the specialised kernel its
    parameters allow, its weight a derived constant prepacked for it (runtime/graph/prepack_conv.py):
@@ -55,7 +56,7 @@ PADDING_MODE_CONVS = {"aten.conv2d.padding": ("conv2d", 4), "aten.conv1d.padding
 ADAPTIVE_MAX_POOL = "aten.adaptive_max_pool2d.default"
 CONV_DW_TARGET = "texelflow.conv2d_dw.default"
 # conv op -> the op that also applies an activation
-WITH_ACTIVATION = {"conv2d": "conv2d_act", "conv2d_dw": "conv2d_dw_act"}
+WITH_ACTIVATION = {"conv2d": "conv2d_act", "conv2d_dw": "conv2d_dw_act", "add": "add_act"}
 
 # activation target -> (the `activation` value of conv2d_act / conv2d_dw_act, act_min, act_max)
 ACTIVATIONS = {
@@ -101,6 +102,8 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
             _to_depthwise(graph, node)
     for node in list(graph.nodes):
         if _is_device_conv(node) or (node.on_device and node.op.name == "conv2d_dw"):
+            _fuse_activation(graph, node)
+        elif node.on_device and node.op.name == "add" and node.outputs[0][1].dtype in ("float32", "float16"):
             _fuse_activation(graph, node)
     if choose_kernels:
         choose_conv_kernels(graph, texture_limits)
@@ -327,22 +330,33 @@ def _activation(node: Node) -> tuple[str, float, float] | None:
     return (name, lo, hi) if name in values else None
 
 
-def _fuse_activation(graph: PlanGraph, conv: Node) -> None:
-    out = conv.outputs[0][1]
+def _activation_of(graph: PlanGraph, node: Node, allowed) -> tuple[Node, Value, tuple] | None:
+    """(the activation node, its result, (activation, act_min, act_max)) when `node`'s output has
+    one user, an activation on the device whose value is in `allowed`, with its shape and dtype."""
+    out = node.outputs[0][1]
     act = _only_user(graph, out)
     if act is None or not act.outputs or next(iter(act.tensor_args()), (None, None))[1] is not out:
-        return
+        return None
     spec = _activation(act)
     result = act.outputs[0][1]
-    if spec is None or len(act.outputs) != 1 or result.shape != out.shape or result.dtype != out.dtype:
+    if spec is None or spec[0] not in allowed or len(act.outputs) != 1 or result.shape != out.shape \
+            or result.dtype != out.dtype:
+        return None
+    return act, result, spec
+
+
+def _fuse_activation(graph: PlanGraph, node: Node) -> None:
+    """Step 5: `node` (a device conv, or an add into add_act) takes its activation's output."""
+    op = OPS[WITH_ACTIVATION[node.op.name]]
+    found = _activation_of(graph, node, op.arg_spec("activation").values)
+    if found is None:
         return
-    name, lo, hi = spec
-    op = OPS[WITH_ACTIVATION[conv.op.name]]
-    args = list(conv.args) + [("activation", name), ("act_min", lo), ("act_max", hi)]
-    fused = Node(conv.name, op.targets[0], op, args, [("out", result)])
-    fused.fused = conv.fused + [f"fused {name} '{act.name}'"]
+    act, result, (name, lo, hi) = found
+    args = list(node.args) + [("activation", name), ("act_min", lo), ("act_max", hi)]
+    fused = Node(node.name, op.targets[0], op, args, [("out", result)])
+    fused.fused = node.fused + [f"fused {name} '{act.name}'"]
     _remove(graph, act)
-    _replace(graph, conv, fused)
+    _replace(graph, node, fused)
 
 
 # ---- 6: kernel choice ------------------------------------------------------------------------------------
@@ -457,6 +471,15 @@ def conv2d_act_reference(input, weight, bias=None, stride=(1, 1), padding=(0, 0)
     if activation in ("gelu", "gelu_tanh"):
         return F.gelu(y, approximate="tanh" if activation == "gelu_tanh" else "none")
     return {"relu": F.relu, "hardswish": F.hardswish, "silu": F.silu}[activation](y)
+
+
+def add_act_reference(self, other, alpha=1, activation="relu", act_min=0.0, act_max=0.0):
+    """What texelflow's add_act computes, in torch (the kernel test's reference)."""
+    import torch
+    import torch.nn.functional as F
+
+    y = torch.add(self, other, alpha=alpha)
+    return F.hardtanh(y, act_min, act_max) if activation == "hardtanh" else F.relu(y)
 
 
 def fusion_op_name(node: Node) -> str:

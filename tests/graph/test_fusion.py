@@ -244,3 +244,46 @@ def test_training_batch_norm_falls_back_with_a_reason(running):
     (reason,) = [why for name, why in plan.fallbacks if name == "batch_norm"]
     assert "training=True" in reason and "\n" not in reason
     assert "batch_norm" not in plan.dispatches
+
+
+class Residual(nn.Module):
+    """A residual block's tail: the add of two branches, then the activation."""
+
+    def __init__(self, act, twice=False):
+        super().__init__()
+        self.conv = nn.Conv2d(6, 6, 3, padding=1)
+        self.act, self.twice = act, twice
+
+    def forward(self, x):
+        s = self.conv(x) + x
+        y = self.act(s)
+        return (y, s) if self.twice else y
+
+
+@pytest.mark.parametrize("name", ["relu", "relu6", "hardtanh"])
+def test_add_activation_is_one_dispatch(device, name):
+    model = Residual(copy.deepcopy(ACTIVATIONS[name])).eval()
+    x = torch.randn(1, 6, 7, 5) * 2
+    got, prog = _run(device, model, x)
+    assert _dispatches(prog.plan) == {"conv2d": 1, "add_act": 1}, prog.plan.summary()
+    (add,) = [n for n in prog.plan.graph.device_nodes() if _generic(n) == "add_act"]
+    assert any("fused" in f for f in add.fused), add.fused
+    _close(got, model(x))
+
+
+def test_add_whose_sum_is_also_read_keeps_its_activation(device):
+    """The sum is an output too: it must exist, so the add and the relu stay two nodes."""
+    model = Residual(nn.ReLU(), twice=True).eval()
+    x = torch.randn(1, 6, 7, 5)
+    (got_y, got_s), prog = _run(device, model, x)
+    assert _dispatches(prog.plan) == {"conv2d": 1, "add": 1, "relu": 1}, prog.plan.summary()
+    want_y, want_s = model(x)
+    _close(got_y, want_y), _close(got_s, want_s)
+
+
+def test_activations_add_act_cannot_take_stay_apart(device):
+    model = Residual(nn.SiLU()).eval()
+    x = torch.randn(1, 6, 7, 5)
+    got, prog = _run(device, model, x)
+    assert _dispatches(prog.plan) == {"conv2d": 1, "add": 1, "silu": 1}, prog.plan.summary()
+    _close(got, model(x))

@@ -193,6 +193,7 @@ NO_TORCH_TARGET = {
     "conv2d_act": "texelflow.runtime.graph.fusion.conv2d_act_reference",  # conv2d + activation, fused
     "conv2d_dw": "texelflow.runtime.graph.fusion.conv2d_act_reference",  # depthwise conv2d
     "conv2d_dw_act": "texelflow.runtime.graph.fusion.conv2d_act_reference",  # depthwise conv2d + activation
+    "add_act": "texelflow.runtime.graph.fusion.add_act_reference",  # add + relu / hardtanh, fused
     # channels-last conv: conv2d of the NCHW-permuted input, its result permuted back
     "conv2d_nhwc": "texelflow.runtime.graph.permutes.dim_order.conv2d_nhwc_reference",
     # specialised convs on prepacked weights (runtime/graph/prepack_conv.py)
