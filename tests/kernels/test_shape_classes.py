@@ -194,6 +194,19 @@ def _inputs(op, sample, specials: bool) -> dict:
     return arrays
 
 
+def _run_both(device, dispatches, ins, in_arrays, outs, want, op_name: str, label: str, whats) -> None:
+    """Run `dispatches` in one Program; each of `outs` (specialised, general) must match `want`
+    and keep its padding zero."""
+    prog = Program(device, dispatches, ins, outs, timestamps=False)
+    try:
+        got = prog(*in_arrays)
+    finally:
+        prog.close()
+    for what, g, raw, t in zip(whats, got, raw_elements(device, outs), outs):
+        assert_matches(g, want, op_name, f"{label} {what}")
+        assert_padding_zero(Output(g, raw, padding_mask(t)), f"{label} {what}")
+
+
 def _run(device, op_name: str, sample: dict, reprs: dict, expected: dict, specials: bool = True) -> None:
     op = OPS[op_name]
     case = explicit_case(op, sample, _inputs(op, sample, specials), f"{op_name} {sample}")
@@ -213,17 +226,9 @@ def _run(device, op_name: str, sample: dict, reprs: dict, expected: dict, specia
     outs = [tensors["out"], general["out"]]
     every = list(tensors.values()) + list(general.values())
     try:
-        prog = Program(device, [Dispatch(spec.variant, tensors, spec.scalars, spec=spec.spec),
-                                Dispatch(spec.variant, bare, spec.scalars)], ins, outs, timestamps=False)
-        try:
-            got = prog(*in_arrays)
-        finally:
-            prog.close()
-        raws = raw_elements(device, outs)
-        for what, g, raw, t in zip(("specialised", "general"), got, raws, outs):
-            label = f"{op_name} {sample} {what} ({spec.spec if what == 'specialised' else 'defaults'})"
-            assert_matches(g, case.want[0], op_name, label)
-            assert_padding_zero(Output(g, raw, padding_mask(t)), label)
+        _run_both(device, [Dispatch(spec.variant, tensors, spec.scalars, spec=spec.spec),
+                           Dispatch(spec.variant, bare, spec.scalars)], ins, in_arrays, outs, case.want[0],
+                  op_name, f"{op_name} {sample}", (f"specialised ({spec.spec})", "general (defaults)"))
     finally:
         for t in every:
             t.close()
@@ -343,21 +348,10 @@ def test_cat_inputs_move_whole_units(device, case):
     try:
         ins = [tensor(x.shape, f"in{i}") for i, x in enumerate(xs)]
         outs = [tensor(out_value.shape, "out"), tensor(out_value.shape, "general_out")]
-        dispatches = []
-        for s, t in zip(specs, ins):
-            dispatches.append(Dispatch(s.variant, {"out": outs[0], "tensors": t}, s.scalars, units=s.units, spec=s.spec))
-        for s, t in zip(specs, ins):
-            dispatches.append(Dispatch(s.variant, {"out": outs[1], "tensors": t}, s.scalars))
-        prog = Program(device, dispatches, ins, outs, timestamps=False)
-        try:
-            got = prog(*xs)
-        finally:
-            prog.close()
-        raws = raw_elements(device, outs)
-        for what, g, raw, t in zip(("specialised", "general"), got, raws, outs):
-            label = f"cat {sample} {what}"
-            assert_matches(g, case_.want[0], "cat", label)
-            assert_padding_zero(Output(g, raw, padding_mask(t)), label)
+        dispatches = [Dispatch(s.variant, {"out": outs[0], "tensors": t}, s.scalars, units=s.units, spec=s.spec)
+                      for s, t in zip(specs, ins)]
+        dispatches += [Dispatch(s.variant, {"out": outs[1], "tensors": t}, s.scalars) for s, t in zip(specs, ins)]
+        _run_both(device, dispatches, ins, xs, outs, case_.want[0], "cat", f"cat {sample}", ("specialised", "general"))
     finally:
         for t in made:
             t.close()
