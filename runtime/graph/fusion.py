@@ -55,7 +55,7 @@ DECOMPOSED_CONV = "aten.convolution.default"
 PADDING_MODE_CONVS = {"aten.conv2d.padding": ("conv2d", 4), "aten.conv1d.padding": ("conv1d", 3)}  # -> (op, rank)
 ADAPTIVE_MAX_POOL = "aten.adaptive_max_pool2d.default"
 CONV_DW_TARGET = "texelflow.conv2d_dw.default"
-# conv op -> the op that also applies an activation
+# conv or add op -> the op that also applies an activation (step 5)
 WITH_ACTIVATION = {"conv2d": "conv2d_act", "conv2d_dw": "conv2d_dw_act", "add": "add_act"}
 
 # activation target -> (the `activation` value of conv2d_act / conv2d_dw_act, act_min, act_max)
@@ -332,7 +332,7 @@ def _activation(node: Node) -> tuple[str, float, float] | None:
 
 def _activation_of(graph: PlanGraph, node: Node, allowed) -> tuple[Node, Value, tuple] | None:
     """(the activation node, its result, (activation, act_min, act_max)) when `node`'s output has
-    one user, an activation on the device whose value is in `allowed`, with its shape and dtype."""
+    one user, an activation whose value is in `allowed` (ACTIVATIONS), of its shape and dtype."""
     out = node.outputs[0][1]
     act = _only_user(graph, out)
     if act is None or not act.outputs or next(iter(act.tensor_args()), (None, None))[1] is not out:
