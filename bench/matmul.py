@@ -42,6 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 VIT_LINEARS = [(197, 384, 1152), (197, 384, 384), (197, 384, 1536), (197, 1536, 384)]  # M, K, N
 
 
+
+NO_ACTIVATION = {"activation": 0, "act_min": 0.0, "act_max": 0.0}  # linear_packed with no fused activation
+
 def baseline_spirv(variant, rev: str) -> bytes | None:
     """SPIR-V of the variant's GLSL as generated at git revision `rev` (None: `rev` had none)."""
     shown = subprocess.run(["git", "show", f"{rev}:generated/glsl/{variant.source}"], cwd=ROOT,
@@ -113,7 +116,7 @@ def linear_case(device, m: int, k: int, n: int, storage: str, rng) -> Case:
     out = case.tensor((m, n), storage)
     new = find_variant("linear_packed", dtype="float32", storage=storage, weight_storage="texture3d")
     case.add("new", Dispatch(new, {"out": out, "input": xi, "weight": case.tensor(packed.shape, "texture3d", packed),
-                                   "bias": bias}, {"has_bias": 1}, units=tile_units(m, n),
+                                   "bias": bias}, {"has_bias": 1, **NO_ACTIVATION}, units=tile_units(m, n),
                              spec={"k_ragged": int(k % 4 != 0), "n_ragged": int(n % 4 != 0)}), out)
     out = case.tensor((m, n), storage)
     old = find_variant("linear", dtype="float32", storage=storage)

@@ -2881,6 +2881,9 @@ OPS: dict[str, OpEntry] = {
             Arg('weight', 'tensor', repset='CONTIGUOUS_ANY'),
             Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
             Arg('out_features', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
         ),
         outputs=(
             Output('out', 'CONTIGUOUS_ANY'),
@@ -2894,6 +2897,9 @@ OPS: dict[str, OpEntry] = {
         weights=('weight', 'bias'),
         push=(
             Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
         ),
         checks=(
             Check('rank', (('rank', (('weight', (2,)),)),)),
@@ -2922,6 +2928,9 @@ OPS: dict[str, OpEntry] = {
             Arg('weight', 'tensor', repset='CONTIGUOUS_ANY'),
             Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
             Arg('out_features', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
         ),
         outputs=(
             Output('out', 'CONTIGUOUS_ANY'),
@@ -2935,6 +2944,9 @@ OPS: dict[str, OpEntry] = {
         weights=('weight', 'bias'),
         push=(
             Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
         ),
         checks=(
             Check('rank', (('rank', (('weight', (2,)),)),)),

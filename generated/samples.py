@@ -854,6 +854,12 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'bias': (13,), 'input': (13, 8), 'out_features': 13, 'weight': (8, 16)},
         {'input': (1, 5), 'out_features': 16, 'weight': (8, 16)},
         {'bias': (17,), 'input': (3, 5, 3), 'out_features': 17, 'weight': (4, 32)},
+        {'activation': 'gelu', 'bias': (20,), 'input': (5, 12), 'out_features': 20, 'weight': (12, 32)},
+        {'activation': 'gelu_tanh', 'bias': (16,), 'input': (9, 8), 'out_features': 16, 'weight': (8, 16)},
+        {'activation': 'relu', 'bias': (5,), 'input': (3, 7), 'out_features': 5, 'weight': (8, 16)},
+        {'act_max': 1.0, 'act_min': -0.5, 'activation': 'hardtanh', 'input': (2, 3, 5), 'out_features': 7, 'weight': (8, 16)},
+        {'activation': 'hardswish', 'bias': (13,), 'input': (4, 16), 'out_features': 13, 'weight': (16, 16)},
+        {'activation': 'silu', 'bias': (9,), 'input': (3, 8), 'out_features': 9, 'weight': (8, 16)},
     ),
     'linear_packed_gemv': (
         {'bias': (5,), 'input': (1, 7), 'out_features': 5, 'weight': (8, 16)},
@@ -862,6 +868,9 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'bias': (20,), 'input': (1, 1, 12), 'out_features': 20, 'weight': (12, 32)},
         {'bias': (7,), 'input': (3, 5), 'out_features': 7, 'weight': (8, 16)},
         {'input': (1, 16), 'out_features': 16, 'weight': (16, 16)},
+        {'activation': 'hardswish', 'bias': (20,), 'input': (1, 12), 'out_features': 20, 'weight': (12, 32)},
+        {'activation': 'gelu', 'bias': (16,), 'input': (1, 8), 'out_features': 16, 'weight': (8, 16)},
+        {'activation': 'relu', 'bias': (5,), 'input': (1, 7), 'out_features': 5, 'weight': (8, 16)},
     ),
     'log': (
         {'self': ()},

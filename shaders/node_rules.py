@@ -385,6 +385,18 @@ def _same_sizes(facts: SpecFacts, p: dict) -> int:
     return int(_whcn_of(facts, p["same_sizes"]) == _whcn_of(facts, p["of"]))
 
 
+# a fused activation's index in the ops' `activation` values (shaders/_conv_activation.glsl.j2)
+ACTIVATION_CODES = ("none", "relu", "hardtanh", "hardswish", "silu", "gelu", "gelu_tanh")
+
+
+@_spec_rule("activation_code", -1)
+def _activation_code(facts: SpecFacts, p: dict) -> int:
+    """The node's activation (the str argument `activation_code` names) as its index in
+    [none, relu, hardtanh, hardswish, silu, gelu, gelu_tanh], so that the pipeline compiles only
+    that activation's arithmetic; -1 (general) reads the push constant `activation` instead."""
+    return ACTIVATION_CODES.index(facts.value(p["activation_code"]))
+
+
 @_spec_rule("ragged", 1, tensor_params=("ragged",))
 def _ragged(facts: SpecFacts, p: dict) -> int:
     """1 when the tensor's packed dim (in its planned layout) is not a multiple of 4: its last

@@ -84,7 +84,7 @@ T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_si
 #line 42
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
-#line 11 "shaders/_conv_activation.glsl.j2"
+#line 13 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
   int a = pc.activation;
   float inf = uintBitsToFloat(0x7f800000u);

@@ -46,6 +46,12 @@ layout(push_constant) uniform PushConstants {
   int units;
 #line 27
   int has_bias;
+#line 27
+  int activation;
+#line 27
+  float act_min;
+#line 27
+  float act_max;
 #line 29
 } pc;
 
@@ -76,46 +82,68 @@ T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, b
 layout(constant_id = 7) const int k_ragged = 1;  // ragged
 #line 75
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
-#line 39 "shaders/linear_packed.glsl.j2"
+#line 75
+layout(constant_id = 9) const int act = -1;  // activation_code
+#line 13 "shaders/_conv_activation.glsl.j2"
+VEC4 conv_activation(VEC4 v) {
+  int a = (act >= 0 ? act : pc.activation);
+  float inf = uintBitsToFloat(0x7f800000u);
+  float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);
+  float hi = a == 2 ? pc.act_max : inf;
+  // one exp serves the sigmoid gates and gelu's erf (Abramowitz & Stegun 7.1.26, as tf_erf)
+  VEC4 s = a == 6 ? 1.5957691216057308 * (v + 0.044715 * v * v * v) : v;
+  VEC4 e = exp(a == 5 ? -0.5 * v * v : -s);
+  VEC4 t = VEC4(1) / (VEC4(1) + 0.3275911 * abs(v) * 0.7071067811865476);
+  VEC4 erf_abs = VEC4(1) - ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * e;
+  VEC4 gate = a == 3 ? clamp(v / 6.0 + 0.5, 0.0, 1.0)
+            : (a == 4 || a == 6) ? VEC4(1) / (VEC4(1) + e)
+            : a == 5 ? 0.5 * (VEC4(1) + sign(v) * erf_abs)
+            : VEC4(1);
+  return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
+}
+
+// The fused activation, compiled out where the shape class `act` says none.
+#line 46 "shaders/linear_packed.glsl.j2"
+VEC4 activated(VEC4 v) { return act == 0 ? v : conv_activation(v); }
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-#line 46
+#line 54
 layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { f16vec4 t4_input[]; };
-#line 49
+#line 57
 layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { f16vec4 t4_weight[]; };
-#line 52
+#line 60
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
 
 // Texel k4 (elements 4 * k4 .. 4 * k4 + 3, zero past K) of input row `row`.
-#line 56
+#line 64
 VEC4 input_texel(int row, int k4, int K) {
-#line 58
+#line 66
   if (k_ragged == 0) { return VEC4(t4_input[row * (K >> 2) + k4]); }
   int o = row * K + 4 * k4;
   int k = 4 * k4;
   return VEC4(t_input[o], k + 1 < K ? t_input[o + 1] : T(0), k + 2 < K ? t_input[o + 2] : T(0),
               k + 3 < K ? t_input[o + 3] : T(0));
-#line 67
+#line 75
 }
 
 // Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k.
 VEC4 weight_texel(int n4, int k) {
-#line 72
+#line 80
   return VEC4(t4_weight[k * (pc.weight_sizes.x >> 2) + n4]);
-#line 76
+#line 84
 }
 
 // Stores out's texel n4 (columns 4 * n4 .. 4 * n4 + 3) of row `row`: lanes past N are not
 // written (buffer) or written as 0 (texture padding).
 void store_out(int row, int n4, int N, VEC4 v) {
-#line 82
+#line 90
   if (n_ragged == 0) {
     t4_out[row * (N >> 2) + n4] = f16vec4(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = float16_t(v[j]); }
   }
-#line 93
+#line 101
 }
 
 void main() {
@@ -137,309 +165,309 @@ void main() {
     int n4 = 4 * min(tile_n, tiles_n - 1);
     int m0 = (gt / group_tiles_n) * 8;
     int my_row = min(m0 + lane, rows - 1);
-#line 115
+#line 123
     VEC4 acc00 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc01 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc02 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc03 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc10 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc11 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc12 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc13 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc20 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc21 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc22 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc23 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc30 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc31 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc32 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc33 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc40 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc41 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc42 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc43 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc50 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc51 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc52 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc53 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc60 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc61 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc62 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc63 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc70 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc71 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc72 = VEC4(0);
-#line 115
+#line 123
     VEC4 acc73 = VEC4(0);
-#line 117
+#line 125
     for (int k4 = 0; k4 < K4; ++k4) {
       VEC4 mine = input_texel(my_row, k4, K);
-#line 120
-      VEC4 b00 = weight_texel(n4 + 0, 4 * k4 + 0);
-#line 120
-      VEC4 b10 = weight_texel(n4 + 0, 4 * k4 + 1);
-#line 120
-      VEC4 b20 = weight_texel(n4 + 0, 4 * k4 + 2);
-#line 120
-      VEC4 b30 = weight_texel(n4 + 0, 4 * k4 + 3);
-#line 120
-      VEC4 b01 = weight_texel(n4 + 1, 4 * k4 + 0);
-#line 120
-      VEC4 b11 = weight_texel(n4 + 1, 4 * k4 + 1);
-#line 120
-      VEC4 b21 = weight_texel(n4 + 1, 4 * k4 + 2);
-#line 120
-      VEC4 b31 = weight_texel(n4 + 1, 4 * k4 + 3);
-#line 120
-      VEC4 b02 = weight_texel(n4 + 2, 4 * k4 + 0);
-#line 120
-      VEC4 b12 = weight_texel(n4 + 2, 4 * k4 + 1);
-#line 120
-      VEC4 b22 = weight_texel(n4 + 2, 4 * k4 + 2);
-#line 120
-      VEC4 b32 = weight_texel(n4 + 2, 4 * k4 + 3);
-#line 120
-      VEC4 b03 = weight_texel(n4 + 3, 4 * k4 + 0);
-#line 120
-      VEC4 b13 = weight_texel(n4 + 3, 4 * k4 + 1);
-#line 120
-      VEC4 b23 = weight_texel(n4 + 3, 4 * k4 + 2);
-#line 120
-      VEC4 b33 = weight_texel(n4 + 3, 4 * k4 + 3);
-#line 123
-      VEC4 a0 = subgroupShuffle(mine, first + 0u);
-#line 125
-      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
-#line 125
-      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
-#line 125
-      acc02 += a0.x * b02 + a0.y * b12 + a0.z * b22 + a0.w * b32;
-#line 125
-      acc03 += a0.x * b03 + a0.y * b13 + a0.z * b23 + a0.w * b33;
-#line 123
-      VEC4 a1 = subgroupShuffle(mine, first + 1u);
-#line 125
-      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
-#line 125
-      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
-#line 125
-      acc12 += a1.x * b02 + a1.y * b12 + a1.z * b22 + a1.w * b32;
-#line 125
-      acc13 += a1.x * b03 + a1.y * b13 + a1.z * b23 + a1.w * b33;
-#line 123
-      VEC4 a2 = subgroupShuffle(mine, first + 2u);
-#line 125
-      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
-#line 125
-      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
-#line 125
-      acc22 += a2.x * b02 + a2.y * b12 + a2.z * b22 + a2.w * b32;
-#line 125
-      acc23 += a2.x * b03 + a2.y * b13 + a2.z * b23 + a2.w * b33;
-#line 123
-      VEC4 a3 = subgroupShuffle(mine, first + 3u);
-#line 125
-      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
-#line 125
-      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
-#line 125
-      acc32 += a3.x * b02 + a3.y * b12 + a3.z * b22 + a3.w * b32;
-#line 125
-      acc33 += a3.x * b03 + a3.y * b13 + a3.z * b23 + a3.w * b33;
-#line 123
-      VEC4 a4 = subgroupShuffle(mine, first + 4u);
-#line 125
-      acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
-#line 125
-      acc41 += a4.x * b01 + a4.y * b11 + a4.z * b21 + a4.w * b31;
-#line 125
-      acc42 += a4.x * b02 + a4.y * b12 + a4.z * b22 + a4.w * b32;
-#line 125
-      acc43 += a4.x * b03 + a4.y * b13 + a4.z * b23 + a4.w * b33;
-#line 123
-      VEC4 a5 = subgroupShuffle(mine, first + 5u);
-#line 125
-      acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
-#line 125
-      acc51 += a5.x * b01 + a5.y * b11 + a5.z * b21 + a5.w * b31;
-#line 125
-      acc52 += a5.x * b02 + a5.y * b12 + a5.z * b22 + a5.w * b32;
-#line 125
-      acc53 += a5.x * b03 + a5.y * b13 + a5.z * b23 + a5.w * b33;
-#line 123
-      VEC4 a6 = subgroupShuffle(mine, first + 6u);
-#line 125
-      acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
-#line 125
-      acc61 += a6.x * b01 + a6.y * b11 + a6.z * b21 + a6.w * b31;
-#line 125
-      acc62 += a6.x * b02 + a6.y * b12 + a6.z * b22 + a6.w * b32;
-#line 125
-      acc63 += a6.x * b03 + a6.y * b13 + a6.z * b23 + a6.w * b33;
-#line 123
-      VEC4 a7 = subgroupShuffle(mine, first + 7u);
-#line 125
-      acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
-#line 125
-      acc71 += a7.x * b01 + a7.y * b11 + a7.z * b21 + a7.w * b31;
-#line 125
-      acc72 += a7.x * b02 + a7.y * b12 + a7.z * b22 + a7.w * b32;
-#line 125
-      acc73 += a7.x * b03 + a7.y * b13 + a7.z * b23 + a7.w * b33;
 #line 128
+      VEC4 b00 = weight_texel(n4 + 0, 4 * k4 + 0);
+#line 128
+      VEC4 b10 = weight_texel(n4 + 0, 4 * k4 + 1);
+#line 128
+      VEC4 b20 = weight_texel(n4 + 0, 4 * k4 + 2);
+#line 128
+      VEC4 b30 = weight_texel(n4 + 0, 4 * k4 + 3);
+#line 128
+      VEC4 b01 = weight_texel(n4 + 1, 4 * k4 + 0);
+#line 128
+      VEC4 b11 = weight_texel(n4 + 1, 4 * k4 + 1);
+#line 128
+      VEC4 b21 = weight_texel(n4 + 1, 4 * k4 + 2);
+#line 128
+      VEC4 b31 = weight_texel(n4 + 1, 4 * k4 + 3);
+#line 128
+      VEC4 b02 = weight_texel(n4 + 2, 4 * k4 + 0);
+#line 128
+      VEC4 b12 = weight_texel(n4 + 2, 4 * k4 + 1);
+#line 128
+      VEC4 b22 = weight_texel(n4 + 2, 4 * k4 + 2);
+#line 128
+      VEC4 b32 = weight_texel(n4 + 2, 4 * k4 + 3);
+#line 128
+      VEC4 b03 = weight_texel(n4 + 3, 4 * k4 + 0);
+#line 128
+      VEC4 b13 = weight_texel(n4 + 3, 4 * k4 + 1);
+#line 128
+      VEC4 b23 = weight_texel(n4 + 3, 4 * k4 + 2);
+#line 128
+      VEC4 b33 = weight_texel(n4 + 3, 4 * k4 + 3);
+#line 131
+      VEC4 a0 = subgroupShuffle(mine, first + 0u);
+#line 133
+      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
+#line 133
+      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
+#line 133
+      acc02 += a0.x * b02 + a0.y * b12 + a0.z * b22 + a0.w * b32;
+#line 133
+      acc03 += a0.x * b03 + a0.y * b13 + a0.z * b23 + a0.w * b33;
+#line 131
+      VEC4 a1 = subgroupShuffle(mine, first + 1u);
+#line 133
+      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
+#line 133
+      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
+#line 133
+      acc12 += a1.x * b02 + a1.y * b12 + a1.z * b22 + a1.w * b32;
+#line 133
+      acc13 += a1.x * b03 + a1.y * b13 + a1.z * b23 + a1.w * b33;
+#line 131
+      VEC4 a2 = subgroupShuffle(mine, first + 2u);
+#line 133
+      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
+#line 133
+      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
+#line 133
+      acc22 += a2.x * b02 + a2.y * b12 + a2.z * b22 + a2.w * b32;
+#line 133
+      acc23 += a2.x * b03 + a2.y * b13 + a2.z * b23 + a2.w * b33;
+#line 131
+      VEC4 a3 = subgroupShuffle(mine, first + 3u);
+#line 133
+      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
+#line 133
+      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
+#line 133
+      acc32 += a3.x * b02 + a3.y * b12 + a3.z * b22 + a3.w * b32;
+#line 133
+      acc33 += a3.x * b03 + a3.y * b13 + a3.z * b23 + a3.w * b33;
+#line 131
+      VEC4 a4 = subgroupShuffle(mine, first + 4u);
+#line 133
+      acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
+#line 133
+      acc41 += a4.x * b01 + a4.y * b11 + a4.z * b21 + a4.w * b31;
+#line 133
+      acc42 += a4.x * b02 + a4.y * b12 + a4.z * b22 + a4.w * b32;
+#line 133
+      acc43 += a4.x * b03 + a4.y * b13 + a4.z * b23 + a4.w * b33;
+#line 131
+      VEC4 a5 = subgroupShuffle(mine, first + 5u);
+#line 133
+      acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
+#line 133
+      acc51 += a5.x * b01 + a5.y * b11 + a5.z * b21 + a5.w * b31;
+#line 133
+      acc52 += a5.x * b02 + a5.y * b12 + a5.z * b22 + a5.w * b32;
+#line 133
+      acc53 += a5.x * b03 + a5.y * b13 + a5.z * b23 + a5.w * b33;
+#line 131
+      VEC4 a6 = subgroupShuffle(mine, first + 6u);
+#line 133
+      acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
+#line 133
+      acc61 += a6.x * b01 + a6.y * b11 + a6.z * b21 + a6.w * b31;
+#line 133
+      acc62 += a6.x * b02 + a6.y * b12 + a6.z * b22 + a6.w * b32;
+#line 133
+      acc63 += a6.x * b03 + a6.y * b13 + a6.z * b23 + a6.w * b33;
+#line 131
+      VEC4 a7 = subgroupShuffle(mine, first + 7u);
+#line 133
+      acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
+#line 133
+      acc71 += a7.x * b01 + a7.y * b11 + a7.z * b21 + a7.w * b31;
+#line 133
+      acc72 += a7.x * b02 + a7.y * b12 + a7.z * b22 + a7.w * b32;
+#line 133
+      acc73 += a7.x * b03 + a7.y * b13 + a7.z * b23 + a7.w * b33;
+#line 136
     }
     if (tile_n < tiles_n) {
-#line 131
+#line 139
       VEC4 bias0 = VEC4(0);
       if (pc.has_bias != 0) {
         ivec4 c = min(ivec4(4 * (n4 + 0)) + ivec4(0, 1, 2, 3), ivec4(N - 1));
         bias0 = VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
       }
-#line 131
+#line 139
       VEC4 bias1 = VEC4(0);
       if (pc.has_bias != 0) {
         ivec4 c = min(ivec4(4 * (n4 + 1)) + ivec4(0, 1, 2, 3), ivec4(N - 1));
         bias1 = VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
       }
-#line 131
+#line 139
       VEC4 bias2 = VEC4(0);
       if (pc.has_bias != 0) {
         ivec4 c = min(ivec4(4 * (n4 + 2)) + ivec4(0, 1, 2, 3), ivec4(N - 1));
         bias2 = VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
       }
-#line 131
+#line 139
       VEC4 bias3 = VEC4(0);
       if (pc.has_bias != 0) {
         ivec4 c = min(ivec4(4 * (n4 + 3)) + ivec4(0, 1, 2, 3), ivec4(N - 1));
         bias3 = VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
       }
-#line 138
+#line 146
       if (m0 + 0 < rows) {
-#line 140
-        if (n4 + 0 < N4) { store_out(m0 + 0, n4 + 0, N, acc00 + bias0); }
-#line 140
-        if (n4 + 1 < N4) { store_out(m0 + 0, n4 + 1, N, acc01 + bias1); }
-#line 140
-        if (n4 + 2 < N4) { store_out(m0 + 0, n4 + 2, N, acc02 + bias2); }
-#line 140
-        if (n4 + 3 < N4) { store_out(m0 + 0, n4 + 3, N, acc03 + bias3); }
-#line 142
+#line 148
+        if (n4 + 0 < N4) { store_out(m0 + 0, n4 + 0, N, activated(acc00 + bias0)); }
+#line 148
+        if (n4 + 1 < N4) { store_out(m0 + 0, n4 + 1, N, activated(acc01 + bias1)); }
+#line 148
+        if (n4 + 2 < N4) { store_out(m0 + 0, n4 + 2, N, activated(acc02 + bias2)); }
+#line 148
+        if (n4 + 3 < N4) { store_out(m0 + 0, n4 + 3, N, activated(acc03 + bias3)); }
+#line 150
       }
-#line 138
+#line 146
       if (m0 + 1 < rows) {
-#line 140
-        if (n4 + 0 < N4) { store_out(m0 + 1, n4 + 0, N, acc10 + bias0); }
-#line 140
-        if (n4 + 1 < N4) { store_out(m0 + 1, n4 + 1, N, acc11 + bias1); }
-#line 140
-        if (n4 + 2 < N4) { store_out(m0 + 1, n4 + 2, N, acc12 + bias2); }
-#line 140
-        if (n4 + 3 < N4) { store_out(m0 + 1, n4 + 3, N, acc13 + bias3); }
-#line 142
+#line 148
+        if (n4 + 0 < N4) { store_out(m0 + 1, n4 + 0, N, activated(acc10 + bias0)); }
+#line 148
+        if (n4 + 1 < N4) { store_out(m0 + 1, n4 + 1, N, activated(acc11 + bias1)); }
+#line 148
+        if (n4 + 2 < N4) { store_out(m0 + 1, n4 + 2, N, activated(acc12 + bias2)); }
+#line 148
+        if (n4 + 3 < N4) { store_out(m0 + 1, n4 + 3, N, activated(acc13 + bias3)); }
+#line 150
       }
-#line 138
+#line 146
       if (m0 + 2 < rows) {
-#line 140
-        if (n4 + 0 < N4) { store_out(m0 + 2, n4 + 0, N, acc20 + bias0); }
-#line 140
-        if (n4 + 1 < N4) { store_out(m0 + 2, n4 + 1, N, acc21 + bias1); }
-#line 140
-        if (n4 + 2 < N4) { store_out(m0 + 2, n4 + 2, N, acc22 + bias2); }
-#line 140
-        if (n4 + 3 < N4) { store_out(m0 + 2, n4 + 3, N, acc23 + bias3); }
-#line 142
+#line 148
+        if (n4 + 0 < N4) { store_out(m0 + 2, n4 + 0, N, activated(acc20 + bias0)); }
+#line 148
+        if (n4 + 1 < N4) { store_out(m0 + 2, n4 + 1, N, activated(acc21 + bias1)); }
+#line 148
+        if (n4 + 2 < N4) { store_out(m0 + 2, n4 + 2, N, activated(acc22 + bias2)); }
+#line 148
+        if (n4 + 3 < N4) { store_out(m0 + 2, n4 + 3, N, activated(acc23 + bias3)); }
+#line 150
       }
-#line 138
+#line 146
       if (m0 + 3 < rows) {
-#line 140
-        if (n4 + 0 < N4) { store_out(m0 + 3, n4 + 0, N, acc30 + bias0); }
-#line 140
-        if (n4 + 1 < N4) { store_out(m0 + 3, n4 + 1, N, acc31 + bias1); }
-#line 140
-        if (n4 + 2 < N4) { store_out(m0 + 3, n4 + 2, N, acc32 + bias2); }
-#line 140
-        if (n4 + 3 < N4) { store_out(m0 + 3, n4 + 3, N, acc33 + bias3); }
-#line 142
+#line 148
+        if (n4 + 0 < N4) { store_out(m0 + 3, n4 + 0, N, activated(acc30 + bias0)); }
+#line 148
+        if (n4 + 1 < N4) { store_out(m0 + 3, n4 + 1, N, activated(acc31 + bias1)); }
+#line 148
+        if (n4 + 2 < N4) { store_out(m0 + 3, n4 + 2, N, activated(acc32 + bias2)); }
+#line 148
+        if (n4 + 3 < N4) { store_out(m0 + 3, n4 + 3, N, activated(acc33 + bias3)); }
+#line 150
       }
-#line 138
+#line 146
       if (m0 + 4 < rows) {
-#line 140
-        if (n4 + 0 < N4) { store_out(m0 + 4, n4 + 0, N, acc40 + bias0); }
-#line 140
-        if (n4 + 1 < N4) { store_out(m0 + 4, n4 + 1, N, acc41 + bias1); }
-#line 140
-        if (n4 + 2 < N4) { store_out(m0 + 4, n4 + 2, N, acc42 + bias2); }
-#line 140
-        if (n4 + 3 < N4) { store_out(m0 + 4, n4 + 3, N, acc43 + bias3); }
-#line 142
+#line 148
+        if (n4 + 0 < N4) { store_out(m0 + 4, n4 + 0, N, activated(acc40 + bias0)); }
+#line 148
+        if (n4 + 1 < N4) { store_out(m0 + 4, n4 + 1, N, activated(acc41 + bias1)); }
+#line 148
+        if (n4 + 2 < N4) { store_out(m0 + 4, n4 + 2, N, activated(acc42 + bias2)); }
+#line 148
+        if (n4 + 3 < N4) { store_out(m0 + 4, n4 + 3, N, activated(acc43 + bias3)); }
+#line 150
       }
-#line 138
+#line 146
       if (m0 + 5 < rows) {
-#line 140
-        if (n4 + 0 < N4) { store_out(m0 + 5, n4 + 0, N, acc50 + bias0); }
-#line 140
-        if (n4 + 1 < N4) { store_out(m0 + 5, n4 + 1, N, acc51 + bias1); }
-#line 140
-        if (n4 + 2 < N4) { store_out(m0 + 5, n4 + 2, N, acc52 + bias2); }
-#line 140
-        if (n4 + 3 < N4) { store_out(m0 + 5, n4 + 3, N, acc53 + bias3); }
-#line 142
+#line 148
+        if (n4 + 0 < N4) { store_out(m0 + 5, n4 + 0, N, activated(acc50 + bias0)); }
+#line 148
+        if (n4 + 1 < N4) { store_out(m0 + 5, n4 + 1, N, activated(acc51 + bias1)); }
+#line 148
+        if (n4 + 2 < N4) { store_out(m0 + 5, n4 + 2, N, activated(acc52 + bias2)); }
+#line 148
+        if (n4 + 3 < N4) { store_out(m0 + 5, n4 + 3, N, activated(acc53 + bias3)); }
+#line 150
       }
-#line 138
+#line 146
       if (m0 + 6 < rows) {
-#line 140
-        if (n4 + 0 < N4) { store_out(m0 + 6, n4 + 0, N, acc60 + bias0); }
-#line 140
-        if (n4 + 1 < N4) { store_out(m0 + 6, n4 + 1, N, acc61 + bias1); }
-#line 140
-        if (n4 + 2 < N4) { store_out(m0 + 6, n4 + 2, N, acc62 + bias2); }
-#line 140
-        if (n4 + 3 < N4) { store_out(m0 + 6, n4 + 3, N, acc63 + bias3); }
-#line 142
+#line 148
+        if (n4 + 0 < N4) { store_out(m0 + 6, n4 + 0, N, activated(acc60 + bias0)); }
+#line 148
+        if (n4 + 1 < N4) { store_out(m0 + 6, n4 + 1, N, activated(acc61 + bias1)); }
+#line 148
+        if (n4 + 2 < N4) { store_out(m0 + 6, n4 + 2, N, activated(acc62 + bias2)); }
+#line 148
+        if (n4 + 3 < N4) { store_out(m0 + 6, n4 + 3, N, activated(acc63 + bias3)); }
+#line 150
       }
-#line 138
+#line 146
       if (m0 + 7 < rows) {
-#line 140
-        if (n4 + 0 < N4) { store_out(m0 + 7, n4 + 0, N, acc70 + bias0); }
-#line 140
-        if (n4 + 1 < N4) { store_out(m0 + 7, n4 + 1, N, acc71 + bias1); }
-#line 140
-        if (n4 + 2 < N4) { store_out(m0 + 7, n4 + 2, N, acc72 + bias2); }
-#line 140
-        if (n4 + 3 < N4) { store_out(m0 + 7, n4 + 3, N, acc73 + bias3); }
-#line 142
+#line 148
+        if (n4 + 0 < N4) { store_out(m0 + 7, n4 + 0, N, activated(acc70 + bias0)); }
+#line 148
+        if (n4 + 1 < N4) { store_out(m0 + 7, n4 + 1, N, activated(acc71 + bias1)); }
+#line 148
+        if (n4 + 2 < N4) { store_out(m0 + 7, n4 + 2, N, activated(acc72 + bias2)); }
+#line 148
+        if (n4 + 3 < N4) { store_out(m0 + 7, n4 + 3, N, activated(acc73 + bias3)); }
+#line 150
       }
-#line 144
+#line 152
     }
   }
 }

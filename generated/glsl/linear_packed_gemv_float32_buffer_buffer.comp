@@ -42,6 +42,12 @@ layout(push_constant) uniform PushConstants {
   int units;
 #line 27
   int has_bias;
+#line 27
+  int activation;
+#line 27
+  float act_min;
+#line 27
+  float act_max;
 #line 29
 } pc;
 
@@ -72,28 +78,51 @@ T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, b
 layout(constant_id = 7) const int k_ragged = 1;  // ragged
 #line 75
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
-#line 24 "shaders/linear_packed_gemv.glsl.j2"
-layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
-#line 27
-layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
+#line 75
+layout(constant_id = 9) const int act = -1;  // activation_code
+#line 13 "shaders/_conv_activation.glsl.j2"
+VEC4 conv_activation(VEC4 v) {
+  int a = (act >= 0 ? act : pc.activation);
+  float inf = uintBitsToFloat(0x7f800000u);
+  float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);
+  float hi = a == 2 ? pc.act_max : inf;
+  // one exp serves the sigmoid gates and gelu's erf (Abramowitz & Stegun 7.1.26, as tf_erf)
+  VEC4 s = a == 6 ? 1.5957691216057308 * (v + 0.044715 * v * v * v) : v;
+  VEC4 e = exp(a == 5 ? -0.5 * v * v : -s);
+  VEC4 t = VEC4(1) / (VEC4(1) + 0.3275911 * abs(v) * 0.7071067811865476);
+  VEC4 erf_abs = VEC4(1) - ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * e;
+  VEC4 gate = a == 3 ? clamp(v / 6.0 + 0.5, 0.0, 1.0)
+            : (a == 4 || a == 6) ? VEC4(1) / (VEC4(1) + e)
+            : a == 5 ? 0.5 * (VEC4(1) + sign(v) * erf_abs)
+            : VEC4(1);
+  return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
+}
+
+// The fused activation, compiled out where the shape class `act` says none.
+#line 26 "shaders/linear_packed_gemv.glsl.j2"
+VEC4 activated(VEC4 v) { return act == 0 ? v : conv_activation(v); }
 #line 30
+layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
+#line 33
+layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
+#line 36
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
 
-#line 33
+#line 39
 VEC4 input_texel(int row, int k4, int K) {
-#line 35
+#line 41
   if (k_ragged == 0) { return VEC4(t4_input[row * (K >> 2) + k4]); }
   int o = row * K + 4 * k4;
   int k = 4 * k4;
   return VEC4(t_input[o], k + 1 < K ? t_input[o + 1] : T(0), k + 2 < K ? t_input[o + 2] : T(0),
               k + 3 < K ? t_input[o + 3] : T(0));
-#line 44
+#line 50
 }
 
 VEC4 weight_texel(int n4, int k) {
-#line 48
+#line 54
   return VEC4(t4_weight[k * (pc.weight_sizes.x >> 2) + n4]);
-#line 52
+#line 58
 }
 
 void main() {
@@ -127,12 +156,13 @@ void main() {
     ivec4 c = min(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N - 1));
     v += VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
   }
-#line 86
+  v = activated(v);
+#line 93
   if (n_ragged == 0) {
     t4_out[row * N4 + n4] = vec4(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = v[j]; }
   }
-#line 97
+#line 104
 }

@@ -42,6 +42,12 @@ layout(push_constant) uniform PushConstants {
   int units;
 #line 27
   int has_bias;
+#line 27
+  int activation;
+#line 27
+  float act_min;
+#line 27
+  float act_max;
 #line 29
 } pc;
 
@@ -82,19 +88,42 @@ T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, b
 layout(constant_id = 7) const int k_ragged = 1;  // ragged
 #line 75
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
+#line 75
+layout(constant_id = 9) const int act = -1;  // activation_code
+#line 13 "shaders/_conv_activation.glsl.j2"
+VEC4 conv_activation(VEC4 v) {
+  int a = (act >= 0 ? act : pc.activation);
+  float inf = uintBitsToFloat(0x7f800000u);
+  float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);
+  float hi = a == 2 ? pc.act_max : inf;
+  // one exp serves the sigmoid gates and gelu's erf (Abramowitz & Stegun 7.1.26, as tf_erf)
+  VEC4 s = a == 6 ? 1.5957691216057308 * (v + 0.044715 * v * v * v) : v;
+  VEC4 e = exp(a == 5 ? -0.5 * v * v : -s);
+  VEC4 t = VEC4(1) / (VEC4(1) + 0.3275911 * abs(v) * 0.7071067811865476);
+  VEC4 erf_abs = VEC4(1) - ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * e;
+  VEC4 gate = a == 3 ? clamp(v / 6.0 + 0.5, 0.0, 1.0)
+            : (a == 4 || a == 6) ? VEC4(1) / (VEC4(1) + e)
+            : a == 5 ? 0.5 * (VEC4(1) + sign(v) * erf_abs)
+            : VEC4(1);
+  return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
+}
 
-#line 33 "shaders/linear_packed_gemv.glsl.j2"
+// The fused activation, compiled out where the shape class `act` says none.
+#line 26 "shaders/linear_packed_gemv.glsl.j2"
+VEC4 activated(VEC4 v) { return act == 0 ? v : conv_activation(v); }
+
+#line 39
 VEC4 input_texel(int row, int k4, int K) {
-#line 41
+#line 47
   int height = pc.input_sizes.y;
   return imageLoad(t_input, ivec3(k4, row % height, row / height));
-#line 44
+#line 50
 }
 
 VEC4 weight_texel(int n4, int k) {
-#line 50
+#line 56
   return imageLoad(t_weight, ivec3(n4, k, 0));
-#line 52
+#line 58
 }
 
 void main() {
@@ -128,9 +157,10 @@ void main() {
     ivec4 c = min(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N - 1));
     v += VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
   }
-#line 93
+  v = activated(v);
+#line 100
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
   store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
-#line 97
+#line 104
 }

@@ -37,6 +37,9 @@ In order, in place on the graph:
    no kernel pays at run time for a path it does not take.
 7. Matmul kernel choice (runtime/graph/prepack_matmul.py, always): a device linear with a constant
    float32 weight becomes linear_packed / linear_packed_gemv, its weight prepacked [K, N].
+8. linear + activation: a linear_packed / linear_packed_gemv whose only user is relu, relu6 /
+   hardtanh, hardswish, silu or gelu applies it at its store (its `activation` argument): a
+   transformer MLP's linear + gelu, one dispatch.
 Each fused node lists what it absorbed in `node.fused`, which the plan shows.
 """
 
@@ -56,7 +59,8 @@ PADDING_MODE_CONVS = {"aten.conv2d.padding": ("conv2d", 4), "aten.conv1d.padding
 ADAPTIVE_MAX_POOL = "aten.adaptive_max_pool2d.default"
 CONV_DW_TARGET = "texelflow.conv2d_dw.default"
 # conv or add op -> the op that also applies an activation (step 5)
-WITH_ACTIVATION = {"conv2d": "conv2d_act", "conv2d_dw": "conv2d_dw_act", "add": "add_act"}
+WITH_ACTIVATION = {"conv2d": "conv2d_act", "conv2d_dw": "conv2d_dw_act", "add": "add_act",
+                   "linear_packed": "linear_packed", "linear_packed_gemv": "linear_packed_gemv"}
 
 # activation target -> (the `activation` value of conv2d_act / conv2d_dw_act, act_min, act_max)
 ACTIVATIONS = {
@@ -110,6 +114,9 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
     from .prepack_matmul import choose_matmul_kernels
 
     choose_matmul_kernels(graph, texture_limits, subgroup)  # linear -> linear_packed (prepack_matmul.py)
+    for node in list(graph.nodes):  # 8: the packed linears take their activation
+        if node.on_device and node.op.name in ("linear_packed", "linear_packed_gemv"):
+            _fuse_activation(graph, node)
     return graph
 
 
@@ -346,7 +353,8 @@ def _activation_of(graph: PlanGraph, node: Node, allowed) -> tuple[Node, Value, 
 
 
 def _fuse_activation(graph: PlanGraph, node: Node) -> None:
-    """Step 5: `node` (a device conv, or an add into add_act) takes its activation's output."""
+    """Steps 5 and 8: `node` (a device conv, an add into add_act, a packed linear) takes its
+    activation's output."""
     op = OPS[WITH_ACTIVATION[node.op.name]]
     found = _activation_of(graph, node, op.arg_spec("activation").values)
     if found is None:
@@ -463,23 +471,29 @@ def conv2d_act_reference(input, weight, bias=None, stride=(1, 1), padding=(0, 0)
     test's reference)."""
     import torch.nn.functional as F
 
-    y = F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    return activation_reference(F.conv2d(input, weight, bias, stride, padding, dilation, groups), activation,
+                                act_min, act_max)
+
+
+def activation_reference(y, activation="none", act_min=0.0, act_max=0.0):
+    """A fused op's `activation` (act_min, act_max: hardtanh's bounds) applied to `y`, in torch."""
+    import torch
+    import torch.nn.functional as F
+
     if activation == "none":
         return y
     if activation == "hardtanh":
         return F.hardtanh(y, act_min, act_max)
-    if activation in ("gelu", "gelu_tanh"):
-        return F.gelu(y, approximate="tanh" if activation == "gelu_tanh" else "none")
+    if activation in ("gelu", "gelu_tanh"):  # +inf: the limit, +inf (torch's vectorised exact gelu says NaN)
+        return torch.where(torch.isposinf(y), y, F.gelu(y, approximate="tanh" if activation == "gelu_tanh" else "none"))
     return {"relu": F.relu, "hardswish": F.hardswish, "silu": F.silu}[activation](y)
 
 
 def add_act_reference(self, other, alpha=1, activation="relu", act_min=0.0, act_max=0.0):
     """What texelflow's add_act computes, in torch (the kernel test's reference)."""
     import torch
-    import torch.nn.functional as F
 
-    y = torch.add(self, other, alpha=alpha)
-    return F.hardtanh(y, act_min, act_max) if activation == "hardtanh" else F.relu(y)
+    return activation_reference(torch.add(self, other, alpha=alpha), activation, act_min, act_max)
 
 
 def fusion_op_name(node: Node) -> str:

@@ -287,3 +287,36 @@ def test_activations_add_act_cannot_take_stay_apart(device):
     got, prog = _run(device, model, x)
     assert _dispatches(prog.plan) == {"conv2d": 1, "add": 1, "silu": 1}, prog.plan.summary()
     _close(got, model(x))
+
+
+@pytest.mark.parametrize("rows,act,op", [(10, "gelu", "linear_packed"), (10, "gelu_tanh", "linear_packed"),
+                                         (1, "hardswish", "linear_packed_gemv"), (1, "relu", "linear_packed_gemv")])
+def test_linear_activation_is_applied_at_the_store(device, rows, act, op):
+    """A transformer MLP's linear + gelu (a classifier head's linear + hardswish): the packed
+    linear applies the activation as it stores, one dispatch."""
+    model = nn.Sequential(nn.Linear(12, 24), copy.deepcopy(ACTIVATIONS[act]), nn.Linear(24, 5)).eval()
+    x = torch.randn(rows, 12) * 2
+    got, prog = _run(device, model, x)
+    assert _dispatches(prog.plan) == {op: 2}, prog.plan.summary()
+    first, second = [n for n in prog.plan.graph.device_nodes() if not n.transition]
+    assert (first.value("activation"), second.value("activation")) == (act, "none")
+    assert any("fused" in f for f in first.fused), first.fused
+    _close(got, model(x))
+
+
+def test_linear_whose_output_is_also_read_keeps_its_activation(device):
+    class Both(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(12, 8)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return nn.functional.gelu(y), y
+
+    model = Both().eval()
+    x = torch.randn(6, 12)
+    (got_a, got_y), prog = _run(device, model, x)
+    assert _dispatches(prog.plan) == {"linear_packed": 1, "gelu": 1}, prog.plan.summary()
+    want_a, want_y = model(x)
+    _close(got_a, want_a), _close(got_y, want_y)

@@ -181,7 +181,8 @@ def test_linear_packed_vit_s_shapes(device, m, k, n, storage):
     packed = linear_weight_kn(torch.from_numpy(w).double()).float().numpy()
     wst = "texture3d" if storage == "buffer" else "buffer"  # both weight storages across the two runs
     variant = find_variant("linear_packed", dtype="float32", storage=storage, weight_storage=wst)
-    _dispatch_and_check(device, variant, {"input": x, "weight": packed, "bias": b}, {"has_bias": 1},
+    _dispatch_and_check(device, variant, {"input": x, "weight": packed, "bias": b},
+                        {"has_bias": 1, "activation": 0, "act_min": 0.0, "act_max": 0.0},
                         -(-n // 16) * -(-m // 8), {"k_ragged": 0, "n_ragged": 0}, x @ w.T + b,
                         {"input": storage, "out": storage, "weight": wst, "bias": "buffer"})
 
