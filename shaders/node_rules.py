@@ -389,12 +389,13 @@ def _same_sizes(facts: SpecFacts, p: dict) -> int:
 ACTIVATION_CODES = ("none", "relu", "hardtanh", "hardswish", "silu", "gelu", "gelu_tanh")
 
 
-@_spec_rule("activation_code", -1)
+@_spec_rule("activation_code", 0, tensor_params=("activation_code",))
 def _activation_code(facts: SpecFacts, p: dict) -> int:
-    """The node's activation (the str argument `activation_code` names) as its index in
-    [none, relu, hardtanh, hardswish, silu, gelu, gelu_tanh], so that the pipeline compiles only
-    that activation's arithmetic; -1 (general) reads the push constant `activation` instead."""
-    return ACTIVATION_CODES.index(facts.value(p["activation_code"]))
+    """1 + the index of the node's `activation` argument (the fused activation applied to tensor
+    `activation_code`) in [none, relu, hardtanh, hardswish, silu, gelu, gelu_tanh], so that the
+    pipeline compiles only that activation's arithmetic (1: none at all); 0 (general) reads the
+    push constant `activation` instead."""
+    return 1 + ACTIVATION_CODES.index(facts.value("activation"))
 
 
 @_spec_rule("ragged", 1, tensor_params=("ragged",))

@@ -89,10 +89,10 @@ layout(constant_id = 7) const int k_ragged = 1;  // ragged
 #line 75
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
 #line 75
-layout(constant_id = 9) const int act = -1;  // activation_code
+layout(constant_id = 9) const int act = 0;  // activation_code
 #line 13 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
-  int a = (act >= 0 ? act : pc.activation);
+  int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);
   float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);
   float hi = a == 2 ? pc.act_max : inf;
@@ -110,7 +110,7 @@ VEC4 conv_activation(VEC4 v) {
 
 // The fused activation, compiled out where the shape class `act` says none.
 #line 46 "shaders/linear_packed.glsl.j2"
-VEC4 activated(VEC4 v) { return act == 0 ? v : conv_activation(v); }
+VEC4 activated(VEC4 v) { return act == 1 ? v : conv_activation(v); }
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 

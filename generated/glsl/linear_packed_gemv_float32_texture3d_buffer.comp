@@ -85,10 +85,10 @@ layout(constant_id = 7) const int k_ragged = 1;  // ragged
 #line 75
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
 #line 75
-layout(constant_id = 9) const int act = -1;  // activation_code
+layout(constant_id = 9) const int act = 0;  // activation_code
 #line 13 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
-  int a = (act >= 0 ? act : pc.activation);
+  int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);
   float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);
   float hi = a == 2 ? pc.act_max : inf;
@@ -106,7 +106,7 @@ VEC4 conv_activation(VEC4 v) {
 
 // The fused activation, compiled out where the shape class `act` says none.
 #line 26 "shaders/linear_packed_gemv.glsl.j2"
-VEC4 activated(VEC4 v) { return act == 0 ? v : conv_activation(v); }
+VEC4 activated(VEC4 v) { return act == 1 ? v : conv_activation(v); }
 #line 33
 layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 
