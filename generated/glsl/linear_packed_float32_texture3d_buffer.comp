@@ -86,6 +86,9 @@ layout(constant_id = 7) const int k_ragged = 1;  // ragged
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
 #line 75
 layout(constant_id = 9) const int act = 0;  // activation_code
+#line 42 "shaders/linear_packed.glsl.j2"
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
 #line 13 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
   int a = (act > 0 ? act - 1 : pc.activation);
@@ -105,10 +108,8 @@ VEC4 conv_activation(VEC4 v) {
 }
 
 // The fused activation, compiled out where the shape class `act` says none.
-#line 46 "shaders/linear_packed.glsl.j2"
+#line 48 "shaders/linear_packed.glsl.j2"
 VEC4 activated(VEC4 v) { return act == 1 ? v : conv_activation(v); }
-#extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_shader_subgroup_shuffle : require
 #line 57
 layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 
