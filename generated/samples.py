@@ -368,6 +368,13 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'gelu', 'bias': (9,), 'input': (2, 9, 3, 7), 'padding': (1, 3), 'weight': (25, 12)},
         {'act_max': 0.5, 'act_min': -1.0, 'activation': 'hardtanh', 'bias': None, 'input': (1, 4, 7, 1), 'padding': (2, 2), 'weight': (25, 4)},
     ),
+    'conv2d_dw7_s1': (
+        {'bias': (5,), 'input': (1, 5, 9, 11), 'padding': (3, 3), 'weight': (49, 8)},
+        {'activation': 'gelu', 'bias': None, 'input': (2, 3, 7, 7), 'padding': (3, 3), 'weight': (49, 4)},
+        {'bias': (1,), 'input': (1, 1, 1, 1), 'padding': (3, 3), 'weight': (49, 4)},
+        {'activation': 'relu', 'bias': (6,), 'input': (1, 6, 7, 13), 'weight': (49, 8)},
+        {'act_max': 0.5, 'act_min': -1.0, 'activation': 'hardtanh', 'bias': (9,), 'input': (1, 9, 5, 3), 'padding': (1, 3), 'weight': (49, 12)},
+    ),
     'conv2d_dw_act': (
         {'activation': 'relu', 'bias': (7,), 'groups': 7, 'input': (2, 7, 6, 5), 'padding': (1, 1), 'stride': (2, 2), 'weight': (7, 1, 3, 3)},
         {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'bias': (5,), 'groups': 5, 'input': (1, 5, 9, 19), 'padding': (1, 1), 'weight': (5, 1, 3, 3)},

@@ -29,7 +29,7 @@ In order, in place on the graph:
    parameters allow, its weight a derived constant prepacked for it (runtime/graph/prepack_conv.py):
      pointwise (1x1, stride 1, padding 0, groups 1)  -> conv2d_pw / conv2d_pw_act (a GEMM)
      3x3 (stride 1, dilation 1, groups 1)            -> conv2d_wino (Winograd F(2x2, 3x3), any padding)
-     depthwise 3x3 / 5x5 (stride 1, dilation 1)     -> conv2d_dw3_s1 / conv2d_dw5_s1 (rows loaded once)
+     depthwise 3x3 / 5x5 / 7x7 (stride 1, dil. 1)    -> conv2d_dw3_s1 / _dw5_s1 / _dw7_s1 (rows loaded once)
      any other dense conv (groups 1)                 -> conv2d_gemm (an implicit GEMM)
    Grouped convs, strided or dilated depthwise ones and tall outputs narrower than 4 (conv1d runs
    as [N, C, L, 1]: the specialised kernels tile along W, the general one 4 x 8) stay on the
@@ -368,20 +368,22 @@ def _fuse_activation(graph: PlanGraph, node: Node) -> None:
 
 
 # ---- 6: kernel choice ------------------------------------------------------------------------------------
+# the square kernel sizes with a stride-1 depthwise kernel (conv2d_dw{K}_s1: MobileNet's 3 and 5, ConvNeXt's 7)
+DEPTHWISE_SIZES = (3, 5, 7)
 # general conv op -> {kernel class: the specialised op}
 SPECIALISED = {"conv2d": {"pointwise": "conv2d_pw", "winograd": "conv2d_wino", "dense": "conv2d_gemm"},
                "conv2d_act": {"pointwise": "conv2d_pw_act", "winograd": "conv2d_wino", "dense": "conv2d_gemm"},
-               "conv2d_dw": {"depthwise3": "conv2d_dw3_s1", "depthwise5": "conv2d_dw5_s1"},
-               "conv2d_dw_act": {"depthwise3": "conv2d_dw3_s1", "depthwise5": "conv2d_dw5_s1"}}
+               "conv2d_dw": {f"depthwise{k}": f"conv2d_dw{k}_s1" for k in DEPTHWISE_SIZES},
+               "conv2d_dw_act": {f"depthwise{k}": f"conv2d_dw{k}_s1" for k in DEPTHWISE_SIZES}}
 # kernel class -> (prepack recipe, weight suffix)
 PREPACKS = {"pointwise": ("pointwise_conv_weight", "pointwise"), "winograd": ("winograd_f2_weight", "winograd"),
             "dense": ("conv_gemm_weight", "gemm"),
-            "depthwise3": ("depthwise_conv_weight", "depthwise"), "depthwise5": ("depthwise_conv_weight", "depthwise")}
+            **{f"depthwise{k}": ("depthwise_conv_weight", "depthwise") for k in DEPTHWISE_SIZES}}
 
 
 def conv_kernel_class(node: Node) -> str:
     """Which kernel a device conv2d / conv2d_act / conv2d_dw / conv2d_dw_act runs on, from its
-    parameters: "pointwise", "winograd", "dense", "depthwise3", "depthwise5" or "general"."""
+    parameters: "pointwise", "winograd", "dense", "depthwise3" / "depthwise5" / "depthwise7" or "general"."""
     weight = node.arg("weight")
     if not isinstance(weight, Value) or weight.role is not Role.CONST or len(weight.shape) != 4:
         return "general"
@@ -392,7 +394,7 @@ def conv_kernel_class(node: Node) -> str:
     if ow < 4 and oh >= 4:
         return "general"  # their tiles run along W: the general one's 4 x 8 suits a tall, narrow output better
     if node.op.name in ("conv2d_dw", "conv2d_dw_act"):
-        if stride == (1, 1) and dilation == (1, 1) and kh == kw and kh in (3, 5):
+        if stride == (1, 1) and dilation == (1, 1) and kh == kw and kh in DEPTHWISE_SIZES:
             return f"depthwise{kh}"
         return "general"
     if groups != 1:
@@ -450,7 +452,7 @@ def _specialised(graph: PlanGraph, conv: Node, op, kernel: str) -> tuple[Node, V
     cout, cin, kh, kw = w.shape
     shape = {"pointwise": (padded4(cin), padded4(cout)), "winograd": (16, padded4(cin), padded4(cout)),
              "dense": (kh * kw, padded4(cin), padded4(cout)),
-             "depthwise3": (9, padded4(cout)), "depthwise5": (25, padded4(cout))}[kernel]
+             **{f"depthwise{k}": (k * k, padded4(cout)) for k in DEPTHWISE_SIZES}}[kernel]
     packed = graph.add_derived(f"{w.name}.{suffix}", shape, w.dtype, recipe, (w,))
     args = [("input", conv.arg("input")), ("weight", packed), ("bias", conv.arg("bias"))]
     padding = list(_pair(conv.value("padding") or [0]))  # explicit: torch's export omits defaults
@@ -458,7 +460,7 @@ def _specialised(graph: PlanGraph, conv: Node, op, kernel: str) -> tuple[Node, V
              "dense": [("kernel_size", [kh, kw]), ("stride", list(_pair(conv.value("stride") or [1]))),
                        ("padding", padding), ("dilation", list(_pair(conv.value("dilation") or [1]))),
                        ("out_channels", cout)],
-             "depthwise3": [("padding", padding)], "depthwise5": [("padding", padding)]}[kernel]
+             **{f"depthwise{k}": [("padding", padding)] for k in DEPTHWISE_SIZES}}[kernel]
     args += [(n, v) for n, v in conv.args if n in ("activation", "act_min", "act_max")]
     new = Node(conv.name, op.targets[0], op, args, list(conv.outputs))
     new.fused = list(conv.fused) + [f"{op.name} kernel (from {conv.op.name})"]

@@ -98,7 +98,7 @@ def conv2d_gemm_reference(input, weight, bias=None, kernel_size=(1, 1), stride=(
 
 def conv2d_dw_s1_reference(input, weight, bias=None, padding=(0, 0), activation="none", act_min=0.0,
                            act_max=0.0):
-    """What conv2d_dw3_s1 / conv2d_dw5_s1 compute: the stride-1 K x K depthwise convolution whose
+    """What conv2d_dw3_s1 / _dw5_s1 / _dw7_s1 compute: the stride-1 K x K depthwise convolution whose
     weight is the prepacked [K * K, C4 * 4] one's first C columns, then the activation."""
     from .fusion import conv2d_act_reference
 

@@ -49,7 +49,8 @@ def _close(got, want):
     (nn.Conv2d(8, 8, 5, padding=2, groups=8), "conv2d_dw5_s1"),
     (nn.Conv2d(8, 8, 3, padding=1, stride=2, groups=8), "conv2d_dw"),  # strided depthwise: general
     (nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=8), "conv2d_dw"),
-    (nn.Conv2d(8, 8, 7, padding=3, groups=8), "conv2d_dw"),
+    (nn.Conv2d(8, 8, 7, padding=3, groups=8), "conv2d_dw7_s1"),
+    (nn.Conv2d(8, 8, 7, padding=3, stride=2, groups=8), "conv2d_dw"),
     (nn.Conv2d(8, 12, 5, padding=2), "conv2d_gemm"),
 ])
 def test_kernel_is_chosen_from_the_conv_parameters(layer, op):
@@ -135,6 +136,8 @@ CASES = [  # (layer(s), input shape, the op expected)
     (lambda: nn.Conv2d(7, 7, 3, groups=7), (2, 7, 3, 7), "conv2d_dw3_s1"),
     (lambda: nn.Conv2d(3, 3, 5, padding=(1, 2), groups=3, bias=False), (1, 3, 7, 5), "conv2d_dw5_s1"),
     (lambda: nn.Conv2d(5, 5, 3, padding=1, groups=5), (2, 5, 1, 5), "conv2d_dw3_s1"),
+    (lambda: nn.Conv2d(40, 40, 7, padding=3, groups=40), (1, 40, 14, 14), "conv2d_dw7_s1"),         # ConvNeXt
+    (lambda: nn.Sequential(nn.Conv2d(5, 5, 7, padding=(3, 1), groups=5), nn.GELU()), (2, 5, 3, 9), "conv2d_dw7_s1"),
     (lambda: nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3), nn.BatchNorm2d(64), nn.ReLU()),
      (1, 3, 224, 224), "conv2d_gemm"),                                                  # ResNet-18 stem
     (lambda: nn.Conv2d(64, 128, 3, stride=2, padding=1), (1, 64, 56, 56), "conv2d_gemm"),
@@ -163,8 +166,9 @@ def test_matches_torch(device, make, shape, op):
 
 
 @pytest.mark.parametrize("layer", [nn.Conv2d(6, 5, 1), nn.Conv2d(6, 5, 3, padding=1),
-                                   nn.Conv2d(6, 6, 5, padding=2, groups=6), nn.Conv2d(6, 5, 3, stride=2, padding=1)],
-                         ids=["pointwise", "winograd", "depthwise", "gemm"])
+                                   nn.Conv2d(6, 6, 5, padding=2, groups=6), nn.Conv2d(6, 6, 7, padding=3, groups=6),
+                                   nn.Conv2d(6, 5, 3, stride=2, padding=1)],
+                         ids=["pointwise", "winograd", "depthwise", "depthwise7", "gemm"])
 def test_nan_reaches_exactly_the_outputs_whose_window_holds_it(device, layer):
     torch.manual_seed(1)
     layer = layer.eval()

@@ -217,6 +217,7 @@ CONV = [  # (module, input shape, the kernel fusion chooses)
     (lambda: nn.Conv2d(5, 5, 3, padding=1, groups=5), (1, 5, 7, 9), "conv2d_dw3_s1"),
     (lambda: nn.Sequential(nn.Conv2d(3, 3, 5, padding=2, groups=3), nn.Hardswish()), (2, 3, 5, 13), "conv2d_dw5_s1"),
     (lambda: nn.Conv2d(1, 1, 3, padding=1), (1, 1, 5, 5), "conv2d_dw3_s1"),
+    (lambda: nn.Sequential(nn.Conv2d(6, 6, 7, padding=3, groups=6), nn.GELU()), (1, 6, 7, 5), "conv2d_dw7_s1"),
 ]
 
 
