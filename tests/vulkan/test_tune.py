@@ -34,6 +34,8 @@ def test_quick_tune_finishes_and_writes_a_table_keyed_by_the_device(device, tune
     assert info["name"] == device.limits.name and doc["device"] == device.limits.name
     assert {"vendor_id", "device_id", "driver_version"} <= set(info)
     assert f"{info['vendor_id']:04x}" in path.name and doc["quick"] is True
+    if device.limits.device_type == "cpu":  # lavapipe: the processor is part of the device
+        assert info["host_cpu"] == tune.host_cpu() and tune.device_key(device).endswith(info["host_cpu"])
     model = CostModel.from_json(path.read_text(), str(path))
     classes = {c for c, _ in model.entries}
     assert {"relu", "unary", "add", "binary", "to_layout", "*"} <= classes
