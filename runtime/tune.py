@@ -53,7 +53,8 @@ def device_key(device) -> str:
     """The key a device's cost table is stored under: a new driver or another GPU gets its own,
     and a CPU device (lavapipe) on another processor too: its name says only the LLVM version and
     vector width, yet the same lavapipe reads buffers at 10 GB/s on an Intel Xeon and at 1.8 GB/s
-    on an AMD EPYC (its gathers), so a table measured on one misleads the planner on the other."""
+    on an AMD EPYC (textures the other way round), so a table measured on one misleads the planner
+    on the other."""
     i = device_info(device)
     key = f"{i['name']}-{i['vendor_id']:04x}-{i['device_id']:04x}-{i['driver_version']:x}"
     return f"{key}-{i['host_cpu']}" if i.get("host_cpu") else key
