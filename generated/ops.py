@@ -1227,6 +1227,48 @@ OPS: dict[str, OpEntry] = {
             'conv2d_dw3_s1_float32_texture3d',
         ),
     ),
+    'conv2d_dw3_s2': OpEntry(
+        name='conv2d_dw3_s2',
+        targets=(
+            'texelflow.conv2d_dw3_s2.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'padding', None),)),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (2,)))),)),
+        ),
+        grid=('per_row', 'out'),
+        template='conv2d_dw_s1',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_dw3_s2_float16_texture3d',
+            'conv2d_dw3_s2_float32_texture3d',
+        ),
+    ),
     'conv2d_dw5_s1': OpEntry(
         name='conv2d_dw5_s1',
         targets=(
@@ -1267,6 +1309,48 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'conv2d_dw5_s1_float16_texture3d',
             'conv2d_dw5_s1_float32_texture3d',
+        ),
+    ),
+    'conv2d_dw5_s2': OpEntry(
+        name='conv2d_dw5_s2',
+        targets=(
+            'texelflow.conv2d_dw5_s2.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'padding', None),)),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (2,)))),)),
+        ),
+        grid=('per_row', 'out'),
+        template='conv2d_dw_s1',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_dw5_s2_float16_texture3d',
+            'conv2d_dw5_s2_float32_texture3d',
         ),
     ),
     'conv2d_dw7_s1': OpEntry(
@@ -6369,7 +6453,9 @@ TARGETS: dict[str, str] = {
     'texelflow.conv2d_act.default': 'conv2d_act',
     'texelflow.conv2d_dw.default': 'conv2d_dw',
     'texelflow.conv2d_dw3_s1.default': 'conv2d_dw3_s1',
+    'texelflow.conv2d_dw3_s2.default': 'conv2d_dw3_s2',
     'texelflow.conv2d_dw5_s1.default': 'conv2d_dw5_s1',
+    'texelflow.conv2d_dw5_s2.default': 'conv2d_dw5_s2',
     'texelflow.conv2d_dw7_s1.default': 'conv2d_dw7_s1',
     'texelflow.conv2d_dw_act.default': 'conv2d_dw_act',
     'texelflow.conv2d_gemm.default': 'conv2d_gemm',

@@ -360,6 +360,14 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'bias': (12,), 'input': (2, 12, 6, 17), 'padding': (2, 0), 'weight': (9, 12)},
         {'activation': 'gelu_tanh', 'bias': None, 'input': (1, 4, 7, 1), 'padding': (1, 1), 'weight': (9, 4)},
     ),
+    'conv2d_dw3_s2': (
+        {'bias': (3,), 'input': (1, 3, 7, 5), 'padding': (1, 1), 'weight': (9, 4)},
+        {'activation': 'relu', 'bias': None, 'input': (2, 5, 9, 19), 'padding': (1, 1), 'weight': (9, 8)},
+        {'bias': (1,), 'input': (1, 1, 1, 1), 'padding': (1, 1), 'weight': (9, 4)},
+        {'activation': 'hardswish', 'bias': (7,), 'input': (1, 7, 3, 3), 'weight': (9, 8)},
+        {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'bias': (12,), 'input': (2, 12, 6, 17), 'padding': (2, 0), 'weight': (9, 12)},
+        {'activation': 'gelu_tanh', 'bias': None, 'input': (1, 4, 8, 10), 'padding': (1, 1), 'weight': (9, 4)},
+    ),
     'conv2d_dw5_s1': (
         {'activation': 'relu', 'bias': None, 'input': (2, 5, 9, 19), 'padding': (2, 2), 'weight': (25, 8)},
         {'bias': (1,), 'input': (1, 1, 1, 1), 'padding': (2, 2), 'weight': (25, 4)},
@@ -367,6 +375,13 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'hardswish', 'bias': (6,), 'input': (1, 6, 13, 11), 'padding': (2, 2), 'weight': (25, 8)},
         {'activation': 'gelu', 'bias': (9,), 'input': (2, 9, 3, 7), 'padding': (1, 3), 'weight': (25, 12)},
         {'act_max': 0.5, 'act_min': -1.0, 'activation': 'hardtanh', 'bias': None, 'input': (1, 4, 7, 1), 'padding': (2, 2), 'weight': (25, 4)},
+    ),
+    'conv2d_dw5_s2': (
+        {'activation': 'relu', 'bias': None, 'input': (2, 5, 9, 19), 'padding': (2, 2), 'weight': (25, 8)},
+        {'bias': (1,), 'input': (1, 1, 1, 1), 'padding': (2, 2), 'weight': (25, 4)},
+        {'activation': 'silu', 'bias': (7,), 'input': (1, 7, 5, 5), 'weight': (25, 8)},
+        {'activation': 'hardswish', 'bias': (6,), 'input': (1, 6, 13, 11), 'padding': (2, 2), 'weight': (25, 8)},
+        {'activation': 'gelu', 'bias': (9,), 'input': (2, 9, 3, 7), 'padding': (1, 3), 'weight': (25, 12)},
     ),
     'conv2d_dw7_s1': (
         {'bias': (5,), 'input': (1, 5, 9, 11), 'padding': (3, 3), 'weight': (49, 8)},

@@ -30,11 +30,12 @@ In order, in place on the graph:
      pointwise (1x1, stride 1, padding 0, groups 1)  -> conv2d_pw / conv2d_pw_act (a GEMM)
      3x3 (stride 1, dilation 1, groups 1)            -> conv2d_wino (Winograd F(2x2, 3x3), any padding)
      depthwise 3x3 / 5x5 / 7x7 (stride 1, dil. 1)    -> conv2d_dw3_s1 / _dw5_s1 / _dw7_s1 (rows loaded once)
+     depthwise 3x3 / 5x5 (stride 2, dilation 1)      -> conv2d_dw3_s2 / conv2d_dw5_s2 (the same at stride 2)
      any other dense conv (groups 1)                 -> conv2d_gemm (an implicit GEMM)
-   Grouped convs, strided or dilated depthwise ones and tall outputs narrower than 4 (conv1d runs
-   as [N, C, L, 1]: the specialised kernels tile along W, the general one 4 x 8) stay on the
-   general conv2d / conv2d_act (conv2d_dw / conv2d_dw_act). The decision is made here, once, so
-   no kernel pays at run time for a path it does not take.
+   Grouped convs, dilated depthwise ones (and those of other strides or sizes) and tall outputs
+   narrower than 4 (conv1d runs as [N, C, L, 1]: the specialised kernels tile along W, the
+   general one 4 x 8) stay on the general conv2d / conv2d_act (conv2d_dw / conv2d_dw_act). The
+   decision is made here, once, so no kernel pays at run time for a path it does not take.
 7. Matmul kernel choice (runtime/graph/prepack_matmul.py, always): a device linear with a constant
    float32 weight becomes linear_packed / linear_packed_gemv, its weight prepacked [K, N].
 8. linear + activation: a linear_packed / linear_packed_gemv whose only user is relu, relu6 /
@@ -368,22 +369,27 @@ def _fuse_activation(graph: PlanGraph, node: Node) -> None:
 
 
 # ---- 6: kernel choice ------------------------------------------------------------------------------------
-# the square kernel sizes with a stride-1 depthwise kernel (conv2d_dw{K}_s1: MobileNet's 3 and 5, ConvNeXt's 7)
+# (kernel size, stride) of the square depthwise convs with a kernel of their own (conv2d_dw{K}_s{S}:
+# MobileNet's 3 and 5 at strides 1 and 2, ConvNeXt's 7 at stride 1); kernel class "depthwise{K}" at
+# stride 1, "depthwise{K}s2" at stride 2
 DEPTHWISE_SIZES = (3, 5, 7)
+DEPTHWISE_S2_SIZES = (3, 5)
+DEPTHWISE = {**{f"depthwise{k}": f"conv2d_dw{k}_s1" for k in DEPTHWISE_SIZES},
+             **{f"depthwise{k}s2": f"conv2d_dw{k}_s2" for k in DEPTHWISE_S2_SIZES}}
 # general conv op -> {kernel class: the specialised op}
 SPECIALISED = {"conv2d": {"pointwise": "conv2d_pw", "winograd": "conv2d_wino", "dense": "conv2d_gemm"},
                "conv2d_act": {"pointwise": "conv2d_pw_act", "winograd": "conv2d_wino", "dense": "conv2d_gemm"},
-               "conv2d_dw": {f"depthwise{k}": f"conv2d_dw{k}_s1" for k in DEPTHWISE_SIZES},
-               "conv2d_dw_act": {f"depthwise{k}": f"conv2d_dw{k}_s1" for k in DEPTHWISE_SIZES}}
+               "conv2d_dw": DEPTHWISE, "conv2d_dw_act": DEPTHWISE}
 # kernel class -> (prepack recipe, weight suffix)
 PREPACKS = {"pointwise": ("pointwise_conv_weight", "pointwise"), "winograd": ("winograd_f2_weight", "winograd"),
             "dense": ("conv_gemm_weight", "gemm"),
-            **{f"depthwise{k}": ("depthwise_conv_weight", "depthwise") for k in DEPTHWISE_SIZES}}
+            **{kind: ("depthwise_conv_weight", "depthwise") for kind in DEPTHWISE}}
 
 
 def conv_kernel_class(node: Node) -> str:
     """Which kernel a device conv2d / conv2d_act / conv2d_dw / conv2d_dw_act runs on, from its
-    parameters: "pointwise", "winograd", "dense", "depthwise3" / "depthwise5" / "depthwise7" or "general"."""
+    parameters: "pointwise", "winograd", "dense", a key of DEPTHWISE ("depthwise3", "depthwise5s2", ...)
+    or "general"."""
     weight = node.arg("weight")
     if not isinstance(weight, Value) or weight.role is not Role.CONST or len(weight.shape) != 4:
         return "general"
@@ -394,8 +400,10 @@ def conv_kernel_class(node: Node) -> str:
     if ow < 4 and oh >= 4:
         return "general"  # their tiles run along W: the general one's 4 x 8 suits a tall, narrow output better
     if node.op.name in ("conv2d_dw", "conv2d_dw_act"):
-        if stride == (1, 1) and dilation == (1, 1) and kh == kw and kh in DEPTHWISE_SIZES:
-            return f"depthwise{kh}"
+        if dilation == (1, 1) and kh == kw and stride in ((1, 1), (2, 2)):
+            kind = f"depthwise{kh}" + ("s2" if stride == (2, 2) else "")
+            if kind in DEPTHWISE:
+                return kind
         return "general"
     if groups != 1:
         return "general"
@@ -452,7 +460,7 @@ def _specialised(graph: PlanGraph, conv: Node, op, kernel: str) -> tuple[Node, V
     cout, cin, kh, kw = w.shape
     shape = {"pointwise": (padded4(cin), padded4(cout)), "winograd": (16, padded4(cin), padded4(cout)),
              "dense": (kh * kw, padded4(cin), padded4(cout)),
-             **{f"depthwise{k}": (k * k, padded4(cout)) for k in DEPTHWISE_SIZES}}[kernel]
+             **{kind: (kh * kw, padded4(cout)) for kind in DEPTHWISE}}[kernel]
     packed = graph.add_derived(f"{w.name}.{suffix}", shape, w.dtype, recipe, (w,))
     args = [("input", conv.arg("input")), ("weight", packed), ("bias", conv.arg("bias"))]
     padding = list(_pair(conv.value("padding") or [0]))  # explicit: torch's export omits defaults
@@ -460,7 +468,7 @@ def _specialised(graph: PlanGraph, conv: Node, op, kernel: str) -> tuple[Node, V
              "dense": [("kernel_size", [kh, kw]), ("stride", list(_pair(conv.value("stride") or [1]))),
                        ("padding", padding), ("dilation", list(_pair(conv.value("dilation") or [1]))),
                        ("out_channels", cout)],
-             **{f"depthwise{k}": [("padding", padding)] for k in DEPTHWISE_SIZES}}[kernel]
+             **{kind: [("padding", padding)] for kind in DEPTHWISE}}[kernel]
     args += [(n, v) for n, v in conv.args if n in ("activation", "act_min", "act_max")]
     new = Node(conv.name, op.targets[0], op, args, list(conv.outputs))
     new.fused = list(conv.fused) + [f"{op.name} kernel (from {conv.op.name})"]

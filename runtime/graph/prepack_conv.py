@@ -100,12 +100,22 @@ def conv2d_dw_s1_reference(input, weight, bias=None, padding=(0, 0), activation=
                            act_max=0.0):
     """What conv2d_dw3_s1 / _dw5_s1 / _dw7_s1 compute: the stride-1 K x K depthwise convolution whose
     weight is the prepacked [K * K, C4 * 4] one's first C columns, then the activation."""
+    return _depthwise_reference(input, weight, bias, 1, padding, activation, act_min, act_max)
+
+
+def conv2d_dw_s2_reference(input, weight, bias=None, padding=(0, 0), activation="none", act_min=0.0,
+                           act_max=0.0):
+    """What conv2d_dw3_s2 / _dw5_s2 compute: as conv2d_dw_s1_reference, at stride 2."""
+    return _depthwise_reference(input, weight, bias, 2, padding, activation, act_min, act_max)
+
+
+def _depthwise_reference(input, weight, bias, stride: int, padding, activation, act_min, act_max):
     from .fusion import conv2d_act_reference
 
     c, k = input.shape[1], round(weight.shape[0] ** 0.5)
     w = weight[:, :c].t().reshape(c, 1, k, k)
-    return conv2d_act_reference(input, w, bias, padding=tuple(padding), groups=c, activation=activation,
-                                act_min=act_min, act_max=act_max)
+    return conv2d_act_reference(input, w, bias, stride=(stride, stride), padding=tuple(padding), groups=c,
+                                activation=activation, act_min=act_min, act_max=act_max)
 
 
 def conv2d_wino_reference(input, weight, bias=None, padding=(0, 0), out_channels=1, activation="none", act_min=0.0,

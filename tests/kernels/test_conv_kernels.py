@@ -1,6 +1,6 @@
 """The specialised convolution kernels the fusion pass chooses (runtime/graph/fusion.py step 6):
 conv2d_pw (pointwise as a GEMM), conv2d_wino (Winograd F(2x2, 3x3)), conv2d_gemm (any other dense
-conv as an implicit GEMM) and conv2d_dw3_s1 / conv2d_dw5_s1 (stride-1 depthwise, rows loaded
+conv as an implicit GEMM) and conv2d_dw{3,5,7}_s1 / conv2d_dw{3,5}_s2 (depthwise, rows loaded
 once), on their prepacked weights
 (runtime/graph/prepack_conv.py). The generic registry test runs every sample of ops.yaml on the
 kernels with random prepacked weights; here whole programs (fusion, prepack, kernel) are checked
@@ -47,10 +47,13 @@ def _close(got, want):
     (nn.Conv2d(8, 12, 3, padding=1, groups=2), "conv2d"),    # grouped: the general kernel
     (nn.Conv2d(8, 8, 3, padding=1, groups=8), "conv2d_dw3_s1"),
     (nn.Conv2d(8, 8, 5, padding=2, groups=8), "conv2d_dw5_s1"),
-    (nn.Conv2d(8, 8, 3, padding=1, stride=2, groups=8), "conv2d_dw"),  # strided depthwise: general
+    (nn.Conv2d(8, 8, 3, padding=1, stride=2, groups=8), "conv2d_dw3_s2"),
+    (nn.Conv2d(8, 8, 5, padding=2, stride=2, groups=8), "conv2d_dw5_s2"),
+    (nn.Conv2d(8, 8, 3, padding=1, stride=(1, 2), groups=8), "conv2d_dw"),  # other strides: general
+    (nn.Conv2d(8, 8, 3, padding=1, stride=3, groups=8), "conv2d_dw"),
     (nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=8), "conv2d_dw"),
     (nn.Conv2d(8, 8, 7, padding=3, groups=8), "conv2d_dw7_s1"),
-    (nn.Conv2d(8, 8, 7, padding=3, stride=2, groups=8), "conv2d_dw"),
+    (nn.Conv2d(8, 8, 7, padding=3, stride=2, groups=8), "conv2d_dw"),  # no 7x7 stride-2 kernel
     (nn.Conv2d(8, 12, 5, padding=2), "conv2d_gemm"),
 ])
 def test_kernel_is_chosen_from_the_conv_parameters(layer, op):
@@ -138,6 +141,13 @@ CASES = [  # (layer(s), input shape, the op expected)
     (lambda: nn.Conv2d(5, 5, 3, padding=1, groups=5), (2, 5, 1, 5), "conv2d_dw3_s1"),
     (lambda: nn.Conv2d(40, 40, 7, padding=3, groups=40), (1, 40, 14, 14), "conv2d_dw7_s1"),         # ConvNeXt
     (lambda: nn.Sequential(nn.Conv2d(5, 5, 7, padding=(3, 1), groups=5), nn.GELU()), (2, 5, 3, 9), "conv2d_dw7_s1"),
+    (lambda: nn.Sequential(nn.Conv2d(72, 72, 3, stride=2, padding=1, groups=72), nn.BatchNorm2d(72), nn.ReLU()),
+     (1, 72, 56, 56), "conv2d_dw3_s2"),                                                 # MobileNetV3
+    (lambda: nn.Sequential(nn.Conv2d(96, 96, 5, stride=2, padding=2, groups=96), nn.Hardswish()), (1, 96, 28, 28),
+     "conv2d_dw5_s2"),
+    (lambda: nn.Conv2d(5, 5, 3, stride=2, groups=5), (2, 5, 7, 9), "conv2d_dw3_s2"),     # no padding, odd sizes
+    (lambda: nn.Conv2d(3, 3, 5, stride=2, padding=(2, 1), groups=3, bias=False), (1, 3, 5, 13), "conv2d_dw5_s2"),
+    (lambda: nn.Conv2d(7, 7, 3, stride=2, padding=1, groups=7), (1, 7, 1, 9), "conv2d_dw3_s2"),
     (lambda: nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3), nn.BatchNorm2d(64), nn.ReLU()),
      (1, 3, 224, 224), "conv2d_gemm"),                                                  # ResNet-18 stem
     (lambda: nn.Conv2d(64, 128, 3, stride=2, padding=1), (1, 64, 56, 56), "conv2d_gemm"),
@@ -167,8 +177,10 @@ def test_matches_torch(device, make, shape, op):
 
 @pytest.mark.parametrize("layer", [nn.Conv2d(6, 5, 1), nn.Conv2d(6, 5, 3, padding=1),
                                    nn.Conv2d(6, 6, 5, padding=2, groups=6), nn.Conv2d(6, 6, 7, padding=3, groups=6),
+                                   nn.Conv2d(6, 6, 3, stride=2, padding=1, groups=6),
+                                   nn.Conv2d(6, 6, 5, stride=2, padding=2, groups=6),
                                    nn.Conv2d(6, 5, 3, stride=2, padding=1)],
-                         ids=["pointwise", "winograd", "depthwise", "depthwise7", "gemm"])
+                         ids=["pointwise", "winograd", "depthwise", "depthwise7", "depthwise3s2", "depthwise5s2", "gemm"])
 def test_nan_reaches_exactly_the_outputs_whose_window_holds_it(device, layer):
     torch.manual_seed(1)
     layer = layer.eval()

@@ -211,7 +211,9 @@ CONV = [  # (module, input shape, the kernel fusion chooses)
     (lambda: nn.Conv2d(6, 10, 3, padding=1, groups=2), (1, 6, 5, 7), "conv2d"),
     (lambda: nn.Sequential(nn.Conv2d(9, 6, (2, 3), stride=(2, 1), groups=3), nn.ReLU()), (2, 9, 7, 5), "conv2d_act"),
     (lambda: nn.Conv2d(5, 7, 3, padding=1), (1, 5, 7, 3), "conv2d"),  # tall and narrow: the general kernel
-    (lambda: nn.Conv2d(7, 7, 3, stride=2, padding=1, groups=7), (1, 7, 9, 11), "conv2d_dw"),
+    (lambda: nn.Conv2d(7, 7, 3, stride=2, padding=1, groups=7), (1, 7, 9, 11), "conv2d_dw3_s2"),
+    (lambda: nn.Sequential(nn.Conv2d(5, 5, 5, stride=2, padding=2, groups=5), nn.ReLU()), (1, 5, 9, 7), "conv2d_dw5_s2"),
+    (lambda: nn.Conv2d(7, 7, 3, stride=(2, 1), padding=1, groups=7), (1, 7, 9, 11), "conv2d_dw"),
     (lambda: nn.Sequential(nn.Conv2d(5, 5, 3, padding=2, dilation=2, groups=5), nn.ReLU6()), (1, 5, 7, 9),
      "conv2d_dw_act"),
     (lambda: nn.Conv2d(5, 5, 3, padding=1, groups=5), (1, 5, 7, 9), "conv2d_dw3_s1"),
