@@ -2,6 +2,10 @@
 PYTHON ?= python3
 export PYTHON
 PYTEST_ARGS ?=
+# pytest-xdist: one worker per core; tests sharing a module-scoped fixture stay on one worker
+# (tests/conftest.py). PYTEST_JOBS=0 runs everything in this process.
+PYTEST_JOBS ?= auto
+XDIST = $(if $(filter 0,$(PYTEST_JOBS)),,-n $(PYTEST_JOBS) --dist loadgroup)
 
 .PHONY: setup gen check-gen test test-fast bench demo clean-cache
 
@@ -15,10 +19,10 @@ check-gen: setup
 	$(PYTHON) -m texelflow.cli gen --check
 
 test: setup check-gen
-	$(PYTHON) -m pytest -q $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PYTHON) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 bench: setup
 	$(PYTHON) bench/codegen.py

@@ -34,7 +34,7 @@ assert pathlib.Path(texelflow.__file__).resolve().parent == here / "texelflow"
 # the subpackages come through the editable install's mapping, not the working folder
 assert pathlib.Path(texelflow.runtime.__file__).resolve().parent == here / "runtime"
 assert md.version("torch").split("+")[0] == "2.13.0"
-for name in ("pytest", "hypothesis", "vulkan", "yaml", "jinja2", "numpy", "rich", "scipy", "torchao"):
+for name in ("pytest", "xdist", "hypothesis", "vulkan", "yaml", "jinja2", "numpy", "rich", "scipy", "torchao"):
     __import__(name)
 PYEOF
 then

@@ -36,3 +36,19 @@ def device():
         pytest.fail(f"no Vulkan device: {exc}", pytrace=False)
     yield dev
     dev.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`), the tests of a module that
+    share a module- or class-scoped fixture (a compiled model, a saved program, a tuned table) run
+    on one worker, so the fixture is built once, not once per worker; every other test goes to
+    whichever worker is free."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        scopes = {d.scope for defs in info.name2fixturedefs.values() for d in defs}
+        if scopes & {"module", "class"}:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
