@@ -1653,6 +1653,42 @@ OPS: dict[str, OpEntry] = {
             'conv2d_wino_float32_texture3d',
         ),
     ),
+    'conv_im2col': OpEntry(
+        name='conv_im2col',
+        targets=(
+            'texelflow.conv_im2col.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('kernel_size', 'int_list', default=[1, 1]),
+            Arg('stride', 'int_list', default=[1, 1]),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('dilation', 'int_list', default=[1, 1]),
+        ),
+        outputs=(
+            Output('out', 'WIDTH_PACKED_TEXTURE'),
+        ),
+        sync=(
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('conv_stride_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'stride', None), ('pair', 'padding', None))),)),
+            Push('conv_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'dilation', None), ('pair', 'kernel_size', None))),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('out', (4,)))),)),
+        ),
+        grid=('per_output_unit',),
+        template='conv_im2col',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv_im2col_float16_texture3d',
+            'conv_im2col_float32_texture3d',
+        ),
+    ),
     'conv_transpose1d': OpEntry(
         name='conv_transpose1d',
         targets=(
@@ -6463,6 +6499,7 @@ TARGETS: dict[str, str] = {
     'texelflow.conv2d_pw.default': 'conv2d_pw',
     'texelflow.conv2d_pw_act.default': 'conv2d_pw_act',
     'texelflow.conv2d_wino.default': 'conv2d_wino',
+    'texelflow.conv_im2col.default': 'conv_im2col',
     'texelflow.linear_packed.default': 'linear_packed',
     'texelflow.linear_packed_gemv.default': 'linear_packed_gemv',
     'texelflow.q8ta_add.default': 'q8ta_add',

@@ -450,6 +450,18 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'gelu', 'bias': (3,), 'input': (1, 7, 7, 7), 'out_channels': 3, 'padding': (1, 1), 'weight': (16, 8, 4)},
         {'activation': 'gelu_tanh', 'bias': None, 'input': (1, 4, 5, 9), 'out_channels': 6, 'padding': (1, 1), 'weight': (16, 4, 8)},
     ),
+    'conv_im2col': (
+        {'input': (1, 3, 15, 13), 'kernel_size': (7, 7), 'padding': (3, 3), 'stride': (2, 2)},
+        {'input': (2, 5, 9, 11), 'kernel_size': (3, 3), 'padding': (1, 1), 'stride': (2, 2)},
+        {'input': (1, 1, 1, 1), 'kernel_size': (3, 3), 'padding': (1, 1), 'stride': (2, 2)},
+        {'input': (2, 9, 7, 5), 'stride': (2, 2)},
+        {'dilation': (1, 2), 'input': (1, 7, 9, 9), 'kernel_size': (5, 3), 'padding': (2, 1), 'stride': (1, 2)},
+        {'input': (1, 3, 16, 16), 'kernel_size': (4, 4), 'stride': (4, 4)},
+        {'input': (1, 13, 3, 3), 'kernel_size': (2, 2), 'padding': (1, 0), 'stride': (3, 3)},
+        {'input': (2, 8, 7, 9), 'kernel_size': (3, 3), 'padding': (1, 1), 'stride': (2, 2)},
+        {'dilation': (2, 1), 'input': (1, 4, 5, 3), 'kernel_size': (3, 1), 'padding': (0, 2)},
+        {'input': (1, 12, 5, 7), 'stride': (2, 2)},
+    ),
     'conv_transpose1d': (
         {'bias': (3,), 'input': (2, 4, 9), 'padding': (1,), 'stride': (2,), 'weight': (4, 3, 4)},
         {'bias': None, 'groups': 3, 'input': (1, 6, 5), 'output_padding': (2,), 'padding': (1,), 'stride': (3,), 'weight': (6, 2, 3)},

@@ -61,7 +61,7 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     timings["fusion"] = time.perf_counter() - start
     start = time.perf_counter()
     graph = apply_dim_orders(graph, conv_dim_order, limits)  # explicit permutes, before they are optimised
-    choose_conv_kernels(graph, limits)  # after dim orders: a conv taken to conv2d_nhwc keeps that kernel
+    choose_conv_kernels(graph, limits, subgroup)  # after dim orders: a conv taken to conv2d_nhwc keeps that kernel
     graph = optimize_permutes(graph, PERMUTES if permutes is None else permutes, limits)
     timings["permutes"] = time.perf_counter() - start
     result = plan_graph(graph, planner, limits, time_limit, costs)

@@ -31,11 +31,16 @@ In order, in place on the graph:
      3x3 (stride 1, dilation 1, groups 1)            -> conv2d_wino (Winograd F(2x2, 3x3), any padding)
      depthwise 3x3 / 5x5 / 7x7 (stride 1, dil. 1)    -> conv2d_dw3_s1 / _dw5_s1 / _dw7_s1 (rows loaded once)
      depthwise 3x3 / 5x5 (stride 2, dilation 1)      -> conv2d_dw3_s2 / conv2d_dw5_s2 (the same at stride 2)
+     any other dense conv (groups 1), Cout >= 64     -> conv_im2col, linear_packed, permute_copy (im2col + GEMM)
      any other dense conv (groups 1)                 -> conv2d_gemm (an implicit GEMM)
    Grouped convs, dilated depthwise ones (and those of other strides or sizes) and tall outputs
    narrower than 4 (conv1d runs as [N, C, L, 1]: the specialised kernels tile along W, the
    general one 4 x 8) stay on the general conv2d / conv2d_act (conv2d_dw / conv2d_dw_act). The
    decision is made here, once, so no kernel pays at run time for a path it does not take.
+   The im2col form (ResNet's stem and strided convs, ViT's patch embedding) builds the column
+   matrix [N, OH, OW, Cin * KH * KW] and multiplies it by the weight on linear_packed, whose
+   output [N, OH, OW, Cout] a permute takes back to NCHW; it needs the shuffle kernels
+   (`subgroup`, as step 7) and a column matrix of at most IM2COL_MAX_BYTES.
 7. Matmul kernel choice (runtime/graph/prepack_matmul.py, always): a device linear with a constant
    float32 weight becomes linear_packed / linear_packed_gemv, its weight prepacked [K, N].
 8. linear + activation: a linear_packed / linear_packed_gemv whose only user is relu, relu6 /
@@ -111,7 +116,7 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
         elif node.on_device and node.op.name == "add" and node.outputs[0][1].dtype in ("float32", "float16"):
             _fuse_activation(graph, node)
     if choose_kernels:
-        choose_conv_kernels(graph, texture_limits)
+        choose_conv_kernels(graph, texture_limits, subgroup)
     from .prepack_matmul import choose_matmul_kernels
 
     choose_matmul_kernels(graph, texture_limits, subgroup)  # linear -> linear_packed (prepack_matmul.py)
@@ -421,21 +426,93 @@ def _pair(v) -> tuple[int, int]:
     return (int(v[0]), int(v[-1]))
 
 
-def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS) -> list[Node]:
+def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS, subgroup=None) -> list[Node]:
     """Step 6: retarget every device conv2d / conv2d_act that a specialised kernel takes; returns
-    the new nodes. No conv kernel uses subgroup operations (each invocation owns its tile), so
-    unlike choose_matmul_kernels this choice needs no subgroup facts."""
+    the new nodes. The conv kernels themselves use no subgroup operations (each invocation owns
+    its tile); `subgroup` (prepack_matmul.SubgroupFacts, None: assumed to fit) decides whether a
+    dense conv may take the im2col form, whose GEMM is linear_packed."""
     made = []
     for node in list(graph.nodes):
         if not node.on_device or node.op.name not in SPECIALISED:
             continue
         kernel = conv_kernel_class(node)
+        if kernel == "dense" and _im2col_fits(node, subgroup):
+            im2col = _im2col_gemm(graph, node, limits)
+            if im2col:
+                made += im2col
+                continue
         op_name = SPECIALISED[node.op.name].get(kernel)
         if op_name is None:
             continue
         new, packed = _specialised(graph, node, OPS[op_name], kernel)
         if retarget(graph, node, new, packed, limits):
             made.append(new)
+    return made
+
+
+# A dense conv takes the im2col form when it has at least this many output channels and its
+# column matrix holds at most IM2COL_MAX_BYTES (float32). Measured on lavapipe (bench/RESULTS.md),
+# per conv, im2col + GEMM + permute against conv2d_gemm: ResNet-18's stem (64 channels) 40 vs 50
+# ms, its strided convs (128 to 512) 5-40% faster, ViT-S/16's patch embedding (384) 8 vs 23 ms;
+# with fewer channels linear_packed's 16-column tiles fill badly (MobileNetV3's 16-channel stem:
+# 5.4 vs 3.3 ms for the GEMM alone) and ConvNeXt-atto's 40- and 80-channel patchify convs were
+# no faster.
+IM2COL_MIN_COUT = 64
+IM2COL_MAX_BYTES = 64 << 20
+
+
+def _im2col_fits(conv: Node, subgroup) -> bool:
+    from .prepack_matmul import shuffle_unfit
+
+    w = conv.arg("weight")
+    n, _, oh, ow = conv.outputs[0][1].shape
+    cout, cin, kh, kw = w.shape
+    return (cout >= IM2COL_MIN_COUT and shuffle_unfit(subgroup) is None
+            and n * oh * ow * -(-cin * kh * kw // 4) * 16 <= IM2COL_MAX_BYTES)
+
+
+def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[Node]:
+    """Put conv_im2col -> linear_packed -> permute_copy where the dense conv `conv` was (its
+    activation applied by linear_packed at the store); returns the three nodes, or [] (and leaves
+    the graph as it was) when one of them could not run on the device."""
+    from .prepack_matmul import PACKED_GEMV, PACKED_LINEAR, TILE_N, padded
+
+    x, w, out = conv.arg("input"), conv.arg("weight"), conv.outputs[0][1]
+    cout, cin, kh, kw = w.shape
+    n, _, oh, ow = out.shape
+    k = cin * kh * kw
+    geometry = [("kernel_size", [kh, kw]), ("stride", list(_pair(conv.value("stride") or [1]))),
+                ("padding", list(_pair(conv.value("padding") or [0]))),
+                ("dilation", list(_pair(conv.value("dilation") or [1])))]
+    im2col = Node(f"{conv.name}.im2col", OPS["conv_im2col"].targets[0], OPS["conv_im2col"], [("input", x)] + geometry, [])
+    cols = Value(im2col.name, (n, oh, ow, k), out.dtype, Role.NODE, producer=im2col)
+    im2col.outputs = [("out", cols)]
+    packed = graph.add_derived(f"{w.name}.im2col_kn", (padded(k, 4), padded(cout, TILE_N)), w.dtype,
+                               "conv_im2col_weight_kn", (w,))
+    gemm_op = OPS[PACKED_GEMV if n * oh * ow == 1 else PACKED_LINEAR]
+    gemm = Node(f"{conv.name}.gemm", gemm_op.targets[0], gemm_op,
+                [("input", cols), ("weight", packed), ("bias", conv.arg("bias")), ("out_features", cout)]
+                + [(a, v) for a, v in conv.args if a in ("activation", "act_min", "act_max")], [])
+    nhwc = Value(gemm.name, (n, oh, ow, cout), out.dtype, Role.NODE, producer=gemm)
+    gemm.outputs = [("out", nhwc)]
+    permute = Node(conv.name, OPS["permute_copy"].targets[0], OPS["permute_copy"],
+                   [("self", nhwc), ("dims", [0, 3, 1, 2])], [("out", out)])
+    made = [im2col, gemm, permute]
+    if any(partition_reason(node, limits) is not None for node in made):
+        graph.constants.remove(packed)
+        return []
+    at = graph.nodes.index(conv)
+    graph.nodes[at:at + 1] = made
+    graph.fx_inputs.pop(conv, None)
+    _drop_uses(conv)
+    for node in made:
+        for _, v in node.tensor_args():
+            v.users.append(node)
+    out.producer = permute
+    kind = f"conv_im2col + {gemm_op.name} (from {conv.op.name})"
+    im2col.fused = [f"im2col of {conv.name}"]
+    gemm.fused = list(conv.fused) + [kind]
+    permute.fused = [f"NHWC -> NCHW of {conv.name}"]
     return made
 
 

@@ -51,6 +51,17 @@ def depthwise_conv_weight(source):
     return F.pad(source.reshape(c, kh * kw).t(), (0, padded4(c) - c)).contiguous()
 
 
+@recipe
+def conv_im2col_weight_kn(source):
+    """A dense conv weight [Cout, Cin, KH, KW] as the GEMM weight of its im2col form (the fusion
+    pass's im2col kernel: conv_im2col, then linear_packed): flattened to [Cout, K] in conv_im2col's
+    order of k, (ky, kx, ci), then as linear_packed's [K4 * 4, N16 * 16]
+    (prepack_matmul.linear_weight_kn)."""
+    from .prepack_matmul import linear_weight_kn
+
+    return linear_weight_kn(source.permute(0, 2, 3, 1).reshape(source.shape[0], -1))
+
+
 # Winograd F(2x2, 3x3) (Lavin & Gray): Y = A^T [(G g G^T) (.) (B^T d B)] A
 WINO_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
 WINO_BT = ((1.0, 0.0, -1.0, 0.0), (0.0, 1.0, 1.0, 0.0), (0.0, -1.0, 1.0, 0.0), (0.0, 1.0, 0.0, -1.0))
@@ -94,6 +105,19 @@ def conv2d_gemm_reference(input, weight, bias=None, kernel_size=(1, 1), stride=(
     w = weight[:, :cin, :out_channels].reshape(kh, kw, cin, out_channels).permute(3, 2, 0, 1)
     return conv2d_act_reference(input, w, bias, tuple(stride), tuple(padding), tuple(dilation), 1, activation,
                                 act_min, act_max)
+
+
+def conv_im2col_reference(input, kernel_size=(1, 1), stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
+    """What conv_im2col computes: torch's unfold (zeros outside the input) as [N, OH, OW, K], k in
+    (ky, kx, ci) order."""
+    import torch.nn.functional as F
+
+    n, cin, h, w = input.shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (tuple(kernel_size), tuple(stride), tuple(padding), tuple(dilation))
+    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    cols = F.unfold(input, (kh, kw), dilation=(dh, dw), padding=(ph, pw), stride=(sh, sw))  # [N, Cin KH KW, L]
+    cols = cols.reshape(n, cin, kh * kw, oh, ow).transpose(1, 2)
+    return cols.reshape(n, -1, oh, ow).permute(0, 2, 3, 1).contiguous()
 
 
 def conv2d_dw_s1_reference(input, weight, bias=None, padding=(0, 0), activation="none", act_min=0.0,

@@ -48,6 +48,7 @@ INJECT_TEMPLATES += ("linear_packed", "linear_packed_gemv", "mm_tiled")  # the s
 INJECT_TEMPLATES += ("permute", "slice", "select", "expand", "pad", "pixel_shuffle", "cat")  # moved bit for bit
 INJECT_TEMPLATES += ("layer_norm",)  # a NaN or an infinity spreads over its row
 INJECT_TEMPLATES += ("masked_fill", "roll", "embedding")  # select or move elements bit for bit
+INJECT_TEMPLATES += ("conv_im2col",)  # moves input elements bit for bit
 INJECT_TEMPLATES += ("pad_mode", "max_pool1d", "pool2d")  # move or select elements bit for bit (pool2d: max and sums)
 INJECT_TEMPLATES += ("quantize",)  # +Inf / -Inf clamp to quant_max / quant_min (NaN: test_registry_ops.NOT_INJECTED)
 
@@ -203,6 +204,7 @@ NO_TORCH_TARGET = {
     "conv2d_pw_act": "texelflow.runtime.graph.prepack_conv.conv2d_pw_reference",
     "conv2d_wino": "texelflow.runtime.graph.prepack_conv.conv2d_wino_reference",
     "conv2d_gemm": "texelflow.runtime.graph.prepack_conv.conv2d_gemm_reference",
+    "conv_im2col": "texelflow.runtime.graph.prepack_conv.conv_im2col_reference",
     "conv2d_dw3_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
     "conv2d_dw5_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
     "conv2d_dw7_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
@@ -468,6 +470,7 @@ def run_nodes(device, nodes: list[tuple[Node, dict]], slot_reprs: dict[str, Tens
 TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "copy": None,  # identity ops and to_layout move elements
     "permute": None,
+    "conv_im2col": None,  # moves elements (zeros outside the input)
     "cat": None,
     "flip": None,
     "where": None,  # selects elements

@@ -1,6 +1,7 @@
 """The specialised convolution kernels the fusion pass chooses (runtime/graph/fusion.py step 6):
-conv2d_pw (pointwise as a GEMM), conv2d_wino (Winograd F(2x2, 3x3)), conv2d_gemm (any other dense
-conv as an implicit GEMM) and conv2d_dw{3,5,7}_s1 / conv2d_dw{3,5}_s2 (depthwise, rows loaded
+conv2d_pw (pointwise as a GEMM), conv2d_wino (Winograd F(2x2, 3x3)), the im2col form (conv_im2col,
+linear_packed, permute_copy: other dense convs of at least 64 output channels), conv2d_gemm (any
+other dense conv as an implicit GEMM) and conv2d_dw{3,5,7}_s1 / conv2d_dw{3,5}_s2 (depthwise, rows loaded
 once), on their prepacked weights
 (runtime/graph/prepack_conv.py). The generic registry test runs every sample of ops.yaml on the
 kernels with random prepacked weights; here whole programs (fusion, prepack, kernel) are checked
@@ -19,13 +20,20 @@ import torch.nn as nn
 
 import texelflow
 from texelflow.runtime.graph.fusion import conv_kernel_class, fuse_patterns
-from texelflow.runtime.graph.prepack_conv import winograd_f2_weight
+from texelflow.runtime.graph.prepack_conv import conv_im2col_reference, conv_im2col_weight_kn, winograd_f2_weight
 
 REL = 1e-5
 
 
+IM2COL = ["conv_im2col", "linear_packed", "permute_copy"]  # a dense conv's im2col form, in order
+
+
 def _ops(plan) -> list[str]:
     return [n.op.name for n in plan.graph.device_nodes()]
+
+
+def _expected(op) -> list[str]:
+    return list(op) if isinstance(op, (list, tuple)) else [op]
 
 
 def _close(got, want):
@@ -55,10 +63,56 @@ def _close(got, want):
     (nn.Conv2d(8, 8, 7, padding=3, groups=8), "conv2d_dw7_s1"),
     (nn.Conv2d(8, 8, 7, padding=3, stride=2, groups=8), "conv2d_dw"),  # no 7x7 stride-2 kernel
     (nn.Conv2d(8, 12, 5, padding=2), "conv2d_gemm"),
+    (nn.Conv2d(3, 64, 7, stride=2, padding=3), IM2COL),      # 64 output channels or more: im2col + GEMM
+    (nn.Conv2d(8, 72, 3, stride=2, padding=1), IM2COL),
+    (nn.Conv2d(8, 65, 5, padding=2), IM2COL),
+    (nn.Conv2d(3, 63, 7, stride=2, padding=3), "conv2d_gemm"),
+    (nn.Conv2d(8, 72, 3, padding=1), "conv2d_wino"),          # classes before it keep their kernel
+    (nn.Conv2d(8, 72, 3, padding=1, groups=2), "conv2d"),
 ])
 def test_kernel_is_chosen_from_the_conv_parameters(layer, op):
     plan = texelflow.plan(layer.eval(), (torch.randn(1, layer.in_channels, 9, 9),))
-    assert _ops(plan) == [op]
+    assert _ops(plan) == _expected(op)
+
+
+def test_im2col_form_takes_the_activation_and_keeps_the_output():
+    """The GEMM applies the conv's fused activation at its store; the permute writes the conv's own
+    output value (its users and the graph's outputs untouched); the weight is prepacked [K4 * 4, N16 * 16]."""
+    model = nn.Sequential(nn.Conv2d(3, 68, 7, stride=2, padding=3), nn.BatchNorm2d(68), nn.ReLU()).eval()
+    plan = texelflow.plan(model, (torch.randn(1, 3, 21, 19),))
+    im2col, gemm, permute = plan.graph.device_nodes()
+    assert [n.op.name for n in (im2col, gemm, permute)] == IM2COL
+    assert im2col.outputs[0][1].shape == (1, 11, 10, 3 * 49) and gemm.arg("input") is im2col.outputs[0][1]
+    assert gemm.value("activation") == "relu" and gemm.arg("weight").shape == (148, 80)
+    assert any("batch norm" in f for f in gemm.fused) and list(permute.value("dims")) == [0, 3, 1, 2]
+    assert permute.outputs[0][1] in plan.graph.outputs and permute.outputs[0][1].shape == (1, 68, 11, 10)
+
+
+def test_im2col_form_needs_the_shuffle_kernels():
+    """Where the device cannot run linear_packed (subgroups of 4: no 8-lane shuffle groups), a
+    dense conv stays on conv2d_gemm."""
+    from texelflow.runtime.graph.importer import export_program
+    from texelflow.runtime.graph.lowering import lower
+    from texelflow.runtime.graph.prepack_matmul import SubgroupFacts
+
+    model = nn.Conv2d(3, 64, 7, stride=2, padding=3).eval()
+    for facts, want in ((SubgroupFacts(4, True), ["conv2d_gemm"]), (SubgroupFacts(8, True), IM2COL)):
+        graph = lower(export_program(model, (torch.randn(1, 3, 15, 15),)))
+        fuse_patterns(graph, subgroup=facts)
+        assert [n.op.name for n in graph.device_nodes()] == want
+
+
+def test_im2col_columns_times_the_prepacked_weight_is_the_conv():
+    """k runs (ky, kx, ci) (with Cin % 4 == 0 a texel of the column matrix is one input texel);
+    the prepacked weight's rows follow, so the GEMM is the conv, whatever Cin."""
+    for cin in (3, 8):
+        w = torch.randn(5, cin, 3, 2, dtype=torch.float64)
+        x = torch.randn(2, cin, 6, 7, dtype=torch.float64)
+        cols = conv_im2col_reference(x, (3, 2), (2, 1), (1, 0), (1, 1))
+        packed = conv_im2col_weight_kn(w)
+        got = cols @ packed[:cols.shape[-1], :5]
+        want = torch.nn.functional.conv2d(x, w, stride=(2, 1), padding=(1, 0)).permute(0, 2, 3, 1)
+        assert packed.shape == (-(-cin * 6 // 4) * 4, 16) and torch.allclose(got, want)
 
 
 def test_narrow_outputs_stay_on_the_general_kernel():
@@ -149,9 +203,15 @@ CASES = [  # (layer(s), input shape, the op expected)
     (lambda: nn.Conv2d(3, 3, 5, stride=2, padding=(2, 1), groups=3, bias=False), (1, 3, 5, 13), "conv2d_dw5_s2"),
     (lambda: nn.Conv2d(7, 7, 3, stride=2, padding=1, groups=7), (1, 7, 1, 9), "conv2d_dw3_s2"),
     (lambda: nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3), nn.BatchNorm2d(64), nn.ReLU()),
-     (1, 3, 224, 224), "conv2d_gemm"),                                                  # ResNet-18 stem
-    (lambda: nn.Conv2d(64, 128, 3, stride=2, padding=1), (1, 64, 56, 56), "conv2d_gemm"),
-    (lambda: nn.Conv2d(64, 128, 1, stride=2, bias=False), (2, 64, 28, 28), "conv2d_gemm"),
+     (1, 3, 224, 224), IM2COL),                                                         # ResNet-18 stem
+    (lambda: nn.Conv2d(64, 128, 3, stride=2, padding=1), (1, 64, 56, 56), IM2COL),
+    (lambda: nn.Conv2d(64, 128, 1, stride=2, bias=False), (2, 64, 28, 28), IM2COL),
+    (lambda: nn.Conv2d(3, 384, 16, stride=16), (1, 3, 48, 64), IM2COL),                 # ViT patch embedding
+    (lambda: nn.Sequential(nn.Conv2d(5, 65, 3, stride=2), nn.Hardswish()), (2, 5, 7, 9), IM2COL),
+    (lambda: nn.Sequential(nn.Conv2d(12, 69, (5, 3), stride=(1, 2), padding=(2, 1), dilation=(1, 2)), nn.GELU()),
+     (1, 12, 9, 11), IM2COL),
+    (lambda: nn.Conv2d(7, 64, 2, stride=3, padding=(1, 0), bias=False), (1, 7, 5, 13), IM2COL),
+    (lambda: nn.Conv2d(4, 68, 3, stride=2, padding=1), (1, 4, 1, 7), IM2COL),
     (lambda: nn.Sequential(nn.Conv2d(5, 7, (5, 3), stride=(1, 2), padding=(2, 1), dilation=(1, 2)), nn.SiLU()),
      (2, 5, 9, 11), "conv2d_gemm"),
     (lambda: nn.Conv2d(7, 3, 2, stride=3, padding=(1, 0)), (1, 7, 5, 13), "conv2d_gemm"),
@@ -159,7 +219,7 @@ CASES = [  # (layer(s), input shape, the op expected)
 ]
 
 
-@pytest.mark.parametrize("make, shape, op", CASES, ids=[f"{c[2]}-{'x'.join(map(str, c[1]))}" for c in CASES])
+@pytest.mark.parametrize("make, shape, op", CASES, ids=[f"{_expected(c[2])[0]}-{'x'.join(map(str, c[1]))}" for c in CASES])
 def test_matches_torch(device, make, shape, op):
     torch.manual_seed(0)
     model = make().eval()
@@ -171,7 +231,7 @@ def test_matches_torch(device, make, shape, op):
     with torch.no_grad():
         want = model(x)
     with texelflow.compile(model, (x,), device=device) as prog:
-        assert _ops(prog.plan) == [op]
+        assert _ops(prog.plan) == _expected(op)
         _close(prog(x), want)
 
 
@@ -179,12 +239,14 @@ def test_matches_torch(device, make, shape, op):
                                    nn.Conv2d(6, 6, 5, padding=2, groups=6), nn.Conv2d(6, 6, 7, padding=3, groups=6),
                                    nn.Conv2d(6, 6, 3, stride=2, padding=1, groups=6),
                                    nn.Conv2d(6, 6, 5, stride=2, padding=2, groups=6),
-                                   nn.Conv2d(6, 5, 3, stride=2, padding=1)],
-                         ids=["pointwise", "winograd", "depthwise", "depthwise7", "depthwise3s2", "depthwise5s2", "gemm"])
+                                   nn.Conv2d(6, 5, 3, stride=2, padding=1), nn.Conv2d(6, 72, 3, stride=2, padding=1),
+                                   nn.Conv2d(8, 72, 3, stride=2, padding=1)],
+                         ids=["pointwise", "winograd", "depthwise", "depthwise7", "depthwise3s2", "depthwise5s2", "gemm",
+                              "im2col", "im2col_cin8"])
 def test_nan_reaches_exactly_the_outputs_whose_window_holds_it(device, layer):
     torch.manual_seed(1)
     layer = layer.eval()
-    x = torch.randn(2, 6, 9, 7)
+    x = torch.randn(2, layer.in_channels, 9, 7)
     x[0, 2, 4, 3] = float("nan")
     x[1, 5, 0, 6] = float("nan")  # at a corner: the padded windows
     with torch.no_grad():

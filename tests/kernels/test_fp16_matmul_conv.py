@@ -208,6 +208,8 @@ CONV = [  # (module, input shape, the kernel fusion chooses)
     (lambda: nn.Conv2d(6, 5, 3, stride=2, padding=1), (1, 6, 13, 13), "conv2d_gemm"),
     (lambda: nn.Conv2d(3, 5, (3, 1), padding=(2, 0), dilation=2), (1, 3, 7, 5), "conv2d_gemm"),
     (lambda: nn.Sequential(nn.Conv2d(5, 13, 5, stride=(1, 2), padding=2), nn.SiLU()), (1, 5, 7, 13), "conv2d_gemm"),
+    (lambda: nn.Conv2d(3, 70, 3, stride=2, padding=1), (1, 3, 9, 11), "conv_im2col"),  # then linear_packed
+    (lambda: nn.Sequential(nn.Conv2d(8, 66, 3, stride=2), nn.ReLU()), (1, 8, 7, 9), "conv_im2col"),
     (lambda: nn.Conv2d(6, 10, 3, padding=1, groups=2), (1, 6, 5, 7), "conv2d"),
     (lambda: nn.Sequential(nn.Conv2d(9, 6, (2, 3), stride=(2, 1), groups=3), nn.ReLU()), (2, 9, 7, 5), "conv2d_act"),
     (lambda: nn.Conv2d(5, 7, 3, padding=1), (1, 5, 7, 3), "conv2d"),  # tall and narrow: the general kernel
