@@ -455,8 +455,8 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
 # per conv, im2col + GEMM + permute against conv2d_gemm: ResNet-18's stem (64 channels) 40 vs 50
 # ms, its strided convs (128 to 512) 5-40% faster, ViT-S/16's patch embedding (384) 8 vs 23 ms;
 # with fewer channels linear_packed's 16-column tiles fill badly (MobileNetV3's 16-channel stem:
-# 5.4 vs 3.3 ms for the GEMM alone) and ConvNeXt-atto's 40- and 80-channel patchify convs were
-# no faster.
+# 5.4 vs 3.3 ms for the GEMM alone) and ConvNeXt-atto's 40-channel stem was no faster (its
+# 80- to 320-channel 2x2 downsampling convs, which take it, come out about even).
 IM2COL_MIN_COUT = 64
 IM2COL_MAX_BYTES = 64 << 20
 
