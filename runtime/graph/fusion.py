@@ -452,8 +452,9 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
 
 # A dense conv takes the im2col form when it has at least this many output channels and its
 # column matrix holds at most IM2COL_MAX_BYTES (float32). Measured on lavapipe (bench/RESULTS.md),
-# per conv, im2col + GEMM + permute against conv2d_gemm: ResNet-18's stem (64 channels) 40 vs 50
-# ms, its strided convs (128 to 512) 5-40% faster, ViT-S/16's patch embedding (384) 8 vs 23 ms;
+# per conv, im2col + GEMM + permute against conv2d_gemm: ResNet-18's stem (64 channels) 43 vs 50
+# ms, its seven dense convs together 70-74 vs 84-86 ms (each from 4% slower to 40% faster),
+# ViT-S/16's patch embedding (384) 10 vs 27 ms;
 # with fewer channels linear_packed's 16-column tiles fill badly (MobileNetV3's 16-channel stem:
 # 5.4 vs 3.3 ms for the GEMM alone) and ConvNeXt-atto's 40-channel stem was no faster (its
 # 80- to 320-channel 2x2 downsampling convs, which take it, come out about even).
