@@ -472,6 +472,14 @@ def _im2col_fits(conv: Node, subgroup) -> bool:
             and n * oh * ow * -(-cin * kh * kw // 4) * 16 <= IM2COL_MAX_BYTES)
 
 
+def _conv_geometry(conv: Node) -> list[tuple[str, list[int]]]:
+    """kernel_size, stride, padding and dilation of `conv`, explicit (torch's export omits
+    defaults): the arguments conv2d_gemm and conv_im2col take."""
+    return [("kernel_size", list(conv.arg("weight").shape[2:])), ("stride", list(_pair(conv.value("stride") or [1]))),
+            ("padding", list(_pair(conv.value("padding") or [0]))),
+            ("dilation", list(_pair(conv.value("dilation") or [1])))]
+
+
 def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[Node]:
     """Put conv_im2col -> linear_packed -> permute_copy where the dense conv `conv` was (its
     activation applied by linear_packed at the store); returns the three nodes, or [] (and leaves
@@ -482,10 +490,8 @@ def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[No
     cout, cin, kh, kw = w.shape
     n, _, oh, ow = out.shape
     k = cin * kh * kw
-    geometry = [("kernel_size", [kh, kw]), ("stride", list(_pair(conv.value("stride") or [1]))),
-                ("padding", list(_pair(conv.value("padding") or [0]))),
-                ("dilation", list(_pair(conv.value("dilation") or [1])))]
-    im2col = Node(f"{conv.name}.im2col", OPS["conv_im2col"].targets[0], OPS["conv_im2col"], [("input", x)] + geometry, [])
+    im2col = Node(f"{conv.name}.im2col", OPS["conv_im2col"].targets[0], OPS["conv_im2col"],
+                  [("input", x)] + _conv_geometry(conv), [])
     cols = Value(im2col.name, (n, oh, ow, k), out.dtype, Role.NODE, producer=im2col)
     im2col.outputs = [("out", cols)]
     packed = graph.add_derived(f"{w.name}.im2col_kn", (padded(k, 4), padded(cout, TILE_N)), w.dtype,
@@ -543,9 +549,7 @@ def _specialised(graph: PlanGraph, conv: Node, op, kernel: str) -> tuple[Node, V
     args = [("input", conv.arg("input")), ("weight", packed), ("bias", conv.arg("bias"))]
     padding = list(_pair(conv.value("padding") or [0]))  # explicit: torch's export omits defaults
     args += {"pointwise": [("out_channels", cout)], "winograd": [("padding", padding), ("out_channels", cout)],
-             "dense": [("kernel_size", [kh, kw]), ("stride", list(_pair(conv.value("stride") or [1]))),
-                       ("padding", padding), ("dilation", list(_pair(conv.value("dilation") or [1]))),
-                       ("out_channels", cout)],
+             "dense": _conv_geometry(conv) + [("out_channels", cout)],
              **{kind: [("padding", padding)] for kind in DEPTHWISE}}[kernel]
     args += [(n, v) for n, v in conv.args if n in ("activation", "act_min", "act_max")]
     new = Node(conv.name, op.targets[0], op, args, list(conv.outputs))
