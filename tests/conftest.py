@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,12 @@ def device():
         pytest.fail(f"no Vulkan device: {exc}", pytrace=False)
     yield dev
     dev.close()
+
+
+def pytest_configure(config):
+    """Plans under test are the ones CI sees: by transitions alone, whatever cost table
+    `texelflow tune` left for this machine's device (a test of the tables sets its own folder)."""
+    os.environ["TEXELFLOW_COSTS_DIR"] = tempfile.mkdtemp(prefix="texelflow-test-costs-")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -28,6 +28,8 @@ from texelflow.generated.layouts import DEVICE_FEATURES
 from texelflow.generated.variants import VARIANT_FEATURES
 from texelflow.runtime.errors import ProgramClosedError
 from texelflow.runtime.vulkan.errors import INSTALL_HINT, NoDeviceError, translate
+from texelflow.runtime.vulkan.float_controls import DEVICE_EXTENSION as FLOAT_CONTROLS_EXTENSION
+from texelflow.runtime.vulkan.float_controls import supported_modes
 
 ENV_VAR = "TEXELFLOW_DEVICE"
 FENCE_TIMEOUT_NS = 60 * 1_000_000_000
@@ -117,6 +119,9 @@ class DeviceLimits:
     emulated_features: frozenset[str] = frozenset()
     # VK_SUBGROUP_FEATURE_SHUFFLE_BIT in compute shaders (None: a Vulkan 1.0 device did not say)
     subgroup_shuffle: bool | None = None
+    # (execution mode, float width) pairs of SPV_KHR_float_controls the device supports, e.g.
+    # ("SignedZeroInfNanPreserve", 32); empty where it lacks VK_KHR_shader_float_controls
+    float_modes: frozenset[tuple[str, int]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,8 @@ class Device:
         """The FEATURE_EXTENSIONS of enabled features that the device lists (our instance asks
         for Vulkan 1.1, so a feature core only later is valid with its extension on)."""
         wanted = {FEATURE_EXTENSIONS[f] for f in self.enabled_features if f in FEATURE_EXTENSIONS}
+        if self.limits.float_modes:  # every module declares them (float_controls.py)
+            wanted.add(FLOAT_CONTROLS_EXTENSION)
         if not wanted:
             return []
         listed = {e.extensionName for e in self.vk.vkEnumerateDeviceExtensionProperties(self.physical, None)}
@@ -266,9 +273,14 @@ class Device:
         for f, (struct, stype, since, _) in ACCELERATION_PROPERTIES.items():
             if api >= since:
                 nxt = accel[f] = getattr(vk, struct)(sType=getattr(vk, stype), pNext=nxt)
+        extended = api >= (1, 1, 0)
+        floats = None  # float controls: core in 1.2, but our 1.1 instance needs the extension
+        if extended and any(e.extensionName == FLOAT_CONTROLS_EXTENSION
+                            for e in vk.vkEnumerateDeviceExtensionProperties(physical, None)):
+            nxt = floats = vk.VkPhysicalDeviceFloatControlsProperties(
+                sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FLOAT_CONTROLS_PROPERTIES, pNext=nxt)
         props2 = vk.VkPhysicalDeviceProperties2(sType=vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, pNext=nxt)
         feats2, structs = _feature_chain(vk, api)
-        extended = api >= (1, 1, 0)
         if extended:  # Properties2/Features2 are 1.1 core
             vk.vkGetPhysicalDeviceProperties2(physical, vk.ffi.addressof(props2))
             vk.vkGetPhysicalDeviceFeatures2(physical, vk.ffi.addressof(feats2))
@@ -303,6 +315,7 @@ class Device:
             features=features,
             emulated_features=frozenset(f for f, prop in accel.items() if f in features
                                         and not getattr(prop, ACCELERATION_PROPERTIES[f][3])),
+            float_modes=supported_modes(floats) if floats is not None else frozenset(),
         )
 
     def _queue_family(self) -> int:

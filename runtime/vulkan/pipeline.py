@@ -18,6 +18,7 @@ from typing import Callable, Mapping
 
 from texelflow.runtime.vulkan.errors import (MissingFeatureError, MissingVariantError, UnsupportedError,
                                             VulkanError, translate)
+from texelflow.runtime.vulkan.float_controls import with_float_modes
 
 _PUSH_FORMATS = {"int": "<i", "float": "<f", "ivec4": "<4i", "uint": "<I", "vec4": "<4f"}
 LOCAL_SIZE_NAMES = ("local_size_x", "local_size_y", "local_size_z")
@@ -222,6 +223,8 @@ class PipelineCache:
             if problem is not None:
                 raise VulkanError(f"creating the shader module of {name}: its SPIR-V is not valid ({problem})")
             vk = self.vk
+            # NaN, Inf, -0.0 and subnormals kept as torch keeps them, where the device can say so
+            code = with_float_modes(bytes(code), self.device.limits.float_modes)
             with translate(f"creating the shader module of {name}"):
                 self._modules[(name, code_key)] = vk.vkCreateShaderModule(self.device.handle, vk.VkShaderModuleCreateInfo(
                     sType=vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, codeSize=len(code), pCode=code), None)
