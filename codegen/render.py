@@ -137,11 +137,14 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
             # variant's dtype (float16 computes in float / vec4, docs/precision.md)
             "T": "T" if same else _compute(own),
             "VEC4": "VEC4" if same else _compute_vec4(own),
-            # what turns a computed value into a stored buffer element ("float16_t" where the
+            # what turns a computed value into a stored buffer element ("tf_to_float16" where the
             # storage is narrower than the arithmetic, else nothing), and the store expression:
-            # `t_out[u] = {{ out.as_word("v") }};` renders `v`, or `float16_t(v)` for float16
+            # `t_out[u] = {{ out.as_word("v") }};` renders `v`, or `tf_to_float16(v)` for float16
             "to_word": _to_word(own),
             "as_word": functools.partial(_as_word, _to_word(own)),
+            # what turns a computed VEC4 into a stored texel or buffer vec4: the same rounding
+            # function for float16, else the vec4 type's constructor (`vec4(v)`, `ivec4(v)`)
+            "store4": _to_word(own) or own.vec4,
         })
     n_out = len(op.outputs)
     return {
@@ -165,7 +168,10 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
 
 
 def _to_word(dtype) -> str:
-    return dtype.glsl if dtype.glsl != _compute(dtype) else ""
+    """Nothing where a dtype is stored as it computes; for a narrower storage (float16, computed in
+    float) `tf_to_<dtype>` (shaders/include/math.glslh), which rounds to nearest even itself
+    rather than trusting the device's conversion."""
+    return f"tf_to_{dtype.name}" if dtype.glsl != _compute(dtype) else ""
 
 
 def _as_word(to_word: str, expr: str) -> str:

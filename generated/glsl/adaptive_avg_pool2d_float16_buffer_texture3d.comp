@@ -35,6 +35,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -45,11 +48,11 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 63
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(f16vec4(v))); }
+#line 66
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // [start, end) of the input positions pooled into output position i, along a dim of `n_in`
@@ -68,7 +71,7 @@ T compute_out(ivec4 idx) {
 }
 
 #line 10 "shaders/_per_element.glsl.j2"
-#define compute_out(idx) float16_t(compute_out(idx))
+#define compute_out(idx) tf_to_float16(compute_out(idx))
 #line 12
 void main() {
   int u = tf_unit_id();

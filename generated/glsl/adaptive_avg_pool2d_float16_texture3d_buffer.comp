@@ -35,6 +35,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -45,7 +48,7 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
@@ -68,7 +71,7 @@ T compute_out(ivec4 idx) {
 }
 
 #line 10 "shaders/_per_element.glsl.j2"
-#define compute_out(idx) float16_t(compute_out(idx))
+#define compute_out(idx) tf_to_float16(compute_out(idx))
 #line 12
 void main() {
   int u = tf_unit_id();

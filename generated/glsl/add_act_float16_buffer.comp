@@ -49,6 +49,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -59,28 +62,28 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'other' (buffer) ----
-#line 42
+#line 45
 T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 6) const int a_class = 0;  // read_class
-#line 75
+#line 78
 layout(constant_id = 7) const int b_class = 0;  // read_class
-#line 75
+#line 78
 layout(constant_id = 8) const int tail = 1;  // units_tail
-#line 75
+#line 78
 layout(constant_id = 9) const int ragged = 1;  // ragged
-#line 75
+#line 78
 layout(constant_id = 10) const int rows4 = 0;  // row_groups
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 81
+#line 84
 const int tf_span = 16;
 
 #line 28 "shaders/binary.glsl.j2"
@@ -138,7 +141,7 @@ int word_of_other(int w) {
 void unit_vec4(int k) {
   VEC4 X = vec4_of_self(k);
   VEC4 Y = vec4_of_other(k);
-  t4_out[k] = f16vec4(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
+  t4_out[k] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
 }
 #undef VEC
 
@@ -146,7 +149,7 @@ void unit_vec4(int k) {
 void unit_word(int w) {
   T X = T(t_self[word_of_self(w)]);
   T Y = T(t_other[word_of_other(w)]);
-  t_out[w] = float16_t(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
+  t_out[w] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
 }
 #undef VEC
 
@@ -201,25 +204,25 @@ void unit_columns(int u, int n) {
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 0 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 0 * m, 0, n);
-    t4_out[k + 0 * m] = f16vec4(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
+    t4_out[k + 0 * m] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
 #line 109
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 1 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 1 * m, 0, n);
-    t4_out[k + 1 * m] = f16vec4(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
+    t4_out[k + 1 * m] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
 #line 109
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 2 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 2 * m, 0, n);
-    t4_out[k + 2 * m] = f16vec4(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
+    t4_out[k + 2 * m] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
 #line 109
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 3 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 3 * m, 0, n);
-    t4_out[k + 3 * m] = f16vec4(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
+    t4_out[k + 3 * m] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
 #line 115
 }
@@ -240,7 +243,7 @@ void unit_block(int u) {
   {
     VEC4 X = row_vec4_of_self(k + 0, r, n);
     VEC4 Y = row_vec4_of_other(k + 0, r, n);
-    t4_out[k + 0] = f16vec4(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
+    t4_out[k + 0] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
 #line 136
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
@@ -255,7 +258,7 @@ void unit_block(int u) {
   {
     VEC4 X = row_vec4_of_self(k + 1, r, n);
     VEC4 Y = row_vec4_of_other(k + 1, r, n);
-    t4_out[k + 1] = f16vec4(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
+    t4_out[k + 1] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
 #line 136
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
@@ -270,7 +273,7 @@ void unit_block(int u) {
   {
     VEC4 X = row_vec4_of_self(k + 2, r, n);
     VEC4 Y = row_vec4_of_other(k + 2, r, n);
-    t4_out[k + 2] = f16vec4(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
+    t4_out[k + 2] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
 #line 136
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
@@ -285,7 +288,7 @@ void unit_block(int u) {
   {
     VEC4 X = row_vec4_of_self(k + 3, r, n);
     VEC4 Y = row_vec4_of_other(k + 3, r, n);
-    t4_out[k + 3] = f16vec4(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
+    t4_out[k + 3] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
 #line 146
 #undef VEC

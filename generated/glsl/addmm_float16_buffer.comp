@@ -51,6 +51,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -61,21 +64,21 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'mat1' (buffer) ----
-#line 42
+#line 45
 T load_mat1(ivec4 idx) { return t_mat1[tf_buffer_word_lane(idx, pc.mat1_sizes, mat1_layout).x]; }
 
 // ---- element access for 'mat2' (buffer) ----
-#line 42
+#line 45
 T load_mat2(ivec4 idx) { return t_mat2[tf_buffer_word_lane(idx, pc.mat2_sizes, mat2_layout).x]; }
 #line 41 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int width = pc.out_sizes.x;
   int o = r * width + w;
-  for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = float16_t(v[j]); }
+  for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
 }
 #line 23
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };

@@ -51,6 +51,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -61,15 +64,15 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 63
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(f16vec4(v))); }
+#line 66
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'mat1' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_mat1(ivec3 pos) { return imageLoad(t_mat1, pos); }
 T load_mat1(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.mat1_sizes, mat1_layout);
@@ -77,7 +80,7 @@ T load_mat1(ivec4 idx) {
 }
 
 // ---- element access for 'mat2' (buffer) ----
-#line 42
+#line 45
 T load_mat2(ivec4 idx) { return t_mat2[tf_buffer_word_lane(idx, pc.mat2_sizes, mat2_layout).x]; }
 #line 47 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {

@@ -47,6 +47,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -57,15 +58,15 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'mat1' (buffer) ----
-#line 42
+#line 45
 T load_mat1(ivec4 idx) { return t_mat1[tf_buffer_word_lane(idx, pc.mat1_sizes, mat1_layout).x]; }
 
 // ---- element access for 'mat2' (buffer) ----
-#line 42
+#line 45
 T load_mat2(ivec4 idx) { return t_mat2[tf_buffer_word_lane(idx, pc.mat2_sizes, mat2_layout).x]; }
 #line 41 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {

@@ -47,6 +47,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -55,15 +56,15 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 65
+#line 68
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'mat1' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_mat1(ivec3 pos) { return imageLoad(t_mat1, pos); }
 T load_mat1(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.mat1_sizes, mat1_layout);
@@ -71,7 +72,7 @@ T load_mat1(ivec4 idx) {
 }
 
 // ---- element access for 'mat2' (buffer) ----
-#line 42
+#line 45
 T load_mat2(ivec4 idx) { return t_mat2[tf_buffer_word_lane(idx, pc.mat2_sizes, mat2_layout).x]; }
 #line 47 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {

@@ -41,6 +41,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -51,18 +54,18 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'mat2' (buffer) ----
-#line 42
+#line 45
 T load_mat2(ivec4 idx) { return t_mat2[tf_buffer_word_lane(idx, pc.mat2_sizes, mat2_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 6) const int k_ragged = 1;  // ragged
-#line 75
+#line 78
 layout(constant_id = 7) const int n_ragged = 1;  // ragged
 #line 28 "shaders/mm_tiled.glsl.j2"
 #extension GL_KHR_shader_subgroup_basic : require
@@ -93,10 +96,10 @@ VEC4 b_texel(int k, int n4, int N, int K) {
 
 void store_out(int row, int n4, int N, VEC4 v) {
   if (n_ragged == 0) {
-    t4_out[row * (N >> 2) + n4] = f16vec4(v);  // float16: rounds to nearest even
+    t4_out[row * (N >> 2) + n4] = tf_to_float16(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
-    for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = float16_t(v[j]); }
+    for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
   }
 }
 

@@ -41,6 +41,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -49,16 +52,16 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (buffer) ----
-#line 42
+#line 45
 T load_out(ivec4 idx) { return t_out[tf_buffer_word_lane(idx, pc.out_sizes, out_layout).x]; }
 
 // ---- element access for 'tensors' (buffer) ----
-#line 42
+#line 45
 T load_tensors(ivec4 idx) { return t_tensors[tf_buffer_word_lane(idx, pc.tensors_sizes, tensors_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 5) const int whole = 0;  // list_units
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
 #line 7 "shaders/_lead.glsl.j2"
@@ -130,6 +133,6 @@ void main() {
   ivec4 src;
 #line 84
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
-  if (in_slab(idx, src)) { t_out[u] = float16_t(load_tensors(src)); }
+  if (in_slab(idx, src)) { t_out[u] = tf_to_float16(load_tensors(src)); }
 #line 104
 }

@@ -57,6 +57,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -67,11 +70,11 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 63
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(f16vec4(v))); }
+#line 66
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'input' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_input(ivec3 pos) { return imageLoad(t_input, pos); }
 T load_input(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.input_sizes, input_layout);
@@ -79,7 +82,7 @@ T load_input(ivec4 idx) {
 }
 
 // ---- element access for 'weight' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_weight(ivec3 pos) { return imageLoad(t_weight, pos); }
 T load_weight(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.weight_sizes, weight_layout);
@@ -87,7 +90,7 @@ T load_weight(ivec4 idx) {
 }
 
 // ---- element access for 'bias' (buffer) ----
-#line 42
+#line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 #line 13 "shaders/_conv_activation.glsl.j2"

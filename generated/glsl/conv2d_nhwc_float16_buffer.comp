@@ -59,6 +59,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -69,15 +72,15 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 42
+#line 45
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 
 // ---- element access for 'weight' (buffer) ----
-#line 42
+#line 45
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 42
+#line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 #line 13 "shaders/_conv_activation.glsl.j2"
@@ -418,7 +421,7 @@ void main() {
       VEC4 r = conv_activation(acc0_0);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = float16_t(r[l]);
+        t_out[at + 0 + l] = tf_to_float16(r[l]);
       }
     }
 #line 139
@@ -426,7 +429,7 @@ void main() {
       VEC4 r = conv_activation(acc1_0);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = float16_t(r[l]);
+        t_out[at + 4 + l] = tf_to_float16(r[l]);
       }
     }
 #line 147
@@ -439,7 +442,7 @@ void main() {
       VEC4 r = conv_activation(acc0_1);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = float16_t(r[l]);
+        t_out[at + 0 + l] = tf_to_float16(r[l]);
       }
     }
 #line 139
@@ -447,7 +450,7 @@ void main() {
       VEC4 r = conv_activation(acc1_1);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = float16_t(r[l]);
+        t_out[at + 4 + l] = tf_to_float16(r[l]);
       }
     }
 #line 147
@@ -460,7 +463,7 @@ void main() {
       VEC4 r = conv_activation(acc0_2);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = float16_t(r[l]);
+        t_out[at + 0 + l] = tf_to_float16(r[l]);
       }
     }
 #line 139
@@ -468,7 +471,7 @@ void main() {
       VEC4 r = conv_activation(acc1_2);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = float16_t(r[l]);
+        t_out[at + 4 + l] = tf_to_float16(r[l]);
       }
     }
 #line 147
@@ -481,7 +484,7 @@ void main() {
       VEC4 r = conv_activation(acc0_3);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = float16_t(r[l]);
+        t_out[at + 0 + l] = tf_to_float16(r[l]);
       }
     }
 #line 139
@@ -489,7 +492,7 @@ void main() {
       VEC4 r = conv_activation(acc1_3);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = float16_t(r[l]);
+        t_out[at + 4 + l] = tf_to_float16(r[l]);
       }
     }
 #line 147
@@ -502,7 +505,7 @@ void main() {
       VEC4 r = conv_activation(acc0_4);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = float16_t(r[l]);
+        t_out[at + 0 + l] = tf_to_float16(r[l]);
       }
     }
 #line 139
@@ -510,7 +513,7 @@ void main() {
       VEC4 r = conv_activation(acc1_4);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = float16_t(r[l]);
+        t_out[at + 4 + l] = tf_to_float16(r[l]);
       }
     }
 #line 147
@@ -523,7 +526,7 @@ void main() {
       VEC4 r = conv_activation(acc0_5);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = float16_t(r[l]);
+        t_out[at + 0 + l] = tf_to_float16(r[l]);
       }
     }
 #line 139
@@ -531,7 +534,7 @@ void main() {
       VEC4 r = conv_activation(acc1_5);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = float16_t(r[l]);
+        t_out[at + 4 + l] = tf_to_float16(r[l]);
       }
     }
 #line 147
@@ -544,7 +547,7 @@ void main() {
       VEC4 r = conv_activation(acc0_6);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = float16_t(r[l]);
+        t_out[at + 0 + l] = tf_to_float16(r[l]);
       }
     }
 #line 139
@@ -552,7 +555,7 @@ void main() {
       VEC4 r = conv_activation(acc1_6);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = float16_t(r[l]);
+        t_out[at + 4 + l] = tf_to_float16(r[l]);
       }
     }
 #line 147
@@ -565,7 +568,7 @@ void main() {
       VEC4 r = conv_activation(acc0_7);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = float16_t(r[l]);
+        t_out[at + 0 + l] = tf_to_float16(r[l]);
       }
     }
 #line 139
@@ -573,7 +576,7 @@ void main() {
       VEC4 r = conv_activation(acc1_7);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = float16_t(r[l]);
+        t_out[at + 4 + l] = tf_to_float16(r[l]);
       }
     }
 #line 147

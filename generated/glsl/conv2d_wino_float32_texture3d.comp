@@ -53,6 +53,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -61,11 +62,11 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 65
+#line 68
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'input' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_input(ivec3 pos) { return imageLoad(t_input, pos); }
 T load_input(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.input_sizes, input_layout);
@@ -73,7 +74,7 @@ T load_input(ivec4 idx) {
 }
 
 // ---- element access for 'weight' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_weight(ivec3 pos) { return imageLoad(t_weight, pos); }
 T load_weight(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.weight_sizes, weight_layout);
@@ -81,7 +82,7 @@ T load_weight(ivec4 idx) {
 }
 
 // ---- element access for 'bias' (buffer) ----
-#line 42
+#line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 #line 13 "shaders/_conv_activation.glsl.j2"

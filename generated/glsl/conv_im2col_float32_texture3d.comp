@@ -35,6 +35,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -43,11 +44,11 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 65
+#line 68
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'input' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_input(ivec3 pos) { return imageLoad(t_input, pos); }
 T load_input(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.input_sizes, input_layout);
@@ -56,9 +57,9 @@ T load_input(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 5) const int cin_ragged = 1;  // ragged
-#line 75
+#line 78
 layout(constant_id = 6) const int findex = 0;  // float_index
 
 // The input texel of channel block `block` under tap `tap` of the position at `org`; 0 outside

@@ -35,6 +35,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -45,7 +46,7 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 46
+#line 49
 int load_input(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.input_sizes, input_layout);
   return bitfieldExtract(t_input[wl.x], 8 * wl.y, 8);

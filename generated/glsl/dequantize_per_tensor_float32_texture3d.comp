@@ -35,6 +35,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -43,11 +44,11 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 65
+#line 68
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'input' (buffer) ----
-#line 46
+#line 49
 int load_input(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.input_sizes, input_layout);
   return bitfieldExtract(t_input[wl.x], 8 * wl.y, 8);

@@ -41,6 +41,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -51,11 +54,11 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'weight' (buffer) ----
-#line 42
+#line 45
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'indices' (buffer) ----
-#line 42
+#line 45
 int load_indices(ivec4 idx) { return t_indices[tf_buffer_word_lane(idx, pc.indices_sizes, indices_layout).x]; }
 
 #line 13 "shaders/embedding.glsl.j2"
@@ -65,7 +68,7 @@ T compute_out(ivec4 idx) {
 }
 
 #line 10 "shaders/_per_element.glsl.j2"
-#define compute_out(idx) float16_t(compute_out(idx))
+#define compute_out(idx) tf_to_float16(compute_out(idx))
 #line 12
 void main() {
   int u = tf_unit_id();

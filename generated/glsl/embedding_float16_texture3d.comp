@@ -41,6 +41,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -51,15 +54,15 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 63
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(f16vec4(v))); }
+#line 66
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'weight' (buffer) ----
-#line 42
+#line 45
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'indices' (texture3d) ----
-#line 53
+#line 56
 ivec4 load_texel_indices(ivec3 pos) { return imageLoad(t_indices, pos); }
 int load_indices(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.indices_sizes, indices_layout);
@@ -73,7 +76,7 @@ T compute_out(ivec4 idx) {
 }
 
 #line 10 "shaders/_per_element.glsl.j2"
-#define compute_out(idx) float16_t(compute_out(idx))
+#define compute_out(idx) tf_to_float16(compute_out(idx))
 #line 12
 void main() {
   int u = tf_unit_id();

@@ -37,6 +37,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -47,11 +48,11 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'weight' (buffer) ----
-#line 42
+#line 45
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'indices' (buffer) ----
-#line 42
+#line 45
 int load_indices(ivec4 idx) { return t_indices[tf_buffer_word_lane(idx, pc.indices_sizes, indices_layout).x]; }
 
 #line 13 "shaders/embedding.glsl.j2"

@@ -33,6 +33,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -41,11 +42,11 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 ivec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 65
+#line 68
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'self' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);

@@ -57,6 +57,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -67,15 +70,15 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 42
+#line 45
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 
 // ---- element access for 'weight' (buffer) ----
-#line 42
+#line 45
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 42
+#line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 // torch's moments (Welford updates) make the mean of a group holding an infinity NaN.
@@ -165,7 +168,7 @@ void main() {
   for (int w = 0; w < sz.x; ++w) {
     ivec4 e = row;
     e.x = w;
-    t_out[tf_buffer_word_lane(e, sz, out_layout).x] = float16_t(row_element(e, 0, st, keys));
+    t_out[tf_buffer_word_lane(e, sz, out_layout).x] = tf_to_float16(row_element(e, 0, st, keys));
   }
 #line 195
 }

@@ -31,6 +31,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -39,11 +40,11 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 65
+#line 68
 void store_texel_out(ivec3 pos, ivec4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'self' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
@@ -52,13 +53,13 @@ T load_self(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 5) const int tail = 1;  // units_tail
-#line 75
+#line 78
 layout(constant_id = 6) const int ragged = 1;  // ragged
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 81
+#line 84
 const int tf_span = 4;
 
 

@@ -53,6 +53,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -63,20 +66,20 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 42
+#line 45
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 
 // ---- element access for 'weight' (buffer) ----
-#line 42
+#line 45
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 42
+#line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 7) const int ragged = 1;  // ragged
 
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
@@ -140,7 +143,7 @@ void vec4_row(ivec4 row, int first_in, int first_out, int n4, float width) {
     vec4 y = (vec4(t4_input[a + j]) - mean) * rstd;
     y = pc.has_weight != 0 ? y * vec4(t4_weight[j]) : y;
     y = pc.has_bias != 0 ? y + vec4(t4_bias[j]) : y;
-    t4_out[o + j] = f16vec4(y);
+    t4_out[o + j] = tf_to_float16(y);
   }
 #line 110
 }
@@ -180,14 +183,14 @@ void main() {
   for (int w = 0; w < whole; w += 4) {
     vec4 y = (input4(rin, w) - mean) * rstd * weight4(w) + bias4(w);
     int o = rout.x + w * rout.y;
-    t_out[o] = float16_t(y.x);
-    t_out[o + rout.y] = float16_t(y.y);
-    t_out[o + 2 * rout.y] = float16_t(y.z);
-    t_out[o + 3 * rout.y] = float16_t(y.w);
+    t_out[o] = tf_to_float16(y.x);
+    t_out[o + rout.y] = tf_to_float16(y.y);
+    t_out[o + 2 * rout.y] = tf_to_float16(y.z);
+    t_out[o + 3 * rout.y] = tf_to_float16(y.w);
   }
   for (int w = whole; w < width; ++w) {
     float y = (t_input[rin.x + w * rin.y] - mean) * rstd * weight_at(w) + bias_at(w);
-    t_out[rout.x + w * rout.y] = float16_t(y);
+    t_out[rout.x + w * rout.y] = tf_to_float16(y);
   }
 #line 159
 }

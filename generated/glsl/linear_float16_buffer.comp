@@ -49,6 +49,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -59,21 +62,21 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 42
+#line 45
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 
 // ---- element access for 'weight' (buffer) ----
-#line 42
+#line 45
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 42
+#line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 #line 41 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int width = pc.out_sizes.x;
   int o = r * width + w;
-  for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = float16_t(v[j]); }
+  for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
 }
 #line 23
 layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { f16vec4 t4_input[]; };

@@ -55,6 +55,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -65,24 +68,24 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 42
+#line 45
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 
 // ---- element access for 'weight' (buffer) ----
-#line 42
+#line 45
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 42
+#line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 7) const int k_ragged = 1;  // ragged
-#line 75
+#line 78
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
-#line 75
+#line 78
 layout(constant_id = 9) const int act = 0;  // activation_code
 #line 13 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
@@ -163,10 +166,10 @@ void main() {
   v = activated(v);
 #line 93
   if (n_ragged == 0) {
-    t4_out[row * N4 + n4] = f16vec4(v);  // float16: rounds to nearest even
+    t4_out[row * N4 + n4] = tf_to_float16(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
-    for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = float16_t(v[j]); }
+    for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
   }
 #line 104
 }

@@ -51,6 +51,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -61,11 +62,11 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 42
+#line 45
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 
 // ---- element access for 'weight' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_weight(ivec3 pos) { return imageLoad(t_weight, pos); }
 T load_weight(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.weight_sizes, weight_layout);
@@ -73,16 +74,16 @@ T load_weight(ivec4 idx) {
 }
 
 // ---- element access for 'bias' (buffer) ----
-#line 42
+#line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 7) const int k_ragged = 1;  // ragged
-#line 75
+#line 78
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
-#line 75
+#line 78
 layout(constant_id = 9) const int act = 0;  // activation_code
 #line 13 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {

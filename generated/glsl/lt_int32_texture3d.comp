@@ -37,6 +37,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -45,11 +46,11 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 ivec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 65
+#line 68
 void store_texel_out(ivec3 pos, ivec4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'self' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
@@ -57,7 +58,7 @@ T load_self(ivec4 idx) {
 }
 
 // ---- element access for 'other' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_other(ivec3 pos) { return imageLoad(t_other, pos); }
 T load_other(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.other_sizes, other_layout);
@@ -66,19 +67,19 @@ T load_other(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 6) const int a_class = 0;  // read_class
-#line 75
+#line 78
 layout(constant_id = 7) const int b_class = 0;  // read_class
-#line 75
+#line 78
 layout(constant_id = 8) const int tail = 1;  // units_tail
-#line 75
+#line 78
 layout(constant_id = 9) const int ragged = 1;  // ragged
-#line 75
+#line 78
 layout(constant_id = 10) const int rows4 = 0;  // row_groups
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 81
+#line 84
 const int tf_span = 4;
 
 #line 28 "shaders/binary.glsl.j2"

@@ -43,6 +43,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -53,17 +56,17 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'other' (buffer) ----
-#line 42
+#line 45
 T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x]; }
 #line 41 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int width = pc.out_sizes.x;
   int o = r * width + w;
-  for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = float16_t(v[j]); }
+  for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
 }
 #line 23
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
@@ -353,7 +356,7 @@ void main() {
 #line 131
   if (pc.vector_operands != 0) {
 #line 133
-    t_out[u] = float16_t(vector_product(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout)));
+    t_out[u] = tf_to_float16(vector_product(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout)));
 #line 141
     return;
   }

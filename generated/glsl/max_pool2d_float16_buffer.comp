@@ -39,6 +39,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -49,7 +52,7 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // A larger value or a NaN replaces the running max, and a NaN max stays (per lane).
@@ -82,7 +85,7 @@ T compute_out(ivec4 idx) {
 }
 
 #line 10 "shaders/_per_element.glsl.j2"
-#define compute_out(idx) float16_t(compute_out(idx))
+#define compute_out(idx) tf_to_float16(compute_out(idx))
 #line 12
 void main() {
   int u = tf_unit_id();

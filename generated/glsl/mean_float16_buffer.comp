@@ -37,6 +37,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -47,7 +50,7 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
@@ -92,6 +95,6 @@ void main() {
   if (u >= pc.units) { return; }
 #line 161
   ivec4 o = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
-  t_out[u] = float16_t(compute_out(o));
+  t_out[u] = tf_to_float16(compute_out(o));
 #line 197
 }

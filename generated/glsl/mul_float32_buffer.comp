@@ -37,6 +37,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -47,28 +48,28 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'other' (buffer) ----
-#line 42
+#line 45
 T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 6) const int a_class = 0;  // read_class
-#line 75
+#line 78
 layout(constant_id = 7) const int b_class = 0;  // read_class
-#line 75
+#line 78
 layout(constant_id = 8) const int tail = 1;  // units_tail
-#line 75
+#line 78
 layout(constant_id = 9) const int ragged = 1;  // ragged
-#line 75
+#line 78
 layout(constant_id = 10) const int rows4 = 0;  // row_groups
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 81
+#line 84
 const int tf_span = 16;
 
 #line 28 "shaders/binary.glsl.j2"

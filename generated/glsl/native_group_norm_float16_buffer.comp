@@ -69,6 +69,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -83,15 +86,15 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'rstd' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 42
+#line 45
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 
 // ---- element access for 'weight' (buffer) ----
-#line 42
+#line 45
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 42
+#line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 // torch's moments (Welford updates) make the mean of a group holding an infinity NaN.
@@ -164,8 +167,8 @@ void store_stats(ivec4 e, vec2 st) {
   }
   if (e[cl] % per_group != 0) { return; }
   int word = e[cl + 1] * pc.groups + e[cl] / per_group;
-  t_mean[word] = float16_t(st.x);
-  t_rstd[word] = float16_t(st.y);
+  t_mean[word] = tf_to_float16(st.x);
+  t_rstd[word] = tf_to_float16(st.y);
 }
 
 // The normalized element at `e`, with the statistics of lane k's group cached in st[k] (for the
@@ -198,7 +201,7 @@ void main() {
   for (int w = 0; w < sz.x; ++w) {
     ivec4 e = row;
     e.x = w;
-    t_out[tf_buffer_word_lane(e, sz, out_layout).x] = float16_t(row_element(e, 0, st, keys));
+    t_out[tf_buffer_word_lane(e, sz, out_layout).x] = tf_to_float16(row_element(e, 0, st, keys));
   }
 #line 195
 }

@@ -65,6 +65,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -79,20 +82,20 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'rstd' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 42
+#line 45
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 
 // ---- element access for 'weight' (buffer) ----
-#line 42
+#line 45
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 42
+#line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 9) const int ragged = 1;  // ragged
 
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
@@ -151,8 +154,8 @@ layout(set = 0, binding = 5, std430) readonly buffer bias_buf4 { f16vec4 t4_bias
 // native_layer_norm's row statistics, at the row's unit of mean and rstd.
 #line 82 "shaders/layer_norm.glsl.j2"
 void moments(ivec4 row, float mean, float rstd) {
-  t_mean[tf_buffer_word_lane(row, pc.mean_sizes, mean_layout).x] = float16_t(moments_mean(mean));
-  t_rstd[tf_buffer_word_lane(row, pc.rstd_sizes, rstd_layout).x] = float16_t(rstd);
+  t_mean[tf_buffer_word_lane(row, pc.mean_sizes, mean_layout).x] = tf_to_float16(moments_mean(mean));
+  t_rstd[tf_buffer_word_lane(row, pc.rstd_sizes, rstd_layout).x] = tf_to_float16(rstd);
 }
 
 // Width-packed rows of whole vec4 words: the row `row` whose first words are `first_in`,
@@ -173,7 +176,7 @@ void vec4_row(ivec4 row, int first_in, int first_out, int n4, float width) {
     vec4 y = (vec4(t4_input[a + j]) - mean) * rstd;
     y = pc.has_weight != 0 ? y * vec4(t4_weight[j]) : y;
     y = pc.has_bias != 0 ? y + vec4(t4_bias[j]) : y;
-    t4_out[o + j] = f16vec4(y);
+    t4_out[o + j] = tf_to_float16(y);
   }
 #line 108
   moments(row, mean, rstd);
@@ -215,14 +218,14 @@ void main() {
   for (int w = 0; w < whole; w += 4) {
     vec4 y = (input4(rin, w) - mean) * rstd * weight4(w) + bias4(w);
     int o = rout.x + w * rout.y;
-    t_out[o] = float16_t(y.x);
-    t_out[o + rout.y] = float16_t(y.y);
-    t_out[o + 2 * rout.y] = float16_t(y.z);
-    t_out[o + 3 * rout.y] = float16_t(y.w);
+    t_out[o] = tf_to_float16(y.x);
+    t_out[o + rout.y] = tf_to_float16(y.y);
+    t_out[o + 2 * rout.y] = tf_to_float16(y.z);
+    t_out[o + 3 * rout.y] = tf_to_float16(y.w);
   }
   for (int w = whole; w < width; ++w) {
     float y = (t_input[rin.x + w * rin.y] - mean) * rstd * weight_at(w) + bias_at(w);
-    t_out[rout.x + w * rout.y] = float16_t(y);
+    t_out[rout.x + w * rout.y] = tf_to_float16(y);
   }
 #line 157
   moments(row, mean, rstd);

@@ -43,6 +43,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -53,7 +56,7 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
@@ -62,13 +65,13 @@ T load_self(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 5) const int units_match = 0;  // packed_permute
-#line 75
+#line 78
 layout(constant_id = 6) const int tail = 1;  // units_tail
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 81
+#line 84
 const int tf_span = 16;
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
 #line 7 "shaders/_lead.glsl.j2"
@@ -124,7 +127,7 @@ void unit_vec4(int k) {}
 
 #line 37
 void unit_word(int w) {
-  t_out[w] = float16_t(load_self(self_index(tf_buffer_word_to_idx(w, pc.out_sizes, out_layout))));
+  t_out[w] = tf_to_float16(load_self(self_index(tf_buffer_word_to_idx(w, pc.out_sizes, out_layout))));
 }
 
 #line 18 "shaders/_span_main.glsl.j2"

@@ -57,6 +57,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -67,14 +68,14 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 46
+#line 49
 int load_self(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.self_sizes, self_layout);
   return bitfieldExtract(t_self[wl.x], 8 * wl.y, 8);
 }
 
 // ---- element access for 'other' (buffer) ----
-#line 46
+#line 49
 int load_other(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.other_sizes, other_layout);
   return bitfieldExtract(t_other[wl.x], 8 * wl.y, 8);

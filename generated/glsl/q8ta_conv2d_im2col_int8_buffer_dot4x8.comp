@@ -69,6 +69,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -79,29 +80,29 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 46
+#line 49
 int load_input(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.input_sizes, input_layout);
   return bitfieldExtract(t_input[wl.x], 8 * wl.y, 8);
 }
 
 // ---- element access for 'weight' (buffer) ----
-#line 46
+#line 49
 int load_weight(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout);
   return bitfieldExtract(t_weight[wl.x], 8 * wl.y, 8);
 }
 
 // ---- element access for 'weight_scales' (buffer) ----
-#line 42
+#line 45
 float load_weight_scales(ivec4 idx) { return t_weight_scales[tf_buffer_word_lane(idx, pc.weight_scales_sizes, weight_scales_layout).x]; }
 
 // ---- element access for 'weight_zero_points' (buffer) ----
-#line 42
+#line 45
 int load_weight_zero_points(ivec4 idx) { return t_weight_zero_points[tf_buffer_word_lane(idx, pc.weight_zero_points_sizes, weight_zero_points_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 42
+#line 45
 float load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 #line 8 "shaders/_q8ta_requantize.glsl.j2"
 int input_zero_point() { return bitfieldExtract(pc.int8_params, 0, 8); }

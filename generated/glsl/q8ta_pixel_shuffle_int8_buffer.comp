@@ -47,6 +47,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -57,7 +58,7 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 46
+#line 49
 int load_self(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.self_sizes, self_layout);
   return bitfieldExtract(t_self[wl.x], 8 * wl.y, 8);

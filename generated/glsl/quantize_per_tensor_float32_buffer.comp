@@ -39,6 +39,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -49,7 +50,7 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 42
+#line 45
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 #line 6 "shaders/_quant.glsl.j2"
 float tf_dequantize(int q, float scale, int zero_point) {

@@ -39,6 +39,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -49,7 +50,7 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_input(ivec3 pos) { return imageLoad(t_input, pos); }
 T load_input(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.input_sizes, input_layout);

@@ -59,6 +59,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -69,25 +72,25 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'query' (buffer) ----
-#line 42
+#line 45
 T load_query(ivec4 idx) { return t_query[tf_buffer_word_lane(idx, pc.query_sizes, query_layout).x]; }
 
 // ---- element access for 'key' (buffer) ----
-#line 42
+#line 45
 T load_key(ivec4 idx) { return t_key[tf_buffer_word_lane(idx, pc.key_sizes, key_layout).x]; }
 
 // ---- element access for 'value' (buffer) ----
-#line 42
+#line 45
 T load_value(ivec4 idx) { return t_value[tf_buffer_word_lane(idx, pc.value_sizes, value_layout).x]; }
 
 // ---- element access for 'attn_mask' (buffer) ----
-#line 42
+#line 45
 T load_attn_mask(ivec4 idx) { return t_attn_mask[tf_buffer_word_lane(idx, pc.attn_mask_sizes, attn_mask_layout).x]; }
 #line 41 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int width = pc.out_sizes.x;
   int o = r * width + w;
-  for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = float16_t(v[j]); }
+  for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
 }
 #line 23
 layout(set = 0, binding = 1, std430) readonly buffer query_buf4 { f16vec4 t4_query[]; };
@@ -231,7 +234,7 @@ void attend16(Row w, int c0) {
 // Elements w .. w + 3 of row r of out (w + 3 < W, W % 4 == 0).
 #line 147
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
-void store_vec4_out(int r, int w, VEC4 v) { t4_out[(r * pc.out_sizes.x + w) >> 2] = f16vec4(v); }  // float16: rounded once, here
+void store_vec4_out(int r, int w, VEC4 v) { t4_out[(r * pc.out_sizes.x + w) >> 2] = tf_to_float16(v); }  // float16: rounded once, here
 
 // Where a tile reads: its first row and how many keys it visits, the key and value rows of its
 // batch, each row's mask row.

@@ -59,6 +59,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -69,11 +72,11 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 63
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(f16vec4(v))); }
+#line 66
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'query' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_query(ivec3 pos) { return imageLoad(t_query, pos); }
 T load_query(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.query_sizes, query_layout);
@@ -81,7 +84,7 @@ T load_query(ivec4 idx) {
 }
 
 // ---- element access for 'key' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_key(ivec3 pos) { return imageLoad(t_key, pos); }
 T load_key(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.key_sizes, key_layout);
@@ -89,7 +92,7 @@ T load_key(ivec4 idx) {
 }
 
 // ---- element access for 'value' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_value(ivec3 pos) { return imageLoad(t_value, pos); }
 T load_value(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.value_sizes, value_layout);
@@ -97,7 +100,7 @@ T load_value(ivec4 idx) {
 }
 
 // ---- element access for 'attn_mask' (buffer) ----
-#line 42
+#line 45
 T load_attn_mask(ivec4 idx) { return t_attn_mask[tf_buffer_word_lane(idx, pc.attn_mask_sizes, attn_mask_layout).x]; }
 #line 47 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {

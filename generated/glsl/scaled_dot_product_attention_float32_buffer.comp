@@ -55,6 +55,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -65,19 +66,19 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'query' (buffer) ----
-#line 42
+#line 45
 T load_query(ivec4 idx) { return t_query[tf_buffer_word_lane(idx, pc.query_sizes, query_layout).x]; }
 
 // ---- element access for 'key' (buffer) ----
-#line 42
+#line 45
 T load_key(ivec4 idx) { return t_key[tf_buffer_word_lane(idx, pc.key_sizes, key_layout).x]; }
 
 // ---- element access for 'value' (buffer) ----
-#line 42
+#line 45
 T load_value(ivec4 idx) { return t_value[tf_buffer_word_lane(idx, pc.value_sizes, value_layout).x]; }
 
 // ---- element access for 'attn_mask' (buffer) ----
-#line 42
+#line 45
 T load_attn_mask(ivec4 idx) { return t_attn_mask[tf_buffer_word_lane(idx, pc.attn_mask_sizes, attn_mask_layout).x]; }
 #line 41 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {

@@ -55,6 +55,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -63,11 +64,11 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 65
+#line 68
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'query' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_query(ivec3 pos) { return imageLoad(t_query, pos); }
 T load_query(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.query_sizes, query_layout);
@@ -75,7 +76,7 @@ T load_query(ivec4 idx) {
 }
 
 // ---- element access for 'key' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_key(ivec3 pos) { return imageLoad(t_key, pos); }
 T load_key(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.key_sizes, key_layout);
@@ -83,7 +84,7 @@ T load_key(ivec4 idx) {
 }
 
 // ---- element access for 'value' (texture3d) ----
-#line 53
+#line 56
 VEC4 load_texel_value(ivec3 pos) { return imageLoad(t_value, pos); }
 T load_value(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.value_sizes, value_layout);
@@ -91,7 +92,7 @@ T load_value(ivec4 idx) {
 }
 
 // ---- element access for 'attn_mask' (buffer) ----
-#line 42
+#line 45
 T load_attn_mask(ivec4 idx) { return t_attn_mask[tf_buffer_word_lane(idx, pc.attn_mask_sizes, attn_mask_layout).x]; }
 #line 47 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {

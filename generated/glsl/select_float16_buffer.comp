@@ -43,6 +43,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -53,18 +56,18 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 5) const int units_match = 0;  // packed_select
-#line 75
+#line 78
 layout(constant_id = 6) const int tail = 1;  // units_tail
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 81
+#line 84
 const int tf_span = 16;
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
 #line 7 "shaders/_lead.glsl.j2"
@@ -161,7 +164,7 @@ void unit_block(int u) {
 
 #line 37
 void unit_word(int w) {
-  t_out[w] = float16_t(load_self(self_index(tf_buffer_word_to_idx(w, pc.out_sizes, out_layout))));
+  t_out[w] = tf_to_float16(load_self(self_index(tf_buffer_word_to_idx(w, pc.out_sizes, out_layout))));
 }
 
 #line 18 "shaders/_span_main.glsl.j2"

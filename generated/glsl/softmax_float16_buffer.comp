@@ -37,6 +37,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -47,7 +50,7 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 #line 25 "shaders/softmax.glsl.j2"
@@ -73,7 +76,7 @@ vec2 line_stats(ivec4 r, int d) {
   return vec2(m, s);
 }
 
-void store_out(ivec4 idx, float v) { t_out[tf_buffer_word_lane(idx, pc.out_sizes, out_layout).x] = float16_t(v); }
+void store_out(ivec4 idx, float v) { t_out[tf_buffer_word_lane(idx, pc.out_sizes, out_layout).x] = tf_to_float16(v); }
 
 void main() {
   int u = tf_unit_id();

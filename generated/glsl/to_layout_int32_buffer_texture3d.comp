@@ -31,6 +31,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -39,28 +40,28 @@ layout(push_constant) uniform PushConstants {
 #define VEC4 ivec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 65
+#line 68
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 5) const int same_units = 0;  // same_order
-#line 75
+#line 78
 layout(constant_id = 6) const int same_shape = 0;  // same_sizes
-#line 75
+#line 78
 layout(constant_id = 7) const int transpose = 0;  // transpose4_texels
-#line 75
+#line 78
 layout(constant_id = 8) const int tail = 1;  // units_tail
-#line 75
+#line 78
 layout(constant_id = 9) const int findex = 0;  // float_index
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 81
+#line 84
 const int tf_span = 4;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.

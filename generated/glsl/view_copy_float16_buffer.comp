@@ -35,6 +35,9 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 32
+#define TF_FLOAT16_STORES 1
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -45,24 +48,24 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 42
+#line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 75
+#line 78
 layout(constant_id = 5) const int same_units = 0;  // same_order
-#line 75
+#line 78
 layout(constant_id = 6) const int same_shape = 0;  // same_sizes
-#line 75
+#line 78
 layout(constant_id = 7) const int transpose = 0;  // transpose4_texels
-#line 75
+#line 78
 layout(constant_id = 8) const int tail = 1;  // units_tail
-#line 75
+#line 78
 layout(constant_id = 9) const int findex = 0;  // float_index
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 81
+#line 84
 const int tf_span = 16;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
@@ -218,48 +221,48 @@ void unit_steps(int u) {
 #line 64
   if (whole) {
 #line 66
-    t4_out[u * 4 + 0] = f16vec4(v[0]);
+    t4_out[u * 4 + 0] = tf_to_float16(v[0]);
 #line 66
-    t4_out[u * 4 + 1] = f16vec4(v[1]);
+    t4_out[u * 4 + 1] = tf_to_float16(v[1]);
 #line 66
-    t4_out[u * 4 + 2] = f16vec4(v[2]);
+    t4_out[u * 4 + 2] = tf_to_float16(v[2]);
 #line 66
-    t4_out[u * 4 + 3] = f16vec4(v[3]);
+    t4_out[u * 4 + 3] = tf_to_float16(v[3]);
 #line 68
     return;
   }
 #line 71
-  if (first + 0 < pc.units) { t_out[first + 0] = float16_t(v[0][0]); }
+  if (first + 0 < pc.units) { t_out[first + 0] = tf_to_float16(v[0][0]); }
 #line 71
-  if (first + 1 < pc.units) { t_out[first + 1] = float16_t(v[0][1]); }
+  if (first + 1 < pc.units) { t_out[first + 1] = tf_to_float16(v[0][1]); }
 #line 71
-  if (first + 2 < pc.units) { t_out[first + 2] = float16_t(v[0][2]); }
+  if (first + 2 < pc.units) { t_out[first + 2] = tf_to_float16(v[0][2]); }
 #line 71
-  if (first + 3 < pc.units) { t_out[first + 3] = float16_t(v[0][3]); }
+  if (first + 3 < pc.units) { t_out[first + 3] = tf_to_float16(v[0][3]); }
 #line 71
-  if (first + 4 < pc.units) { t_out[first + 4] = float16_t(v[1][0]); }
+  if (first + 4 < pc.units) { t_out[first + 4] = tf_to_float16(v[1][0]); }
 #line 71
-  if (first + 5 < pc.units) { t_out[first + 5] = float16_t(v[1][1]); }
+  if (first + 5 < pc.units) { t_out[first + 5] = tf_to_float16(v[1][1]); }
 #line 71
-  if (first + 6 < pc.units) { t_out[first + 6] = float16_t(v[1][2]); }
+  if (first + 6 < pc.units) { t_out[first + 6] = tf_to_float16(v[1][2]); }
 #line 71
-  if (first + 7 < pc.units) { t_out[first + 7] = float16_t(v[1][3]); }
+  if (first + 7 < pc.units) { t_out[first + 7] = tf_to_float16(v[1][3]); }
 #line 71
-  if (first + 8 < pc.units) { t_out[first + 8] = float16_t(v[2][0]); }
+  if (first + 8 < pc.units) { t_out[first + 8] = tf_to_float16(v[2][0]); }
 #line 71
-  if (first + 9 < pc.units) { t_out[first + 9] = float16_t(v[2][1]); }
+  if (first + 9 < pc.units) { t_out[first + 9] = tf_to_float16(v[2][1]); }
 #line 71
-  if (first + 10 < pc.units) { t_out[first + 10] = float16_t(v[2][2]); }
+  if (first + 10 < pc.units) { t_out[first + 10] = tf_to_float16(v[2][2]); }
 #line 71
-  if (first + 11 < pc.units) { t_out[first + 11] = float16_t(v[2][3]); }
+  if (first + 11 < pc.units) { t_out[first + 11] = tf_to_float16(v[2][3]); }
 #line 71
-  if (first + 12 < pc.units) { t_out[first + 12] = float16_t(v[3][0]); }
+  if (first + 12 < pc.units) { t_out[first + 12] = tf_to_float16(v[3][0]); }
 #line 71
-  if (first + 13 < pc.units) { t_out[first + 13] = float16_t(v[3][1]); }
+  if (first + 13 < pc.units) { t_out[first + 13] = tf_to_float16(v[3][1]); }
 #line 71
-  if (first + 14 < pc.units) { t_out[first + 14] = float16_t(v[3][2]); }
+  if (first + 14 < pc.units) { t_out[first + 14] = tf_to_float16(v[3][2]); }
 #line 71
-  if (first + 15 < pc.units) { t_out[first + 15] = float16_t(v[3][3]); }
+  if (first + 15 < pc.units) { t_out[first + 15] = tf_to_float16(v[3][3]); }
 #line 73
 }
 
@@ -291,7 +294,7 @@ void unit_block(int u) {
   block_at(base, b);
   int w = tf_buffer_word_lane(base, pc.out_sizes, out_layout).x;
   int step = tf_buffer_stride(tq, pc.out_sizes, out_layout);
-  for (int k = 0; k < 4; ++k) { t4_out[(w + k * step) / 4] = f16vec4(b[k]); }
+  for (int k = 0; k < 4; ++k) { t4_out[(w + k * step) / 4] = tf_to_float16(b[k]); }
 }
 
 #line 126
@@ -301,7 +304,7 @@ void unit_word(int w) {
 #line 130
   ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
 #line 132
-  t_out[w] = float16_t(load_self(src(idx)));
+  t_out[w] = tf_to_float16(load_self(src(idx)));
 #line 145
 }
 

@@ -39,6 +39,7 @@ layout(push_constant) uniform PushConstants {
 #line 29
 } pc;
 
+#line 34
 #include "layouts.glslh"
 #include "indexing.glslh"
 #include "math.glslh"
@@ -49,11 +50,11 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'condition' (buffer) ----
-#line 42
+#line 45
 int load_condition(ivec4 idx) { return t_condition[tf_buffer_word_lane(idx, pc.condition_sizes, condition_layout).x]; }
 
 // ---- element access for 'other' (buffer) ----
-#line 42
+#line 45
 T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x]; }
 
 #line 14 "shaders/where.glsl.j2"

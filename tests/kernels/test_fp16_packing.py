@@ -40,3 +40,39 @@ def test_float16_round_trips_bit_for_bit(device, storage, layout):
         assert back.dtype == np.float16 and back.shape == shape
         np.testing.assert_array_equal(back.view(np.int16), a.view(np.int16), err_msg=f"{shape}")
         assert not raw[padding].any(), f"{shape}: padding lanes are not zero"
+
+
+# float32 values whose float16 rounding is easy to get wrong: ties at several exponents (to even,
+# up and down), ties in float16's subnormal range, the overflow threshold 65520 and its neighbours,
+# float32 subnormals and huge values, signed zeros, NaN and the infinities.
+_TIES = [m * 2.0 ** e for e in (-24, -20, -14, -8, 0, 5, 11, 15) for m in (1 + 2 ** -11, 1 + 3 * 2 ** -11)]
+ROUNDING = np.array([*_TIES, *(-t for t in _TIES), 3 * 2.0 ** -25, 2.0 ** -25, 2.0 ** -26, 65504.0, 65519.996,
+                     65520.0, -65520.0, 65536.0, 1e30, -1e30, 1e-40, -1e-40, 0.0, -0.0, np.nan, np.inf, -np.inf,
+                     6099.0, -6099.0, 3623.0, 2.5, -2.5, 0.1, 1 / 3], dtype=np.float32)
+
+
+@pytest.mark.parametrize("vname", ["cast_to_float16_float32_buffer", "cast_to_float16_float32_texture3d"])
+def test_float16_stores_round_to_nearest_even_whatever_the_device_converts(device, vname):
+    """Every float16 store rounds in the shader (tf_to_float16): the result equals numpy's
+    astype(float16) bit for bit, NaN for NaN; NVIDIA's own conversion rounds toward zero."""
+    from .nodecheck import build_node, explicit_case, repr_combos, run_nodes
+    from texelflow.generated.ops import OPS
+    from texelflow.generated.variants import VARIANTS
+
+    op = OPS["cast_to_float16"]
+    x = ROUNDING
+    if ("DenormPreserve", 32) not in device.limits.float_modes:  # a flushing device reads them as zeros
+        x = np.where(np.abs(x) < np.finfo(np.float32).tiny, np.copysign(np.float32(0), x), x).astype(np.float32)
+    case = explicit_case(op, {"self": x.shape}, {"self": x}, "float16 rounding")
+    for combo in repr_combos(op, VARIANTS[vname]):
+        node, arrays = build_node(op, "float32", case)
+        [[out]] = run_nodes(device, [(node, arrays)], combo, "float32", expect_variant=vname)
+        with np.errstate(over="ignore"):
+            want = x.astype(np.float16)  # numpy rounds to nearest even, to Inf from 65520
+        assert out.got.dtype == np.float16, out.got.dtype
+        got = out.got
+        same = (got.view(np.uint16) == want.view(np.uint16)) | (np.isnan(got) & np.isnan(want))
+        assert same.all(), f"{vname} {combo}: at {x[~same].tolist()} got {got[~same].tolist()}, want {want[~same].tolist()}"
+        # the cases differ from rounding toward zero (what NVIDIA's conversion gives)
+        toward_zero = np.where(np.abs(want.astype(np.float32)) > np.abs(x), np.nextafter(want, np.float16(0)), want)
+        assert (toward_zero.view(np.uint16) != want.view(np.uint16)).sum() >= 10
