@@ -66,14 +66,30 @@ def _half(t):
     return t.half().float()
 
 
+class _GeluInfIsInf(nn.Module):
+    """torch's exact GELU with gelu(+Inf) = +Inf, its scalar answer (and the limit): its vectorised
+    loop gives NaN there, so which elements get NaN depends on the CPU's vector width and the
+    tensor's size (an AVX-512 host with torch 2.11 gave NaN where this machine gives +Inf)."""
+
+    def forward(self, x):
+        return torch.where(x == float("inf"), x, nn.functional.gelu(x))
+
+
 def _rounded_copy(model):
-    """`model` with every parameter rounded to float16 (kept float32: torch computes in float32)."""
+    """`model` with every parameter rounded to float16 (kept float32: torch computes in float32),
+    and exact GELUs made independent of the CPU at +Inf (_GeluInfIsInf)."""
     import copy
 
     m = copy.deepcopy(model)
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(_half(p))
+    for name, child in list(m.named_modules()):
+        for attr, sub in list(child.named_children()):
+            if isinstance(sub, nn.GELU) and sub.approximate == "none":
+                setattr(child, attr, _GeluInfIsInf())
+    if isinstance(m, nn.GELU) and m.approximate == "none":
+        return _GeluInfIsInf()
     return m
 
 
