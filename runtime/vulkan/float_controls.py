@@ -12,6 +12,10 @@ an H100 (driver 580): it reports DenormPreserve for float16 only, so float32 sub
 to zero; and it still converts float32 to float16 toward zero with RoundingModeRTE declared (a
 float16 store can then be 1 ulp smaller in magnitude than torch's; docs/precision.md).
 
+A device may tie the modes of 16- and 64-bit floats together (`denormBehaviorIndependence`,
+`roundingModeIndependence`); that constrains only a module computing in both widths, and no
+generated module uses float64 (tests/vulkan/test_float_controls.py checks), so they are not read.
+
 The SPIR-V in the cache stays device-independent: `with_float_modes` rewrites the words handed to
 vkCreateShaderModule. A SPIR-V module lists its capabilities first, then its extensions, then the
 extended-instruction imports, the memory model, the entry points and the execution modes, so each

@@ -112,3 +112,8 @@ def test_the_device_declares_what_it_supports(device):
         assert ("SignedZeroInfNanPreserve", 32) in device.limits.float_modes
     else:
         assert device.limits.float_modes == frozenset()
+
+
+def test_no_generated_module_computes_in_float64():
+    """float_controls.py leaves the devices' 16/64-bit mode dependence unread on this ground."""
+    assert not [name for name, v in sorted(VARIANTS.items()) if 10 in _capabilities(generated_spirv(v))]
