@@ -43,7 +43,9 @@ def device():
 def pytest_configure(config):
     """Plans under test are the ones CI sees: by transitions alone, whatever cost table
     `texelflow tune` left for this machine's device (a test of the tables sets its own folder)."""
-    os.environ["TEXELFLOW_COSTS_DIR"] = tempfile.mkdtemp(prefix="texelflow-test-costs-")
+    folder = tempfile.mkdtemp(prefix="texelflow-test-costs-")
+    os.environ["TEXELFLOW_COSTS_DIR"] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(config, items):

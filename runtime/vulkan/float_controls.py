@@ -9,8 +9,8 @@ NaN, Inf, the sign of zero and (on the CPU and CUDA alike) subnormals, and round
 So every module gets the modes the device supports (SignedZeroInfNanPreserve, DenormPreserve,
 RoundingModeRTE), for each float width the module uses. What is left to the device, as measured on
 an H100 (driver 580): it reports DenormPreserve for float16 only, so float32 subnormals are flushed
-to zero; and it still converts float32 to float16 toward zero with RoundingModeRTE declared (a
-float16 store can then be 1 ulp smaller in magnitude than torch's; docs/precision.md).
+to zero; and it still converts float32 to float16 toward zero with RoundingModeRTE declared, which
+is why float16 stores round in the shader (`tf_to_float16`, docs/precision.md).
 
 A device may tie the modes of 16- and 64-bit floats together (`denormBehaviorIndependence`,
 `roundingModeIndependence`); that constrains only a module computing in both widths, and no
@@ -48,12 +48,13 @@ def supported_modes(props) -> frozenset[tuple[str, int]]:
 
 
 def _instructions(words: list[int]):
-    """(index, opcode, word count) of each instruction after the 5-word header."""
+    """(index, opcode, word count) of each instruction after the 5-word header; ValueError where
+    an instruction's word count is 0 or runs past the end."""
     i = 5
     while i < len(words):
         count, op = words[i] >> 16, words[i] & 0xFFFF
-        if count == 0:
-            raise ValueError(f"SPIR-V instruction at word {i} has a word count of 0")
+        if count == 0 or i + count > len(words):
+            raise ValueError(f"SPIR-V instruction at word {i} has a bad word count ({count})")
         yield i, op, count
         i += count
 
@@ -67,7 +68,8 @@ def _string_words(text: str) -> list[int]:
 def with_float_modes(code: bytes, modes: frozenset[tuple[str, int]]) -> bytes:
     """`code` with each supported (mode, width) declared for every entry point, for the widths the
     module computes in (32 always; 16 where it declares Float16 or 16-bit storage, 64 where it
-    declares Float64). Unchanged when nothing applies."""
+    declares Float64). Unchanged when nothing applies, and when the module is malformed: the
+    driver then refuses it with its own error, as it would without the modes."""
     if not modes or len(code) < 20 or len(code) % 4:
         return code
     words = list(struct.unpack(f"<{len(code) // 4}I", code))
@@ -75,7 +77,11 @@ def with_float_modes(code: bytes, modes: frozenset[tuple[str, int]]) -> bytes:
         return code
     caps, exts, entries, declared = set(), set(), [], set()
     last_cap = last_ext = last_entry = None
-    for i, op, count in _instructions(words):
+    try:
+        instructions = list(_instructions(words))
+    except ValueError:
+        return code
+    for i, op, count in instructions:
         if op == _OP_CAPABILITY:
             caps.add(words[i + 1])
             last_cap = i + count

@@ -92,6 +92,11 @@ def test_patching_is_idempotent_and_a_no_op_without_modes():
 def test_a_module_that_is_not_spirv_is_left_to_the_validity_check():
     for junk in (b"", b"\x00" * 19, b"\x00" * 21, b"\x01\x02\x03\x04" * 8):
         assert with_float_modes(junk, EVERY_MODE) == junk
+    code = generated_spirv(_variant("float32"))
+    first = struct.unpack("<I", code[20:24])[0] & 0xFFFF  # the first instruction's opcode
+    for count in (0, 0xFFFF):  # a word count of 0; one running past the end
+        broken = code[:20] + struct.pack("<I", (count << 16) | first) + code[24:]
+        assert with_float_modes(broken, EVERY_MODE) == broken
 
 
 def test_supported_modes_read_the_properties_struct():
