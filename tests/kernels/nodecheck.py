@@ -551,6 +551,13 @@ def tolerance(op_name: str) -> tuple[float, float] | int | None:
 FP16_TOLERANCE = (2e-3, 1e-4)
 
 
+def flush_subnormals(x: np.ndarray) -> np.ndarray:
+    """x with every float32 subnormal replaced by a zero of its sign, as a device without
+    DenormPreserve for 32 bits reads it (runtime/vulkan/float_controls.py)."""
+    tiny = (x != 0) & (np.abs(x) < np.finfo(np.float32).tiny)
+    return np.where(tiny, np.copysign(np.float32(0), x), x).astype(np.float32)
+
+
 def assert_matches(got: np.ndarray, want: np.ndarray, op_name: str, what: str) -> None:
     assert got.shape == want.shape, f"{what}: shape {got.shape} != torch's {want.shape}"
     tol = tolerance(op_name)

@@ -17,7 +17,8 @@ import pytest
 from texelflow.generated.ops import OPS
 from texelflow.generated.variants import VARIANTS
 
-from .nodecheck import assert_matches, build_node, combo_id, explicit_case, repr_combos, run_nodes, torch_reference
+from .nodecheck import (assert_matches, build_node, combo_id, explicit_case, flush_subnormals, repr_combos,
+                        run_nodes, torch_reference)
 
 INF = float("inf")
 EXTREMES = np.array([np.nan, INF, -INF, -0.0, 0.0, 1e30, -1e30, 100.0, -100.0, 88.8, -88.8, 20.0, -20.0,
@@ -73,21 +74,15 @@ def test_activation_extremes(device, vname, combo, i):
     except AssertionError:
         if ("DenormPreserve", 32) in device.limits.float_modes:
             raise
-        x = _flush_subnormals(x)
+        x = flush_subnormals(x)
         want = explicit_case(op, sample, {"self": x}, f"extremes {args}, subnormals flushed").want[0]
-        got = _flush_subnormals(got)
+        got = flush_subnormals(got)
         assert_matches(got, want, op.name, f"{what} (subnormals flushed: the device may flush them)")
     zeros = (want == 0) & (got == 0)
     alone = _torch_one_by_one(op, args, x)
     wrong_sign = zeros & (np.signbit(want) != np.signbit(got)) & (np.signbit(alone) != np.signbit(got))
     assert not wrong_sign.any(), (f"{what}: zero of the wrong sign at inputs {x[wrong_sign].tolist()} "
                                   f"(torch: {want[wrong_sign].tolist()})")
-
-
-def _flush_subnormals(x: np.ndarray) -> np.ndarray:
-    """x with every float32 subnormal replaced by a zero of its sign, as a flushing device reads it."""
-    tiny = (x != 0) & (np.abs(x) < np.finfo(np.float32).tiny)
-    return np.where(tiny, np.copysign(np.float32(0), x), x).astype(np.float32)
 
 
 def _torch_one_by_one(op, args: dict, x: np.ndarray) -> np.ndarray:

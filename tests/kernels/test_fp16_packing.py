@@ -55,14 +55,14 @@ ROUNDING = np.array([*_TIES, *(-t for t in _TIES), 3 * 2.0 ** -25, 2.0 ** -25, 2
 def test_float16_stores_round_to_nearest_even_whatever_the_device_converts(device, vname):
     """Every float16 store rounds in the shader (tf_to_float16): the result equals numpy's
     astype(float16) bit for bit, NaN for NaN; NVIDIA's own conversion rounds toward zero."""
-    from .nodecheck import build_node, explicit_case, repr_combos, run_nodes
+    from .nodecheck import build_node, explicit_case, flush_subnormals, repr_combos, run_nodes
     from texelflow.generated.ops import OPS
     from texelflow.generated.variants import VARIANTS
 
     op = OPS["cast_to_float16"]
     x = ROUNDING
     if ("DenormPreserve", 32) not in device.limits.float_modes:  # a flushing device reads them as zeros
-        x = np.where(np.abs(x) < np.finfo(np.float32).tiny, np.copysign(np.float32(0), x), x).astype(np.float32)
+        x = flush_subnormals(x)
     case = explicit_case(op, {"self": x.shape}, {"self": x}, "float16 rounding")
     for combo in repr_combos(op, VARIANTS[vname]):
         node, arrays = build_node(op, "float32", case)
