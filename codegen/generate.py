@@ -1,6 +1,9 @@
 """`texelflow gen`: validate the YAML, render generated/, compile every variant, then write.
 
 Nothing under generated/ changes unless validation, rendering and compilation all succeed.
+`--check` writes nothing: it compares the rendered tree with generated/ and, when they agree,
+compiles every variant too, so that a clean checkout's check both proves every shader compiles
+with this glslc and fills the SPIR-V cache that the tests and the runtime then read.
 """
 
 from __future__ import annotations
@@ -91,7 +94,10 @@ def generate(root: Path, check: bool = False, compile: bool = True, progress: bo
     files = render_all(root, layouts, ops)
     out_dir = root / "generated"
     if check:
-        return GenResult(files, len(ops.variants), [], drift(out_dir, files))
+        differs = drift(out_dir, files)
+        if compile and not differs:
+            compile_rendered(root, files, ops, progress)
+        return GenResult(files, len(ops.variants), [], differs)
     if compile:
         compile_rendered(root, files, ops, progress)
     touched = write_tree(out_dir, files)

@@ -360,7 +360,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="texelflow", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("gen", help="validate the YAML and regenerate generated/ (and compile SPIR-V)")
-    gen.add_argument("--check", action="store_true", help="fail if generated/ differs from what the YAML produces")
+    gen.add_argument("--check", action="store_true", help="fail if generated/ differs from what the YAML produces, or a variant does not compile"
+                     " (writes nothing; compiling fills the SPIR-V cache)")
     gen.add_argument("--root", help="repository root holding ops.yaml and layouts.yaml (default: found from here)")
     gen.add_argument("--no-compile", action="store_true", help="skip compiling the variants with glslc")
     gen.set_defaults(func=cmd_gen)

@@ -12,6 +12,7 @@ import pytest
 
 from texelflow.codegen.generate import build_models, generate, render_all
 from texelflow.codegen.spirv import ShaderCompileError
+from texelflow.generated.variants import VARIANTS
 from tests.conftest import ROOT
 
 
@@ -35,6 +36,36 @@ def test_checked_in_tree_matches_yaml():
     result = generate(ROOT, check=True)
     assert result.drift == [], "\n".join(result.drift)
     assert result.variants == len(list((ROOT / "generated" / "glsl").glob("*.comp")))
+
+
+def test_check_compiles_every_variant_and_writes_nothing(monkeypatch):
+    """`gen --check` (CI's `make check-gen`) compiles every variant when the tree agrees, through
+    the same content-hash cache the tests and the runtime read; with drift it only reports it."""
+    from texelflow.codegen import spirv
+
+    compiled: list[str] = []
+    real = spirv.compile_many
+
+    def recording(jobs, *args, **kwargs):  # the real glslc path, with the names it was given
+        compiled.extend(job.name for job in jobs)
+        return real(jobs, *args, **kwargs)
+
+    monkeypatch.setattr(spirv, "compile_many", recording)
+    before = tree_digest(ROOT)
+    result = generate(ROOT, check=True, progress=False)
+    assert result.drift == [] and result.touched == []
+    assert sorted(compiled) == sorted(VARIANTS)
+    assert tree_digest(ROOT) == before
+
+
+def test_check_with_drift_reports_it_without_compiling(scratch_repo: Path, monkeypatch):
+    from texelflow.codegen import spirv
+
+    target = scratch_repo / "generated" / "ops.py"
+    target.write_text(target.read_text() + "# hand edit\n")
+    monkeypatch.setattr(spirv, "compile_many", lambda *a, **k: pytest.fail("compiled despite drift"))
+    drift = generate(scratch_repo, check=True, progress=False).drift
+    assert len(drift) == 1 and drift[0].startswith("generated/ops.py: differs")
 
 
 def test_rendering_is_deterministic():

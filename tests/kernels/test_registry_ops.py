@@ -1,8 +1,10 @@
 """Every shader variant of every registry op against torch, from the samples ops.yaml declares.
 
-For each op with variants, each variant, and each assignment of representations its repsets and
+For each op with variants, each variant, and the assignments of representations its repsets and
 sync groups allow for that variant's storages (nodecheck.repr_combos: every pair for to_layout,
-which has no sync group), every sample of generated/samples.py whose shapes fit those
+which has no sync group; nodecheck.variant_cases: every one for float32 variants, and every one
+for some dtype of each family of variants differing only in dtype; TEXELFLOW_TEST_EVERY_COMBO=1
+runs each variant in each), every sample of generated/samples.py whose shapes fit those
 representations becomes a one-node PlanGraph. The runtime's own node_dispatches lowers it (push
 constants come from the registry's derivations, never from this file) and all samples of one
 (variant, representations) run in one Program, one submit. Every output must match torch (the
@@ -12,6 +14,8 @@ every sample a second time with NaN, +Inf and -Inf injected into their float inp
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from texelflow.generated.ops import OPS
@@ -20,6 +24,7 @@ from texelflow.generated.variants import VARIANTS
 
 from .nodecheck import (
     DISPATCHED,
+    EVERY_COMBO_ENV,
     INJECT_TEMPLATES,
     SPECIALS,
     check_variant,
@@ -29,6 +34,7 @@ from .nodecheck import (
     sample_case,
     template_of,
     variant_cases,
+    variant_family,
 )
 
 CASES = variant_cases()
@@ -85,6 +91,21 @@ def test_every_variant_has_a_representation_case():
     empty = [v for name in ops_with_variants() for v in OPS[name].variants if not repr_combos(OPS[name], VARIANTS[v])]
     assert not empty, f"variants no representation assignment can reach: {empty}"
     assert {v for v, _ in CASES} == {v for name in ops_with_variants() for v in OPS[name].variants}
+
+
+def test_cases_cover_every_combination_of_every_family():
+    """The cases run (variant_cases) against every combination (every=True): each variant runs,
+    each float32 variant in all its combinations, and each combination of a family (the variants
+    differing only in dtype) with at least one of its dtypes."""
+    every = variant_cases(every=True)
+    assert len(CASES) < len(every) or os.environ.get(EVERY_COMBO_ENV)
+    ran = {(variant_family(v), combo_id(OPS[VARIANTS[v].op], c)) for v, c in CASES}
+    missed = {(variant_family(v), combo_id(OPS[VARIANTS[v].op], c)) for v, c in every} - ran
+    assert not missed, f"combinations no dtype runs: {sorted(missed)[:5]}"
+    keys = lambda cases: {(v, combo_id(OPS[VARIANTS[v].op], c)) for v, c in cases}  # noqa: E731
+    assert keys(CASES) <= keys(every)
+    float32 = {k for k in keys(every) if VARIANTS[k[0]].dtype == "float32"}
+    assert float32 <= keys(CASES)
 
 
 def test_every_variant_was_dispatched(request, device):
