@@ -27,12 +27,31 @@ from typing import Callable
 from texelflow.generated.layouts import DEVICE_FEATURES
 from texelflow.generated.variants import VARIANT_FEATURES
 from texelflow.runtime.errors import ProgramClosedError
-from texelflow.runtime.vulkan.errors import INSTALL_HINT, NoDeviceError, translate
+from texelflow.runtime.vulkan.errors import INSTALL_HINT, DeviceLostError, NoDeviceError, translate
 from texelflow.runtime.vulkan.float_controls import DEVICE_EXTENSION as FLOAT_CONTROLS_EXTENSION
 from texelflow.runtime.vulkan.float_controls import supported_modes
 
 ENV_VAR = "TEXELFLOW_DEVICE"
-FENCE_TIMEOUT_NS = 60 * 1_000_000_000
+# A submit waits as long as its work runs: a big model on a CPU device, or any device on a loaded
+# machine, may take minutes, and a hung GPU is the driver's to report (VK_ERROR_DEVICE_LOST). The
+# wait is cut into slices so that Ctrl-C is seen between them; TEXELFLOW_WAIT_TIMEOUT_S caps it.
+WAIT_TIMEOUT_ENV = "TEXELFLOW_WAIT_TIMEOUT_S"
+WAIT_SLICE_S = 1.0
+_VK_TIMEOUT = 2  # VkResult VK_TIMEOUT: the fence is not signalled yet
+
+
+def wait_limit_s() -> float | None:
+    """Seconds a submit may wait for its work ($TEXELFLOW_WAIT_TIMEOUT_S), or None: no limit."""
+    raw = os.environ.get(WAIT_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        limit = float(raw)
+    except ValueError:
+        limit = float("nan")
+    if not limit > 0:  # NaN, zero and negative values too
+        raise ValueError(f"{WAIT_TIMEOUT_ENV}={raw!r}: give a number of seconds above 0, or leave it unset for no limit")
+    return limit
 
 # Feature structs chained into VkPhysicalDeviceFeatures2: (sType, API version where they are core).
 _FEATURE_STRUCTS = {
@@ -416,6 +435,7 @@ class Device:
         times) skips building the Vulkan structs on each call: about 25 us of Python each."""
         p = prepared if prepared is not None else PreparedSubmit(self.vk, cmd, fence)
         lib, codes = self.vk.lib, self.vk.exception_codes
+        limit = wait_limit_s()  # a bad value is refused before anything is submitted
         start = time.perf_counter()
         with self._queue_lock:
             self.check_open("submitting work")
@@ -426,12 +446,25 @@ class Device:
                 if result != 0:
                     raise codes[result]
                 self.submit_count += 1
-        with translate("waiting for the device"):
-            result = lib.vkWaitForFences(self.handle, 1, p.fences, 1, FENCE_TIMEOUT_NS)
-            if result != 0:
-                raise codes[result]
+        self._wait(p.fences, start, limit)
         with self._queue_lock:
             self.submit_seconds += time.perf_counter() - start
+
+    def _wait(self, fences, start: float, limit: float | None) -> None:
+        """Wait for a submitted fence, slice by slice, up to `limit` seconds after `start` (None: no limit)."""
+        lib, codes = self.vk.lib, self.vk.exception_codes
+        with translate("waiting for the device"):
+            while True:
+                left = WAIT_SLICE_S if limit is None else min(WAIT_SLICE_S, start + limit - time.perf_counter())
+                result = lib.vkWaitForFences(self.handle, 1, fences, 1, max(int(left * 1e9), 0))
+                if result == 0:
+                    return
+                if result != _VK_TIMEOUT:
+                    raise codes[result]
+                if limit is not None and time.perf_counter() - start >= limit:
+                    raise DeviceLostError(
+                        f"waiting for the device: the work did not finish within {limit:g} s "
+                        f"({WAIT_TIMEOUT_ENV}); it may still be running, so close this device and open a new one")
 
     def prepare_submit(self, cmd, fence) -> "PreparedSubmit":
         """The structs `submit` passes for (cmd, fence), built once for a buffer submitted often."""
