@@ -4,7 +4,9 @@ torch decomposes `split_with_sizes` (which `split` and `chunk` become) into `as_
 which no Vulkan kernel computes, and `unbind` into a slice and a squeeze per output (two copies
 where a texture's squeeze moves texels). Here each output is one `slice` or one `select` node, so
 a split runs as one dispatch per piece and each piece gets its own planned representation.
-`repeat` (and `tile`, which torch decomposes to it) becomes one expand and a view.
+`repeat` (and `tile`, which torch decomposes to it) becomes one expand and a view. Two ops torch
+keeps whole get theirs too: `any` (and so `all`, which torch decomposes through it) as a max of
+truth values, and `bitwise_not`.
 `decompose.decomposition_of` consults OWN_DECOMPOSITIONS (by target name) before torch's tables.
 """
 
@@ -76,7 +78,36 @@ def instance_norm(input, weight, bias, running_mean, running_var, use_input_stat
     return aten.add.Tensor(out, aten.reshape.default(bias, per_channel)) if bias is not None else out
 
 
+def any_(self, dim=None, keepdim=False):
+    """self.any(dim, keepdim) as a max over the truth values (NaN is true, as in torch), 0 / 1 as
+    float32: `any` has no kernel and torch no decomposition; torch decomposes `all` through it."""
+    import torch
+
+    aten = torch.ops.aten
+    truth = self if self.dtype == torch.bool else aten.ne.Scalar(self, 0)  # NaN != 0
+    if dim is not None and not isinstance(dim, int) and len(dim) == 0:
+        return truth  # torch: an empty dim list reduces nothing
+    dims = [] if dim is None else [dim] if isinstance(dim, int) else list(dim)  # amax: [] is every dim
+    ones = aten._to_copy.default(truth, dtype=torch.float32)
+    return aten.ne.Scalar(aten.amax.default(ones, dims, keepdim), 0)
+
+
+def bitwise_not(self):
+    """~self: for bool the logical not, for integers -1 - self (two's complement: the same bits;
+    -1 - x never overflows)."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dtype == torch.bool:
+        return aten.logical_not.default(self)
+    return aten.rsub.Scalar(self, -1)
+
+
 OWN_DECOMPOSITIONS = {
+    "aten.any.default": any_,
+    "aten.any.dim": any_,
+    "aten.any.dims": any_,
+    "aten.bitwise_not.default": bitwise_not,
     "aten.instance_norm.default": instance_norm,
     "aten.repeat.default": repeat,
     "aten.split_with_sizes.default": split_with_sizes,

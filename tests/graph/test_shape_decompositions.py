@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from texelflow.generated.ops import op_for_target
-from texelflow.runtime.graph.shape_decompositions import OWN_DECOMPOSITIONS, repeat, split_with_sizes, unbind
+from texelflow.runtime.graph.shape_decompositions import (OWN_DECOMPOSITIONS, any_, bitwise_not, repeat,
+                                                          split_with_sizes, unbind)
 
 
 @pytest.mark.parametrize("shape, repeats", [
@@ -32,12 +33,31 @@ def test_unbind(shape, dim):
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("dim, keepdim", [(None, False), (-1, False), (1, True), ([0, 2], False), ([], False),
+                                          ([2, 0, 1], True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool])
+def test_any(dim, keepdim, dtype):
+    x = torch.tensor([[[float("nan"), 0, 0], [0, -0.0, 0]], [[1.5, float("-inf"), 2], [0, 3, 0]], [[0, 0, 0], [0, 0, 0]]])
+    x = x.nan_to_num(7.0).to(dtype) if dtype != torch.float32 else x
+    want = x.any() if dim is None and not keepdim else x.any(dim=dim, keepdim=keepdim)
+    got = any_(x, dim, keepdim)
+    assert got.dtype == torch.bool and torch.equal(got, want)
+
+
+def test_bitwise_not():
+    i = torch.tensor([-2**31, 2**31 - 1, 0, -1, 7], dtype=torch.int32)
+    assert torch.equal(bitwise_not(i), ~i) and bitwise_not(i).dtype == torch.int32
+    b = torch.tensor([True, False])
+    assert torch.equal(bitwise_not(b), ~b)
+
+
 def test_pieces_are_registry_ops():
     """Each decomposition, traced, calls only ops the registry implements (or views of them)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     x = torch.randn(2, 3, 5, 7)
-    calls = [lambda t: repeat(t, [2, 1, 3, 1]), lambda t: split_with_sizes(t, [1, 2], 1), lambda t: unbind(t, 1)]
+    calls = [lambda t: repeat(t, [2, 1, 3, 1]), lambda t: split_with_sizes(t, [1, 2], 1), lambda t: unbind(t, 1),
+             lambda t: any_(t, [1, 2], True), lambda t: bitwise_not(t > 0), lambda t: bitwise_not(t.int())]
     for call in calls:
         gm = make_fx(call)(x)
         targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}

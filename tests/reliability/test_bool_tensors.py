@@ -116,3 +116,18 @@ def test_mixed_dtype_comparison_falls_back_with_its_reason(device):
         _same(prog(x, y), x < y)
     finally:
         prog.close()
+
+
+def test_any_all_and_bitwise_not_run_on_the_device(device):
+    """`any` (every overload) and `all` (torch decomposes it through any) as a max of truth values,
+    NaN true as in torch; `~` of bools and of int32 at its extremes; no CPU node."""
+    x = torch.tensor([[[NAN, 0.0, 0.0], [0.0, -0.0, 0.0]], [[1.5, -INF, 2.0], [0.0, 3.0, 0.0]],
+                      [[0.0, 0.0, 0.0], [-0.0, 0.0, 0.0]]])
+    m = torch.tensor([[True, True, True, False, True], [False] * 5, [True] * 5])
+    i = torch.tensor([[-2**31, 2**31 - 1, 0, -1, 7]], dtype=torch.int32)
+
+    def fn(a, b, c):
+        return (a.any(), a.any(-1), a.any(1, keepdim=True), a.any(dim=(0, 2)), a.all(), a.all(0),
+                (a > 0).all(dim=-1, keepdim=True), b.any(-1), b.all(-1), b.any(dim=()), ~b, ~c, c.bitwise_not())
+
+    _same(*_run(device, fn, x, m, i))
