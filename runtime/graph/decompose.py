@@ -37,9 +37,9 @@ def decomposition_of(target):
 
     if not isinstance(target, torch._ops.OpOverload):
         return None
-    from .shape_decompositions import OWN_DECOMPOSITIONS
+    from .own_decompositions import OWN_DECOMPOSITIONS
 
-    if str(target) in OWN_DECOMPOSITIONS:  # texelflow's own (split, unbind, repeat): see there
+    if str(target) in OWN_DECOMPOSITIONS:  # texelflow's own (own_decompositions.py)
         return OWN_DECOMPOSITIONS[str(target)]
     if torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), torch._C.DispatchKey.CompositeImplicitAutograd):
         return target  # traced below autograd, a composite op runs its own kernel: its pieces
@@ -101,7 +101,8 @@ def _trace(fn, node, inputs):
         return fn(*args, **kwargs)
 
     try:
-        gm = make_fx(call, tracing_mode="real")(*fakes)
+        with mode:  # tensors the decomposition makes from numbers (arange, full) are fake too
+            gm = make_fx(call, tracing_mode="real")(*fakes)
     except Exception:  # a decomposition that cannot run on these arguments: the node stays whole
         return None
     gm.graph.eliminate_dead_code()

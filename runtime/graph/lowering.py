@@ -21,7 +21,8 @@ from texelflow.shaders.node_rules import run_checks
 from .constant_folding import ConstantFolder, drop_unread
 from .inplace import local_functionals
 from .ir import Node, PlanGraph, Role, Value
-from .narrowing import device_input_dtype, fits_narrowed, narrow_view, narrowed_scalar_reason
+from .narrowing import (device_input_dtype, fits_narrowed, is_widening_cast, narrow_view, narrow_widening,
+                        narrowed_scalar_reason)
 from .op_repsets import OpRepSets
 from .repr import TensorRepSet
 
@@ -171,12 +172,18 @@ def _unchanged(node, ins) -> bool:
     return src is not None and out is not None and out.dtype == src.dtype and tuple(out.shape) == tuple(src.shape)
 
 
+def _unchanged_or_widened(node, ins) -> bool:
+    """_unchanged, or an int32 -> int64 cast: the device holds its result as the int32 it
+    already is (narrowing.narrow_widening)."""
+    return is_widening_cast(node) or _unchanged(node, ins)
+
+
 IDENTITY_RULES = {
     "aten.dropout.default": _dropout_inference,
     "aten.feature_dropout.default": _dropout_inference,
     "aten.alpha_dropout.default": _dropout_inference,
-    "aten._to_copy.default": _unchanged,
-    "aten.to.dtype": _unchanged,
+    "aten._to_copy.default": _unchanged_or_widened,
+    "aten.to.dtype": _unchanged_or_widened,
     "aten.to.dtype_layout": _unchanged,
     "aten.to.device": _unchanged,
     "aten.to.other": _unchanged,
@@ -192,6 +199,9 @@ NOT_IDENTITY_REASONS = {
 # Pieces of a decomposition that make a one-element tensor from a number (lerp's weight, ...):
 # lowered as a 0-d literal constant, prepacked at load. Target -> the position of the number.
 CONSTANT_PIECES = {"aten.full.default": 1, "aten.scalar_tensor.default": 0}
+# Pieces that make a tensor from numbers alone (argmax's positions): computed once at lowering and
+# prepacked as a folded constant (constant_folding.RECIPE).
+FACTORY_PIECES = frozenset({"aten.arange.default", "aten.arange.start", "aten.arange.start_step"})
 # PT2E's quantize / dequantize ops: lowered, checked and never decomposed by quantized.py.
 QUANTIZED_NAMESPACE = "quantized_decomposed."
 MAX_DECOMPOSITION_DEPTH = 8
@@ -265,6 +275,12 @@ class _Lowering:
                 val = n.meta["val"]
                 env[n.name] = self.graph.add_const(self._piece_name(name, n.name), tuple(val.shape),
                                                    dtype_name(val.dtype), literal=self._constant_piece(n))
+            elif n.op == "call_function" and self._factory_piece(n):
+                from .constant_folding import RECIPE
+
+                data = n.target(*n.args, **n.kwargs).contiguous()  # numbers in, a real tensor out
+                env[n.name] = self.graph.add_derived(self._piece_name(name, n.name), tuple(data.shape),
+                                                     dtype_name(data.dtype), RECIPE, (), data=data)
             elif n.op == "call_function":
                 _check_static(n, n.meta.get("val"), self.torch)
                 piece = self._piece_name(name, n.name)
@@ -289,6 +305,14 @@ class _Lowering:
             return None
         number = n.args[pos] if len(n.args) > pos else None
         return number if isinstance(number, (int, float)) and not isinstance(number, bool) else None
+
+    def _factory_piece(self, n) -> bool:
+        """A FACTORY_PIECES node small enough to fold (constant_folding.MAX_FOLDED_ELEMENTS)."""
+        from .constant_folding import MAX_FOLDED_ELEMENTS
+
+        val = n.meta.get("val")
+        return (target_name(n.target) in FACTORY_PIECES and not n.all_input_nodes
+                and isinstance(val, self.torch.Tensor) and val.numel() <= MAX_FOLDED_ELEMENTS)
 
     def _piece_name(self, parent: str, piece: str) -> str:
         root = parent.split("/", 1)[0]
@@ -315,7 +339,8 @@ class _Lowering:
             if rule is not None and ir_node.op is None:
                 ir_node.fallback = NOT_IDENTITY_REASONS.get(target_name(target), ir_node.fallback)
         self.graph.fx_inputs[ir_node] = ins
-        if ir_node.op is not None and ir_node.op.is_identity and narrow_view(self.graph, ir_node):
+        if ir_node.op is not None and ir_node.op.is_identity and (
+                narrow_view(self.graph, ir_node) or narrow_widening(self.graph, ir_node)):
             ir_node.fallback = partition_reason(ir_node, self.limits, self.fits)
         if ir_node.fallback is None and any(v.role is Role.CONST and v.source in self.mutated
                                             for _, v in ir_node.tensor_args()):

@@ -17,7 +17,8 @@ from .ir import Node, PlanGraph, Value
 # always (the call checks that every value fits and uploads an int32 copy); a constant only when
 # every value fits and forward does not mutate it (it is narrowed when prepacked); a view of a
 # narrowed value as it is (`narrow_view`). CPU fallbacks and returned values get the host's int64.
-# Values computed in the graph (`ids + 1`) are never narrowed.
+# Values computed in the graph (`ids + 1`) are never narrowed, except an int32 value widened to
+# int64 by a cast (`narrow_widening`: its values fit by construction).
 NARROWED_INPUT_DTYPES = {"int64": "int32"}
 
 
@@ -44,6 +45,28 @@ def narrow_view(graph: PlanGraph, node: Node) -> bool:
     out.dtype = read[0].dtype
     narrowed[out.name] = host
     return True
+
+
+def narrow_widening(graph: PlanGraph, node: Node) -> bool:
+    """Hold the result of an identity op that widens int32 to int64 (`x.long()`, the indices of
+    argmax) narrowed: the device keeps the int32 values, exact in int64, and the host gets int64
+    where a CPU node reads them or they are returned. True when it did."""
+    read = [v for _, v in node.tensor_args()]
+    out = node.outputs[0][1] if len(node.outputs) == 1 else None
+    if len(read) != 1 or out is None or NARROWED_INPUT_DTYPES.get(out.dtype) != read[0].dtype:
+        return False
+    graph.input_host_dtypes[out.name] = out.dtype
+    out.dtype = read[0].dtype
+    return True
+
+
+def is_widening_cast(fx) -> bool:
+    """Whether torch.fx node `fx` computes an int64 tensor from an int32 one of its shape (a cast:
+    `x.long()`, the indices of argmax). Lowering holds its result narrowed (narrow_widening)."""
+    src = fx.args[0] if fx is not None and fx.args else None
+    out, before = getattr(fx, "meta", {}).get("val"), getattr(src, "meta", {}).get("val")
+    return out is not None and before is not None and str(before.dtype) == "torch.int32" and \
+        str(out.dtype) == "torch.int64" and tuple(out.shape) == tuple(before.shape)
 
 
 def narrowed_scalar_reason(graph: PlanGraph, node: Node) -> str | None:

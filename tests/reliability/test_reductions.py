@@ -113,3 +113,49 @@ def test_softmax_rank5_along_an_unfolded_dim_stays_on_device(device):
         got = prog(x)
         assert prog.plan.fallbacks == []
     torch.testing.assert_close(got, F.softmax(x, dim=2))
+
+
+class ArgExtremes(torch.nn.Module):
+    """argmax / argmin and max / min along a dim: int64 indices computed on the device in int32,
+    held narrowed (returned as int64), NaN the extreme and the first tie winning, as torch."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(7, 3)  # indices feeding a device op, not only returned
+
+    def forward(self, x, i):
+        v, ix = x.max(-1)
+        w, iw = torch.min(x, 1, keepdim=True)
+        return (x.argmax(), x.argmax(-1), x.argmin(0, keepdim=True), v, ix, w, iw, i.argmax(1), i.argmin(),
+                i.long(), self.table(x.argmax(-1)))
+
+
+def test_arg_extremes_run_on_the_device_with_int64_indices(device):
+    x = torch.randn(3, 5, 7)
+    x[0, 1, 2] = x[0, 3, 4] = float("nan")
+    x[1, 2, :3] = 5.0
+    x[2] = -1.0
+    i = torch.randint(-5, 5, (4, 6), dtype=torch.int32)
+    model = ArgExtremes()
+    want = model(x, i)
+    prog = texelflow.compile(model, (x, i), device=device)
+    try:
+        assert prog.plan.fallbacks == []
+        got = prog(x, i)
+    finally:
+        prog.close()
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g, w)
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+
+
+def test_int64_arithmetic_on_indices_runs_on_the_cpu_with_torchs_values(device):
+    """An int64 value computed from narrowed indices (`argmax + 1`) is computed on the CPU, on int64."""
+    x = torch.randn(2, 9)
+    fn = Call(lambda t: t.argmax(-1) * 3_000_000_000)
+    prog = texelflow.compile(fn, (x,), device=device)
+    try:
+        assert [name for name, _ in prog.plan.fallbacks] == ["mul"]
+        torch.testing.assert_close(prog(x), x.argmax(-1) * 3_000_000_000, rtol=0, atol=0)
+    finally:
+        prog.close()

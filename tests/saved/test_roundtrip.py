@@ -62,6 +62,28 @@ def test_narrowed_int64_input_and_list_output(device, tmp_path):
     prog.close()
 
 
+class Classify(torch.nn.Module):
+    """A classifier head with its argmax: int64 indices from the device (int32, held narrowed), a
+    folded constant (the positions), a bool any."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y.argmax(-1), y.max(-1).values, (y > 0).any(-1)
+
+
+def test_argmax_indices_round_trip_as_int64_without_torch(device, tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    prog, want = _saved(device, Classify(), (x,), tmp_path / "c.tflow")
+    assert prog.plan.fallbacks == [] and want[0].dtype == np.int64
+    prog.close()
+    assert_same(run_without_torch(tmp_path / "c.tflow", [x.numpy()], tmp_path), want)
+
+
 def test_two_saves_are_byte_identical(device, tmp_path):
     model, inputs = tiny_resnet()
     prog = texelflow.compile(model, inputs, device=device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..ir import Node
+from ..narrowing import is_widening_cast
 
 PERMUTE_OP = "permute_copy"
 LAYOUT_OP = "to_layout"  # an identity op too, but a planner transition: never a view to rewrite
@@ -69,10 +70,11 @@ def permute_dims(node: Node) -> tuple[int, ...] | None:
 
 def is_view(node: Node) -> bool:
     """A device identity op (view, reshape, squeeze, alias, clone, ...): its output is its one input
-    read with the output's shape, in row-major order, same dtype."""
+    read with the output's shape, in row-major order, same dtype (on the host too: an int32 ->
+    int64 cast the device holds narrowed is no view, its output is what the host widens)."""
     if not node.on_device or not node.op.is_identity or node.op.name == LAYOUT_OP or node.transition:
         return False
     ins = list(node.tensor_args())
     if len(ins) != 1 or len(node.outputs) != 1:
         return False
-    return ins[0][1].dtype == node.outputs[0][1].dtype
+    return ins[0][1].dtype == node.outputs[0][1].dtype and not is_widening_cast(node.fx)

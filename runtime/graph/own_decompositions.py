@@ -1,13 +1,15 @@
-"""texelflow's own decompositions of shape ops torch leaves whole or breaks into as_strided.
+"""texelflow's own decompositions: of ops torch leaves whole, or breaks into pieces no kernel runs.
 
-torch decomposes `split_with_sizes` (which `split` and `chunk` become) into `as_strided` views,
-which no Vulkan kernel computes, and `unbind` into a slice and a squeeze per output (two copies
-where a texture's squeeze moves texels). Here each output is one `slice` or one `select` node, so
-a split runs as one dispatch per piece and each piece gets its own planned representation.
-`repeat` (and `tile`, which torch decomposes to it) becomes one expand and a view. Two ops torch
-keeps whole get theirs too: `any` (and so `all`, which torch decomposes through it) as a max of
-truth values, and `bitwise_not`.
 `decompose.decomposition_of` consults OWN_DECOMPOSITIONS (by target name) before torch's tables.
+Shapes: torch decomposes `split_with_sizes` (which `split` and `chunk` become) into `as_strided`
+views, which no Vulkan kernel computes, and `unbind` into a slice and a squeeze per output (two
+copies where a texture's squeeze moves texels). Here each output is one `slice` or one `select`
+node, so a split runs as one dispatch per piece and each piece gets its own planned
+representation. `repeat` (and `tile`, which torch decomposes to it) becomes one expand and a view.
+Norms: `instance_norm` as a group norm, or elementwise with running statistics.
+Ops torch keeps whole: `any` (and so `all`, which torch decomposes through it) as a max of truth
+values; `bitwise_not`; `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions
+of its hits and the least of them, in int32, widened by a cast the device holds narrowed.
 """
 
 from __future__ import annotations
@@ -103,7 +105,54 @@ def bitwise_not(self):
     return aten.rsub.Scalar(self, -1)
 
 
+def _arg_extreme(self, dim, keepdim: bool, largest: bool):
+    """(extreme values, int64 indices) of self along `dim` (None: the flattened tensor), as torch:
+    the first index of the max (min), NaN counting as the extreme. The indices are found on the
+    device in int32 (the position of each hit, the rest pushed past the end, the least taken) and
+    widened by one int32 -> int64 cast, which the device holds narrowed (narrowing.py)."""
+    import torch
+
+    aten = torch.ops.aten
+    x = aten.reshape.default(self, [-1]) if dim is None else self
+    d = 0 if dim is None else dim % max(x.dim(), 1)
+    n = x.shape[d] if x.dim() else 1
+    extreme = (aten.amax if largest else aten.amin).default(x, [d] if x.dim() else [], True)
+    hit = aten.eq.Tensor(x, extreme)
+    if x.dtype.is_floating_point:
+        hit = aten.logical_or.default(hit, aten.ne.Tensor(x, x))  # NaN: torch's arg extreme
+    shape = [1] * x.dim()
+    if shape:
+        shape[d] = n
+    positions = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), shape)
+    first = aten.amin.default(aten.where.ScalarOther(hit, positions, n), [d] if x.dim() else [], keepdim)
+    indices = aten._to_copy.default(first, dtype=torch.int64)
+    if dim is None and keepdim:
+        indices = aten.reshape.default(indices, [1] * self.dim())
+    values = extreme if keepdim else aten.squeeze.dims(extreme, [d]) if x.dim() else extreme
+    return values, indices
+
+
+def argmax(self, dim=None, keepdim=False):
+    return _arg_extreme(self, dim, keepdim, largest=True)[1]
+
+
+def argmin(self, dim=None, keepdim=False):
+    return _arg_extreme(self, dim, keepdim, largest=False)[1]
+
+
+def max_dim(self, dim, keepdim=False):
+    return _arg_extreme(self, dim, keepdim, largest=True)
+
+
+def min_dim(self, dim, keepdim=False):
+    return _arg_extreme(self, dim, keepdim, largest=False)
+
+
 OWN_DECOMPOSITIONS = {
+    "aten.argmax.default": argmax,
+    "aten.argmin.default": argmin,
+    "aten.max.dim": max_dim,
+    "aten.min.dim": min_dim,
     "aten.any.default": any_,
     "aten.any.dim": any_,
     "aten.any.dims": any_,

@@ -1,4 +1,5 @@
-"""texelflow's own decompositions of shape ops equal torch's ops, and lower to registry ops only."""
+"""texelflow's own decompositions (shapes, any, bitwise_not, arg extremes) equal torch's ops and lower to registry
+ops only."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import pytest
 import torch
 
 from texelflow.generated.ops import op_for_target
-from texelflow.runtime.graph.shape_decompositions import (OWN_DECOMPOSITIONS, any_, bitwise_not, repeat,
-                                                          split_with_sizes, unbind)
+from texelflow.runtime.graph.own_decompositions import (OWN_DECOMPOSITIONS, any_, argmax, argmin, bitwise_not,
+                                                          max_dim, min_dim, repeat, split_with_sizes, unbind)
 
 
 @pytest.mark.parametrize("shape, repeats", [
@@ -51,15 +52,47 @@ def test_bitwise_not():
     assert torch.equal(bitwise_not(b), ~b)
 
 
+def _ties_and_nans():
+    x = torch.randn(3, 5, 7)
+    x[0, 1, 2] = x[0, 1, 5] = float("nan")  # the first NaN is the extreme, for max and min
+    x[1, 2, :3] = 5.0  # ties: the first index wins
+    x[2] = -1.0
+    return x
+
+
+@pytest.mark.parametrize("dim, keepdim", [(None, False), (None, True), (0, False), (1, True), (-1, False), (2, True)])
+def test_argmax_argmin(dim, keepdim):
+    x = _ties_and_nans()
+    for ours, theirs in ((argmax, torch.argmax), (argmin, torch.argmin)):
+        want = theirs(x, dim, keepdim) if dim is not None else theirs(x, keepdim=keepdim)
+        got = ours(x, dim, keepdim)
+        assert got.dtype == torch.int64 and torch.equal(got, want), (ours.__name__, got, want)
+    i = torch.randint(-3, 3, (4, 6), dtype=torch.int32)
+    assert torch.equal(argmax(i, 1), torch.argmax(i, 1)) and torch.equal(argmin(i), torch.argmin(i))
+    s = torch.tensor(2.0)
+    assert torch.equal(argmax(s), torch.argmax(s)) and torch.equal(argmin(s, 0, True), torch.argmin(s, 0, True))
+
+
+@pytest.mark.parametrize("dim, keepdim", [(0, False), (1, True), (-1, False)])
+def test_max_min_dim(dim, keepdim):
+    x = _ties_and_nans()
+    for ours, theirs in ((max_dim, torch.max), (min_dim, torch.min)):
+        (v, i), (wv, wi) = ours(x, dim, keepdim), theirs(x, dim, keepdim)
+        torch.testing.assert_close(v, wv, equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(i, wi) and i.dtype == torch.int64
+
+
 def test_pieces_are_registry_ops():
     """Each decomposition, traced, calls only ops the registry implements (or views of them)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     x = torch.randn(2, 3, 5, 7)
     calls = [lambda t: repeat(t, [2, 1, 3, 1]), lambda t: split_with_sizes(t, [1, 2], 1), lambda t: unbind(t, 1),
-             lambda t: any_(t, [1, 2], True), lambda t: bitwise_not(t > 0), lambda t: bitwise_not(t.int())]
+             lambda t: any_(t, [1, 2], True), lambda t: bitwise_not(t > 0), lambda t: bitwise_not(t.int()),
+             lambda t: max_dim(t, 1, False)]
+    ignored = {"aten.arange.start_step", "aten.scalar_tensor.default"}  # constants, folded at lowering
     for call in calls:
         gm = make_fx(call)(x)
-        targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+        targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"} - ignored
         assert targets and all(op_for_target(t) is not None for t in targets), targets
     assert set(OWN_DECOMPOSITIONS) >= {"aten.split_with_sizes.default", "aten.unbind.int", "aten.repeat.default"}
