@@ -8,7 +8,7 @@ node, so a split runs as one dispatch per piece and each piece gets its own plan
 representation. `repeat` (and `tile`, which torch decomposes to it) becomes one expand and a view.
 Norms: `instance_norm` as a group norm, or elementwise with running statistics.
 Ops torch keeps whole: `any` (and so `all`, which torch decomposes through it) as a max of truth
-values; `bitwise_not`; `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions
+values; `bitwise_not`; `clamp` with tensor bounds; `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions
 of its hits and the least of them, in int32, widened by a cast the device holds narrowed.
 """
 
@@ -105,6 +105,16 @@ def bitwise_not(self):
     return aten.rsub.Scalar(self, -1)
 
 
+def clamp_tensor(self, min=None, max=None):
+    """clamp with tensor bounds (`x.clamp(min=lo, max=hi)`, lo and hi broadcasting): maximum, then
+    minimum, which propagate a NaN of either side as torch's clamp does."""
+    import torch
+
+    aten = torch.ops.aten
+    out = self if min is None else aten.maximum.default(self, min)
+    return out if max is None else aten.minimum.default(out, max)
+
+
 def _arg_extreme(self, dim, keepdim: bool, largest: bool):
     """(extreme values, int64 indices) of self along `dim` (None: the flattened tensor), as torch:
     the first index of the max (min), NaN counting as the extreme. The indices are found on the
@@ -157,6 +167,7 @@ OWN_DECOMPOSITIONS = {
     "aten.any.dim": any_,
     "aten.any.dims": any_,
     "aten.bitwise_not.default": bitwise_not,
+    "aten.clamp.Tensor": clamp_tensor,
     "aten.instance_norm.default": instance_norm,
     "aten.repeat.default": repeat,
     "aten.split_with_sizes.default": split_with_sizes,

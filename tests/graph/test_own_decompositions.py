@@ -8,7 +8,8 @@ import torch
 
 from texelflow.generated.ops import op_for_target
 from texelflow.runtime.graph.own_decompositions import (OWN_DECOMPOSITIONS, any_, argmax, argmin, bitwise_not,
-                                                          max_dim, min_dim, repeat, split_with_sizes, unbind)
+                                                        clamp_tensor, max_dim, min_dim, repeat, split_with_sizes,
+                                                        unbind)
 
 
 @pytest.mark.parametrize("shape, repeats", [
@@ -52,6 +53,14 @@ def test_bitwise_not():
     assert torch.equal(bitwise_not(b), ~b)
 
 
+def test_clamp_tensor():
+    nan = float("nan")
+    x = torch.tensor([[nan, 1.0, -2.0, 5.0], [0.5, -0.0, 3.0, nan]])
+    lo, hi = torch.tensor([0.0, nan, -1.0, 0.0]), torch.tensor([[1.0], [2.0]])
+    for kw in ({"min": lo}, {"max": hi}, {"min": lo, "max": hi}):
+        torch.testing.assert_close(clamp_tensor(x, **kw), x.clamp(**kw), equal_nan=True, rtol=0, atol=0)
+
+
 def _ties_and_nans():
     x = torch.randn(3, 5, 7)
     x[0, 1, 2] = x[0, 1, 5] = float("nan")  # the first NaN is the extreme, for max and min
@@ -89,7 +98,7 @@ def test_pieces_are_registry_ops():
     x = torch.randn(2, 3, 5, 7)
     calls = [lambda t: repeat(t, [2, 1, 3, 1]), lambda t: split_with_sizes(t, [1, 2], 1), lambda t: unbind(t, 1),
              lambda t: any_(t, [1, 2], True), lambda t: bitwise_not(t > 0), lambda t: bitwise_not(t.int()),
-             lambda t: max_dim(t, 1, False)]
+             lambda t: max_dim(t, 1, False), lambda t: clamp_tensor(t, t[:1], t[:, :, :1])]
     ignored = {"aten.arange.start_step", "aten.scalar_tensor.default"}  # constants, folded at lowering
     for call in calls:
         gm = make_fx(call)(x)

@@ -192,3 +192,14 @@ def test_sin_cos_of_huge_arguments(device, fn):
     x[0, 1] = 8388608.0  # 2^23, the first argument reduced exactly
     got, want = _run(device, fn, x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_clamp_with_tensor_bounds(device):
+    """x.clamp(min=tensor, max=tensor), bounds broadcasting, a NaN in x or in a bound kept."""
+    x = _special((5, 7))
+    lo = _random(1, 7, seed=1, low=-2.0, high=0.0)
+    lo[0, 3] = NAN
+    hi = _random(5, 1, seed=2, low=0.0, high=3.0)
+    for fn in (lambda a, b, c: a.clamp(min=b, max=c), lambda a, b, c: torch.clamp(a, min=b),
+               lambda a, b, c: torch.clamp(a, max=c)):
+        _same_bits(*_run(device, fn, x, lo, hi))
