@@ -2693,6 +2693,44 @@ OPS: dict[str, OpEntry] = {
             'hardtanh_float32_texture3d',
         ),
     ),
+    'index_select': OpEntry(
+        name='index_select',
+        targets=(
+            'aten.index_select.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int'),
+            Arg('index', 'tensor', repset='ANY_BUFFER'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16', 'int32'),
+        dtype_of=(('index', 'int32'),),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('select_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
+        ),
+        checks=(
+            Check('rank', (('rank', (('index', (1,)), ('self', (1, 2, 3, 4)))),)),
+        ),
+        grid=('per_output_unit',),
+        template='index_select',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'index_select_float16_buffer',
+            'index_select_float16_texture3d',
+            'index_select_float32_buffer',
+            'index_select_float32_texture3d',
+            'index_select_int32_buffer',
+            'index_select_int32_texture3d',
+        ),
+    ),
     'isfinite': OpEntry(
         name='isfinite',
         targets=(
@@ -6382,6 +6420,7 @@ TARGETS: dict[str, str] = {
     'aten.hardsigmoid.default': 'hardsigmoid',
     'aten.hardswish.default': 'hardswish',
     'aten.hardtanh.default': 'hardtanh',
+    'aten.index_select.default': 'index_select',
     'aten.isfinite.default': 'isfinite',
     'aten.isinf.default': 'isinf',
     'aten.isnan.default': 'isnan',

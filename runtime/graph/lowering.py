@@ -339,8 +339,8 @@ class _Lowering:
             if rule is not None and ir_node.op is None:
                 ir_node.fallback = NOT_IDENTITY_REASONS.get(target_name(target), ir_node.fallback)
         self.graph.fx_inputs[ir_node] = ins
-        if ir_node.op is not None and ir_node.op.is_identity and (
-                narrow_view(self.graph, ir_node) or narrow_widening(self.graph, ir_node)):
+        if ir_node.op is not None and (narrow_view(self.graph, ir_node) or
+                                       ir_node.op.is_identity and narrow_widening(self.graph, ir_node)):
             ir_node.fallback = partition_reason(ir_node, self.limits, self.fits)
         if ir_node.fallback is None and any(v.role is Role.CONST and v.source in self.mutated
                                             for _, v in ir_node.tensor_args()):

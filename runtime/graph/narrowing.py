@@ -32,15 +32,23 @@ def device_input_dtype(graph: PlanGraph, name: str, dtype: str) -> str:
     return narrow
 
 
+# Templates whose output holds only elements of their tensor inputs, moved bit for bit: a move
+# of narrowed values is narrowed as they are (`ids[:, 1:]`, `ids.flip(-1)`, `torch.cat([a, b])`).
+MOVE_TEMPLATES = frozenset({"copy", "slice", "select", "permute", "expand", "cat", "flip", "roll"})
+
+
 def narrow_view(graph: PlanGraph, node: Node) -> bool:
     """Narrow the output of a view-like op (the registry's identity ops: view, reshape, squeeze,
-    ...) of a narrowed value, as its input: it moves the same, already checked values
-    (`input_ids.view(-1, T)` before an embedding). True when it did."""
+    ...) or a move (MOVE_TEMPLATES) of narrowed values, as its inputs: it moves the same, already
+    checked values (`input_ids.view(-1, T)` before an embedding). True when it did."""
     narrowed = graph.input_host_dtypes
     read = [v for _, v in node.tensor_args()]
     out = node.outputs[0][1] if len(node.outputs) == 1 else None
-    host = narrowed.get(read[0].name) if len(read) == 1 else None
-    if host is None or host == read[0].dtype or out is None or out.dtype != host:
+    if not read or out is None or not (node.op.is_identity and len(read) == 1 or node.op.template in MOVE_TEMPLATES):
+        return False
+    hosts = {narrowed.get(v.name) for v in read}
+    host = hosts.pop() if len(hosts) == 1 else None
+    if host is None or any(v.dtype == host for v in read) or out.dtype != host:
         return False
     out.dtype = read[0].dtype
     narrowed[out.name] = host

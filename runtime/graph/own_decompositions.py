@@ -8,7 +8,7 @@ node, so a split runs as one dispatch per piece and each piece gets its own plan
 representation. `repeat` (and `tile`, which torch decomposes to it) becomes one expand and a view.
 Norms: `instance_norm` as a group norm, or elementwise with running statistics.
 Ops torch keeps whole: `any` (and so `all`, which torch decomposes through it) as a max of truth
-values; `bitwise_not`; `clamp` with tensor bounds; `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions
+values; `bitwise_not`; `clamp` with tensor bounds; `index` with one index tensor (index_select); `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions
 of its hits and the least of them, in int32, widened by a cast the device holds narrowed.
 """
 
@@ -115,6 +115,26 @@ def clamp_tensor(self, min=None, max=None):
     return out if max is None else aten.minimum.default(out, max)
 
 
+def index(self, indices):
+    """self[..., idx, ...] with one integer index tensor (`x[idx]`, `x[:, idx]`, any shape of idx)
+    as index_select of the flattened index, reshaped: the index's dims replace the indexed dim.
+    A negative entry counts from the end, as in x[idx]: torch's index_select refuses one, but the
+    pieces of a decomposition run on the device or not at all, and the kernel takes it (its
+    template says so). Several index tensors, or a bool mask, are not this (the node stays whole)."""
+    import torch
+
+    aten = torch.ops.aten
+    tensors = [(k, t) for k, t in enumerate(indices) if t is not None]
+    if len(tensors) != 1 or tensors[0][1].dtype == torch.bool:
+        raise NotImplementedError("index with several index tensors or a mask")
+    k, idx = tensors[0]
+    flat = idx if idx.dim() == 1 else aten.reshape.default(idx, [-1])
+    out = aten.index_select.default(self, k, flat)
+    if idx.dim() == 1:
+        return out
+    return aten.reshape.default(out, list(self.shape[:k]) + list(idx.shape) + list(self.shape[k + 1:]))
+
+
 def _arg_extreme(self, dim, keepdim: bool, largest: bool):
     """(extreme values, int64 indices) of self along `dim` (None: the flattened tensor), as torch:
     the first index of the max (min), NaN counting as the extreme. The indices are found on the
@@ -168,6 +188,7 @@ OWN_DECOMPOSITIONS = {
     "aten.any.dims": any_,
     "aten.bitwise_not.default": bitwise_not,
     "aten.clamp.Tensor": clamp_tensor,
+    "aten.index.Tensor": index,
     "aten.instance_norm.default": instance_norm,
     "aten.repeat.default": repeat,
     "aten.split_with_sizes.default": split_with_sizes,

@@ -8,8 +8,8 @@ import torch
 
 from texelflow.generated.ops import op_for_target
 from texelflow.runtime.graph.own_decompositions import (OWN_DECOMPOSITIONS, any_, argmax, argmin, bitwise_not,
-                                                        clamp_tensor, max_dim, min_dim, repeat, split_with_sizes,
-                                                        unbind)
+                                                        clamp_tensor, index, max_dim, min_dim, repeat,
+                                                        split_with_sizes, unbind)
 
 
 @pytest.mark.parametrize("shape, repeats", [
@@ -61,6 +61,18 @@ def test_clamp_tensor():
         torch.testing.assert_close(clamp_tensor(x, **kw), x.clamp(**kw), equal_nan=True, rtol=0, atol=0)
 
 
+def test_index_with_one_index_tensor():
+    x = torch.randn(5, 4, 6)
+    # Non-negative here: torch's index_select refuses negative entries, which the device's kernel
+    # counts from the end as x[idx] does (tests/reliability/test_more_ops.py runs those).
+    i, j = torch.tensor([4, 1, 0, 2]), torch.tensor([[3, 1, 0], [2, 2, 1]])
+    for indices in ([i], [None, j], [None, None, i], [None, None, j], [j]):
+        torch.testing.assert_close(index(x, indices), torch.ops.aten.index.Tensor(x, indices), rtol=0, atol=0)
+    for refused in ([i, i[:1]], [x > 0]):  # several index tensors, a mask: the node stays whole
+        with pytest.raises(NotImplementedError):
+            index(x, refused)
+
+
 def _ties_and_nans():
     x = torch.randn(3, 5, 7)
     x[0, 1, 2] = x[0, 1, 5] = float("nan")  # the first NaN is the extreme, for max and min
@@ -98,7 +110,8 @@ def test_pieces_are_registry_ops():
     x = torch.randn(2, 3, 5, 7)
     calls = [lambda t: repeat(t, [2, 1, 3, 1]), lambda t: split_with_sizes(t, [1, 2], 1), lambda t: unbind(t, 1),
              lambda t: any_(t, [1, 2], True), lambda t: bitwise_not(t > 0), lambda t: bitwise_not(t.int()),
-             lambda t: max_dim(t, 1, False), lambda t: clamp_tensor(t, t[:1], t[:, :, :1])]
+             lambda t: max_dim(t, 1, False), lambda t: clamp_tensor(t, t[:1], t[:, :, :1]),
+             lambda t: index(t, [None, torch.tensor([[2, 0], [1, 1]])])]
     ignored = {"aten.arange.start_step", "aten.scalar_tensor.default"}  # constants, folded at lowering
     for call in calls:
         gm = make_fx(call)(x)

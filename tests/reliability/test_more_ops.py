@@ -203,3 +203,17 @@ def test_clamp_with_tensor_bounds(device):
     for fn in (lambda a, b, c: a.clamp(min=b, max=c), lambda a, b, c: torch.clamp(a, min=b),
                lambda a, b, c: torch.clamp(a, max=c)):
         _same_bits(*_run(device, fn, x, lo, hi))
+
+
+def test_indexing_with_one_index_tensor_runs_on_the_device(device):
+    """x[idx], x[:, idx], x[..., idx2d] and index_select, the index a user's int64 tensor (held
+    narrowed), negative entries counting from the end as in torch; NaN and Inf moved bit for bit."""
+    x = _special((5, 7)).reshape(5, 7, 1).expand(5, 7, 3).contiguous()
+    i, j = torch.tensor([4, -1, 0, 2, 2]), torch.tensor([[6, -7], [0, 3]])
+
+    def fn(a, b, c):
+        return a[b], a[:, c], a[..., b[2:4]], torch.index_select(a, 1, c.reshape(-1).flip(0)[:2])
+
+    got, want = _run(device, fn, x, i, j)
+    for g, w in zip(got, want, strict=True):
+        _same_bits(g, w)
