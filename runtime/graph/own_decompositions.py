@@ -8,8 +8,9 @@ node, so a split runs as one dispatch per piece and each piece gets its own plan
 representation. `repeat` (and `tile`, which torch decomposes to it) becomes one expand and a view.
 Norms: `instance_norm` as a group norm, or elementwise with running statistics.
 Ops torch keeps whole: `any` (and so `all`, which torch decomposes through it) as a max of truth
-values; `bitwise_not`; `clamp` with tensor bounds; `index` with one index tensor (index_select); `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions
-of its hits and the least of them, in int32, widened by a cast the device holds narrowed.
+values; `bitwise_not`; `clamp` with tensor bounds; `index` with one index tensor, as index_select;
+`argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
+least of them, in int32, widened by a cast the device holds narrowed.
 """
 
 from __future__ import annotations
