@@ -33,7 +33,12 @@ class LList(list):
         return self.item_lines[index] if index < len(self.item_lines) else self.line
 
 
-class _LineLoader(yaml.SafeLoader):
+# libyaml's parser where PyYAML was built with it (the pip wheels are): ops.yaml parses about 10x
+# faster than with the pure-Python one, with the same nodes, marks and errors.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _LineLoader(_SAFE_LOADER):
     """SafeLoader building LMap/LList and rejecting duplicate keys."""
 
     def __init__(self, stream, filename: str):
