@@ -9,9 +9,9 @@ lanes can be checked to stay zero.
 from __future__ import annotations
 
 import functools
-import os
 import importlib
 import itertools
+import os
 import zlib
 from dataclasses import dataclass
 

@@ -97,15 +97,15 @@ def test_cases_cover_every_combination_of_every_family():
     """The cases run (variant_cases) against every combination (every=True): each variant runs,
     each float32 variant in all its combinations, and each combination of a family (the variants
     differing only in dtype) with at least one of its dtypes."""
+    def keys(cases, by=lambda v: v):  # (variant, or its family; combination id) of each case
+        return {(by(v), combo_id(OPS[VARIANTS[v].op], c)) for v, c in cases}
+
     every = variant_cases(every=True)
     assert len(CASES) < len(every) or os.environ.get(EVERY_COMBO_ENV)
-    ran = {(variant_family(v), combo_id(OPS[VARIANTS[v].op], c)) for v, c in CASES}
-    missed = {(variant_family(v), combo_id(OPS[VARIANTS[v].op], c)) for v, c in every} - ran
+    missed = keys(every, variant_family) - keys(CASES, variant_family)
     assert not missed, f"combinations no dtype runs: {sorted(missed)[:5]}"
-    keys = lambda cases: {(v, combo_id(OPS[VARIANTS[v].op], c)) for v, c in cases}  # noqa: E731
     assert keys(CASES) <= keys(every)
-    float32 = {k for k in keys(every) if VARIANTS[k[0]].dtype == "float32"}
-    assert float32 <= keys(CASES)
+    assert {k for k in keys(every) if VARIANTS[k[0]].dtype == "float32"} <= keys(CASES)
 
 
 def test_every_variant_was_dispatched(request, device):
