@@ -18,7 +18,7 @@ from texelflow.generated.layouts import DTYPES, TEXTURE_LIMITS
 from texelflow.generated.ops import OpEntry, op_for_target
 from texelflow.shaders.node_rules import run_checks
 
-from .constant_folding import ConstantFolder, drop_unread
+from .constant_folding import MAX_FOLDED_ELEMENTS, RECIPE, ConstantFolder, drop_unread
 from .inplace import local_functionals
 from .ir import Node, PlanGraph, Role, Value
 from .narrowing import (device_input_dtype, fits_narrowed, is_widening_cast, narrow_view, narrow_widening,
@@ -276,8 +276,6 @@ class _Lowering:
                 env[n.name] = self.graph.add_const(self._piece_name(name, n.name), tuple(val.shape),
                                                    dtype_name(val.dtype), literal=self._constant_piece(n))
             elif n.op == "call_function" and self._factory_piece(n):
-                from .constant_folding import RECIPE
-
                 data = n.target(*n.args, **n.kwargs).contiguous()  # numbers in, a real tensor out
                 env[n.name] = self.graph.add_derived(self._piece_name(name, n.name), tuple(data.shape),
                                                      dtype_name(data.dtype), RECIPE, (), data=data)
@@ -308,8 +306,6 @@ class _Lowering:
 
     def _factory_piece(self, n) -> bool:
         """A FACTORY_PIECES node small enough to fold (constant_folding.MAX_FOLDED_ELEMENTS)."""
-        from .constant_folding import MAX_FOLDED_ELEMENTS
-
         val = n.meta.get("val")
         return (target_name(n.target) in FACTORY_PIECES and not n.all_input_nodes
                 and isinstance(val, self.torch.Tensor) and val.numel() <= MAX_FOLDED_ELEMENTS)
