@@ -43,7 +43,6 @@ def test_work_past_the_limit_raises_a_clear_error_and_the_device_still_closes(mo
         monkeypatch.setenv(WAIT_TIMEOUT_ENV, "0.0001")
         with pytest.raises(DeviceLostError, match=rf"did not finish within 0.0001 s \({WAIT_TIMEOUT_ENV}\)"):
             prog(a, b)
-        monkeypatch.setenv(WAIT_TIMEOUT_ENV, "600")  # a generous limit: the work finishes
         device.wait_idle()
     finally:
         device.close()  # waits for whatever is still running, then frees everything
