@@ -22,6 +22,7 @@ Usage: python bench/kernels.py [--quick] [--reps N] [--only SUBSTRING]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -302,14 +303,33 @@ def _copy_cases(quick: bool) -> list[Case]:
     return cases
 
 
+@contextlib.contextmanager
+def _gemm_tiles(tiles: str | None):
+    """TEXELFLOW_GEMM set to `tiles` while a case compiles (None: the device's own choice)."""
+    from texelflow.runtime.graph.prepack_matmul import GEMM_ENV
+
+    old = os.environ.get(GEMM_ENV)
+    if tiles is not None:
+        os.environ[GEMM_ENV] = tiles
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(GEMM_ENV, None)
+        else:
+            os.environ[GEMM_ENV] = old
+
+
 def _compute_cases(quick: bool) -> list[Case]:
     g = torch.Generator().manual_seed(2)
     cases = []
 
-    def add(name, shape_label, module, input_shapes, flops, weight_numel=0, out_shape=None, tol=(1e-3, 1e-3)):
+    def add(name, shape_label, module, input_shapes, flops, weight_numel=0, out_shape=None, tol=(1e-3, 1e-3),
+            gemm=None):
         def build(device):
             xs = tuple(torch.randn(s, generator=g) for s in input_shapes)
-            return CompiledRunner(device, module.eval(), xs, False, tol)
+            with _gemm_tiles(gemm):
+                return CompiledRunner(device, module.eval(), xs, False, tol)
         nbytes = _nbytes(*input_shapes) + 4 * weight_numel + _nbytes(out_shape)
         cases.append(Case(name, shape_label, build, nbytes, flops))
 
@@ -319,6 +339,13 @@ def _compute_cases(quick: bool) -> list[Case]:
         lin = torch.nn.Linear(k, m)
         add("linear (ViT-S/16)", f"197x{k} @ {k}x{m} + bias", lin, ((197, k),), 2 * 197 * k * m,
             lin.weight.numel() + m, (197, m))
+    # both GEMM tilings on every device (the default above is the device's own choice: register
+    # tiles on a CPU device, workgroup tiles on a GPU; runtime/graph/prepack_matmul.py gemm_tiles)
+    for k, m in ((384, 1152), (1536, 384)):
+        lin = torch.nn.Linear(k, m)
+        for tiles in ("register", "workgroup"):
+            add(f"linear (ViT-S/16, {tiles} tiles)", f"197x{k} @ {k}x{m} + bias", lin, ((197, k),),
+                2 * 197 * k * m, lin.weight.numel() + m, (197, m), gemm=tiles)
 
     def conv(name, cin, cout, k, stride, size, groups=1):
         c = torch.nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, groups=groups)

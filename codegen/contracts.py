@@ -15,7 +15,9 @@ A template opens with a YAML block in a jinja comment:
                                         {cooperative: out, invocations: 8}: 8 invocations of one
                                         workgroup per unit of a tensor (shared-memory reductions);
                                         {per_tile: out, width: 8, height: 4}: one invocation per
-                                        8 x 4 tile of each W-H plane of a tensor (tiled products)
+                                        8 x 4 tile of each W-H plane of a tensor (tiled products);
+                                        `invocations: 64` gives each tile 64 invocations of one
+                                        workgroup (workgroup-tiled products)
     read_outputs: [out]                 outputs the shader also reads (bound read-write)
     spec: {direct: {same_as: [in0, in1], of: out}}
                                         plan-time specialization constants (shape classes): name ->
@@ -79,7 +81,7 @@ def parse_contract(text: str, file: str, out: Collector) -> Contract:
             c.error(data.line_of("grid"), "contract grid must be per_output_unit, {per_list_element: LIST_ARG[, element_units: SPEC]}, "
                     "{per_row: TENSOR}, {cooperative: TENSOR, invocations: N} (N in "
                     f"{', '.join(map(str, COOPERATIVE_INVOCATIONS))}) or "
-                    "{per_tile: TENSOR, width: W, height: H} (W, H positive)")
+                    "{per_tile: TENSOR, width: W, height: H[, invocations: N]} (W, H positive, N as for cooperative)")
     if "spec" in data:
         _check_spec(c, data)
     units = grid.get("element_units") if isinstance(grid, dict) else None
@@ -156,9 +158,11 @@ def _valid_grid(g) -> bool:
     if set(g) == {"cooperative", "invocations"}:
         n = g["invocations"]
         return isinstance(g["cooperative"], str) and isinstance(n, int) and n in COOPERATIVE_INVOCATIONS
-    if set(g) == {"per_tile", "width", "height"}:
+    if set(g) in ({"per_tile", "width", "height"}, {"per_tile", "width", "height", "invocations"}):
         sizes = (g["width"], g["height"])
-        return isinstance(g["per_tile"], str) and all(isinstance(v, int) and v > 0 for v in sizes)
+        n = g.get("invocations", 1)
+        return (isinstance(g["per_tile"], str) and all(isinstance(v, int) and v > 0 for v in sizes)
+                and isinstance(n, int) and n in (1,) + COOPERATIVE_INVOCATIONS)
     if "per_list_element" in g and set(g) <= {"per_list_element", "element_units"}:
         return all(isinstance(v, str) for v in g.values())
     return len(g) == 1 and list(g)[0] in GRIDS[1:3] and isinstance(next(iter(g.values())), str)

@@ -54,7 +54,7 @@ class OpEntry:
     push: tuple[Push, ...]
     checks: tuple[Check, ...]
     # ("per_output_unit",), ("per_list_element", LIST_ARG), ("per_row", TENSOR),
-    # ("cooperative", TENSOR, INVOCATIONS) or ("per_tile", TENSOR, WIDTH, HEIGHT)
+    # ("cooperative", TENSOR, INVOCATIONS) or ("per_tile", TENSOR, WIDTH, HEIGHT, INVOCATIONS)
     grid: tuple
     template: str | None  # shaders/TEMPLATE.glsl.j2, None for an op without a shader
     shader_axes: tuple[str, ...]
@@ -693,7 +693,7 @@ OPS: dict[str, OpEntry] = {
         weights=(),
         push=(),
         checks=(),
-        grid=('per_tile', 'out', 16, 8),
+        grid=('per_tile', 'out', 16, 8, 1),
         template='mm_tiled',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -1525,7 +1525,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('rank', (('rank', (('input', (4,)), ('weight', (4,)))),)),
         ),
-        grid=('per_tile', 'out', 8, 8),
+        grid=('per_tile', 'out', 8, 8, 1),
         template='conv2d_nhwc',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -3104,7 +3104,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('rank', (('rank', (('weight', (2,)),)),)),
         ),
-        grid=('per_tile', 'out', 16, 8),
+        grid=('per_tile', 'out', 16, 8, 1),
         template='linear_packed',
         shader_axes=('dtype', 'storage', 'weight_storage'),
         variants=(
@@ -3151,7 +3151,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('rank', (('rank', (('weight', (2,)),)),)),
         ),
-        grid=('per_tile', 'out', 4, 1),
+        grid=('per_tile', 'out', 4, 1, 1),
         template='linear_packed_gemv',
         shader_axes=('dtype', 'storage', 'weight_storage'),
         variants=(
@@ -3163,6 +3163,53 @@ OPS: dict[str, OpEntry] = {
             'linear_packed_gemv_float32_buffer_texture3d',
             'linear_packed_gemv_float32_texture3d_buffer',
             'linear_packed_gemv_float32_texture3d_texture3d',
+        ),
+    ),
+    'linear_wg': OpEntry(
+        name='linear_wg',
+        targets=(
+            'texelflow.linear_wg.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('out_features', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('weight', (2,)),)),)),
+        ),
+        grid=('per_tile', 'out', 64, 64, 64),
+        template='linear_wg',
+        shader_axes=('dtype', 'storage', 'weight_storage'),
+        variants=(
+            'linear_wg_float16_buffer_buffer',
+            'linear_wg_float16_buffer_texture3d',
+            'linear_wg_float16_texture3d_buffer',
+            'linear_wg_float16_texture3d_texture3d',
+            'linear_wg_float32_buffer_buffer',
+            'linear_wg_float32_buffer_texture3d',
+            'linear_wg_float32_texture3d_buffer',
+            'linear_wg_float32_texture3d_texture3d',
         ),
     ),
     'log': OpEntry(
@@ -3894,7 +3941,7 @@ OPS: dict[str, OpEntry] = {
         weights=(),
         push=(),
         checks=(),
-        grid=('per_tile', 'out', 16, 8),
+        grid=('per_tile', 'out', 16, 8, 1),
         template='mm_tiled',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -4623,7 +4670,7 @@ OPS: dict[str, OpEntry] = {
             Check('rank', (('rank', (('weight', (2,)),)),)),
             Check('reduction_at_most', (('from_dim', 1), ('of', 'out'), ('reduction_at_most', 'weight'), ('value', 33025))),
         ),
-        grid=('per_tile', 'out', 8, 4),
+        grid=('per_tile', 'out', 8, 4, 1),
         template='q8ta_linear',
         shader_axes=('dtype', 'storage', 'int_dot'),
         variants=(
@@ -5307,7 +5354,7 @@ OPS: dict[str, OpEntry] = {
             Check('arg_equals', (('arg_equals', 'dropout_p'), ('of', 'out'), ('value', 0.0))),
             Check('arg_equals', (('arg_equals', 'enable_gqa'), ('of', 'out'), ('value', False))),
         ),
-        grid=('per_tile', 'out', 64, 4),
+        grid=('per_tile', 'out', 64, 4, 1),
         template='sdpa',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -6541,6 +6588,7 @@ TARGETS: dict[str, str] = {
     'texelflow.conv_im2col.default': 'conv_im2col',
     'texelflow.linear_packed.default': 'linear_packed',
     'texelflow.linear_packed_gemv.default': 'linear_packed_gemv',
+    'texelflow.linear_wg.default': 'linear_wg',
     'texelflow.q8ta_add.default': 'q8ta_add',
     'texelflow.q8ta_conv2d.default': 'q8ta_conv2d',
     'texelflow.q8ta_conv2d_im2col.default': 'q8ta_conv2d_im2col',

@@ -8,7 +8,8 @@ dispatch per element of its tensor list (over the element's own units where the 
 `element_units` shape class says so), one whose grid is `per_row` one invocation per W-row of
 the named tensor (H * C * N of its WHCN sizes) instead of one per output unit, one whose grid is
 `cooperative` that many invocations (of one workgroup) per unit of the named tensor, one whose
-grid is `per_tile` one invocation per width x height tile of each W-H plane of the named tensor.
+grid is `per_tile` one invocation (or `invocations`, one workgroup's) per width x height tile of
+each W-H plane of the named tensor.
 Shape classes (a template contract's `spec`) are evaluated here, once per dispatch, from the
 node's shapes and the representations its tensors were planned in: the program specialises the
 pipeline with them (texelflow.shaders.node_rules SPEC_RULES).
@@ -135,8 +136,8 @@ def node_dispatches(node, slot_reprs: dict, dtype: str, device_features=None,
         r = slot_reprs[name]
         units = geometry_units(tensors[name].shape, r.storage, r.layout) * invocations
     if op.grid[0] == "per_tile":
-        _, name, width, height = op.grid
+        _, name, width, height, per_tile = op.grid
         w, h, c, n = whcn_sizes(tensors[name].shape)
-        units = -(-w // width) * -(-h // height) * c * n
+        units = -(-w // width) * -(-h // height) * c * n * per_tile
     return [DispatchSpec(variant, tensors, push_values(node, op.push), node.name, units,
                          shape_classes(node, variant, slot_reprs))]

@@ -31,19 +31,21 @@ In order, in place on the graph:
      3x3 (stride 1, dilation 1, groups 1)            -> conv2d_wino (Winograd F(2x2, 3x3), any padding)
      depthwise 3x3 / 5x5 / 7x7 (stride 1, dil. 1)    -> conv2d_dw3_s1 / _dw5_s1 / _dw7_s1 (rows loaded once)
      depthwise 3x3 / 5x5 (stride 2, dilation 1)      -> conv2d_dw3_s2 / conv2d_dw5_s2 (the same at stride 2)
-     any other dense conv (groups 1), Cout >= 64     -> conv_im2col, linear_packed, permute_copy (im2col + GEMM)
+     any other dense conv (groups 1), Cout >= 64     -> conv_im2col, linear_packed (linear_wg on a GPU), permute_copy
      any other dense conv (groups 1)                 -> conv2d_gemm (an implicit GEMM)
    Grouped convs, dilated depthwise ones (and those of other strides or sizes) and tall outputs
    narrower than 4 (conv1d runs as [N, C, L, 1]: the specialised kernels tile along W, the
    general one 4 x 8) stay on the general conv2d / conv2d_act (conv2d_dw / conv2d_dw_act). The
    decision is made here, once, so no kernel pays at run time for a path it does not take.
    The im2col form (ResNet's stem and strided convs, ViT's patch embedding) builds the column
-   matrix [N, OH, OW, Cin * KH * KW] and multiplies it by the weight on linear_packed, whose
-   output [N, OH, OW, Cout] a permute takes back to NCHW; it needs the shuffle kernels
-   (`subgroup`, as step 7) and a column matrix of at most IM2COL_MAX_BYTES.
+   matrix [N, OH, OW, Cin * KH * KW] and multiplies it by the weight on linear_packed (or
+   linear_wg, as step 7 chooses), whose output [N, OH, OW, Cout] a permute takes back to NCHW; it
+   needs a GEMM the device can run (`subgroup`, as step 7) and a column matrix of at most
+   IM2COL_MAX_BYTES.
 7. Matmul kernel choice (runtime/graph/prepack_matmul.py, always): a device linear with a constant
-   float32 weight becomes linear_packed / linear_packed_gemv, its weight prepacked [K, N].
-8. linear + activation: a linear_packed / linear_packed_gemv whose only user is relu, relu6 /
+   float32 weight becomes linear_packed / linear_packed_gemv (linear_wg for several rows on a
+   GPU), its weight prepacked [K, N].
+8. linear + activation: a linear_packed / linear_packed_gemv / linear_wg whose only user is relu, relu6 /
    hardtanh, hardswish, silu or gelu applies it at its store (its `activation` argument): a
    transformer MLP's linear + gelu, one dispatch.
 Each fused node lists what it absorbed in `node.fused`, which the plan shows.
@@ -66,7 +68,8 @@ ADAPTIVE_MAX_POOL = "aten.adaptive_max_pool2d.default"
 CONV_DW_TARGET = "texelflow.conv2d_dw.default"
 # conv or add op -> the op that also applies an activation (step 5)
 WITH_ACTIVATION = {"conv2d": "conv2d_act", "conv2d_dw": "conv2d_dw_act", "add": "add_act",
-                   "linear_packed": "linear_packed", "linear_packed_gemv": "linear_packed_gemv"}
+                   "linear_packed": "linear_packed", "linear_packed_gemv": "linear_packed_gemv",
+                   "linear_wg": "linear_wg"}
 
 # activation target -> (the `activation` value of conv2d_act / conv2d_dw_act, act_min, act_max)
 ACTIVATIONS = {
@@ -117,11 +120,11 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
             _fuse_activation(graph, node)
     if choose_kernels:
         choose_conv_kernels(graph, texture_limits, subgroup)
-    from .prepack_matmul import choose_matmul_kernels
+    from .prepack_matmul import PACKED_OPS, choose_matmul_kernels
 
     choose_matmul_kernels(graph, texture_limits, subgroup)  # linear -> linear_packed (prepack_matmul.py)
     for node in list(graph.nodes):  # 8: the packed linears take their activation
-        if node.on_device and node.op.name in ("linear_packed", "linear_packed_gemv"):
+        if node.on_device and node.op.name in PACKED_OPS:
             _fuse_activation(graph, node)
     return graph
 
@@ -437,7 +440,7 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
             continue
         kernel = conv_kernel_class(node)
         if kernel == "dense" and _im2col_fits(node, subgroup):
-            im2col = _im2col_gemm(graph, node, limits)
+            im2col = _im2col_gemm(graph, node, limits, subgroup)
             if im2col:
                 made += im2col
                 continue
@@ -463,12 +466,13 @@ IM2COL_MAX_BYTES = 64 << 20
 
 
 def _im2col_fits(conv: Node, subgroup) -> bool:
-    from .prepack_matmul import shuffle_unfit
+    from .prepack_matmul import PACKED_LINEAR, packed_gemm_op, shuffle_unfit
 
     w = conv.arg("weight")
     n, _, oh, ow = conv.outputs[0][1].shape
     cout, cin, kh, kw = w.shape
-    return (cout >= IM2COL_MIN_COUT and shuffle_unfit(subgroup) is None
+    return (cout >= IM2COL_MIN_COUT
+            and (shuffle_unfit(subgroup) is None or packed_gemm_op(n * oh * ow, subgroup)[0] != PACKED_LINEAR)
             and n * oh * ow * -(-cin * kh * kw // 4) * 16 <= IM2COL_MAX_BYTES)
 
 
@@ -480,11 +484,11 @@ def _conv_geometry(conv: Node) -> list[tuple[str, list[int]]]:
             ("dilation", list(_pair(conv.value("dilation") or [1])))]
 
 
-def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[Node]:
+def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int], subgroup=None) -> list[Node]:
     """Put conv_im2col -> linear_packed -> permute_copy where the dense conv `conv` was (its
     activation applied by linear_packed at the store); returns the three nodes, or [] (and leaves
     the graph as it was) when one of them could not run on the device."""
-    from .prepack_matmul import PACKED_GEMV, PACKED_LINEAR, TILE_N, padded
+    from .prepack_matmul import TILE_N, packed_gemm_op, padded
 
     x, w, out = conv.arg("input"), conv.arg("weight"), conv.outputs[0][1]
     cout, cin, kh, kw = w.shape
@@ -496,7 +500,8 @@ def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[No
     im2col.outputs = [("out", cols)]
     packed = graph.add_derived(f"{w.name}.im2col_kn", (padded(k, 4), padded(cout, TILE_N)), w.dtype,
                                "conv_im2col_weight_kn", (w,))
-    gemm_op = OPS[PACKED_GEMV if n * oh * ow == 1 else PACKED_LINEAR]
+    gemm_name, why = packed_gemm_op(n * oh * ow, subgroup)
+    gemm_op = OPS[gemm_name]
     gemm = Node(f"{conv.name}.gemm", gemm_op.targets[0], gemm_op,
                 [("input", cols), ("weight", packed), ("bias", conv.arg("bias")), ("out_features", cout)]
                 + [(a, v) for a, v in conv.args if a in ("activation", "act_min", "act_max")], [])
@@ -516,7 +521,7 @@ def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[No
         for _, v in node.tensor_args():
             v.users.append(node)
     out.producer = permute
-    kind = f"conv_im2col + {gemm_op.name} (from {conv.op.name})"
+    kind = f"conv_im2col + {gemm_op.name} ({why}; from {conv.op.name})"
     im2col.fused = [f"im2col of {conv.name}"]
     gemm.fused = list(conv.fused) + [kind]
     permute.fused = [f"NHWC -> NCHW of {conv.name}"]

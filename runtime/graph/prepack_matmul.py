@@ -20,6 +20,13 @@ with subgroupShuffle, so they need a subgroup size that is a multiple of 8 and t
 operation in compute shaders. Given the device's facts (`SubgroupFacts`), a device without them
 keeps `linear` (the general kernel) and gets `matmul` for mm / bmm, and the node's note says why.
 Without facts (`texelflow.plan` with no device) the shuffle kernels are assumed to fit.
+
+On a GPU (`SubgroupFacts.device_type` discrete, integrated or virtual) a linear of several rows
+takes `linear_wg` instead: the same arguments and prepacked weight, one workgroup of 64
+invocations per 64 x 64 block staged in shared memory (shaders/linear_wg.glsl.j2), which needs
+no subgroup operations. linear_packed's few wide invocations suit lavapipe but leave a GPU
+nearly idle (an H100 ran ViT-S/16's linears at 2-6% of its FMA peak). `TEXELFLOW_GEMM`
+(`workgroup`, `register` or `auto`) overrides the choice for every device (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -35,6 +42,11 @@ from .ir import Node, PlanGraph, Role, Value
 
 PACKED_LINEAR = "linear_packed"
 PACKED_GEMV = "linear_packed_gemv"  # one row: one invocation per output texel (its own template)
+PACKED_WG = "linear_wg"  # several rows on a GPU: workgroup tiles in shared memory (its own template)
+PACKED_OPS = (PACKED_LINEAR, PACKED_GEMV, PACKED_WG)  # the ops on linear_weight_kn's prepacked weight
+GEMM_ENV = "TEXELFLOW_GEMM"
+GEMM_TILES = ("auto", "workgroup", "register")
+GPU_TYPES = ("discrete", "integrated", "virtual")  # DeviceLimits.device_type values that are GPUs
 TILE_N = 16  # output columns per invocation of linear_packed (its template's tile)
 
 
@@ -58,12 +70,14 @@ SHUFFLE_LANES = 8  # lanes of one shuffle group in linear_packed and mm_tiled
 
 @dataclass(frozen=True)
 class SubgroupFacts:
-    """The device facts the shuffle kernels depend on (a plain object: planner tests need no
-    device). `shuffle`: VK_SUBGROUP_FEATURE_SHUFFLE_BIT in supportedOperations with the compute
-    stage in supportedStages; None where the device did not say (Vulkan 1.0)."""
+    """The device facts the matmul kernel choice depends on (a plain object: planner tests need
+    no device). `shuffle`: VK_SUBGROUP_FEATURE_SHUFFLE_BIT in supportedOperations with the
+    compute stage in supportedStages; None where the device did not say (Vulkan 1.0).
+    `device_type`: DeviceLimits.device_type ("cpu" for lavapipe), None when unknown."""
 
     size: int | None
     shuffle: bool | None
+    device_type: str | None = None
 
 
 def subgroup_facts(limits) -> SubgroupFacts | None:
@@ -71,7 +85,34 @@ def subgroup_facts(limits) -> SubgroupFacts | None:
     from the driver; the planner never touches Vulkan), or None for None."""
     if limits is None:
         return None
-    return SubgroupFacts(limits.subgroup_size, getattr(limits, "subgroup_shuffle", None))
+    return SubgroupFacts(limits.subgroup_size, getattr(limits, "subgroup_shuffle", None),
+                         getattr(limits, "device_type", None))
+
+
+def gemm_tiles(facts: SubgroupFacts | None) -> tuple[str, str]:
+    """("workgroup" or "register", why) for a linear of several rows on a device with `facts`:
+    TEXELFLOW_GEMM when it is set to workgroup or register, else workgroup tiles on a GPU and
+    register tiles elsewhere (a CPU device, or planning without a device)."""
+    import os
+
+    forced = os.environ.get(GEMM_ENV, "").strip().lower()
+    if forced not in GEMM_TILES + ("",):
+        raise ValueError(f"{GEMM_ENV}={os.environ[GEMM_ENV]!r}: expected one of {', '.join(GEMM_TILES)}")
+    if forced in ("workgroup", "register"):
+        return forced, f"{GEMM_ENV}={forced}"
+    kind = facts.device_type if facts is not None else None
+    if kind in GPU_TYPES:
+        return "workgroup", f"a {kind} GPU"
+    return "register", f"a {kind} device" if kind else "no device facts"
+
+
+def packed_gemm_op(rows: int, facts: SubgroupFacts | None) -> tuple[str, str]:
+    """(op name, why) of the kernel that multiplies `rows` rows by a linear_weight_kn weight:
+    linear_packed_gemv for one row, else linear_wg or linear_packed by gemm_tiles."""
+    if rows == 1:
+        return PACKED_GEMV, "one row"
+    tiles, why = gemm_tiles(facts)
+    return (PACKED_WG if tiles == "workgroup" else PACKED_LINEAR), f"{tiles} tiles: {why}"
 
 
 def shuffle_unfit(facts: SubgroupFacts | None) -> str | None:
@@ -95,6 +136,7 @@ def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMI
     from .fusion import retarget  # graph surgery shared with the conv kernel choice
 
     unfit = shuffle_unfit(subgroup)
+    gemm_tiles(subgroup)  # a bad TEXELFLOW_GEMM is an error even in a graph with no linear
     made = []
     for node in list(graph.nodes):
         if not node.on_device:
@@ -109,10 +151,11 @@ def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMI
         if not isinstance(weight, Value) or weight.role is not Role.CONST or len(weight.shape) != 2 \
                 or weight.dtype != "float32":
             continue
-        if unfit and _rows(node) != 1:  # linear_packed_gemv shuffles nothing: it still fits
+        op_name, why = packed_gemm_op(_rows(node), subgroup)
+        if unfit and op_name == PACKED_LINEAR:  # linear_packed_gemv and linear_wg shuffle nothing: they still fit
             node.fused = list(node.fused) + [f"linear kernel kept, not linear_packed: {unfit}"]
             continue
-        new, packed = _packed_linear(graph, node, weight)
+        new, packed = _packed_linear(graph, node, weight, op_name, why)
         if retarget(graph, node, new, packed, limits):
             made.append(new)
     return made
@@ -140,14 +183,14 @@ def _rows(node: Node) -> int:
     return rows
 
 
-def _packed_linear(graph: PlanGraph, node: Node, weight: Value) -> tuple[Node, Value]:
+def _packed_linear(graph: PlanGraph, node: Node, weight: Value, op_name: str, why: str) -> tuple[Node, Value]:
     n, k = weight.shape
     packed = graph.add_derived(f"{weight.name}.kn", (padded(k, 4), padded(n, TILE_N)), weight.dtype,
                                "linear_weight_kn", (weight,))
-    op = OPS[PACKED_GEMV if _rows(node) == 1 else PACKED_LINEAR]
+    op = OPS[op_name]
     args = [("input", node.arg("input")), ("weight", packed), ("bias", node.arg("bias")), ("out_features", n)]
     new = Node(node.name, op.targets[0], op, args, list(node.outputs))
-    new.fused = list(node.fused) + [f"{op.name} kernel, weight prepacked [K, N] (from linear)"]
+    new.fused = list(node.fused) + [f"{op.name} kernel ({why}), weight prepacked [K, N] (from linear)"]
     return new, packed
 
 

@@ -1,0 +1,177 @@
+"""linear_wg, the workgroup-tiled linear a GPU takes (shaders/linear_wg.glsl.j2): which devices
+choose it (runtime/graph/prepack_matmul.py gemm_tiles), and its numbers against torch, run here on
+lavapipe with TEXELFLOW_GEMM=workgroup: awkward sizes (1, 3, 5, 7, 13; K and N off the 4 / 16 /
+64 grids; several 64 x 64 blocks; batch dims), NaN and Inf, fused activations, float16, and the
+im2col GEMM of a dense conv. The generic test_registry_ops.py runs every variant on its ops.yaml
+samples besides.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import texelflow
+from texelflow.runtime.graph.fusion import fuse_patterns
+from texelflow.runtime.graph.importer import export_program
+from texelflow.runtime.graph.lowering import lower
+from texelflow.runtime.graph.prepack_matmul import GEMM_ENV, SubgroupFacts, gemm_tiles, subgroup_facts
+
+BUFFERS_ONLY = (0, 0, 0)  # texture limits no tensor fits: every representation is a buffer
+GPU = SubgroupFacts(32, True, "discrete")
+CPU = SubgroupFacts(8, True, "cpu")
+
+
+@pytest.fixture
+def workgroup_tiles(monkeypatch):
+    monkeypatch.setenv(GEMM_ENV, "workgroup")
+
+
+def _ops(model, inputs, facts):
+    graph = fuse_patterns(lower(export_program(model, inputs)), subgroup=facts)
+    return graph.device_nodes()
+
+
+# ---- the choice (planner only: no device) ---------------------------------------------------------------
+@pytest.mark.parametrize("facts,want", [
+    (GPU, "linear_wg"), (SubgroupFacts(64, True, "integrated"), "linear_wg"),
+    (SubgroupFacts(32, True, "virtual"), "linear_wg"),
+    (SubgroupFacts(4, True, "integrated"), "linear_wg"),  # subgroups too small to shuffle: it shuffles nothing
+    (CPU, "linear_packed"), (SubgroupFacts(8, True, "other"), "linear_packed"), (None, "linear_packed"),
+])
+def test_gpus_take_workgroup_tiles(facts, want, monkeypatch):
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    nodes = _ops(nn.Linear(7, 5), [torch.randn(3, 7)], facts)
+    assert [n.op.name for n in nodes] == [want]
+    assert any(want in note and "weight prepacked" in note for note in nodes[0].fused), nodes[0].fused
+    # one row keeps the GEMV kernel on every device
+    assert [n.op.name for n in _ops(nn.Linear(7, 5), [torch.randn(1, 7)], facts)] == ["linear_packed_gemv"]
+
+
+def test_environment_overrides_the_device(monkeypatch):
+    monkeypatch.setenv(GEMM_ENV, "workgroup")
+    assert gemm_tiles(CPU) == ("workgroup", f"{GEMM_ENV}=workgroup")
+    assert [n.op.name for n in _ops(nn.Linear(7, 5), [torch.randn(3, 7)], CPU)] == ["linear_wg"]
+    monkeypatch.setenv(GEMM_ENV, "Register")
+    assert [n.op.name for n in _ops(nn.Linear(7, 5), [torch.randn(3, 7)], GPU)] == ["linear_packed"]
+    monkeypatch.setenv(GEMM_ENV, "auto")
+    assert gemm_tiles(GPU) == ("workgroup", "a discrete GPU")
+    assert gemm_tiles(CPU) == ("register", "a cpu device")
+    monkeypatch.setenv(GEMM_ENV, "shared")
+    with pytest.raises(ValueError, match=r"TEXELFLOW_GEMM='shared': expected one of auto, workgroup, register"):
+        _ops(nn.Tanh(), [torch.randn(3, 7)], GPU)  # refused even where no linear would read it
+
+
+def test_gpu_activation_fusion_and_im2col(monkeypatch):
+    """On a GPU the fused activation and the im2col GEMM of a dense conv take linear_wg too."""
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    mlp = nn.Sequential(nn.Linear(8, 16), nn.GELU())
+    nodes = _ops(mlp, [torch.randn(5, 8)], GPU)
+    assert [n.op.name for n in nodes] == ["linear_wg"] and nodes[0].value("activation") == "gelu"
+    stem = nn.Conv2d(3, 64, 7, stride=2, padding=3)
+    names = [n.op.name for n in _ops(stem, [torch.randn(1, 3, 16, 16)], GPU)]
+    assert names == ["conv_im2col", "linear_wg", "permute_copy"]
+    assert [n.op.name for n in _ops(stem, [torch.randn(1, 3, 16, 16)], CPU)][1] == "linear_packed"
+
+
+def test_lavapipe_keeps_register_tiles(device, monkeypatch):
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    facts = subgroup_facts(device.limits)
+    assert facts.device_type == device.limits.device_type
+    if device.limits.device_type != "cpu":
+        pytest.skip(f"not a CPU device: {device.limits.name}")
+    assert [n.op.name for n in _ops(nn.Linear(7, 5), [torch.randn(3, 7)], facts)] == ["linear_packed"]
+
+
+# ---- numbers against torch, on this device --------------------------------------------------------------
+def run(model, inputs, storage: str, precision: str = "fp32"):
+    limits = BUFFERS_ONLY if storage == "buffer" else None
+    with texelflow.compile(model, inputs, texture_limits=limits, precision=precision) as prog:
+        return prog(*inputs), prog.plan
+
+
+def assert_close(got, want, rtol=1e-4, atol=1e-4):
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+@pytest.mark.parametrize("storage", ["texture3d", "buffer"])
+@pytest.mark.parametrize("m,k,n", [(3, 1, 7), (5, 13, 3), (7, 5, 13), (13, 7, 1), (2, 16, 16),
+                                   (65, 17, 67), (130, 36, 129), (64, 64, 64)])
+def test_awkward_sizes(m, k, n, storage, workgroup_tiles):
+    torch.manual_seed(m * 1000 + k * 10 + n)
+    model = nn.Linear(k, n, bias=(m + k + n) % 2 == 0).eval()
+    x = torch.randn(m, k)
+    got, plan = run(model, (x,), storage)
+    assert plan.dispatches["linear_wg"] == 1, plan.dispatches
+    assert all(r.startswith("BUFFER") for r in plan.reprs.values()) == (storage == "buffer")
+    with torch.no_grad():
+        assert_close(got, model(x))
+
+
+@pytest.mark.parametrize("storage", ["texture3d", "buffer"])
+@pytest.mark.parametrize("shape", [(2, 3, 5), (2, 1, 3, 13), (3, 33, 9)])
+def test_batch_dims(shape, storage, workgroup_tiles):
+    """Rows are every dim but the last, flattened: blocks of 64 rows cross the batch dims."""
+    torch.manual_seed(len(shape) + shape[-1])
+    model = nn.Linear(shape[-1], 70, bias=True).eval()
+    x = torch.randn(*shape)
+    got, plan = run(model, (x,), storage)
+    assert plan.dispatches["linear_wg"] == 1, plan.dispatches
+    with torch.no_grad():
+        assert_close(got, model(x))
+
+
+@pytest.mark.parametrize("storage", ["texture3d", "buffer"])
+def test_nan_inf_propagate_as_torch(storage, workgroup_tiles):
+    torch.manual_seed(2)
+    model = nn.Linear(21, 70, bias=True).eval()
+    x = torch.randn(67, 21)
+    x[0, 1] = float("nan")
+    x[66, 20] = float("inf")
+    x[33, 3] = float("-inf")
+    got, _ = run(model, (x,), storage)
+    with torch.no_grad():
+        want = model(x)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("act", [nn.ReLU(), nn.ReLU6(), nn.Hardswish(), nn.SiLU(), nn.GELU(), nn.GELU("tanh")],
+                         ids=lambda a: type(a).__name__ + getattr(a, "approximate", ""))
+def test_fused_activations(act, workgroup_tiles):
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(19, 37), act).eval()
+    x = torch.randn(70, 19) * 3
+    got, plan = run(model, (x,), "texture3d")
+    assert plan.dispatches == {"linear_wg": 1}, plan.dispatches
+    with torch.no_grad():
+        assert_close(got, model(x))
+
+
+def test_float16(workgroup_tiles):
+    """float16 storage, float32 accumulation, one rounding at the store (docs/precision.md)."""
+    torch.manual_seed(4)
+    model = nn.Linear(45, 66, bias=True).eval()
+    x = torch.randn(70, 45)
+    got, plan = run(model, (x,), "texture3d", precision="fp16")
+    assert plan.dispatches["linear_wg"] == 1, plan.dispatches
+    with torch.no_grad():
+        want = model(x)
+    assert_close(got, want, rtol=2e-3, atol=2e-3 * float(want.abs().max()))
+
+
+def test_im2col_conv_and_a_vit_linear(workgroup_tiles):
+    """A dense conv's GEMM (ResNet's stem, 64 channels) and one ViT-S/16 linear at full size."""
+    torch.manual_seed(5)
+    stem = nn.Conv2d(3, 64, 7, stride=2, padding=3).eval()
+    x = torch.randn(1, 3, 30, 30)
+    got, plan = run(stem, (x,), "texture3d")
+    assert plan.dispatches["linear_wg"] == 1, plan.dispatches
+    with torch.no_grad():
+        assert_close(got, stem(x), rtol=1e-4, atol=2e-4)
+    qkv = nn.Linear(384, 1152).eval()
+    x = torch.randn(1, 197, 384)
+    got, _ = run(qkv, (x,), "texture3d")
+    with torch.no_grad():
+        assert_close(got, qkv(x), rtol=1e-4, atol=2e-4)
