@@ -333,14 +333,18 @@ def _compute_cases(quick: bool) -> list[Case]:
         nbytes = _nbytes(*input_shapes) + 4 * weight_numel + _nbytes(out_shape)
         cases.append(Case(name, shape_label, build, nbytes, flops))
 
+    # "mm" and "linear" rows take the device's own GEMM tiling (register tiles on a CPU device,
+    # workgroup tiles on a GPU: runtime/graph/prepack_matmul.py gemm_tiles); the rows naming a
+    # tiling force it (TEXELFLOW_GEMM), so both are timed on every device
     n = 256 if quick else 1024
     add("mm", f"{n}x{n} @ {n}x{n}", _module(torch.mm), ((n, n), (n, n)), 2 * n ** 3, out_shape=(n, n))
+    for tiles in ("register", "workgroup"):
+        add(f"mm ({tiles} tiles)", f"{n}x{n} @ {n}x{n}", _module(torch.mm), ((n, n), (n, n)), 2 * n ** 3,
+            out_shape=(n, n), gemm=tiles)
     for k, m in ((384, 1152), (384, 384), (384, 1536), (1536, 384)):
         lin = torch.nn.Linear(k, m)
         add("linear (ViT-S/16)", f"197x{k} @ {k}x{m} + bias", lin, ((197, k),), 2 * 197 * k * m,
             lin.weight.numel() + m, (197, m))
-    # both GEMM tilings on every device (the default above is the device's own choice: register
-    # tiles on a CPU device, workgroup tiles on a GPU; runtime/graph/prepack_matmul.py gemm_tiles)
     for k, m in ((384, 1152), (1536, 384)):
         lin = torch.nn.Linear(k, m)
         for tiles in ("register", "workgroup"):

@@ -3951,6 +3951,37 @@ OPS: dict[str, OpEntry] = {
             'mm_float32_texture3d',
         ),
     ),
+    'mm_wg': OpEntry(
+        name='mm_wg',
+        targets=(
+            'texelflow.mm_wg.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('mat2', 'tensor', repset='CONTIGUOUS_ANY'),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('self', 'mat2', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_tile', 'out', 64, 64, 64),
+        template='mm_wg',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'mm_wg_float16_buffer',
+            'mm_wg_float16_texture3d',
+            'mm_wg_float32_buffer',
+            'mm_wg_float32_texture3d',
+        ),
+    ),
     'mul': OpEntry(
         name='mul',
         targets=(
@@ -6589,6 +6620,7 @@ TARGETS: dict[str, str] = {
     'texelflow.linear_packed.default': 'linear_packed',
     'texelflow.linear_packed_gemv.default': 'linear_packed_gemv',
     'texelflow.linear_wg.default': 'linear_wg',
+    'texelflow.mm_wg.default': 'mm_wg',
     'texelflow.q8ta_add.default': 'q8ta_add',
     'texelflow.q8ta_conv2d.default': 'q8ta_conv2d',
     'texelflow.q8ta_conv2d_im2col.default': 'q8ta_conv2d_im2col',

@@ -141,77 +141,78 @@ void store_out(int row, int n4, int N, VEC4 v) {
 #line 59
 }
 
-#line 39 "shaders/linear_wg.glsl.j2"
-shared vec4 a_tile[16][16];  // [k][m4]: input rows 4 m4 .. 4 m4 + 3 of the block at k
-shared vec4 b_tile[16][16];  // [k][n4]: the weight's texel n4 of the block at row k
+#line 26 "shaders/linear_wg.glsl.j2"
+VEC4 a_wg(int batch, int row, int k4) { return input_texel(row, k4, pc.input_sizes.x); }
+VEC4 b_wg(int batch, int k, int n4) { return weight_texel(min(n4, (pc.weight_sizes.x >> 2) - 1), k); }
 
-void main() {
+VEC4 bias_wg(int n4) {
+  if (pc.has_bias == 0) { return VEC4(0); }
+  int N = pc.out_sizes.x;
+  ivec4 c = min(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N - 1));
+  return VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
+}
+
+void store_wg(int batch, int row, int n4, VEC4 v) { store_out(row, n4, pc.out_sizes.x, activated(v)); }
+#line 22 "shaders/_gemm_wg.glsl.j2"
+shared vec4 a_tile[16][16];  // [k][m4]: A rows 4 m4 .. 4 m4 + 3 of the block at k
+shared vec4 b_tile[16][16];  // [k][n4]: B's texel n4 of the block at row k
+
+void gemm_wg(int rows, int K, int N, int batches) {
   int u = tf_unit_id();
   int lid = u & 63;  // the grid gives each tile 64 invocations: one workgroup of 64 (its default size)
   int tx = lid & 7;  // this invocation's columns: texels tx and tx + 8 of the block
   int ty = lid >> 3;  // its rows: 8 ty .. 8 ty + 7 of the block
-  int N = pc.out_sizes.x;
-  int rows = pc.out_sizes.y * pc.out_sizes.z * pc.out_sizes.w;
-  int K = pc.input_sizes.x;
   int K4 = (K + 3) >> 2;
   int N4 = (N + 3) >> 2;
-  int WN4 = pc.weight_sizes.x >> 2;  // texels per weight row (N16 * 4)
   int blocks_n = (N + 63) >> 6;
-  int blocks = blocks_n * ((rows + 63) >> 6);
+  int per_batch = blocks_n * ((rows + 63) >> 6);
   int workgroups = pc.units >> 6;
-  for (int blk = u >> 6; blk < blocks; blk += workgroups) {
-    int n0 = (blk % blocks_n) * 16;  // the block's first texel column
-    int m0 = (blk / blocks_n) * 64;  // its first row
-    // What this invocation stages: input texel (lid & 3) of rows lid / 4 + 16 r; weight texel
-    // (lid & 15) of rows lid / 16 + 4 r, r = 0 .. 3.
+  for (int blk = u >> 6; blk < per_batch * batches; blk += workgroups) {
+    int batch = blk / per_batch;
+    int rest = blk - batch * per_batch;
+    int n0 = (rest % blocks_n) * 16;  // the block's first texel column
+    int m0 = (rest / blocks_n) * 64;  // its first row
+    // What this invocation stages: A texel (lid & 3) of rows lid / 4 + 16 r; B texel (lid & 15)
+    // of rows lid / 16 + 4 r, r = 0 .. 3.
     int a_k4 = lid & 3;
-    int b_n4 = min(n0 + (lid & 15), WN4 - 1);
-#line 64
+#line 44
     int a_row0 = min(m0 + (lid >> 2) + 0, rows - 1);
-#line 64
+#line 44
     int a_row1 = min(m0 + (lid >> 2) + 16, rows - 1);
-#line 64
+#line 44
     int a_row2 = min(m0 + (lid >> 2) + 32, rows - 1);
-#line 64
+#line 44
     int a_row3 = min(m0 + (lid >> 2) + 48, rows - 1);
-#line 67
+#line 47
     VEC4 acc00 = VEC4(0);
-#line 67
     VEC4 acc01 = VEC4(0);
-#line 67
+#line 47
     VEC4 acc10 = VEC4(0);
-#line 67
     VEC4 acc11 = VEC4(0);
-#line 67
+#line 47
     VEC4 acc20 = VEC4(0);
-#line 67
     VEC4 acc21 = VEC4(0);
-#line 67
+#line 47
     VEC4 acc30 = VEC4(0);
-#line 67
     VEC4 acc31 = VEC4(0);
-#line 67
+#line 47
     VEC4 acc40 = VEC4(0);
-#line 67
     VEC4 acc41 = VEC4(0);
-#line 67
+#line 47
     VEC4 acc50 = VEC4(0);
-#line 67
     VEC4 acc51 = VEC4(0);
-#line 67
+#line 47
     VEC4 acc60 = VEC4(0);
-#line 67
     VEC4 acc61 = VEC4(0);
-#line 67
+#line 47
     VEC4 acc70 = VEC4(0);
-#line 67
     VEC4 acc71 = VEC4(0);
-#line 69
+#line 50
     for (int k0 = 0; k0 < K4; k0 += 4) {
       int k4 = k0 + a_k4;
-#line 72
+#line 53
       {
-        VEC4 t = k4 < K4 ? input_texel(a_row0, min(k4, K4 - 1), K) : VEC4(0);
+        VEC4 t = k4 < K4 ? a_wg(batch, a_row0, min(k4, K4 - 1)) : VEC4(0);
         int m = (lid >> 2) + 0;
         a_tile[4 * a_k4][m >> 2][m & 3] = t.x;
         a_tile[4 * a_k4 + 1][m >> 2][m & 3] = t.y;
@@ -219,11 +220,11 @@ void main() {
         a_tile[4 * a_k4 + 3][m >> 2][m & 3] = t.w;
         int kb = (lid >> 4) + 0;
         int k = 4 * k0 + kb;
-        b_tile[kb][lid & 15] = k < 4 * K4 ? weight_texel(b_n4, min(k, 4 * K4 - 1)) : VEC4(0);
+        b_tile[kb][lid & 15] = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + (lid & 15)) : VEC4(0);
       }
-#line 72
+#line 53
       {
-        VEC4 t = k4 < K4 ? input_texel(a_row1, min(k4, K4 - 1), K) : VEC4(0);
+        VEC4 t = k4 < K4 ? a_wg(batch, a_row1, min(k4, K4 - 1)) : VEC4(0);
         int m = (lid >> 2) + 16;
         a_tile[4 * a_k4][m >> 2][m & 3] = t.x;
         a_tile[4 * a_k4 + 1][m >> 2][m & 3] = t.y;
@@ -231,11 +232,11 @@ void main() {
         a_tile[4 * a_k4 + 3][m >> 2][m & 3] = t.w;
         int kb = (lid >> 4) + 4;
         int k = 4 * k0 + kb;
-        b_tile[kb][lid & 15] = k < 4 * K4 ? weight_texel(b_n4, min(k, 4 * K4 - 1)) : VEC4(0);
+        b_tile[kb][lid & 15] = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + (lid & 15)) : VEC4(0);
       }
-#line 72
+#line 53
       {
-        VEC4 t = k4 < K4 ? input_texel(a_row2, min(k4, K4 - 1), K) : VEC4(0);
+        VEC4 t = k4 < K4 ? a_wg(batch, a_row2, min(k4, K4 - 1)) : VEC4(0);
         int m = (lid >> 2) + 32;
         a_tile[4 * a_k4][m >> 2][m & 3] = t.x;
         a_tile[4 * a_k4 + 1][m >> 2][m & 3] = t.y;
@@ -243,11 +244,11 @@ void main() {
         a_tile[4 * a_k4 + 3][m >> 2][m & 3] = t.w;
         int kb = (lid >> 4) + 8;
         int k = 4 * k0 + kb;
-        b_tile[kb][lid & 15] = k < 4 * K4 ? weight_texel(b_n4, min(k, 4 * K4 - 1)) : VEC4(0);
+        b_tile[kb][lid & 15] = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + (lid & 15)) : VEC4(0);
       }
-#line 72
+#line 53
       {
-        VEC4 t = k4 < K4 ? input_texel(a_row3, min(k4, K4 - 1), K) : VEC4(0);
+        VEC4 t = k4 < K4 ? a_wg(batch, a_row3, min(k4, K4 - 1)) : VEC4(0);
         int m = (lid >> 2) + 48;
         a_tile[4 * a_k4][m >> 2][m & 3] = t.x;
         a_tile[4 * a_k4 + 1][m >> 2][m & 3] = t.y;
@@ -255,121 +256,118 @@ void main() {
         a_tile[4 * a_k4 + 3][m >> 2][m & 3] = t.w;
         int kb = (lid >> 4) + 12;
         int k = 4 * k0 + kb;
-        b_tile[kb][lid & 15] = k < 4 * K4 ? weight_texel(b_n4, min(k, 4 * K4 - 1)) : VEC4(0);
+        b_tile[kb][lid & 15] = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + (lid & 15)) : VEC4(0);
       }
-#line 84
+#line 65
       barrier();
       for (int k = 0; k < 16; ++k) {
         VEC4 a0 = a_tile[k][2 * ty];
         VEC4 a1 = a_tile[k][2 * ty + 1];
         VEC4 b0 = b_tile[k][tx];
         VEC4 b1 = b_tile[k][tx + 8];
-#line 91
+#line 72
         acc00 += a0[0] * b0;
         acc01 += a0[0] * b1;
-#line 91
+#line 72
         acc10 += a0[1] * b0;
         acc11 += a0[1] * b1;
-#line 91
+#line 72
         acc20 += a0[2] * b0;
         acc21 += a0[2] * b1;
-#line 91
+#line 72
         acc30 += a0[3] * b0;
         acc31 += a0[3] * b1;
-#line 91
+#line 72
         acc40 += a1[0] * b0;
         acc41 += a1[0] * b1;
-#line 91
+#line 72
         acc50 += a1[1] * b0;
         acc51 += a1[1] * b1;
-#line 91
+#line 72
         acc60 += a1[2] * b0;
         acc61 += a1[2] * b1;
-#line 91
+#line 72
         acc70 += a1[3] * b0;
         acc71 += a1[3] * b1;
-#line 94
+#line 75
       }
       barrier();
     }
-#line 98
+#line 79
     int c0 = n0 + tx + 0;  // out texel of column block j
-    VEC4 bias0 = VEC4(0);
-    if (pc.has_bias != 0) {
-      ivec4 c = min(ivec4(4 * c0) + ivec4(0, 1, 2, 3), ivec4(N - 1));
-      bias0 = VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
-    }
-#line 98
+    VEC4 bias0 = c0 < N4 ? bias_wg(c0) : VEC4(0);
+#line 79
     int c1 = n0 + tx + 8;  // out texel of column block j
-    VEC4 bias1 = VEC4(0);
-    if (pc.has_bias != 0) {
-      ivec4 c = min(ivec4(4 * c1) + ivec4(0, 1, 2, 3), ivec4(N - 1));
-      bias1 = VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
-    }
-#line 106
+    VEC4 bias1 = c1 < N4 ? bias_wg(c1) : VEC4(0);
+#line 83
     if (m0 + 8 * ty + 0 < rows) {
-#line 108
-      if (c0 < N4) { store_out(m0 + 8 * ty + 0, c0, N, activated(acc00 + bias0)); }
-#line 108
-      if (c1 < N4) { store_out(m0 + 8 * ty + 0, c1, N, activated(acc01 + bias1)); }
-#line 110
+#line 85
+      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 0, c0, acc00 + bias0); }
+#line 85
+      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 0, c1, acc01 + bias1); }
+#line 87
     }
-#line 106
+#line 83
     if (m0 + 8 * ty + 1 < rows) {
-#line 108
-      if (c0 < N4) { store_out(m0 + 8 * ty + 1, c0, N, activated(acc10 + bias0)); }
-#line 108
-      if (c1 < N4) { store_out(m0 + 8 * ty + 1, c1, N, activated(acc11 + bias1)); }
-#line 110
+#line 85
+      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 1, c0, acc10 + bias0); }
+#line 85
+      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 1, c1, acc11 + bias1); }
+#line 87
     }
-#line 106
+#line 83
     if (m0 + 8 * ty + 2 < rows) {
-#line 108
-      if (c0 < N4) { store_out(m0 + 8 * ty + 2, c0, N, activated(acc20 + bias0)); }
-#line 108
-      if (c1 < N4) { store_out(m0 + 8 * ty + 2, c1, N, activated(acc21 + bias1)); }
-#line 110
+#line 85
+      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 2, c0, acc20 + bias0); }
+#line 85
+      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 2, c1, acc21 + bias1); }
+#line 87
     }
-#line 106
+#line 83
     if (m0 + 8 * ty + 3 < rows) {
-#line 108
-      if (c0 < N4) { store_out(m0 + 8 * ty + 3, c0, N, activated(acc30 + bias0)); }
-#line 108
-      if (c1 < N4) { store_out(m0 + 8 * ty + 3, c1, N, activated(acc31 + bias1)); }
-#line 110
+#line 85
+      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 3, c0, acc30 + bias0); }
+#line 85
+      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 3, c1, acc31 + bias1); }
+#line 87
     }
-#line 106
+#line 83
     if (m0 + 8 * ty + 4 < rows) {
-#line 108
-      if (c0 < N4) { store_out(m0 + 8 * ty + 4, c0, N, activated(acc40 + bias0)); }
-#line 108
-      if (c1 < N4) { store_out(m0 + 8 * ty + 4, c1, N, activated(acc41 + bias1)); }
-#line 110
+#line 85
+      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 4, c0, acc40 + bias0); }
+#line 85
+      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 4, c1, acc41 + bias1); }
+#line 87
     }
-#line 106
+#line 83
     if (m0 + 8 * ty + 5 < rows) {
-#line 108
-      if (c0 < N4) { store_out(m0 + 8 * ty + 5, c0, N, activated(acc50 + bias0)); }
-#line 108
-      if (c1 < N4) { store_out(m0 + 8 * ty + 5, c1, N, activated(acc51 + bias1)); }
-#line 110
+#line 85
+      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 5, c0, acc50 + bias0); }
+#line 85
+      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 5, c1, acc51 + bias1); }
+#line 87
     }
-#line 106
+#line 83
     if (m0 + 8 * ty + 6 < rows) {
-#line 108
-      if (c0 < N4) { store_out(m0 + 8 * ty + 6, c0, N, activated(acc60 + bias0)); }
-#line 108
-      if (c1 < N4) { store_out(m0 + 8 * ty + 6, c1, N, activated(acc61 + bias1)); }
-#line 110
+#line 85
+      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 6, c0, acc60 + bias0); }
+#line 85
+      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 6, c1, acc61 + bias1); }
+#line 87
     }
-#line 106
+#line 83
     if (m0 + 8 * ty + 7 < rows) {
-#line 108
-      if (c0 < N4) { store_out(m0 + 8 * ty + 7, c0, N, activated(acc70 + bias0)); }
-#line 108
-      if (c1 < N4) { store_out(m0 + 8 * ty + 7, c1, N, activated(acc71 + bias1)); }
-#line 110
+#line 85
+      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 7, c0, acc70 + bias0); }
+#line 85
+      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 7, c1, acc71 + bias1); }
+#line 87
     }
-#line 112
+#line 89
   }
+}
+
+#line 39 "shaders/linear_wg.glsl.j2"
+void main() {
+  gemm_wg(pc.out_sizes.y * pc.out_sizes.z * pc.out_sizes.w, pc.input_sizes.x, pc.out_sizes.x, 1);
 }

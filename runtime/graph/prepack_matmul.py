@@ -25,7 +25,8 @@ On a GPU (`SubgroupFacts.device_type` discrete, integrated or virtual) a linear 
 takes `linear_wg` instead: the same arguments and prepacked weight, one workgroup of 64
 invocations per 64 x 64 block staged in shared memory (shaders/linear_wg.glsl.j2), which needs
 no subgroup operations. linear_packed's few wide invocations suit lavapipe but leave a GPU
-nearly idle (an H100 ran ViT-S/16's linears at 2-6% of its FMA peak). `TEXELFLOW_GEMM`
+nearly idle (an H100 ran ViT-S/16's linears at 2-6% of its FMA peak). For the same reason a GPU's
+mm and bmm become `mm_wg` (shaders/mm_wg.glsl.j2), the same tiling over two activations. `TEXELFLOW_GEMM`
 (`workgroup`, `register` or `auto`) overrides the choice for every device (tests, benchmarks).
 """
 
@@ -44,6 +45,7 @@ PACKED_LINEAR = "linear_packed"
 PACKED_GEMV = "linear_packed_gemv"  # one row: one invocation per output texel (its own template)
 PACKED_WG = "linear_wg"  # several rows on a GPU: workgroup tiles in shared memory (its own template)
 PACKED_OPS = (PACKED_LINEAR, PACKED_GEMV, PACKED_WG)  # the ops on linear_weight_kn's prepacked weight
+MM_WG = "mm_wg"  # mm / bmm on a GPU
 GEMM_ENV = "TEXELFLOW_GEMM"
 GEMM_TILES = ("auto", "workgroup", "register")
 GPU_TYPES = ("discrete", "integrated", "virtual")  # DeviceLimits.device_type values that are GPUs
@@ -130,19 +132,24 @@ def shuffle_unfit(facts: SubgroupFacts | None) -> str | None:
 def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS,
                           subgroup: SubgroupFacts | None = None) -> list[Node]:
     """Retarget every device `linear` with a constant 2-D float32 weight to linear_packed (or
-    linear_packed_gemv for one row); returns the new nodes. A node the new op would not take (its
-    partition check) is left as it was. Where `subgroup` rules out the shuffle kernels
-    (shuffle_unfit), linear_packed is not chosen and mm / bmm become `matmul`."""
+    linear_packed_gemv for one row, linear_wg on a GPU: packed_gemm_op); returns the new nodes. A
+    node the new op would not take (its partition check) is left as it was. On a GPU mm / bmm
+    become mm_wg. Where `subgroup` rules out the shuffle kernels (shuffle_unfit), linear_packed
+    is not chosen and mm / bmm become `matmul` (on a device that does not take workgroup tiles)."""
     from .fusion import retarget  # graph surgery shared with the conv kernel choice
 
     unfit = shuffle_unfit(subgroup)
-    gemm_tiles(subgroup)  # a bad TEXELFLOW_GEMM is an error even in a graph with no linear
+    tiles, why = gemm_tiles(subgroup)  # a bad TEXELFLOW_GEMM is an error even in a graph with no linear
     made = []
     for node in list(graph.nodes):
         if not node.on_device:
             continue
-        if unfit and node.op.name in ("mm", "bmm"):
-            new = _general_matmul(graph, node, unfit, limits)
+        if node.op.name in ("mm", "bmm") and (tiles == "workgroup" or unfit):
+            new = (_retarget_matmul(graph, node, MM_WG, [("self", node.arg("self")), ("mat2", node.arg("mat2"))],
+                                    f"mm_wg kernel (from {node.op.name}): workgroup tiles, {why}", limits)
+                   if tiles == "workgroup" else
+                   _retarget_matmul(graph, node, "matmul", [("self", node.arg("self")), ("other", node.arg("mat2"))],
+                                    f"matmul kernel (from {node.op.name}): mm_tiled unfit, {unfit}", limits))
             made += [new] if new is not None else []
             continue
         if node.op.name != "linear":
@@ -161,15 +168,16 @@ def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMI
     return made
 
 
-def _general_matmul(graph: PlanGraph, node: Node, unfit: str, limits: Sequence[int]) -> Node | None:
-    """mm / bmm as the general `matmul` kernel (no shuffles), when the device cannot run mm_tiled."""
+def _retarget_matmul(graph: PlanGraph, node: Node, op_name: str, args: list, note: str,
+                     limits: Sequence[int]) -> Node | None:
+    """mm / bmm as `op_name` (mm_wg on a GPU; the general `matmul`, which shuffles nothing, when
+    the device cannot run mm_tiled), or None where that op would not take the node."""
     from .fusion import _replace
     from .lowering import partition_reason
 
-    op = OPS["matmul"]
-    new = Node(node.name, op.targets[0], op, [("self", node.arg("self")), ("other", node.arg("mat2"))],
-               list(node.outputs))
-    new.fused = list(node.fused) + [f"matmul kernel (from {node.op.name}): mm_tiled unfit, {unfit}"]
+    op = OPS[op_name]
+    new = Node(node.name, op.targets[0], op, args, list(node.outputs))
+    new.fused = list(node.fused) + [note]
     if partition_reason(new, limits) is not None:
         return None
     _replace(graph, node, new)
@@ -206,3 +214,8 @@ def linear_packed_reference(input, weight, bias=None, out_features=1, activation
     x = F.pad(input, (0, weight.shape[0] - input.shape[-1]))
     y = x @ weight[:, :out_features]
     return activation_reference(y + bias if bias is not None else y, activation, act_min, act_max)
+
+
+def mm_wg_reference(self, mat2):
+    """What mm_wg computes: mm of 2-D operands, bmm of 3-D ones."""
+    return self @ mat2

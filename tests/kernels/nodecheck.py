@@ -45,7 +45,7 @@ INJECT_TEMPLATES = ("unary", "binary", "copy", "where")
 INJECT_TEMPLATES += ("reduce", "softmax", "adaptive_pool2d", "group_norm")
 INJECT_TEMPLATES += ("batch_norm",)  # elementwise per channel: NaN / Inf in input or statistics
 INJECT_TEMPLATES += ("matmul", "linear")  # a NaN or Inf spreads over its row and column of the product
-INJECT_TEMPLATES += ("linear_packed", "linear_packed_gemv", "linear_wg", "mm_tiled")  # the same (linear_packed: padding rows included)
+INJECT_TEMPLATES += ("linear_packed", "linear_packed_gemv", "linear_wg", "mm_tiled", "mm_wg")  # the same (linear_packed: padding rows included)
 INJECT_TEMPLATES += ("permute", "slice", "select", "expand", "pad", "pixel_shuffle", "cat")  # moved bit for bit
 INJECT_TEMPLATES += ("layer_norm",)  # a NaN or an infinity spreads over its row
 INJECT_TEMPLATES += ("masked_fill", "roll", "embedding", "index_select")  # select or move elements bit for bit
@@ -234,6 +234,7 @@ NO_TORCH_TARGET = {
     "linear_packed": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "linear_packed_gemv": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "linear_wg": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
+    "mm_wg": "texelflow.runtime.graph.prepack_matmul.mm_wg_reference",
     "conv2d_pw_act": "texelflow.runtime.graph.prepack_conv.conv2d_pw_reference",
     "conv2d_wino": "texelflow.runtime.graph.prepack_conv.conv2d_wino_reference",
     "conv2d_gemm": "texelflow.runtime.graph.prepack_conv.conv2d_gemm_reference",
@@ -525,6 +526,7 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "linear_packed": (1e-4, 1e-5),  # dot products in another order (runtime/graph/prepack_matmul.py)
     "linear_packed_gemv": (1e-4, 1e-5),
     "linear_wg": (1e-4, 1e-5),
+    "mm_wg": (1e-4, 1e-5),
     "mm_tiled": (1e-4, 1e-5),  # dot products accumulated in another order than torch's
     "conv2d": (1e-4, 1e-4),
     "conv2d_act": (1e-4, 1e-4),  # conv2d's sums, then exp / tanh / erf approximations

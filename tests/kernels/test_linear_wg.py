@@ -1,9 +1,9 @@
-"""linear_wg, the workgroup-tiled linear a GPU takes (shaders/linear_wg.glsl.j2): which devices
-choose it (runtime/graph/prepack_matmul.py gemm_tiles), and its numbers against torch, run here on
-lavapipe with TEXELFLOW_GEMM=workgroup: awkward sizes (1, 3, 5, 7, 13; K and N off the 4 / 16 /
-64 grids; several 64 x 64 blocks; batch dims), NaN and Inf, fused activations, float16, and the
-im2col GEMM of a dense conv. The generic test_registry_ops.py runs every variant on its ops.yaml
-samples besides.
+"""linear_wg and mm_wg, the workgroup-tiled GEMMs a GPU takes (shaders/_gemm_wg.glsl.j2): which
+devices choose them (runtime/graph/prepack_matmul.py gemm_tiles), and their numbers against torch,
+run here on lavapipe with TEXELFLOW_GEMM=workgroup: awkward sizes (1, 3, 5, 7, 13; K and N off the
+4 / 16 / 64 grids; several 64 x 64 blocks; batch dims), NaN and Inf, fused activations, float16,
+the im2col GEMM of a dense conv, mm and bmm. The generic test_registry_ops.py runs every variant
+on its ops.yaml samples besides.
 """
 
 from __future__ import annotations
@@ -175,3 +175,51 @@ def test_im2col_conv_and_a_vit_linear(workgroup_tiles):
     got, _ = run(qkv, (x,), "texture3d")
     with torch.no_grad():
         assert_close(got, qkv(x), rtol=1e-4, atol=2e-4)
+
+
+# ---- mm_wg: mm and bmm on a GPU -------------------------------------------------------------------------
+class MatMul(nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def forward(self, a, b):
+        return self.op(a, b)
+
+
+def test_gpus_take_mm_wg(monkeypatch):
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    a, b = torch.randn(3, 5), torch.randn(5, 4)
+    for facts, want in ((GPU, "mm_wg"), (SubgroupFacts(4, True, "integrated"), "mm_wg"), (CPU, "mm"),
+                        (SubgroupFacts(4, True, "cpu"), "matmul"), (None, "mm")):
+        nodes = _ops(MatMul(torch.mm), [a, b], facts)
+        assert [n.op.name for n in nodes] == [want], facts
+    (node,) = _ops(MatMul(torch.bmm), [torch.randn(2, 3, 5), torch.randn(2, 5, 4)], GPU)
+    assert node.op.name == "mm_wg" and "mm_wg kernel (from bmm): workgroup tiles, a discrete GPU" in node.fused
+
+
+@pytest.mark.parametrize("storage", ["texture3d", "buffer"])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 5, 7), (7, 13, 5), (13, 7, 3), (65, 17, 67), (64, 64, 64),
+                                   (2, 3, 5, 7), (3, 70, 9, 66), (2, 1, 13, 5)])
+def test_mm_wg_awkward_sizes(shape, storage, workgroup_tiles):
+    """(m, k, n): mm; (b, m, k, n): bmm."""
+    torch.manual_seed(sum(shape))
+    *batch, m, k, n = shape
+    a, b = torch.randn(*batch, m, k), torch.randn(*batch, k, n)
+    op = torch.bmm if batch else torch.mm
+    got, plan = run(MatMul(op), (a, b), storage)
+    assert plan.dispatches["mm_wg"] == 1, plan.dispatches
+    assert_close(got, op(a, b))
+
+
+@pytest.mark.parametrize("storage", ["texture3d", "buffer"])
+def test_mm_wg_nan_inf_propagate_as_torch(storage, workgroup_tiles):
+    torch.manual_seed(6)
+    a, b = torch.randn(2, 67, 21), torch.randn(2, 21, 70)
+    a[0, 0, 1] = float("nan")
+    a[1, 66, 20] = float("inf")
+    b[1, 3, 69] = float("-inf")
+    got, _ = run(MatMul(torch.bmm), (a, b), storage)
+    want = torch.bmm(a, b)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert_close(got, want)

@@ -115,6 +115,7 @@ ACCEPTANCE = {  # template -> (activation repset predicate, all activations sync
     "linear_packed_gemv": (_width_packed, False),
     "linear_wg": (_width_packed, False),
     "mm_tiled": (_width_packed, False),
+    "mm_wg": (_width_packed, False),
     "conv2d": (_channels_packed_texture, False),  # conv2d, pools: channels-packed texture
     # Ours also takes a channels-packed buffer (NHWC memory): beside conv2d_nhwc the permutes
     # around a pool are then free views (ResNet-18's max pool; the reference: texture only).
