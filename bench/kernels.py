@@ -295,7 +295,10 @@ def _copy_cases(quick: bool) -> list[Case]:
             ("select (ViT-S q of qkv)", "select", (3, 1, 6, 197, 64), {"dim": 0, "index": 0}, lambda x: x[0],
              buf_wp, buf_wp),
             ("permute (ConvNeXt NCHW -> NHWC)", "permute_copy", (1, 40, 56, 56), {"dims": [0, 2, 3, 1]},
-             lambda x: x.transpose(0, 2, 3, 1), tex_cp, tex_wp)):
+             lambda x: x.transpose(0, 2, 3, 1), tex_cp, tex_wp),
+            # W = 56: 14 texels a row, rows not of whole chunks of 4 texels
+            ("to_layout tex CP -> tex WP (ResNet stage 1)", "to_layout", (1, 64, 56, 56), {}, lambda x: x,
+             tex_cp, tex_wp)):
         if quick:
             continue
         build, nbytes = mapped(op, shape, args, fn, r_in, r_out)

@@ -54,7 +54,7 @@ def node_flops(node) -> int | None:
         return 2 * out.numel * w[-1] if w else None
     if "addmm" in t:
         return 2 * out.numel * _shape(node, "mat1")[-1]
-    if any(k in t for k in ("aten.mm.", "aten.bmm.", "aten.matmul.")):
+    if any(k in t for k in ("aten.mm.", "aten.bmm.", "aten.matmul.", "texelflow.mm_wg.")):
         return 2 * out.numel * _shape(node, "self")[-1]
     if "scaled_dot_product" in t:
         q, k, v = _shape(node, "query"), _shape(node, "key"), _shape(node, "value")

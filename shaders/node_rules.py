@@ -583,9 +583,9 @@ def _transpose4(facts: SpecFacts, p: dict) -> int:
 @_spec_rule("transpose4_texels", 0, required=("of",), tensor_params=("transpose4_texels", "of"))
 def _transpose4_texels(facts: SpecFacts, p: dict) -> int:
     """`transpose4`, and also a channels-packed texture to a width-packed texture of the same
-    float sizes with C a multiple of 4 and ceil(W / 4) (the output's x extent) of 4: copy.glsl.j2
-    then reads 4 input texels along W once and writes the 4 output texels of 4 channels (4
-    output z slices from one input z slice; whole chunks of 4 texels in every row)."""
+    float sizes with C a multiple of 4: copy.glsl.j2 then reads 4 input texels along W once and
+    writes the 4 output texels of 4 channels (4 output z slices from one input z slice; a row's
+    last chunk may be partial: the `tail` shape class)."""
     from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
 
     a, b = p["transpose4_texels"], p["of"]
@@ -596,6 +596,5 @@ def _transpose4_texels(facts: SpecFacts, p: dict) -> int:
     ra, rb = facts.repr(a), facts.repr(b)
     ia, ib = LAYOUT_INFO[ra.layout], LAYOUT_INFO[rb.layout]
     images = STORAGE_INFO[ra.storage].is_image and STORAGE_INFO[rb.storage].is_image
-    whole_chunks = ((sizes[0] + 3) // 4) % 4 == 0
     return int(images and _whcn_of(facts, a) == sizes and ia.family == "float" and ib.family == "float"
-               and ia.packed_dim == 2 and ib.packed_dim == 0 and sizes[2] % 4 == 0 and whole_chunks)
+               and ia.packed_dim == 2 and ib.packed_dim == 0 and sizes[2] % 4 == 0)

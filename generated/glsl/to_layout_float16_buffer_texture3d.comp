@@ -73,7 +73,7 @@ layout(constant_id = 9) const int findex = 0;  // float_index
 const int tf_span = 4;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
-#line 33 "shaders/copy.glsl.j2"
+#line 32 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
@@ -84,18 +84,18 @@ layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self
 
 // ---- 4 x 4 blocks between packed dims q (input) and p (output), shape class `transpose` ----
 // Blocks (transpose) or stepped indices (same_shape, any other re-layout): unit_block below.
-#line 46 "shaders/copy.glsl.j2"
+#line 45 "shaders/copy.glsl.j2"
 #define TF_BLOCK_PATH (transpose != 0)
 
 // The block at `base` (base[p], base[q] multiples of 4): b[k] is the output's vec4 along p at
 // q offset k, lane j of it lane k of the input's vec4 along q at p offset j (moved, not converted).
 // Input vec4s past out's sizes along p (a texture's padding lanes) read as zero.
-#line 52
+#line 51
 void block_at(ivec4 base, out VEC4 b[4]) {
   int tp = tf_packed_dim(out_layout);
   int past = pc.out_sizes[tp] - base[tp];  // input vec4s 0 .. past - 1 exist
   VEC4 a[4];
-#line 57
+#line 56
   int w = tf_buffer_word_lane(base, pc.self_sizes, self_layout).x;
   int step = tf_buffer_stride(tp, pc.self_sizes, self_layout);
   if (transpose == 2) {  // rows not on vec4 words: four words, clamped to the buffer's last one
@@ -111,7 +111,7 @@ void block_at(ivec4 base, out VEC4 b[4]) {
       a[j] = j < past ? t : VEC4(0);
     }
   }
-#line 80
+#line 79
   for (int k = 0; k < 4; ++k) { b[k] = VEC4(a[0][k], a[1][k], a[2][k], a[3][k]); }
 }
 
@@ -119,9 +119,9 @@ void block_at(ivec4 base, out VEC4 b[4]) {
 // The 4 texels from pos along x (= W = q): the block whose W offset k is texel pos + (k, 0, 0),
 // the first `count` of them inside the row (a row's last block when W % 4 != 0: the input's
 // last texel along W is still whole, its padding lanes zero, and the texels past W are not stored).
-#line 175
+#line 178
 void unit_block(ivec3 pos, int count) {
-#line 179
+#line 182
   VEC4 b[4];
   block_at(tf_texel_to_idx(pos, pc.out_sizes, out_layout), b);
   for (int k = 0; k < 4; ++k) {
@@ -129,9 +129,9 @@ void unit_block(ivec3 pos, int count) {
   }
 }
 
-#line 187
+#line 190
 void unit_texel(ivec3 pos) {
-#line 191
+#line 194
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);

@@ -73,7 +73,7 @@ layout(constant_id = 9) const int findex = 0;  // float_index
 const int tf_span = 16;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
-#line 33 "shaders/copy.glsl.j2"
+#line 32 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
@@ -84,25 +84,25 @@ layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[
 
 // ---- 4 x 4 blocks between packed dims q (input) and p (output), shape class `transpose` ----
 // Blocks (transpose) or stepped indices (same_shape, any other re-layout): unit_block below.
-#line 44 "shaders/copy.glsl.j2"
+#line 43 "shaders/copy.glsl.j2"
 #define TF_BLOCK_PATH (transpose != 0 || (same_shape != 0 && same_units == 0))
 
 // The block at `base` (base[p], base[q] multiples of 4): b[k] is the output's vec4 along p at
 // q offset k, lane j of it lane k of the input's vec4 along q at p offset j (moved, not converted).
 // Input vec4s past out's sizes along p (a texture's padding lanes) read as zero.
-#line 52
+#line 51
 void block_at(ivec4 base, out VEC4 b[4]) {
   int tp = tf_packed_dim(out_layout);
   int past = pc.out_sizes[tp] - base[tp];  // input vec4s 0 .. past - 1 exist
   VEC4 a[4];
-#line 73
+#line 72
   for (int j = 0; j < 4; ++j) {  // clamped, then zeroed: a select, not a masked load
     ivec4 idx = base;
     idx[tp] += min(j, past - 1);
     VEC4 t = load_texel_self(tf_texel_pos_lane(idx, pc.self_sizes, self_layout).xyz);
     a[j] = j < past ? t : VEC4(0);
   }
-#line 80
+#line 79
   for (int k = 0; k < 4; ++k) { b[k] = VEC4(a[0][k], a[1][k], a[2][k], a[3][k]); }
 }
 
@@ -259,14 +259,14 @@ void unit_steps(int u) {
 }
 
 
-#line 95 "shaders/copy.glsl.j2"
+#line 94 "shaders/copy.glsl.j2"
 const bool vec4_path = false;
 
 void unit_vec4(int k) {}
 
 // Transpose: invocation u moves block u, blocks ordered p fastest, then q, then the two other
 // dims. Otherwise (same_shape) the span's 16 words, stepped (unit_steps).
-#line 103
+#line 102
 void unit_block(int u) {
   if (transpose == 0) { unit_steps(u); return; }
   int tp = tf_packed_dim(out_layout);
@@ -289,13 +289,13 @@ void unit_block(int u) {
   for (int k = 0; k < 4; ++k) { t4_out[(w + k * step) / 4] = tf_to_float16(b[k]); }
 }
 
-#line 126
+#line 125
 void unit_word(int w) {
-#line 130
+#line 129
   ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
-#line 132
+#line 131
   t_out[w] = tf_to_float16(load_self(src(idx)));
-#line 145
+#line 144
 }
 
 #line 18 "shaders/_span_main.glsl.j2"

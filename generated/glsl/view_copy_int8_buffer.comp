@@ -66,7 +66,7 @@ layout(constant_id = 9) const int findex = 0;  // float_index
 const int tf_span = 16;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
-#line 33 "shaders/copy.glsl.j2"
+#line 32 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
@@ -78,19 +78,19 @@ layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[];
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
 
 
-#line 91 "shaders/copy.glsl.j2"
+#line 90 "shaders/copy.glsl.j2"
 const bool vec4_path = same_units != 0;
 
 void unit_vec4(int k) { t4_out[k] = t4_self[k]; }
 
 
-#line 126
+#line 125
 void unit_word(int w) {
-#line 128
+#line 127
   if (same_units != 0) { t_out[w] = t_self[w]; return; }
-#line 130
+#line 129
   ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
-#line 134
+#line 133
   int pd = tf_packed_dim(out_layout);
   int word = 0;
   for (int k = 0; k < 4; ++k) {
@@ -101,7 +101,7 @@ void unit_word(int w) {
     }
   }
   t_out[w] = word;
-#line 145
+#line 144
 }
 
 #line 18 "shaders/_span_main.glsl.j2"

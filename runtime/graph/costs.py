@@ -91,7 +91,7 @@ def node_flops(node) -> int:
         # weight elements per output channel: the reduction length, however the kernel prepacks it
         channels = out.shape[1] if len(out.shape) >= 3 and "conv" in op.name else out.shape[-1]
         return 2 * out.numel * max(1, weight.numel // max(1, channels))
-    if op.template in ("matmul", "linear", "q8ta_linear", "q8ta_linear_gemv"):
+    if op.template in ("matmul", "linear", "mm_tiled", "mm_wg", "q8ta_linear", "q8ta_linear_gemv"):
         first = next((v for _, v in node.tensor_args() if len(v.shape) >= 2), None)
         if first is not None and op.name != "addmm":
             return 2 * out.numel * first.shape[-1]

@@ -158,11 +158,11 @@ def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMI
         if not isinstance(weight, Value) or weight.role is not Role.CONST or len(weight.shape) != 2 \
                 or weight.dtype != "float32":
             continue
-        op_name, why = packed_gemm_op(_rows(node), subgroup)
+        op_name, op_why = packed_gemm_op(_rows(node), subgroup)
         if unfit and op_name == PACKED_LINEAR:  # linear_packed_gemv and linear_wg shuffle nothing: they still fit
             node.fused = list(node.fused) + [f"linear kernel kept, not linear_packed: {unfit}"]
             continue
-        new, packed = _packed_linear(graph, node, weight, op_name, why)
+        new, packed = _packed_linear(graph, node, weight, op_name, op_why)
         if retarget(graph, node, new, packed, limits):
             made.append(new)
     return made

@@ -223,3 +223,29 @@ def test_mm_wg_nan_inf_propagate_as_torch(storage, workgroup_tiles):
     want = torch.bmm(a, b)
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     assert_close(got, want)
+
+
+def test_notes_name_each_nodes_own_kernel(monkeypatch):
+    """A linear before an mm in one graph: each node's note gives its own kernel and reason."""
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+
+    class LinearThenMm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(5, 5)
+
+        def forward(self, x, y):
+            return torch.mm(self.fc(x[:1]), y)
+
+    nodes = {n.op.name: n for n in _ops(LinearThenMm(), [torch.randn(3, 5), torch.randn(5, 4)], GPU)}
+    assert any("linear_packed_gemv kernel (one row)" in note for note in nodes["linear_packed_gemv"].fused)
+    assert "mm_wg kernel (from mm): workgroup tiles, a discrete GPU" in nodes["mm_wg"].fused
+
+
+def test_matmul_flops_count_the_reduction():
+    """The cost model's FLOP term sees mm / bmm in either tiling as products (2 * outputs * K)."""
+    from texelflow.runtime.graph.costs import node_flops
+
+    for facts in (GPU, CPU):
+        (node,) = _ops(MatMul(torch.bmm), [torch.randn(2, 3, 5), torch.randn(2, 5, 4)], facts)
+        assert node_flops(node) == 2 * 2 * 3 * 4 * 5, node.op.name

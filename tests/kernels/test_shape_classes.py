@@ -161,10 +161,21 @@ TRANSITIONS = [
      {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
     ("buffer-wp-to-buffer-cp", [1, 6, 1, 5], BUF_WP, BUF_CP,
      {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
-    ("texture-cp-to-texture-wp", [1, 8, 3, 8], TEX_CP, TEX_WP,  # x extent 8 / 4 = 2: a partial span
-     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
     ("rank5-buffer-cp-to-wp", [2, 1, 3, 4, 8], BUF_CP, BUF_WP,
      {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 0, "findex": 1}),  # C = 3: not whole words
+    # channels-packed -> width-packed textures with C % 4 == 0: input texels along W read once, any W
+    ("texture-cp-to-texture-wp", [1, 8, 3, 8], TEX_CP, TEX_WP,  # x extent 8 / 4 = 2: a partial span
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 1, "findex": 1}),
+    ("texture-cp-to-texture-wp-whole", [2, 8, 3, 64], TEX_CP, TEX_WP,  # x extent 16: whole chunks
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 0, "findex": 1}),
+    ("texture-cp-to-texture-wp-ragged-c", [2, 5, 3, 7], TEX_CP, TEX_WP,  # C % 4 != 0: the element path
+     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
+    ("texture-cp-to-texture-wp-c3", [3, 3, 5, 29], TEX_CP, TEX_WP,  # C % 4 != 0: the element path
+     {"same_units": 0, "same_shape": 1, "transpose": 0, "tail": 0, "findex": 1}),
+    ("texture-cp-to-texture-wp-c8-w1", [2, 8, 4, 1], TEX_CP, TEX_WP,  # one texel a row
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 1, "findex": 1}),
+    ("texture-cp-to-texture-wp-c4-w17", [3, 4, 2, 17], TEX_CP, TEX_WP,  # x extent 5: a chunk of 1
+     {"same_units": 0, "same_shape": 1, "transpose": 1, "tail": 1, "findex": 1}),
 ]
 
 # permute between two representations: (id, shape, dims, in repr, out repr, expected classes)
