@@ -146,13 +146,19 @@ ZOO_TUNED = ("resnet18", "mobilenet_v3_small", "convnext_atto", "vit_s16")
 ZOO_SIZE = 224
 
 
-def _lowered(module, inputs) -> PlanGraph:
-    """The model's IR as texelflow.compile lowers it (exported, partitioned, fused), unplanned."""
+# Both GEMM tilings are timed on every device, so that the planner can choose between them per node
+# by the table (runtime/graph/prepack_matmul.py priced_choice) whatever the device's type.
+GEMM_TILINGS = ("register", "workgroup")
+
+
+def _lowered(module, inputs, gemm: str) -> PlanGraph:
+    """The model's IR as texelflow.compile lowers it (exported, partitioned, fused), unplanned,
+    its GEMMs in the tiling `gemm`."""
     from texelflow.runtime.graph.fusion import fuse_patterns
     from texelflow.runtime.graph.importer import export_program
     from texelflow.runtime.graph.lowering import lower
 
-    return fuse_patterns(lower(export_program(module, inputs)))
+    return fuse_patterns(lower(export_program(module, inputs)), gemm=gemm)
 
 
 def uniform_slots(node: Node, r: TensorRepr, limits) -> dict[str, TensorRepr] | None:
@@ -264,8 +270,8 @@ def measure(device, quick: bool = False, progress: Callable[[int, int, str], Non
     seen = set()
     for name, factory in _models(quick):
         module, inputs = factory()
-        graph = _lowered(module, inputs)
-        for node in graph.device_nodes():
+        graphs = [_lowered(module, inputs, gemm) for gemm in GEMM_TILINGS]
+        for node in [n for graph in graphs for n in graph.device_nodes()]:
             if node.op.is_identity and same_placement(node.arg("self").shape, node.outputs[0][1].shape, REPRS[0]):
                 continue  # a view: folded wherever it can be, priced by costs.moves_no_data
             sig = node_signature(node)  # names aside: a network's repeated blocks are timed once
@@ -276,7 +282,7 @@ def measure(device, quick: bool = False, progress: Callable[[int, int, str], Non
                 slots = uniform_slots(node, r, limits)
                 if slots is not None:
                     jobs.append((node, slots, f"{node.op.name} {r} {'x'.join(map(str, node.outputs[0][1].shape))}"))
-        for v in [v for n in graph.device_nodes() for _, v in n.outputs if n.op.template in ("unary", "binary")][:1]:
+        for v in [v for n in graphs[0].device_nodes() for _, v in n.outputs if n.op.template in ("unary", "binary")][:1]:
             t = _transition_node(v)
             allowed = TensorRepSet.named("ANY_STORAGE").filter_invalid_reprs(v.shape, limits)
             for r in allowed:

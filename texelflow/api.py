@@ -57,11 +57,11 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     ep = export_program(model, example_inputs, timings)
     graph = lower(ep, limits, timings)
     start = time.perf_counter()
-    graph = fuse_patterns(graph, limits, choose_kernels=False, subgroup=subgroup)
+    graph = fuse_patterns(graph, limits, choose_kernels=False, subgroup=subgroup, costs=costs)
     timings["fusion"] = time.perf_counter() - start
     start = time.perf_counter()
     graph = apply_dim_orders(graph, conv_dim_order, limits)  # explicit permutes, before they are optimised
-    choose_conv_kernels(graph, limits, subgroup)  # after dim orders: a conv taken to conv2d_nhwc keeps that kernel
+    choose_conv_kernels(graph, limits, subgroup, costs=costs)  # after dim orders: a conv taken to conv2d_nhwc keeps that kernel
     graph = optimize_permutes(graph, PERMUTES if permutes is None else permutes, limits)
     timings["permutes"] = time.perf_counter() - start
     result = plan_graph(graph, planner, limits, time_limit, costs)

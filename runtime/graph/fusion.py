@@ -83,12 +83,13 @@ ACTIVATIONS = {
 
 
 def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMITS,
-                  choose_kernels: bool = True, subgroup=None) -> PlanGraph:
+                  choose_kernels: bool = True, subgroup=None, gemm: str | None = None, costs=None) -> PlanGraph:
     """Rewrite `graph` in place with every fusion that applies; returns it. `choose_kernels=False`
     leaves every dense conv on the general conv2d / conv2d_act kernel (step 6 skipped: what
     conv_dim_order="nhwc" retargets, and the baseline of bench/conv.py). `subgroup`: the device's
     prepack_matmul.SubgroupFacts, which decide whether the subgroup-shuffle matmul kernels fit
-    (None: assumed to fit)."""
+    (None: assumed to fit) and which GEMM tiling a device takes; `gemm` forces a tiling and
+    `costs` (a measured cost table) chooses one per node (prepack_matmul.py)."""
     for node in list(graph.nodes):
         if node.target == DECOMPOSED_CONV:
             _canonical_conv2d(graph, node, texture_limits)
@@ -119,10 +120,10 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
         elif node.on_device and node.op.name == "add" and node.outputs[0][1].dtype in ("float32", "float16"):
             _fuse_activation(graph, node)
     if choose_kernels:
-        choose_conv_kernels(graph, texture_limits, subgroup)
+        choose_conv_kernels(graph, texture_limits, subgroup, gemm, costs)
     from .prepack_matmul import PACKED_OPS, choose_matmul_kernels
 
-    choose_matmul_kernels(graph, texture_limits, subgroup)  # linear -> linear_packed (prepack_matmul.py)
+    choose_matmul_kernels(graph, texture_limits, subgroup, gemm, costs)  # linear -> linear_packed (prepack_matmul.py)
     for node in list(graph.nodes):  # 8: the packed linears take their activation
         if node.on_device and node.op.name in PACKED_OPS:
             _fuse_activation(graph, node)
@@ -429,18 +430,20 @@ def _pair(v) -> tuple[int, int]:
     return (int(v[0]), int(v[-1]))
 
 
-def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS, subgroup=None) -> list[Node]:
+def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS, subgroup=None,
+                        gemm: str | None = None, costs=None) -> list[Node]:
     """Step 6: retarget every device conv2d / conv2d_act that a specialised kernel takes; returns
     the new nodes. The conv kernels themselves use no subgroup operations (each invocation owns
     its tile); `subgroup` (prepack_matmul.SubgroupFacts, None: assumed to fit) decides whether a
-    dense conv may take the im2col form, whose GEMM is linear_packed."""
+    dense conv may take the im2col form, whose GEMM is linear_packed (or linear_wg: `gemm`,
+    `costs` and the facts choose, as for a linear: prepack_matmul.packed_gemm_op)."""
     made = []
     for node in list(graph.nodes):
         if not node.on_device or node.op.name not in SPECIALISED:
             continue
         kernel = conv_kernel_class(node)
-        if kernel == "dense" and _im2col_fits(node, subgroup):
-            im2col = _im2col_gemm(graph, node, limits, subgroup)
+        if kernel == "dense" and _im2col_fits(node, subgroup, gemm):
+            im2col = _im2col_gemm(graph, node, limits, subgroup, gemm, costs)
             if im2col:
                 made += im2col
                 continue
@@ -465,14 +468,14 @@ IM2COL_MIN_COUT = 64
 IM2COL_MAX_BYTES = 64 << 20
 
 
-def _im2col_fits(conv: Node, subgroup) -> bool:
+def _im2col_fits(conv: Node, subgroup, gemm: str | None = None) -> bool:
     from .prepack_matmul import PACKED_LINEAR, packed_gemm_op, shuffle_unfit
 
     w = conv.arg("weight")
     n, _, oh, ow = conv.outputs[0][1].shape
     cout, cin, kh, kw = w.shape
     return (cout >= IM2COL_MIN_COUT
-            and (shuffle_unfit(subgroup) is None or packed_gemm_op(n * oh * ow, subgroup)[0] != PACKED_LINEAR)
+            and (shuffle_unfit(subgroup) is None or packed_gemm_op(n * oh * ow, subgroup, gemm)[0] != PACKED_LINEAR)
             and n * oh * ow * -(-cin * kh * kw // 4) * 16 <= IM2COL_MAX_BYTES)
 
 
@@ -484,7 +487,8 @@ def _conv_geometry(conv: Node) -> list[tuple[str, list[int]]]:
             ("dilation", list(_pair(conv.value("dilation") or [1])))]
 
 
-def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int], subgroup=None) -> list[Node]:
+def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int], subgroup=None, tiling: str | None = None,
+                 costs=None) -> list[Node]:
     """Put conv_im2col -> linear_packed -> permute_copy where the dense conv `conv` was (its
     activation applied by linear_packed at the store); returns the three nodes, or [] (and leaves
     the graph as it was) when one of them could not run on the device."""
@@ -500,7 +504,10 @@ def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int], subgroup=N
     im2col.outputs = [("out", cols)]
     packed = graph.add_derived(f"{w.name}.im2col_kn", (padded(k, 4), padded(cout, TILE_N)), w.dtype,
                                "conv_im2col_weight_kn", (w,))
-    gemm_name, why = packed_gemm_op(n * oh * ow, subgroup)
+    priced_out = [("out", Value("priced", (n, oh, ow, cout), out.dtype, Role.NODE))]
+    gemm_name, why = packed_gemm_op(n * oh * ow, subgroup, tiling, costs,
+                                    [("input", cols), ("weight", packed), ("bias", conv.arg("bias")),
+                                     ("out_features", cout)], priced_out, limits)
     gemm_op = OPS[gemm_name]
     gemm = Node(f"{conv.name}.gemm", gemm_op.targets[0], gemm_op,
                 [("input", cols), ("weight", packed), ("bias", conv.arg("bias")), ("out_features", cout)]

@@ -26,8 +26,12 @@ takes `linear_wg` instead: the same arguments and prepacked weight, one workgrou
 invocations per 64 x 64 block staged in shared memory (shaders/linear_wg.glsl.j2), which needs
 no subgroup operations. linear_packed's few wide invocations suit lavapipe but leave a GPU
 nearly idle (an H100 ran ViT-S/16's linears at 2-6% of its FMA peak). For the same reason a GPU's
-mm and bmm become `mm_wg` (shaders/mm_wg.glsl.j2), the same tiling over two activations. `TEXELFLOW_GEMM`
-(`workgroup`, `register` or `auto`) overrides the choice for every device (tests, benchmarks).
+mm and bmm become `mm_wg` (shaders/mm_wg.glsl.j2), the same tiling over two activations.
+
+With a cost table that `texelflow tune` measured on the device (it times both tilings of every
+GEMM of its models), each node takes the tiling the table predicts faster for its own shapes,
+whatever the device type; without one the device type decides. `TEXELFLOW_GEMM` (`workgroup`,
+`register` or `auto`), or the `gemm` argument, forces one tiling on any device.
 """
 
 from __future__ import annotations
@@ -91,30 +95,81 @@ def subgroup_facts(limits) -> SubgroupFacts | None:
                          getattr(limits, "device_type", None))
 
 
-def gemm_tiles(facts: SubgroupFacts | None) -> tuple[str, str]:
-    """("workgroup" or "register", why) for a linear of several rows on a device with `facts`:
-    TEXELFLOW_GEMM when it is set to workgroup or register, else workgroup tiles on a GPU and
-    register tiles elsewhere (a CPU device, or planning without a device)."""
+def forced_tiles(gemm: str | None = None) -> tuple[str, str] | None:
+    """(tiling, why) when `gemm` ("workgroup" or "register"), else TEXELFLOW_GEMM, forces one;
+    None for auto (unset, empty or "auto"). An unknown value is an error."""
     import os
 
+    if gemm is not None:
+        if gemm not in GEMM_TILES:
+            raise ValueError(f"gemm={gemm!r}: expected one of {', '.join(GEMM_TILES)}")
+        return (gemm, f"gemm={gemm}") if gemm != "auto" else None
     forced = os.environ.get(GEMM_ENV, "").strip().lower()
     if forced not in GEMM_TILES + ("",):
         raise ValueError(f"{GEMM_ENV}={os.environ[GEMM_ENV]!r}: expected one of {', '.join(GEMM_TILES)}")
-    if forced in ("workgroup", "register"):
-        return forced, f"{GEMM_ENV}={forced}"
+    return (forced, f"{GEMM_ENV}={forced}") if forced in ("workgroup", "register") else None
+
+
+def gemm_tiles(facts: SubgroupFacts | None, gemm: str | None = None) -> tuple[str, str]:
+    """("workgroup" or "register", why) for a GEMM of several rows on a device with `facts`:
+    the forced tiling (forced_tiles), else workgroup tiles on a GPU and register tiles elsewhere
+    (a CPU device, or planning without a device)."""
+    forced = forced_tiles(gemm)
+    if forced is not None:
+        return forced
     kind = facts.device_type if facts is not None else None
     if kind in GPU_TYPES:
         return "workgroup", f"a {kind} GPU"
     return "register", f"a {kind} device" if kind else "no device facts"
 
 
-def packed_gemm_op(rows: int, facts: SubgroupFacts | None) -> tuple[str, str]:
+def packed_gemm_op(rows: int, facts: SubgroupFacts | None, gemm: str | None = None, costs=None,
+                   args: list | None = None, outputs: list | None = None,
+                   limits: Sequence[int] = TEXTURE_LIMITS) -> tuple[str, str]:
     """(op name, why) of the kernel that multiplies `rows` rows by a linear_weight_kn weight:
-    linear_packed_gemv for one row, else linear_wg or linear_packed by gemm_tiles."""
+    linear_packed_gemv for one row, else linear_wg or linear_packed: the forced tiling, else the
+    one a measured cost table predicts faster for the node (`args`, `outputs`), else by
+    gemm_tiles."""
     if rows == 1:
         return PACKED_GEMV, "one row"
-    tiles, why = gemm_tiles(facts)
+    if forced_tiles(gemm) is None and args is not None:
+        priced = priced_choice((PACKED_LINEAR, PACKED_WG), args, outputs, costs, limits)
+        if priced is not None:
+            return priced
+    tiles, why = gemm_tiles(facts, gemm)
     return (PACKED_WG if tiles == "workgroup" else PACKED_LINEAR), f"{tiles} tiles: {why}"
+
+
+def priced_choice(op_names: Sequence[str], args: list, outputs: list, costs, limits: Sequence[int]):
+    """(op name, why) of the op among `op_names` (taking the same `args` and `outputs`) that the
+    cost table `costs` predicts fastest, each in the float representation (texture or buffer,
+    width-packed) it runs fastest in; None without a measured table, or when the table has no
+    entry for one of the ops (a table from before the op existed, or a kernel that failed there)."""
+    from .costs import slots_of
+    from .repr import TensorRepSet
+
+    if costs is None or getattr(costs, "source", None) != "table":
+        return None
+    known = {cls for cls, _ in costs.entries}
+    if any(name not in known for name in op_names):
+        return None
+    allowed = TensorRepSet.named("CONTIGUOUS_ANY")
+    times = {}
+    for name in op_names:
+        op = OPS[name]
+        node = Node("priced", op.targets[0], op, list(args), list(outputs))  # never enters the graph
+        computed = [(slot, v) for slot, v in slots_of(node) if v.role is not Role.CONST]
+        for r in allowed.filter_invalid_reprs(computed[-1][1].shape, limits):
+            if r.storage.name not in ("BUFFER", "TEXTURE_3D") or r.layout.name != "WIDTH_PACKED" or \
+                    any(r not in allowed.filter_invalid_reprs(v.shape, limits) for _, v in computed):
+                continue
+            t = costs.node_seconds(node, {slot: r for slot, _ in slots_of(node)})
+            times[name] = min(t, times.get(name, t))
+    if len(times) != len(op_names):
+        return None
+    best = min(op_names, key=lambda n: times[n])
+    other = ", ".join(f"{n} {times[n] * 1e6:.0f} us" for n in op_names if n != best)
+    return best, f"cost table: {times[best] * 1e6:.0f} us predicted, {other}"
 
 
 def shuffle_unfit(facts: SubgroupFacts | None) -> str | None:
@@ -130,26 +185,38 @@ def shuffle_unfit(facts: SubgroupFacts | None) -> str | None:
 
 
 def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS,
-                          subgroup: SubgroupFacts | None = None) -> list[Node]:
+                          subgroup: SubgroupFacts | None = None, gemm: str | None = None,
+                          costs=None) -> list[Node]:
     """Retarget every device `linear` with a constant 2-D float32 weight to linear_packed (or
     linear_packed_gemv for one row, linear_wg on a GPU: packed_gemm_op); returns the new nodes. A
     node the new op would not take (its partition check) is left as it was. On a GPU mm / bmm
     become mm_wg. Where `subgroup` rules out the shuffle kernels (shuffle_unfit), linear_packed
-    is not chosen and mm / bmm become `matmul` (on a device that does not take workgroup tiles)."""
+    is not chosen and mm / bmm become `matmul` (on a device that does not take workgroup tiles).
+    `gemm` forces a tiling (forced_tiles); `costs`, a measured table, chooses per node
+    (priced_choice)."""
     from .fusion import retarget  # graph surgery shared with the conv kernel choice
 
     unfit = shuffle_unfit(subgroup)
-    tiles, why = gemm_tiles(subgroup)  # a bad TEXELFLOW_GEMM is an error even in a graph with no linear
+    forced = forced_tiles(gemm)  # a bad TEXELFLOW_GEMM is an error even in a graph with no linear
     made = []
     for node in list(graph.nodes):
         if not node.on_device:
             continue
-        if node.op.name in ("mm", "bmm") and (tiles == "workgroup" or unfit):
-            new = (_retarget_matmul(graph, node, MM_WG, [("self", node.arg("self")), ("mat2", node.arg("mat2"))],
-                                    f"mm_wg kernel (from {node.op.name}): workgroup tiles, {why}", limits)
-                   if tiles == "workgroup" else
-                   _retarget_matmul(graph, node, "matmul", [("self", node.arg("self")), ("other", node.arg("mat2"))],
-                                    f"matmul kernel (from {node.op.name}): mm_tiled unfit, {unfit}", limits))
+        if node.op.name in ("mm", "bmm"):
+            operands = [("self", node.arg("self")), ("mat2", node.arg("mat2"))]
+            priced = None if forced else priced_choice((node.op.name, MM_WG), operands, node.outputs, costs, limits)
+            tiles, why = (("workgroup" if priced[0] == MM_WG else "register", priced[1]) if priced
+                          else gemm_tiles(subgroup, gemm))
+            if tiles == "workgroup":
+                new = _retarget_matmul(graph, node, MM_WG, operands,
+                                       f"mm_wg kernel (from {node.op.name}): workgroup tiles, {why}", limits)
+            elif unfit:
+                new = _retarget_matmul(graph, node, "matmul", [("self", node.arg("self")), ("other", node.arg("mat2"))],
+                                       f"matmul kernel (from {node.op.name}): mm_tiled unfit, {unfit}", limits)
+            else:
+                if priced:
+                    node.fused = list(node.fused) + [f"mm_tiled kernel: register tiles, {why}"]
+                continue
             made += [new] if new is not None else []
             continue
         if node.op.name != "linear":
@@ -158,7 +225,12 @@ def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMI
         if not isinstance(weight, Value) or weight.role is not Role.CONST or len(weight.shape) != 2 \
                 or weight.dtype != "float32":
             continue
-        op_name, op_why = packed_gemm_op(_rows(node), subgroup)
+        n = weight.shape[0]
+        priced_args = [("input", node.arg("input")),
+                       ("weight", Value(f"{weight.name}.kn", (padded(weight.shape[1], 4), padded(n, TILE_N)),
+                                        weight.dtype, Role.CONST)),
+                       ("bias", node.arg("bias")), ("out_features", n)]
+        op_name, op_why = packed_gemm_op(_rows(node), subgroup, gemm, costs, priced_args, node.outputs, limits)
         if unfit and op_name == PACKED_LINEAR:  # linear_packed_gemv and linear_wg shuffle nothing: they still fit
             node.fused = list(node.fused) + [f"linear kernel kept, not linear_packed: {unfit}"]
             continue

@@ -249,3 +249,53 @@ def test_matmul_flops_count_the_reduction():
     for facts in (GPU, CPU):
         (node,) = _ops(MatMul(torch.bmm), [torch.randn(2, 3, 5), torch.randn(2, 5, 4)], facts)
         assert node_flops(node) == 2 * 2 * 3 * 4 * 5, node.op.name
+
+
+# ---- the choice by a measured cost table ----------------------------------------------------------------
+def _table(fast: str, slow: str):
+    """A cost table in which op `fast` takes 1 us and `slow` 1 ms, in every representation."""
+    from texelflow.runtime.graph.costs import Coeffs, CostModel
+
+    entries = {}
+    for r in ("TEXTURE_3D/WIDTH_PACKED", "BUFFER/WIDTH_PACKED"):
+        entries[(fast, r)] = Coeffs(1e-6, 0.0, 0.0)
+        entries[(slow, r)] = Coeffs(1e-3, 0.0, 0.0)
+    return CostModel("table", "a test device", entries)
+
+
+def _priced_ops(model, inputs, facts, costs):
+    graph = fuse_patterns(lower(export_program(model, inputs)), subgroup=facts, costs=costs)
+    return graph.device_nodes()
+
+
+@pytest.mark.parametrize("facts", [GPU, CPU, None])
+def test_a_measured_table_chooses_the_tiling_per_node(facts, monkeypatch):
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    x = torch.randn(20, 32)
+    for fast, slow in (("linear_wg", "linear_packed"), ("linear_packed", "linear_wg")):
+        (node,) = _priced_ops(nn.Linear(32, 48), [x], facts, _table(fast, slow))
+        assert node.op.name == fast
+        assert any(f"{fast} kernel (cost table: 1 us predicted, {slow} 1000 us)" in note for note in node.fused), node.fused
+    a, b = torch.randn(2, 20, 32), torch.randn(2, 32, 24)
+    for fast, slow in (("mm_wg", "bmm"), ("bmm", "mm_wg")):
+        (node,) = _priced_ops(MatMul(torch.bmm), [a, b], facts, _table(fast, slow))
+        assert node.op.name == fast and any("cost table" in note for note in node.fused), node.fused
+
+
+def test_a_table_without_both_tilings_leaves_the_choice_to_the_device(monkeypatch):
+    """A table measured before linear_wg existed (or where one kernel failed) has no entry for it."""
+    from texelflow.runtime.graph.costs import Coeffs, CostModel
+
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    old = CostModel("table", "old", {("linear_packed", "TEXTURE_3D/WIDTH_PACKED"): Coeffs(1e-3, 0.0, 0.0)})
+    for facts, want in ((GPU, "linear_wg"), (CPU, "linear_packed")):
+        (node,) = _priced_ops(nn.Linear(32, 48), [torch.randn(20, 32)], facts, old)
+        assert node.op.name == want
+    (node,) = _priced_ops(nn.Linear(32, 48), [torch.randn(20, 32)], GPU, CostModel.estimate())
+    assert node.op.name == "linear_wg"  # the built-in estimate prices every kernel alike: no choice by it
+
+
+def test_forcing_beats_the_table(monkeypatch):
+    monkeypatch.setenv(GEMM_ENV, "register")
+    (node,) = _priced_ops(nn.Linear(32, 48), [torch.randn(20, 32)], GPU, _table("linear_wg", "linear_packed"))
+    assert node.op.name == "linear_packed"

@@ -69,7 +69,7 @@ def test_the_table_keeps_each_nodes_measured_time_and_predicts_it(device, tuned)
     model = CostModel.from_json(path.read_text(), str(path))
     assert len(model.measured) > 100 and all(t > 0 for t in model.measured.values())
     limits = tune._limits(device)
-    graph = tune._lowered(*tune._models(True)[0][1]())  # the first tuning model: its nodes were timed
+    graph = tune._lowered(*tune._models(True)[0][1](), "register")  # the first tuning model: its nodes were timed
     checked = differs = 0
     for node in graph.device_nodes():
         for r in tune.REPRS:
@@ -127,3 +127,25 @@ def test_compile_plans_by_the_table_and_profiles_predicted_beside_measured(devic
         torch.testing.assert_close(prog(x), want, rtol=1e-4, atol=1e-5)
         rows = prog.profile()  # predicted by the device's table even when not planned by it
         assert any(r.predicted_us for r in rows)
+
+
+def test_the_table_times_both_gemm_tilings_and_plans_by_them(device, tuned, monkeypatch):
+    """The tuner times every GEMM in register and in workgroup tiles; with the table, each linear
+    takes the tiling predicted faster for its shapes, and its note says so (on lavapipe, where a
+    workgroup barrier is costly, the register tiles)."""
+    from texelflow.runtime.graph.fusion import fuse_patterns
+    from texelflow.runtime.graph.importer import export_program
+    from texelflow.runtime.graph.lowering import lower
+    from texelflow.runtime.graph.prepack_matmul import GEMM_ENV, subgroup_facts
+
+    _, path = tuned
+    model = CostModel.from_json(path.read_text(), str(path))
+    classes = {c for c, _ in model.entries}
+    assert {"linear_packed", "linear_wg", "mm_wg"} <= classes, classes
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    graph = fuse_patterns(lower(export_program(torch.nn.Linear(32, 48), (torch.randn(20, 32),))),
+                          subgroup=subgroup_facts(device.limits), costs=model)
+    (node,) = graph.device_nodes()
+    assert any("cost table" in note for note in node.fused), node.fused
+    if device.limits.device_type == "cpu":
+        assert node.op.name == "linear_packed", node.fused
