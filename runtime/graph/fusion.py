@@ -489,9 +489,9 @@ def _conv_geometry(conv: Node) -> list[tuple[str, list[int]]]:
 
 def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int], subgroup=None, tiling: str | None = None,
                  costs=None) -> list[Node]:
-    """Put conv_im2col -> linear_packed -> permute_copy where the dense conv `conv` was (its
-    activation applied by linear_packed at the store); returns the three nodes, or [] (and leaves
-    the graph as it was) when one of them could not run on the device."""
+    """Put conv_im2col -> linear_packed (or linear_wg: packed_gemm_op) -> permute_copy where the
+    dense conv `conv` was (its activation applied by the GEMM at the store); returns the three
+    nodes, or [] (and leaves the graph as it was) when one of them could not run on the device."""
     from .prepack_matmul import TILE_N, packed_gemm_op, padded
 
     x, w, out = conv.arg("input"), conv.arg("weight"), conv.outputs[0][1]
