@@ -49,9 +49,9 @@ def node_flops(node) -> int | None:
     if "convolution" in t or "conv2d" in t:
         w = _shape(node, "weight")
         return 2 * out.numel * math.prod(w[1:]) if w else None
-    if "linear" in t:
-        w = _shape(node, "weight")
-        return 2 * out.numel * w[-1] if w else None
+    if "linear" in t:  # the reduction is the input's last dim (a prepacked weight is padded; an
+        x = _shape(node, "input")  # im2col GEMM's weight derives from a 4-D conv weight)
+        return 2 * out.numel * x[-1] if x else None
     if "addmm" in t:
         return 2 * out.numel * _shape(node, "mat1")[-1]
     if any(k in t for k in ("aten.mm.", "aten.bmm.", "aten.matmul.", "texelflow.mm_wg.")):
