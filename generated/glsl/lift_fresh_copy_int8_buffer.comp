@@ -84,13 +84,13 @@ const bool vec4_path = same_units != 0;
 void unit_vec4(int k) { t4_out[k] = t4_self[k]; }
 
 
-#line 125
+#line 136
 void unit_word(int w) {
-#line 127
+#line 138
   if (same_units != 0) { t_out[w] = t_self[w]; return; }
-#line 129
+#line 140
   ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
-#line 133
+#line 144
   int pd = tf_packed_dim(out_layout);
   int word = 0;
   for (int k = 0; k < 4; ++k) {
@@ -101,7 +101,7 @@ void unit_word(int w) {
     }
   }
   t_out[w] = word;
-#line 144
+#line 155
 }
 
 #line 18 "shaders/_span_main.glsl.j2"

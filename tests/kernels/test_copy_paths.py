@@ -144,11 +144,13 @@ PATHS = [
     ("texels-w13-padding-lanes", [2, 4, 5, 13], "tex-cp", "tex-wp", "blocks"),
     ("texels-w29-padding-lanes", [1, 8, 1, 29], "tex-cp", "tex-wp", "blocks"),
     ("texels-w61-padding-lanes", [1, 4, 3, 61], "tex-cp", "tex-wp", "blocks"),
-    # just off it: a row's partial last chunk (W 8, 9, 21, 129), C not a multiple of 4, input HP
-    ("texels-off-w8-partial-chunk", [2, 4, 3, 8], "tex-cp", "tex-wp", "general"),
-    ("texels-off-w9", [1, 8, 3, 9], "tex-cp", "tex-wp", "general"),
-    ("texels-off-w21", [1, 4, 7, 21], "tex-cp", "tex-wp", "general"),
-    ("texels-off-w129", [1, 12, 3, 129], "tex-cp", "tex-wp", "general"),
+    # a row's partial last chunk (W 8, 9, 21, 129, 56: ResNet's stage 1): the texels past the row skipped
+    ("texels-w8-partial-chunk", [2, 4, 3, 8], "tex-cp", "tex-wp", "blocks"),
+    ("texels-w9-partial-chunk", [1, 8, 3, 9], "tex-cp", "tex-wp", "blocks"),
+    ("texels-w21-partial-chunk", [1, 4, 7, 21], "tex-cp", "tex-wp", "blocks"),
+    ("texels-w129-partial-chunk", [1, 12, 3, 129], "tex-cp", "tex-wp", "blocks"),
+    ("texels-w56-partial-chunk", [1, 64, 2, 56], "tex-cp", "tex-wp", "blocks"),
+    # just off it: C not a multiple of 4, input HP
     ("texels-off-c-ragged", [1, 7, 3, 16], "tex-cp", "tex-wp", "general"),
     ("texels-off-c-5", [3, 5, 7], "tex-cp", "tex-wp", "general"),
     ("texels-off-tex-hp", [1, 4, 3, 16], "tex-hp", "tex-wp", "general"),
