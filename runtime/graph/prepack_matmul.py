@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from texelflow.generated.layouts import TEXTURE_LIMITS
+from texelflow.generated.layouts import TEXTURE_LIMITS, Layout
 from texelflow.generated.ops import OPS
 
 from .derived import recipe
@@ -160,7 +160,7 @@ def priced_choice(op_names: Sequence[str], args: list, outputs: list, costs, lim
         node = Node("priced", op.targets[0], op, list(args), list(outputs))  # never enters the graph
         computed = [(slot, v) for slot, v in slots_of(node) if v.role is not Role.CONST]
         for r in allowed.filter_invalid_reprs(computed[-1][1].shape, limits):
-            if r.storage.name not in ("BUFFER", "TEXTURE_3D") or r.layout.name != "WIDTH_PACKED" or \
+            if r.layout is not Layout.WIDTH_PACKED or \
                     any(r not in allowed.filter_invalid_reprs(v.shape, limits) for _, v in computed):
                 continue
             t = costs.node_seconds(node, {slot: r for slot, _ in slots_of(node)})
