@@ -71,7 +71,7 @@ T load_mat2(ivec4 idx) {
 layout(constant_id = 6) const int k_ragged = 1;  // ragged
 #line 78
 layout(constant_id = 7) const int n_ragged = 1;  // ragged
-#line 28 "shaders/mm_tiled.glsl.j2"
+#line 32 "shaders/mm_tiled.glsl.j2"
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 
@@ -89,7 +89,7 @@ void store_out(int row, int n4, int batch, int N, VEC4 v) {
   store_texel_out(ivec3(n4, row, batch), mix(v, VEC4(0), pad));
 }
 
-#line 34 "shaders/mm_tiled.glsl.j2"
+#line 53 "shaders/mm_tiled.glsl.j2"
 void main() {
   int u = tf_unit_id();
   int groups = max(pc.units >> 3, 1);  // groups of 8 invocations that take part
@@ -102,305 +102,341 @@ void main() {
   int K = pc.self_sizes.x;
   int K4 = (K + 3) >> 2;
   int N4 = (N + 3) >> 2;
-  // A group-tile: 8 rows (shared) x 8 column blocks of 16 (one per lane).
-#line 91
-  int tiles_n = (N + 15) >> 4;
+  // A group-tile: 8 rows (shared) x 8 column blocks of 8 (one per lane).
+#line 110
+  int tiles_n = (N + 7) >> 3;
   int group_tiles_n = (tiles_n + 7) >> 3;
   int per_batch = group_tiles_n * ((M + 7) >> 3);
   for (int gt = u >> 3; gt < per_batch * batches; gt += groups) {
     int batch = gt / per_batch;
     int tile_n = (gt % group_tiles_n) * 8 + lane;
-    int n4 = 4 * min(tile_n, tiles_n - 1);
+    int n4 = 2 * min(tile_n, tiles_n - 1);
     int m0 = ((gt % per_batch) / group_tiles_n) * 8;
     int my_row = min(m0 + lane, M - 1);
-#line 101
+#line 120
     int c0 = min(n4 + 0, N4 - 1);
-#line 101
+#line 120
     int c1 = min(n4 + 1, N4 - 1);
-#line 101
-    int c2 = min(n4 + 2, N4 - 1);
-#line 101
-    int c3 = min(n4 + 3, N4 - 1);
-#line 104
+#line 123
     VEC4 acc00 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc01 = VEC4(0);
-#line 104
-    VEC4 acc02 = VEC4(0);
-#line 104
-    VEC4 acc03 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc10 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc11 = VEC4(0);
-#line 104
-    VEC4 acc12 = VEC4(0);
-#line 104
-    VEC4 acc13 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc20 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc21 = VEC4(0);
-#line 104
-    VEC4 acc22 = VEC4(0);
-#line 104
-    VEC4 acc23 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc30 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc31 = VEC4(0);
-#line 104
-    VEC4 acc32 = VEC4(0);
-#line 104
-    VEC4 acc33 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc40 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc41 = VEC4(0);
-#line 104
-    VEC4 acc42 = VEC4(0);
-#line 104
-    VEC4 acc43 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc50 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc51 = VEC4(0);
-#line 104
-    VEC4 acc52 = VEC4(0);
-#line 104
-    VEC4 acc53 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc60 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc61 = VEC4(0);
-#line 104
-    VEC4 acc62 = VEC4(0);
-#line 104
-    VEC4 acc63 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc70 = VEC4(0);
-#line 104
+#line 123
     VEC4 acc71 = VEC4(0);
-#line 104
-    VEC4 acc72 = VEC4(0);
-#line 104
-    VEC4 acc73 = VEC4(0);
-#line 106
-    for (int k4 = 0; k4 < K4; ++k4) {
+    // Two steps per iteration: lavapipe keeps every accumulator in memory across the loop and
+    // writes it back under the loop's lane mask (a load, a blend and a store per iteration), so
+    // the second step halves that cost.
+#line 128
+    int k4 = 0;
+    for (; k4 + 1 < K4; k4 += 2) {
+#line 39
+      {
       VEC4 mine = a_texel(my_row, k4, batch);
-#line 109
-      VEC4 b00 = b_texel(4 * k4 + 0, c0, batch, K);
-#line 109
-      VEC4 b10 = b_texel(4 * k4 + 1, c0, batch, K);
-#line 109
-      VEC4 b20 = b_texel(4 * k4 + 2, c0, batch, K);
-#line 109
-      VEC4 b30 = b_texel(4 * k4 + 3, c0, batch, K);
-#line 109
-      VEC4 b01 = b_texel(4 * k4 + 0, c1, batch, K);
-#line 109
-      VEC4 b11 = b_texel(4 * k4 + 1, c1, batch, K);
-#line 109
-      VEC4 b21 = b_texel(4 * k4 + 2, c1, batch, K);
-#line 109
-      VEC4 b31 = b_texel(4 * k4 + 3, c1, batch, K);
-#line 109
-      VEC4 b02 = b_texel(4 * k4 + 0, c2, batch, K);
-#line 109
-      VEC4 b12 = b_texel(4 * k4 + 1, c2, batch, K);
-#line 109
-      VEC4 b22 = b_texel(4 * k4 + 2, c2, batch, K);
-#line 109
-      VEC4 b32 = b_texel(4 * k4 + 3, c2, batch, K);
-#line 109
-      VEC4 b03 = b_texel(4 * k4 + 0, c3, batch, K);
-#line 109
-      VEC4 b13 = b_texel(4 * k4 + 1, c3, batch, K);
-#line 109
-      VEC4 b23 = b_texel(4 * k4 + 2, c3, batch, K);
-#line 109
-      VEC4 b33 = b_texel(4 * k4 + 3, c3, batch, K);
-#line 112
+#line 42
+      VEC4 b00 = b_texel(4 * (k4) + 0, c0, batch, K);
+#line 42
+      VEC4 b10 = b_texel(4 * (k4) + 1, c0, batch, K);
+#line 42
+      VEC4 b20 = b_texel(4 * (k4) + 2, c0, batch, K);
+#line 42
+      VEC4 b30 = b_texel(4 * (k4) + 3, c0, batch, K);
+#line 42
+      VEC4 b01 = b_texel(4 * (k4) + 0, c1, batch, K);
+#line 42
+      VEC4 b11 = b_texel(4 * (k4) + 1, c1, batch, K);
+#line 42
+      VEC4 b21 = b_texel(4 * (k4) + 2, c1, batch, K);
+#line 42
+      VEC4 b31 = b_texel(4 * (k4) + 3, c1, batch, K);
+#line 45
       VEC4 a0 = subgroupShuffle(mine, first + 0u);
-#line 114
+#line 47
       acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
-#line 114
+#line 47
       acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
-#line 114
-      acc02 += a0.x * b02 + a0.y * b12 + a0.z * b22 + a0.w * b32;
-#line 114
-      acc03 += a0.x * b03 + a0.y * b13 + a0.z * b23 + a0.w * b33;
-#line 112
+#line 45
       VEC4 a1 = subgroupShuffle(mine, first + 1u);
-#line 114
+#line 47
       acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
-#line 114
+#line 47
       acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
-#line 114
-      acc12 += a1.x * b02 + a1.y * b12 + a1.z * b22 + a1.w * b32;
-#line 114
-      acc13 += a1.x * b03 + a1.y * b13 + a1.z * b23 + a1.w * b33;
-#line 112
+#line 45
       VEC4 a2 = subgroupShuffle(mine, first + 2u);
-#line 114
+#line 47
       acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
-#line 114
+#line 47
       acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
-#line 114
-      acc22 += a2.x * b02 + a2.y * b12 + a2.z * b22 + a2.w * b32;
-#line 114
-      acc23 += a2.x * b03 + a2.y * b13 + a2.z * b23 + a2.w * b33;
-#line 112
+#line 45
       VEC4 a3 = subgroupShuffle(mine, first + 3u);
-#line 114
+#line 47
       acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
-#line 114
+#line 47
       acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
-#line 114
-      acc32 += a3.x * b02 + a3.y * b12 + a3.z * b22 + a3.w * b32;
-#line 114
-      acc33 += a3.x * b03 + a3.y * b13 + a3.z * b23 + a3.w * b33;
-#line 112
+#line 45
       VEC4 a4 = subgroupShuffle(mine, first + 4u);
-#line 114
+#line 47
       acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
-#line 114
+#line 47
       acc41 += a4.x * b01 + a4.y * b11 + a4.z * b21 + a4.w * b31;
-#line 114
-      acc42 += a4.x * b02 + a4.y * b12 + a4.z * b22 + a4.w * b32;
-#line 114
-      acc43 += a4.x * b03 + a4.y * b13 + a4.z * b23 + a4.w * b33;
-#line 112
+#line 45
       VEC4 a5 = subgroupShuffle(mine, first + 5u);
-#line 114
+#line 47
       acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
-#line 114
+#line 47
       acc51 += a5.x * b01 + a5.y * b11 + a5.z * b21 + a5.w * b31;
-#line 114
-      acc52 += a5.x * b02 + a5.y * b12 + a5.z * b22 + a5.w * b32;
-#line 114
-      acc53 += a5.x * b03 + a5.y * b13 + a5.z * b23 + a5.w * b33;
-#line 112
+#line 45
       VEC4 a6 = subgroupShuffle(mine, first + 6u);
-#line 114
+#line 47
       acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
-#line 114
+#line 47
       acc61 += a6.x * b01 + a6.y * b11 + a6.z * b21 + a6.w * b31;
-#line 114
-      acc62 += a6.x * b02 + a6.y * b12 + a6.z * b22 + a6.w * b32;
-#line 114
-      acc63 += a6.x * b03 + a6.y * b13 + a6.z * b23 + a6.w * b33;
-#line 112
+#line 45
       VEC4 a7 = subgroupShuffle(mine, first + 7u);
-#line 114
+#line 47
       acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
-#line 114
+#line 47
       acc71 += a7.x * b01 + a7.y * b11 + a7.z * b21 + a7.w * b31;
-#line 114
-      acc72 += a7.x * b02 + a7.y * b12 + a7.z * b22 + a7.w * b32;
-#line 114
-      acc73 += a7.x * b03 + a7.y * b13 + a7.z * b23 + a7.w * b33;
-#line 117
+#line 50
+      }
+
+#line 39
+      {
+      VEC4 mine = a_texel(my_row, k4 + 1, batch);
+#line 42
+      VEC4 b00 = b_texel(4 * (k4 + 1) + 0, c0, batch, K);
+#line 42
+      VEC4 b10 = b_texel(4 * (k4 + 1) + 1, c0, batch, K);
+#line 42
+      VEC4 b20 = b_texel(4 * (k4 + 1) + 2, c0, batch, K);
+#line 42
+      VEC4 b30 = b_texel(4 * (k4 + 1) + 3, c0, batch, K);
+#line 42
+      VEC4 b01 = b_texel(4 * (k4 + 1) + 0, c1, batch, K);
+#line 42
+      VEC4 b11 = b_texel(4 * (k4 + 1) + 1, c1, batch, K);
+#line 42
+      VEC4 b21 = b_texel(4 * (k4 + 1) + 2, c1, batch, K);
+#line 42
+      VEC4 b31 = b_texel(4 * (k4 + 1) + 3, c1, batch, K);
+#line 45
+      VEC4 a0 = subgroupShuffle(mine, first + 0u);
+#line 47
+      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
+#line 47
+      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
+#line 45
+      VEC4 a1 = subgroupShuffle(mine, first + 1u);
+#line 47
+      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
+#line 47
+      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
+#line 45
+      VEC4 a2 = subgroupShuffle(mine, first + 2u);
+#line 47
+      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
+#line 47
+      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
+#line 45
+      VEC4 a3 = subgroupShuffle(mine, first + 3u);
+#line 47
+      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
+#line 47
+      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
+#line 45
+      VEC4 a4 = subgroupShuffle(mine, first + 4u);
+#line 47
+      acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
+#line 47
+      acc41 += a4.x * b01 + a4.y * b11 + a4.z * b21 + a4.w * b31;
+#line 45
+      VEC4 a5 = subgroupShuffle(mine, first + 5u);
+#line 47
+      acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
+#line 47
+      acc51 += a5.x * b01 + a5.y * b11 + a5.z * b21 + a5.w * b31;
+#line 45
+      VEC4 a6 = subgroupShuffle(mine, first + 6u);
+#line 47
+      acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
+#line 47
+      acc61 += a6.x * b01 + a6.y * b11 + a6.z * b21 + a6.w * b31;
+#line 45
+      VEC4 a7 = subgroupShuffle(mine, first + 7u);
+#line 47
+      acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
+#line 47
+      acc71 += a7.x * b01 + a7.y * b11 + a7.z * b21 + a7.w * b31;
+#line 50
+      }
+
+#line 132
+    }
+    if (k4 < K4) {
+#line 39
+      {
+      VEC4 mine = a_texel(my_row, k4, batch);
+#line 42
+      VEC4 b00 = b_texel(4 * (k4) + 0, c0, batch, K);
+#line 42
+      VEC4 b10 = b_texel(4 * (k4) + 1, c0, batch, K);
+#line 42
+      VEC4 b20 = b_texel(4 * (k4) + 2, c0, batch, K);
+#line 42
+      VEC4 b30 = b_texel(4 * (k4) + 3, c0, batch, K);
+#line 42
+      VEC4 b01 = b_texel(4 * (k4) + 0, c1, batch, K);
+#line 42
+      VEC4 b11 = b_texel(4 * (k4) + 1, c1, batch, K);
+#line 42
+      VEC4 b21 = b_texel(4 * (k4) + 2, c1, batch, K);
+#line 42
+      VEC4 b31 = b_texel(4 * (k4) + 3, c1, batch, K);
+#line 45
+      VEC4 a0 = subgroupShuffle(mine, first + 0u);
+#line 47
+      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
+#line 47
+      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
+#line 45
+      VEC4 a1 = subgroupShuffle(mine, first + 1u);
+#line 47
+      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
+#line 47
+      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
+#line 45
+      VEC4 a2 = subgroupShuffle(mine, first + 2u);
+#line 47
+      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
+#line 47
+      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
+#line 45
+      VEC4 a3 = subgroupShuffle(mine, first + 3u);
+#line 47
+      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
+#line 47
+      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
+#line 45
+      VEC4 a4 = subgroupShuffle(mine, first + 4u);
+#line 47
+      acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
+#line 47
+      acc41 += a4.x * b01 + a4.y * b11 + a4.z * b21 + a4.w * b31;
+#line 45
+      VEC4 a5 = subgroupShuffle(mine, first + 5u);
+#line 47
+      acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
+#line 47
+      acc51 += a5.x * b01 + a5.y * b11 + a5.z * b21 + a5.w * b31;
+#line 45
+      VEC4 a6 = subgroupShuffle(mine, first + 6u);
+#line 47
+      acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
+#line 47
+      acc61 += a6.x * b01 + a6.y * b11 + a6.z * b21 + a6.w * b31;
+#line 45
+      VEC4 a7 = subgroupShuffle(mine, first + 7u);
+#line 47
+      acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
+#line 47
+      acc71 += a7.x * b01 + a7.y * b11 + a7.z * b21 + a7.w * b31;
+#line 50
+      }
+
+#line 135
     }
     if (tile_n < tiles_n) {
-#line 120
+#line 138
       if (m0 + 0 < M) {
-#line 122
+#line 140
         if (n4 + 0 < N4) { store_out(m0 + 0, n4 + 0, batch, N, acc00); }
-#line 122
+#line 140
         if (n4 + 1 < N4) { store_out(m0 + 0, n4 + 1, batch, N, acc01); }
-#line 122
-        if (n4 + 2 < N4) { store_out(m0 + 0, n4 + 2, batch, N, acc02); }
-#line 122
-        if (n4 + 3 < N4) { store_out(m0 + 0, n4 + 3, batch, N, acc03); }
-#line 124
+#line 142
       }
-#line 120
+#line 138
       if (m0 + 1 < M) {
-#line 122
+#line 140
         if (n4 + 0 < N4) { store_out(m0 + 1, n4 + 0, batch, N, acc10); }
-#line 122
+#line 140
         if (n4 + 1 < N4) { store_out(m0 + 1, n4 + 1, batch, N, acc11); }
-#line 122
-        if (n4 + 2 < N4) { store_out(m0 + 1, n4 + 2, batch, N, acc12); }
-#line 122
-        if (n4 + 3 < N4) { store_out(m0 + 1, n4 + 3, batch, N, acc13); }
-#line 124
+#line 142
       }
-#line 120
+#line 138
       if (m0 + 2 < M) {
-#line 122
+#line 140
         if (n4 + 0 < N4) { store_out(m0 + 2, n4 + 0, batch, N, acc20); }
-#line 122
+#line 140
         if (n4 + 1 < N4) { store_out(m0 + 2, n4 + 1, batch, N, acc21); }
-#line 122
-        if (n4 + 2 < N4) { store_out(m0 + 2, n4 + 2, batch, N, acc22); }
-#line 122
-        if (n4 + 3 < N4) { store_out(m0 + 2, n4 + 3, batch, N, acc23); }
-#line 124
+#line 142
       }
-#line 120
+#line 138
       if (m0 + 3 < M) {
-#line 122
+#line 140
         if (n4 + 0 < N4) { store_out(m0 + 3, n4 + 0, batch, N, acc30); }
-#line 122
+#line 140
         if (n4 + 1 < N4) { store_out(m0 + 3, n4 + 1, batch, N, acc31); }
-#line 122
-        if (n4 + 2 < N4) { store_out(m0 + 3, n4 + 2, batch, N, acc32); }
-#line 122
-        if (n4 + 3 < N4) { store_out(m0 + 3, n4 + 3, batch, N, acc33); }
-#line 124
+#line 142
       }
-#line 120
+#line 138
       if (m0 + 4 < M) {
-#line 122
+#line 140
         if (n4 + 0 < N4) { store_out(m0 + 4, n4 + 0, batch, N, acc40); }
-#line 122
+#line 140
         if (n4 + 1 < N4) { store_out(m0 + 4, n4 + 1, batch, N, acc41); }
-#line 122
-        if (n4 + 2 < N4) { store_out(m0 + 4, n4 + 2, batch, N, acc42); }
-#line 122
-        if (n4 + 3 < N4) { store_out(m0 + 4, n4 + 3, batch, N, acc43); }
-#line 124
+#line 142
       }
-#line 120
+#line 138
       if (m0 + 5 < M) {
-#line 122
+#line 140
         if (n4 + 0 < N4) { store_out(m0 + 5, n4 + 0, batch, N, acc50); }
-#line 122
+#line 140
         if (n4 + 1 < N4) { store_out(m0 + 5, n4 + 1, batch, N, acc51); }
-#line 122
-        if (n4 + 2 < N4) { store_out(m0 + 5, n4 + 2, batch, N, acc52); }
-#line 122
-        if (n4 + 3 < N4) { store_out(m0 + 5, n4 + 3, batch, N, acc53); }
-#line 124
+#line 142
       }
-#line 120
+#line 138
       if (m0 + 6 < M) {
-#line 122
+#line 140
         if (n4 + 0 < N4) { store_out(m0 + 6, n4 + 0, batch, N, acc60); }
-#line 122
+#line 140
         if (n4 + 1 < N4) { store_out(m0 + 6, n4 + 1, batch, N, acc61); }
-#line 122
-        if (n4 + 2 < N4) { store_out(m0 + 6, n4 + 2, batch, N, acc62); }
-#line 122
-        if (n4 + 3 < N4) { store_out(m0 + 6, n4 + 3, batch, N, acc63); }
-#line 124
+#line 142
       }
-#line 120
+#line 138
       if (m0 + 7 < M) {
-#line 122
+#line 140
         if (n4 + 0 < N4) { store_out(m0 + 7, n4 + 0, batch, N, acc70); }
-#line 122
+#line 140
         if (n4 + 1 < N4) { store_out(m0 + 7, n4 + 1, batch, N, acc71); }
-#line 122
-        if (n4 + 2 < N4) { store_out(m0 + 7, n4 + 2, batch, N, acc72); }
-#line 122
-        if (n4 + 3 < N4) { store_out(m0 + 7, n4 + 3, batch, N, acc73); }
-#line 124
+#line 142
       }
-#line 126
+#line 144
     }
   }
-#line 129
+#line 147
 }
