@@ -441,5 +441,5 @@ void main() {
     }
 #line 107
   }
-#line 147
+#line 150
 }

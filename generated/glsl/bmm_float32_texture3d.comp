@@ -102,57 +102,60 @@ void main() {
   int K = pc.self_sizes.x;
   int K4 = (K + 3) >> 2;
   int N4 = (N + 3) >> 2;
-  // A group-tile: 8 rows (shared) x 8 column blocks of 8 (one per lane).
-#line 110
+  // A group-tile: 8 rows (shared) x 8 column blocks of 8 (one per lane). Consecutive group-tiles
+  // walk down M first, so a column strip of mat2 is re-read from cache rather than from memory
+  // (1.06-1.4x at 1024^3 and 512x2048x2048 on lavapipe).
+#line 112
   int tiles_n = (N + 7) >> 3;
   int group_tiles_n = (tiles_n + 7) >> 3;
   int per_batch = group_tiles_n * ((M + 7) >> 3);
   for (int gt = u >> 3; gt < per_batch * batches; gt += groups) {
     int batch = gt / per_batch;
-    int tile_n = (gt % group_tiles_n) * 8 + lane;
+    int group_tiles_m = (M + 7) >> 3;
+    int tile_n = ((gt % per_batch) / group_tiles_m) * 8 + lane;
     int n4 = 2 * min(tile_n, tiles_n - 1);
-    int m0 = ((gt % per_batch) / group_tiles_n) * 8;
+    int m0 = (gt % group_tiles_m) * 8;
     int my_row = min(m0 + lane, M - 1);
-#line 120
+#line 123
     int c0 = min(n4 + 0, N4 - 1);
-#line 120
+#line 123
     int c1 = min(n4 + 1, N4 - 1);
-#line 123
+#line 126
     VEC4 acc00 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc01 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc10 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc11 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc20 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc21 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc30 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc31 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc40 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc41 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc50 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc51 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc60 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc61 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc70 = VEC4(0);
-#line 123
+#line 126
     VEC4 acc71 = VEC4(0);
     // Two steps per iteration: lavapipe keeps every accumulator in memory across the loop and
     // writes it back under the loop's lane mask (a load, a blend and a store per iteration), so
     // the second step halves that cost.
-#line 128
+#line 131
     int k4 = 0;
     for (; k4 + 1 < K4; k4 += 2) {
 #line 39
@@ -295,7 +298,7 @@ void main() {
 #line 50
       }
 
-#line 132
+#line 135
     }
     if (k4 < K4) {
 #line 39
@@ -368,75 +371,75 @@ void main() {
 #line 50
       }
 
-#line 135
+#line 138
     }
     if (tile_n < tiles_n) {
-#line 138
+#line 141
       if (m0 + 0 < M) {
-#line 140
+#line 143
         if (n4 + 0 < N4) { store_out(m0 + 0, n4 + 0, batch, N, acc00); }
-#line 140
+#line 143
         if (n4 + 1 < N4) { store_out(m0 + 0, n4 + 1, batch, N, acc01); }
-#line 142
+#line 145
       }
-#line 138
+#line 141
       if (m0 + 1 < M) {
-#line 140
+#line 143
         if (n4 + 0 < N4) { store_out(m0 + 1, n4 + 0, batch, N, acc10); }
-#line 140
+#line 143
         if (n4 + 1 < N4) { store_out(m0 + 1, n4 + 1, batch, N, acc11); }
-#line 142
+#line 145
       }
-#line 138
+#line 141
       if (m0 + 2 < M) {
-#line 140
+#line 143
         if (n4 + 0 < N4) { store_out(m0 + 2, n4 + 0, batch, N, acc20); }
-#line 140
+#line 143
         if (n4 + 1 < N4) { store_out(m0 + 2, n4 + 1, batch, N, acc21); }
-#line 142
+#line 145
       }
-#line 138
+#line 141
       if (m0 + 3 < M) {
-#line 140
+#line 143
         if (n4 + 0 < N4) { store_out(m0 + 3, n4 + 0, batch, N, acc30); }
-#line 140
+#line 143
         if (n4 + 1 < N4) { store_out(m0 + 3, n4 + 1, batch, N, acc31); }
-#line 142
+#line 145
       }
-#line 138
+#line 141
       if (m0 + 4 < M) {
-#line 140
+#line 143
         if (n4 + 0 < N4) { store_out(m0 + 4, n4 + 0, batch, N, acc40); }
-#line 140
+#line 143
         if (n4 + 1 < N4) { store_out(m0 + 4, n4 + 1, batch, N, acc41); }
-#line 142
+#line 145
       }
-#line 138
+#line 141
       if (m0 + 5 < M) {
-#line 140
+#line 143
         if (n4 + 0 < N4) { store_out(m0 + 5, n4 + 0, batch, N, acc50); }
-#line 140
+#line 143
         if (n4 + 1 < N4) { store_out(m0 + 5, n4 + 1, batch, N, acc51); }
-#line 142
+#line 145
       }
-#line 138
+#line 141
       if (m0 + 6 < M) {
-#line 140
+#line 143
         if (n4 + 0 < N4) { store_out(m0 + 6, n4 + 0, batch, N, acc60); }
-#line 140
+#line 143
         if (n4 + 1 < N4) { store_out(m0 + 6, n4 + 1, batch, N, acc61); }
-#line 142
+#line 145
       }
-#line 138
+#line 141
       if (m0 + 7 < M) {
-#line 140
+#line 143
         if (n4 + 0 < N4) { store_out(m0 + 7, n4 + 0, batch, N, acc70); }
-#line 140
+#line 143
         if (n4 + 1 < N4) { store_out(m0 + 7, n4 + 1, batch, N, acc71); }
-#line 142
+#line 145
       }
-#line 144
+#line 147
     }
   }
-#line 147
+#line 150
 }

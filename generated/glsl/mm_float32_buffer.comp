@@ -435,5 +435,5 @@ void main() {
     }
 #line 107
   }
-#line 147
+#line 150
 }
