@@ -554,7 +554,7 @@ def _specialised(graph: PlanGraph, conv: Node, op, kernel: str) -> tuple[Node, V
     recipe, suffix = PREPACKS[kernel]
     w = conv.arg("weight")
     cout, cin, kh, kw = w.shape
-    shape = {"pointwise": (padded4(cin), padded4(cout)), "winograd": (16, padded4(cin), padded4(cout)),
+    shape = {"pointwise": (padded4(cin), padded4(cout)), "winograd": (padded4(cout) // 4, padded4(cin) // 4, 256),
              "dense": (kh * kw, padded4(cin), padded4(cout)),
              **{kind: (kh * kw, padded4(cout)) for kind in DEPTHWISE}}[kernel]
     packed = graph.add_derived(f"{w.name}.{suffix}", shape, w.dtype, recipe, (w,))

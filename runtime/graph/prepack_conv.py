@@ -71,16 +71,29 @@ WINO_AT = ((1.0, 1.0, 1.0, 0.0), (0.0, 1.0, -1.0, -1.0))
 @recipe
 def winograd_f2_weight(source):
     """A 3x3 conv weight [Cout, Cin, 3, 3] transformed to G g G^T and laid out as conv2d_wino's
-    [16, Cin4 * 4, Cout4 * 4]: plane 4 row + column of the 4x4 transform, row ci, column co;
-    padded rows and columns are zero. Computed in float64, rounded to float32 once."""
+    [Cout4, Cin4, 256]: row (blk, b) holds output channels 4 blk .. 4 blk + 3 against input channels
+    4 b .. 4 b + 3, element 16 p + 4 q + l = U[p][4 b + q][4 blk + l] for position p = 4 row +
+    column of the 4x4 transform. One step of the kernel's loop over input blocks reads its 64
+    texels side by side (one 1 KiB row), where the earlier [16, Cin4 * 4, Cout4 * 4] scattered them
+    over 16 planes: ResNet-18's 512-channel layers ran at 0.7x the FLOP rate of its 64-channel ones.
+    Padded channels are zero. Computed in float64, rounded to float32 once."""
     import torch
     import torch.nn.functional as F
 
     cout, cin = source.shape[:2]
     g = torch.tensor(WINO_G, dtype=source.dtype)
     u = g @ source @ g.t()  # [Cout, Cin, 4, 4]
-    u = u.permute(2, 3, 1, 0).reshape(16, cin, cout)
-    return F.pad(u, (0, padded4(cout) - cout, 0, padded4(cin) - cin)).contiguous()
+    u = F.pad(u.reshape(cout, cin, 16), (0, 0, 0, padded4(cin) - cin, 0, padded4(cout) - cout))
+    u = u.reshape(padded4(cout) // 4, 4, padded4(cin) // 4, 4, 16)  # [blk, l, b, q, p]
+    return u.permute(0, 2, 4, 3, 1).reshape(padded4(cout) // 4, padded4(cin) // 4, 256).contiguous()
+
+
+def winograd_f2_planes(packed):
+    """conv2d_wino's prepacked weight [Cout4, Cin4, 256] as U [16, Cin4 * 4, Cout4 * 4] (plane p =
+    4 row + column of the transform, row ci, column co): the layout the references read."""
+    cout4, cin4 = packed.shape[:2]
+    u = packed.reshape(cout4, cin4, 16, 4, 4)  # [blk, b, p, q, l]
+    return u.permute(2, 1, 3, 0, 4).reshape(16, 4 * cin4, 4 * cout4)
 
 
 # ---- torch references (the kernel tests' and the generic registry test's) ---------------------------
@@ -144,9 +157,10 @@ def _depthwise_reference(input, weight, bias, stride: int, padding, activation, 
 
 def conv2d_wino_reference(input, weight, bias=None, padding=(0, 0), out_channels=1, activation="none", act_min=0.0,
                           act_max=0.0):
-    """What conv2d_wino computes, for any transformed weight U [16, Cin4 * 4, Cout4 * 4] (the
-    generic test draws U at random, so this is Winograd's formula, not F.conv2d): per 2x2 output
-    tile, A^T [sum_ci (B^T d B) (.) U] A, plus bias, then the activation. In float64."""
+    """What conv2d_wino computes, for any prepacked weight [Cout4, Cin4, 256] (U, see
+    winograd_f2_weight; the generic test draws it at random, so this is Winograd's formula, not
+    F.conv2d): per 2x2 output tile, A^T [sum_ci (B^T d B) (.) U] A, plus bias, then the activation.
+    In float64."""
     import torch
     import torch.nn.functional as F
 
@@ -162,7 +176,7 @@ def conv2d_wino_reference(input, weight, bias=None, padding=(0, 0), out_channels
     d = x.unfold(2, 4, 2).unfold(3, 4, 2)  # [N, Cin, th, tw, 4, 4]
     bt, at = torch.tensor(WINO_BT, dtype=x.dtype), torch.tensor(WINO_AT, dtype=x.dtype)
     v = bt @ d @ bt.t()
-    u = weight.double()[:, :cin, :out_channels].reshape(4, 4, cin, out_channels)
+    u = winograd_f2_planes(weight.double())[:, :cin, :out_channels].reshape(4, 4, cin, out_channels)
     m = torch.einsum("ncyxab,abco->noyxab", v, u)
     y = at @ m @ at.t()  # [N, Cout, th, tw, 2, 2]
     y = y.permute(0, 1, 2, 4, 3, 5).reshape(n, out_channels, 2 * th, 2 * tw)[:, :, :oh, :ow]

@@ -20,7 +20,8 @@ import torch.nn as nn
 
 import texelflow
 from texelflow.runtime.graph.fusion import conv_kernel_class, fuse_patterns
-from texelflow.runtime.graph.prepack_conv import conv_im2col_reference, conv_im2col_weight_kn, winograd_f2_weight
+from texelflow.runtime.graph.prepack_conv import (conv_im2col_reference, conv_im2col_weight_kn, winograd_f2_planes,
+                                                  winograd_f2_weight)
 
 REL = 1e-5
 
@@ -146,7 +147,7 @@ def test_winograd_takes_relu6_and_padding():
     (node,) = plan.graph.device_nodes()
     assert node.op.name == "conv2d_wino" and node.value("activation") == "hardtanh"
     assert (node.value("act_min"), node.value("act_max")) == (0.0, 6.0)
-    assert list(node.value("padding")) == [2, 0] and node.arg("weight").shape == (16, 8, 12)
+    assert list(node.value("padding")) == [2, 0] and node.arg("weight").shape == (3, 2, 256)  # [Cout4, Cin4, 256]
 
 
 def test_choice_can_be_left_off():
@@ -162,11 +163,15 @@ def test_choice_can_be_left_off():
 
 def test_winograd_weight_transform_is_g_g_gt():
     w = torch.randn(5, 3, 3, 3, dtype=torch.float64)
-    u = winograd_f2_weight(w)
+    packed = winograd_f2_weight(w)
+    assert packed.shape == (2, 1, 256)  # [Cout4, Cin4, 16 positions x 4 input x 4 output channels]
+    u = winograd_f2_planes(packed)
     assert u.shape == (16, 4, 8) and not u[:, 3:].any() and not u[:, :, 5:].any()  # zero padding
     g = torch.tensor([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=torch.float64)
     want = (g @ w @ g.t()).permute(2, 3, 1, 0).reshape(16, 3, 5)
     assert torch.equal(u[:, :3, :5], want)
+    # element 16 p + 4 q + l of row (blk, b) is U[p][4 b + q][4 blk + l]: one texel, 4 output channels
+    assert torch.equal(packed[1, 0, 16 * 5 + 4 * 2: 16 * 5 + 4 * 2 + 4], u[5, 2, 4:8])
 
 
 # ---- whole programs against torch (device) -------------------------------------------------------------
