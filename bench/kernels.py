@@ -365,6 +365,8 @@ def _compute_cases(quick: bool) -> list[Case]:
     if not quick:
         conv("conv2d ResNet-18 stem", 3, 64, 7, 2, 224)
     conv("conv2d ResNet-18 3x3", 64, 64, 3, 1, 56 // s)
+    if not quick:
+        conv("conv2d ResNet-18 3x3 layer4", 512, 512, 3, 1, 7)
     conv("conv2d ResNet-18 1x1 downsample", 128, 256, 1, 2, 14 if quick else 28)
     conv("conv2d MobileNetV3 1x1", 24, 88, 1, 1, 28)
     conv("conv2d MobileNetV3 depthwise", 88, 88, 3, 1, 28, groups=88)
