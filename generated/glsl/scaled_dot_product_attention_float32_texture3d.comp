@@ -325,8 +325,9 @@ void attend_tile(Tile t) {
     }
     for (int j = 0; j < KB; ++j) {
       ivec2 vrow = row_value(t.v_first + min(s0 + j, t.s_end - 1));
-      for (int i = 0; i < 16; ++i) {
-        VEC4 v = vec4a_value(vrow, 4 * min(cv + i, Ev4 - 1));
+      bvec4 real = bvec4(s0 + j < t.s_end);  // a block's keys past s_end repeat the last value row:
+      for (int i = 0; i < 16; ++i) {          // 0, not its weight 0 times it (an inf would give NaN)
+        VEC4 v = mix(VEC4(0), vec4a_value(vrow, 4 * min(cv + i, Ev4 - 1)), real);
         for (int r = 0; r < ROWS; ++r) { acc[r][i] += x[r][j] * v; }
       }
     }
