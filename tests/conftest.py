@@ -40,6 +40,21 @@ def device():
     dev.close()
 
 
+@pytest.fixture
+def register_tiles(monkeypatch):
+    """GEMMs in register tiles, convs in their specialised kernels and attention in its fused one on
+    every device, for tests that name those kernels (linear_packed, mm_tiled, conv2d_wino, one
+    conv2d_act or sdpa dispatch, ...): on a GPU, which takes workgroup tiles, im2col convs and
+    attention as GEMMs by default, they then still test what they name. test_linear_wg.py and
+    test_attention.py test the GPU's own choice."""
+    from texelflow.runtime.graph.fusion import CONV_ENV
+    from texelflow.runtime.graph.prepack_matmul import ATTENTION_ENV, GEMM_ENV
+
+    monkeypatch.setenv(GEMM_ENV, "register")
+    monkeypatch.delenv(CONV_ENV, raising=False)
+    monkeypatch.delenv(ATTENTION_ENV, raising=False)
+
+
 def pytest_configure(config):
     """Plans under test are the ones CI sees: by transitions alone, whatever cost table
     `texelflow tune` left for this machine's device (a test of the tables sets its own folder)."""

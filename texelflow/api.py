@@ -6,7 +6,7 @@ import time
 from typing import Sequence
 
 from texelflow.runtime.graph.optimal import SOLVER_TIME_LIMIT_S  # light: scipy loads when planning
-from texelflow.runtime.graph.prepack_matmul import subgroup_facts
+from texelflow.runtime.graph.prepack_matmul import SDPA_TARGET, attention_form, subgroup_facts
 
 
 def _texture_limits(texture_limits, device):
@@ -55,7 +55,8 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
 
     timings: dict[str, float] = {}
     ep = export_program(model, example_inputs, timings)
-    graph = lower(ep, limits, timings)
+    form, why = attention_form(subgroup)
+    graph = lower(ep, limits, timings, {SDPA_TARGET: f"attention as bmm + softmax + bmm: {why}"} if form == "gemm" else None)
     start = time.perf_counter()
     graph = fuse_patterns(graph, limits, choose_kernels=False, subgroup=subgroup, costs=costs)
     timings["fusion"] = time.perf_counter() - start

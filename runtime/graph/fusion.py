@@ -425,6 +425,13 @@ def conv_kernel_class(node: Node) -> str:
     return "dense"
 
 
+def _dense_weight(node: Node) -> bool:
+    """Whether conv `node` has groups=1 and a constant 4-D weight: the convs an im2col GEMM can run."""
+    w = node.arg("weight")
+    return ((node.value("groups") or 1) == 1 and isinstance(w, Value) and w.role is Role.CONST
+            and len(w.shape) == 4)
+
+
 def _pair(v) -> tuple[int, int]:
     v = list(v) if isinstance(v, (list, tuple)) else [v]
     return (int(v[0]), int(v[-1]))
@@ -437,13 +444,23 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
     its tile); `subgroup` (prepack_matmul.SubgroupFacts, None: assumed to fit) decides whether a
     dense conv may take the im2col form, whose GEMM is linear_packed (or linear_wg: `gemm`,
     `costs` and the facts choose, as for a linear: prepack_matmul.packed_gemm_op)."""
+    from .prepack_matmul import gemm_tiles
+
+    form = conv_forms()
+    # Where GEMMs take workgroup tiles (a GPU), every conv the im2col GEMM holds takes it: the
+    # Winograd and pointwise kernels are register-tiled for a CPU device, and on an H100 ResNet-18
+    # ran in 6.5 ms GPU time this way against 12.1 ms with them (bench/RESULTS.md)
+    every_im2col = form == "im2col" or (form == "auto" and gemm_tiles(subgroup, gemm)[0] == "workgroup")
     made = []
     for node in list(graph.nodes):
         if not node.on_device or node.op.name not in SPECIALISED:
             continue
         kernel = conv_kernel_class(node)
-        if kernel == "dense" and _im2col_fits(node, subgroup, gemm):
-            im2col = _im2col_gemm(graph, node, limits, subgroup, gemm, costs)
+        im2col_wanted = kernel == "dense" or (every_im2col and _dense_weight(node))
+        if im2col_wanted and _im2col_fits(node, subgroup, gemm, every_im2col):
+            why = None if kernel == "dense" else (f"a {kernel} conv in im2col form: " + (
+                f"{CONV_ENV}=im2col" if form == "im2col" else "GEMMs take workgroup tiles"))
+            im2col = _im2col_gemm(graph, node, limits, subgroup, gemm, costs, why)
             if im2col:
                 made += im2col
                 continue
@@ -468,13 +485,31 @@ IM2COL_MIN_COUT = 64
 IM2COL_MAX_BYTES = 64 << 20
 
 
-def _im2col_fits(conv: Node, subgroup, gemm: str | None = None) -> bool:
+CONV_ENV = "TEXELFLOW_CONV"
+CONV_FORMS = ("auto", "im2col", "specialised")
+
+
+def conv_forms() -> str:
+    """TEXELFLOW_CONV, the form of a groups=1 conv: "im2col" (every one the im2col GEMM can hold
+    takes it, whatever its kernel class and channel count), "specialised" (only the "dense" class
+    with IM2COL_MIN_COUT channels or more does; Winograd and pointwise convs keep their kernels) or
+    "auto" (the default: "im2col" where GEMMs take workgroup tiles, on a GPU; else "specialised").
+    `bench/gemm_tiles.py` times the forms against each other on the device at hand."""
+    import os
+
+    form = os.environ.get(CONV_ENV, "").strip().lower() or "auto"
+    if form not in CONV_FORMS:
+        raise ValueError(f"{CONV_ENV}={os.environ[CONV_ENV]!r}: expected one of {', '.join(CONV_FORMS)}")
+    return form
+
+
+def _im2col_fits(conv: Node, subgroup, gemm: str | None = None, any_cout: bool = False) -> bool:
     from .prepack_matmul import PACKED_LINEAR, packed_gemm_op, shuffle_unfit
 
     w = conv.arg("weight")
     n, _, oh, ow = conv.outputs[0][1].shape
     cout, cin, kh, kw = w.shape
-    return (cout >= IM2COL_MIN_COUT
+    return ((any_cout or cout >= IM2COL_MIN_COUT)
             and (shuffle_unfit(subgroup) is None or packed_gemm_op(n * oh * ow, subgroup, gemm)[0] != PACKED_LINEAR)
             and n * oh * ow * -(-cin * kh * kw // 4) * 16 <= IM2COL_MAX_BYTES)
 
@@ -488,10 +523,11 @@ def _conv_geometry(conv: Node) -> list[tuple[str, list[int]]]:
 
 
 def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int], subgroup=None, tiling: str | None = None,
-                 costs=None) -> list[Node]:
+                 costs=None, form_why: str | None = None) -> list[Node]:
     """Put conv_im2col -> linear_packed (or linear_wg: packed_gemm_op) -> permute_copy where the
     dense conv `conv` was (its activation applied by the GEMM at the store); returns the three
-    nodes, or [] (and leaves the graph as it was) when one of them could not run on the device."""
+    nodes, or [] (and leaves the graph as it was) when one of them could not run on the device.
+    `form_why`, for a conv outside the dense class, says in the GEMM's note why it took this form."""
     from .prepack_matmul import TILE_N, packed_gemm_op, padded
 
     x, w, out = conv.arg("input"), conv.arg("weight"), conv.outputs[0][1]
@@ -528,7 +564,7 @@ def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int], subgroup=N
         for _, v in node.tensor_args():
             v.users.append(node)
     out.producer = permute
-    kind = f"conv_im2col + {gemm_op.name} ({why}; from {conv.op.name})"
+    kind = f"conv_im2col + {gemm_op.name} ({why}; from {conv.op.name}{'; ' + form_why if form_why else ''})"
     im2col.fused = [f"im2col of {conv.name}"]
     gemm.fused = list(conv.fused) + [kind]
     permute.fused = [f"NHWC -> NCHW of {conv.name}"]

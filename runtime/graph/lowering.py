@@ -44,7 +44,8 @@ def target_name(target) -> str:
     return name
 
 
-def lower(ep, texture_limits: Sequence[int] = TEXTURE_LIMITS, timings: dict | None = None) -> PlanGraph:
+def lower(ep, texture_limits: Sequence[int] = TEXTURE_LIMITS, timings: dict | None = None,
+          decompose_first: dict[str, str] | None = None) -> PlanGraph:
     """The planning IR of `ep` (an ExportedProgram), with every node partitioned.
 
     The exported graph is lowered as it is (torch.export keeps composite ops such as linear and
@@ -52,18 +53,22 @@ def lower(ep, texture_limits: Sequence[int] = TEXTURE_LIMITS, timings: dict | No
     (`decompose.py`), recursively, and replaced by its pieces only when every piece runs on
     Vulkan; otherwise it stays one CPU node with its reason. Identity-like nodes the exported
     graph keeps (dropout in inference, to() that changes nothing) become the registry's alias op
-    (`IDENTITY_RULES`). `timings` (when given) gets "lowering" and "decomposition" seconds."""
+    (`IDENTITY_RULES`). `timings` (when given) gets "lowering" and "decomposition" seconds.
+    `decompose_first` maps targets (by name) that the device runs faster as their decomposition
+    to why (prepack_matmul.attention_form: attention on a GPU): such a node takes its pieces
+    when every piece runs on Vulkan, else it stays whole; its first piece's note says why."""
     from .problem import gc_paused  # (problem imports this module)
 
     with gc_paused():  # a full collection rescans the exported program's objects: seconds, for nothing
-        return _lower(ep, texture_limits, timings)
+        return _lower(ep, texture_limits, timings, decompose_first or {})
 
 
-def _lower(ep, texture_limits, timings) -> PlanGraph:
+def _lower(ep, texture_limits, timings, decompose_first) -> PlanGraph:
     import torch
 
     start = time.perf_counter()
     ctx = _Lowering(PlanGraph(), texture_limits, torch)
+    ctx.decompose_first = decompose_first
     values = ctx.values
     graph = ctx.graph
     sig = ep.graph_signature
@@ -165,8 +170,8 @@ def _dropout_inference(node, ins) -> bool:
 
 
 def _unchanged(node, ins) -> bool:
-    """to() / _to_copy() whose output has its input's dtype and shape (device and memory format
-    mean nothing to the layout system)."""
+    """to() / _to_copy() (or expand) whose output has its input's dtype and shape (device and
+    memory format mean nothing to the layout system)."""
     out = node.meta.get("val")
     src = node.args[0].meta.get("val") if node.args and hasattr(node.args[0], "meta") else None
     return src is not None and out is not None and out.dtype == src.dtype and tuple(out.shape) == tuple(src.shape)
@@ -187,6 +192,7 @@ IDENTITY_RULES = {
     "aten.to.dtype_layout": _unchanged,
     "aten.to.device": _unchanged,
     "aten.to.other": _unchanged,
+    "aten.expand.default": _unchanged,  # to its own shape (torch's attention decomposition has four)
 }
 IDENTITY_OP = "aten.alias.default"
 # Why a node with an identity rule that does not hold runs on the CPU (torch has no Vulkan-able
@@ -220,6 +226,7 @@ class _Lowering:
         self.folder = None  # the ConstantFolder: the constants' data (quantization parameters)
         self.last_fallback: str | None = None  # the reason of the last lower_call, None on Vulkan
         self.last_cause = ""  # its innermost piece that needs the CPU: "target (reason)"
+        self.decompose_first: dict[str, str] = {}  # target name -> why its pieces run faster (lower())
 
     def lower_call(self, node, name: str, ins: list, depth: int = 0, target=None):
         """Lower fx `node` (its tensor inputs' IR values `ins`, in `all_input_nodes` order) under
@@ -236,7 +243,8 @@ class _Lowering:
         ir_node = self._add(node, name, ins, target or node.target)
         self.last_fallback = ir_node.fallback
         self.last_cause = f"{target_name(target or node.target)} ({ir_node.fallback})"
-        if ir_node.fallback is None or depth >= MAX_DECOMPOSITION_DEPTH:
+        faster = self.decompose_first.get(target_name(target or node.target)) if ir_node.fallback is None else None
+        if (ir_node.fallback is None and faster is None) or depth >= MAX_DECOMPOSITION_DEPTH:
             return self._result(node, ir_node)
         start = time.perf_counter()
         from .decompose import decompose
@@ -253,9 +261,15 @@ class _Lowering:
             self.last_cause = why
         if why is None:
             self.last_fallback = None
+            if faster is not None and len(graph.nodes) > mark[0]:
+                graph.nodes[mark[0]].fused.append(f"first piece of {target_name(target or node.target)} "
+                                                  f"{name}, decomposed: {faster}")
             return result
         _truncate(graph, *mark)
         _restore(graph, ir_node)
+        if faster is not None:  # it runs whole on the device after all
+            self.last_fallback = None
+            return self._result(node, ir_node)
         ir_node.fallback = f"{ir_node.fallback}; its decomposition needs the CPU for {self.last_cause}"
         self.last_fallback = ir_node.fallback
         return self._result(node, ir_node)

@@ -10,7 +10,8 @@ Norms: `instance_norm` as a group norm, or elementwise with running statistics.
 Ops torch keeps whole: `any` (and so `all`, which torch decomposes through it) as a max of truth
 values; `bitwise_not`; `clamp` with tensor bounds; `index` with one index tensor, as index_select;
 `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
-least of them, in int32, widened by a cast the device holds narrowed.
+least of them, in int32, widened by a cast the device holds narrowed. `_safe_softmax` (in torch's
+attention decomposition) as a softmax and a where on the row max.
 """
 
 from __future__ import annotations
@@ -179,7 +180,22 @@ def min_dim(self, dim, keepdim=False):
     return _arg_extreme(self, dim, keepdim, largest=False)
 
 
+def safe_softmax(self, dim, dtype=None):
+    """torch's _safe_softmax (the softmax of its attention decomposition): softmax, except that
+    a row whose entries are all -inf (fully masked) is 0, not NaN. torch decomposes it through
+    zeros_like (full_like, which no kernel computes); here the row test is its max being -inf (a
+    row holding a NaN has a NaN max, so it stays NaN, as in torch) and the 0 a where's number."""
+    import torch
+
+    aten = torch.ops.aten
+    x = self if dtype is None else aten._to_copy.default(self, dtype=dtype)
+    out = aten._softmax.default(x, dim, False)
+    masked = aten.eq.Scalar(aten.amax.default(x, [dim], True), float("-inf"))
+    return aten.where.ScalarSelf(masked, 0.0, out)
+
+
 OWN_DECOMPOSITIONS = {
+    "aten._safe_softmax.default": safe_softmax,
     "aten.argmax.default": argmax,
     "aten.argmin.default": argmin,
     "aten.max.dim": max_dim,

@@ -123,6 +123,29 @@ def gemm_tiles(facts: SubgroupFacts | None, gemm: str | None = None) -> tuple[st
     return "register", f"a {kind} device" if kind else "no device facts"
 
 
+ATTENTION_ENV = "TEXELFLOW_ATTENTION"
+ATTENTION_FORMS = ("auto", "fused", "gemm")
+SDPA_TARGET = "aten.scaled_dot_product_attention.default"
+
+
+def attention_form(facts: SubgroupFacts | None, gemm: str | None = None) -> tuple[str, str]:
+    """("fused" or "gemm", why) for scaled_dot_product_attention on a device with `facts`:
+    TEXELFLOW_ATTENTION=fused or =gemm forces one (an unknown value is an error); else "gemm"
+    where GEMMs take workgroup tiles (gemm_tiles: a GPU), "fused" elsewhere. "fused" is the
+    one-dispatch flash kernel (shaders/sdpa.glsl.j2), shaped for a CPU device: a few wide
+    invocations, which leave a GPU idle (on an H100 it took 0.83 ms per ViT-S/16 block). "gemm" is
+    torch's own decomposition (scale, bmm, softmax, bmm), whose bmm take workgroup tiles there."""
+    import os
+
+    forced = os.environ.get(ATTENTION_ENV, "").strip().lower() or "auto"
+    if forced not in ATTENTION_FORMS:
+        raise ValueError(f"{ATTENTION_ENV}={os.environ[ATTENTION_ENV]!r}: expected one of {', '.join(ATTENTION_FORMS)}")
+    if forced != "auto":
+        return forced, f"{ATTENTION_ENV}={forced}"
+    tiles, why = gemm_tiles(facts, gemm)
+    return ("gemm", f"GEMMs take workgroup tiles ({why})") if tiles == "workgroup" else ("fused", why)
+
+
 def packed_gemm_op(rows: int, facts: SubgroupFacts | None, gemm: str | None = None, costs=None,
                    args: list | None = None, outputs: list | None = None,
                    limits: Sequence[int] = TEXTURE_LIMITS) -> tuple[str, str]:

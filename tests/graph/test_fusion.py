@@ -15,6 +15,9 @@ import texelflow
 from texelflow.runtime.graph.ir import Role
 from texelflow.runtime.graph.fusion import PREPACKS, fusion_op_name
 
+# the device tests below name the specialised conv kernels: keep them on a GPU too
+pytestmark = pytest.mark.usefixtures("register_tiles")
+
 ACTIVATIONS = {
     "relu": nn.ReLU(),
     "relu6": nn.ReLU6(),

@@ -1,6 +1,7 @@
 """scaled_dot_product_attention beyond the generic sample test: chosen mask values (fully masked
-rows), causal masks with L != S, NaN and Inf inputs, fallbacks with their reasons, and a timm-style
-attention block compiled whole, with its attention as one node.
+rows), causal masks with L != S, NaN and Inf inputs, fallbacks with their reasons, what the kernel
+refuses run as torch's decomposition, a timm-style attention block compiled whole, with its
+attention as one node, and the form a GPU takes (attention as GEMMs).
 
 Kernel cases run through nodecheck (the runtime's own lowering, one Program per variant and
 representations) on every variant of the op, against torch's CPU result for the same inputs.
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 import texelflow
 from texelflow.generated.ops import OPS
 from texelflow.generated.variants import VARIANTS
+from texelflow.runtime.graph.prepack_matmul import ATTENTION_ENV, GEMM_ENV, SubgroupFacts, attention_form
 
 from .nodecheck import check_variant, explicit_case, repr_combos
 
@@ -127,6 +129,16 @@ def test_nan_and_inf_propagate_like_torch(device):
     assert_all_variants_match(device, inputs, "NaN / Inf inputs")
 
 
+@pytest.mark.parametrize("S", [3, 5])
+def test_inf_in_the_last_value_row_of_an_odd_key_count(device, S):
+    """The tiled path takes keys 2 at a time: with S odd its last block repeats the last key, whose
+    weight is 0 there; an Inf in that value row must not make 0 * Inf = NaN of every row (it did)."""
+    inputs = qkv(np.random.default_rng(S), 1, 2, 6, S, 8)
+    inputs["value"][0, 0, S - 1, 2] = INF
+    inputs["value"][0, 1, S - 1, 5] = -INF
+    assert_all_variants_match(device, inputs, f"Inf in value row {S - 1} of {S}")
+
+
 class Sdpa(torch.nn.Module):
     def __init__(self, **kwargs):
         super().__init__()
@@ -136,19 +148,34 @@ class Sdpa(torch.nn.Module):
         return F.scaled_dot_product_attention(q, k, v, *mask, **self.kwargs)
 
 
-@pytest.mark.parametrize("kwargs,shapes,mask_dtype,reason", [
-    ({"dropout_p": 0.25}, ((1, 2, 3, 4), (1, 2, 3, 4)), None, "dropout_p=0.25 is not implemented"),
-    ({"enable_gqa": True}, ((1, 4, 3, 4), (1, 2, 3, 4)), None, "enable_gqa=True is not implemented"),
-    ({}, ((1, 2, 3, 4), (1, 2, 3, 4)), torch.bool, "dtype bool of"),
+def test_dropout_falls_back_with_a_reason():
+    q = torch.randn(1, 2, 3, 4)
+    plan = texelflow.plan(Sdpa(dropout_p=0.25), (q, q, q))
+    reasons = [why for name, why in plan.fallbacks if "scaled_dot_product_attention" in name]
+    assert len(reasons) == 1 and "dropout_p=0.25 is not implemented" in reasons[0] and "\n" not in reasons[0], \
+        plan.fallbacks
+
+
+@pytest.mark.parametrize("kwargs,shapes,bool_mask", [
+    ({"enable_gqa": True}, ((1, 4, 3, 4), (1, 2, 3, 4)), False),
+    ({}, ((1, 2, 3, 4), (1, 2, 3, 4)), True),
 ])
-def test_unsupported_arguments_fall_back_with_a_reason(kwargs, shapes, mask_dtype, reason):
+def test_what_the_kernel_refuses_runs_as_its_decomposition(device, kwargs, shapes, bool_mask):
+    """enable_gqa and a bool mask, which the fused kernel does not take (contract checks), run on
+    the device as torch's decomposition (bmm, softmax, where ...), fully masked rows 0 as in torch."""
+    torch.manual_seed(3)
     q, k = torch.randn(shapes[0]), torch.randn(shapes[1])
     inputs = (q, k, torch.randn(shapes[1]))
-    if mask_dtype is not None:
-        inputs += (torch.rand(3, 3) > 0.5,)
-    plan = texelflow.plan(Sdpa(**kwargs), inputs)
-    reasons = [why for name, why in plan.fallbacks if "scaled_dot_product_attention" in name]
-    assert len(reasons) == 1 and reason in reasons[0] and "\n" not in reasons[0], plan.fallbacks
+    if bool_mask:
+        mask = torch.rand(3, 3) > 0.5
+        mask[1, :] = False  # a fully masked row
+        inputs += (mask,)
+    model = Sdpa(**kwargs)
+    with texelflow.compile(model, inputs, device=device) as prog:
+        assert prog.plan.fallbacks == [] and "scaled_dot_product_attention" not in prog.plan.dispatches
+        assert prog.plan.dispatches["bmm"] + prog.plan.dispatches["mm_wg"] == 2, prog.plan.dispatches
+        got = prog(*inputs)
+    torch.testing.assert_close(got, model(*inputs), rtol=1e-4, atol=1e-5)
 
 
 class TimmAttention(torch.nn.Module):
@@ -168,7 +195,7 @@ class TimmAttention(torch.nn.Module):
         return self.proj(x.transpose(1, 2).reshape(b, n, c))
 
 
-def test_timm_attention_block_is_one_sdpa_node(device):
+def test_timm_attention_block_is_one_sdpa_node(device, register_tiles):
     torch.manual_seed(0)
     model = TimmAttention(dim=20, heads=2).eval()
     x = torch.randn(2, 7, 20)
@@ -179,7 +206,7 @@ def test_timm_attention_block_is_one_sdpa_node(device):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_fp16_precision_keeps_attention_in_float16(device):
+def test_fp16_precision_keeps_attention_in_float16(device, register_tiles):
     """precision="fp16": sdpa has float16 variants, so the precision pass never keeps it float32
     for want of one (it may still keep a region float32 where casts cost more, pruned_ops); the
     block's answer is torch's within float16 rounding of the inputs and the stored values."""
@@ -192,3 +219,68 @@ def test_fp16_precision_keeps_attention_in_float16(device):
         assert "scaled_dot_product_attention" in report.half_nodes + list(report.pruned_ops), report.summary()
         got, want = prog(x), model(x)
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+# ---- attention as GEMMs: what a GPU takes (prepack_matmul.attention_form) -------------------------------
+def test_gpus_take_attention_as_gemms(monkeypatch):
+    """Where GEMMs take workgroup tiles attention is torch's decomposition (its bmm on mm_wg);
+    elsewhere the fused kernel; TEXELFLOW_ATTENTION forces either, and a bad value is an error."""
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    monkeypatch.delenv(ATTENTION_ENV, raising=False)
+    gpu, cpu = SubgroupFacts(32, True, "discrete"), SubgroupFacts(8, True, "cpu")
+    assert attention_form(gpu) == ("gemm", "GEMMs take workgroup tiles (a discrete GPU)")
+    assert attention_form(cpu)[0] == "fused" and attention_form(None)[0] == "fused"
+    monkeypatch.setenv(ATTENTION_ENV, "fused")
+    assert attention_form(gpu) == ("fused", "TEXELFLOW_ATTENTION=fused")
+    monkeypatch.setenv(ATTENTION_ENV, "gemm")
+    q = torch.randn(1, 2, 5, 8)
+    plan = texelflow.plan(Sdpa(), (q, q, q))
+    assert "scaled_dot_product_attention" not in plan.dispatches and plan.dispatches["bmm"] == 2, plan.dispatches
+    notes = [note for n in plan.graph.device_nodes() for note in n.fused if "decomposed" in note]
+    assert notes == ["first piece of aten.scaled_dot_product_attention.default scaled_dot_product_attention, "
+                     "decomposed: attention as bmm + softmax + bmm: TEXELFLOW_ATTENTION=gemm"], notes
+    monkeypatch.setenv(ATTENTION_ENV, "flash")
+    with pytest.raises(ValueError, match="TEXELFLOW_ATTENTION='flash': expected one of auto, fused, gemm"):
+        texelflow.plan(Sdpa(), (q, q, q))
+
+
+@pytest.mark.parametrize("kwargs,shapes,mask", [
+    ({}, ((1, 6, 17, 64), (1, 6, 17, 64), (1, 6, 17, 64)), None),  # a ViT head, short
+    ({"scale": 0.3}, ((2, 5, 7), (2, 3, 7), (2, 3, 9)), None),  # rank 3, Ev != E
+    ({}, ((1, 1, 3, 260), (1, 1, 5, 260), (1, 1, 5, 261)), None),  # head dim past 64
+    ({}, ((2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 4)), (2, 3, 5, 6)),  # a mask with fully masked rows
+    ({}, ((2, 2, 5, 3), (2, 2, 7, 3), (2, 2, 7, 5)), (2, 1, 1, 7)),  # a broadcast mask
+    ({"is_causal": True}, ((2, 1, 6, 8), (2, 1, 3, 8), (2, 1, 3, 8)), None),  # causal, L != S
+    ({}, ((1, 2, 3, 4), (2, 2, 5, 4), (2, 2, 5, 4)), None),  # query broadcast over the batch
+])
+def test_attention_as_gemms_against_torch(device, monkeypatch, kwargs, shapes, mask):
+    """The GPU's form, run here on this device: every case torch's answer, NaN and Inf included
+    (a NaN query element, an Inf value element); a case whose pieces cannot all run on the device
+    keeps the fused kernel, and the plan says which."""
+    monkeypatch.setenv(ATTENTION_ENV, "gemm")
+    torch.manual_seed(len(shapes[0]) * 10 + shapes[0][-1])
+    q, k, v = (torch.randn(s) for s in shapes)
+    k.view(-1)[1] = NAN  # key row 0: NaN in every row that sees it (a NaN query row of a short
+    v.view(-1)[-2] = INF  # sequence is 0 in torch's CPU kernel, NaN in its math: not tested here)
+    inputs = (q, k, v)
+    if mask is not None:
+        m = torch.randn(mask)
+        if mask[-2] > 1:
+            m[..., 1, :] = -INF  # a fully masked row: 0
+        m[..., 2] = -INF
+        inputs += (m,)
+    model = Sdpa(**kwargs)
+    with texelflow.compile(model, inputs, device=device) as prog:
+        assert prog.plan.fallbacks == []
+        fused = prog.plan.dispatches["scaled_dot_product_attention"]
+        # torch's causal decomposition builds its mask with ones() and tril(): no kernel makes
+        # ones, so a causal node keeps the fused kernel (and says nothing: it is not a fallback)
+        assert fused == (1 if kwargs.get("is_causal") else 0), prog.plan.dispatches
+        got = prog(*inputs)
+    # against torch's math kernel: its CPU flash kernel drops a NaN key row from short causal rows
+    mask = inputs[3] if len(inputs) > 3 else None
+    want = torch.ops.aten._scaled_dot_product_attention_math(q, k, v, mask, is_causal=kwargs.get("is_causal", False),
+                                                             scale=kwargs.get("scale"))[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+    if not kwargs.get("is_causal"):
+        torch.testing.assert_close(got, model(*inputs), rtol=1e-4, atol=1e-5, equal_nan=True)

@@ -23,6 +23,9 @@ from texelflow.runtime.graph.fusion import conv_kernel_class, fuse_patterns
 from texelflow.runtime.graph.prepack_conv import (conv_im2col_reference, conv_im2col_weight_kn, winograd_f2_planes,
                                                   winograd_f2_weight)
 
+# these tests name the register-tiled GEMMs and specialised convs: keep them on a GPU too (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("register_tiles")
+
 REL = 1e-5
 
 

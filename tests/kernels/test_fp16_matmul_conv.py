@@ -27,6 +27,9 @@ from texelflow.runtime.graph.precision import apply_precision
 from texelflow.runtime.graph.prepack_matmul import SubgroupFacts, shuffle_unfit, subgroup_facts
 from texelflow.runtime.program import CompiledProgram
 
+# these tests name the register-tiled GEMMs and specialised convs: keep them on a GPU too (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("register_tiles")
+
 RTOL = 2e-3
 K_TERM = 2.0 ** -10
 ATOL = 1e-4

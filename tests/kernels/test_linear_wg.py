@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import texelflow
-from texelflow.runtime.graph.fusion import fuse_patterns
+from texelflow.runtime.graph.fusion import CONV_ENV, fuse_patterns
 from texelflow.runtime.graph.importer import export_program
 from texelflow.runtime.graph.lowering import lower
 from texelflow.runtime.graph.prepack_matmul import GEMM_ENV, SubgroupFacts, gemm_tiles, subgroup_facts
@@ -73,6 +73,35 @@ def test_gpu_activation_fusion_and_im2col(monkeypatch):
     names = [n.op.name for n in _ops(stem, [torch.randn(1, 3, 16, 16)], GPU)]
     assert names == ["conv_im2col", "linear_wg", "permute_copy"]
     assert [n.op.name for n in _ops(stem, [torch.randn(1, 3, 16, 16)], CPU)][1] == "linear_packed"
+
+
+@pytest.mark.parametrize("conv,want_cpu", [
+    (nn.Conv2d(5, 7, 3, padding=1), "conv2d_wino"),  # Winograd class, 7 channels
+    (nn.Conv2d(6, 13, 1), "conv2d_pw"),  # pointwise class
+    (nn.Conv2d(4, 6, 5, padding=2), "conv2d_gemm"),  # dense class, under IM2COL_MIN_COUT channels
+])
+def test_gpu_convs_take_the_im2col_gemm(conv, want_cpu, monkeypatch):
+    """Where GEMMs take workgroup tiles every groups=1 conv takes conv_im2col + linear_wg, its note
+    saying why; TEXELFLOW_CONV=specialised keeps the specialised kernels, =im2col forces the form on
+    a CPU device too; depthwise convs keep theirs."""
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    monkeypatch.delenv(CONV_ENV, raising=False)
+    x = [torch.randn(1, conv.in_channels, 9, 9)]
+    nodes = _ops(conv, x, GPU)
+    assert [n.op.name for n in nodes] == ["conv_im2col", "linear_wg", "permute_copy"]
+    if want_cpu != "conv2d_gemm":
+        assert any("im2col form: GEMMs take workgroup tiles" in note for note in nodes[1].fused), nodes[1].fused
+    assert [n.op.name for n in _ops(conv, x, CPU)] == [want_cpu]
+    monkeypatch.setenv(CONV_ENV, "specialised")
+    assert [n.op.name for n in _ops(conv, x, GPU)] == [want_cpu]
+    monkeypatch.setenv(CONV_ENV, "im2col")
+    nodes = _ops(conv, x, CPU)
+    assert [n.op.name for n in nodes] == ["conv_im2col", "linear_packed", "permute_copy"]
+    depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+    assert [n.op.name for n in _ops(depthwise, [torch.randn(1, 8, 9, 9)], GPU)] == ["conv2d_dw3_s1"]
+    monkeypatch.setenv(CONV_ENV, "winograd")
+    with pytest.raises(ValueError, match=r"TEXELFLOW_CONV='winograd': expected one of auto, im2col, specialised"):
+        _ops(conv, x, GPU)
 
 
 def test_lavapipe_keeps_register_tiles(device, monkeypatch):
@@ -175,6 +204,22 @@ def test_im2col_conv_and_a_vit_linear(workgroup_tiles):
     got, _ = run(qkv, (x,), "texture3d")
     with torch.no_grad():
         assert_close(got, qkv(x), rtol=1e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("cin,cout,k,size", [(3, 5, 3, 7), (7, 1, 3, 5), (5, 13, 1, 3), (13, 3, 1, 1)])
+def test_gpu_form_convs_against_torch(cin, cout, k, size, workgroup_tiles):
+    """Winograd- and pointwise-class convs with awkward channels and sizes in the im2col form a GPU
+    gives them, NaN and Inf included."""
+    torch.manual_seed(cin * 100 + cout * 10 + k)
+    conv = nn.Sequential(nn.Conv2d(cin, cout, k, padding=k // 2), nn.ReLU()).eval()
+    x = torch.randn(1, cin, size, size)
+    x[0, 0, 0, 0] = float("nan")
+    x[0, -1, -1, -1] = float("inf")
+    got, plan = run(conv, (x,), "texture3d")
+    gemm = "linear_packed_gemv" if size == 1 else "linear_wg"  # one output pixel: one row
+    assert plan.dispatches[gemm] == 1 and plan.dispatches["conv_im2col"] == 1, plan.dispatches
+    with torch.no_grad():
+        assert_close(got, conv(x))
 
 
 # ---- mm_wg: mm and bmm on a GPU -------------------------------------------------------------------------

@@ -21,6 +21,9 @@ from texelflow.runtime.vulkan.program import Dispatch, Program
 from texelflow.runtime.vulkan.tensor import VkTensor
 from texelflow.shaders.node_rules import SPEC_RULES
 
+# these tests name the register-tiled GEMMs and specialised convs: keep them on a GPU too (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("register_tiles")
+
 BUFFERS_ONLY = (0, 0, 0)  # texture limits no tensor fits: every representation is a buffer
 SIZES = (1, 3, 5, 7, 13)
 

@@ -603,9 +603,10 @@ def test_adaptive_max_pool_that_cannot_run_on_vulkan_says_why_and_still_matches(
     assert check.max_abs <= TOLERANCE * check.max_ref, check
 
 
-def test_conv1d_runs_its_own_kernel_where_conv2d_cannot(device):
+def test_conv1d_runs_its_own_kernel_where_conv2d_cannot(device, register_tiles):
     """conv1d runs as conv2d over [N, C, L, 1] (fusion); with no texture large enough for conv2d
-    it stays a conv1d node, in buffers, still on the device."""
+    it stays a conv1d node, in buffers, still on the device. (register_tiles: on a GPU the first
+    would take the im2col form.)"""
     torch.manual_seed(0)
     model = randomized(nn.Sequential(nn.Conv1d(3, 6, 5, stride=2, padding=2), nn.BatchNorm1d(6), nn.ReLU(),
                                      nn.Conv1d(6, 4, 3, dilation=2, groups=2)))
