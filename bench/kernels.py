@@ -558,9 +558,12 @@ def main(argv=None) -> None:
         if args.only:
             cases = [c for c in cases if args.only in c.name]
         rows = []
-        for c in cases:
-            if c.wanted is None or c.wanted(rows):
-                rows.append(measure(device, c, reps, budget, configs))
+        try:
+            for c in cases:
+                if c.wanted is None or c.wanted(rows):
+                    rows.append(measure(device, c, reps, budget, configs))
+        except KeyboardInterrupt:  # Ctrl-C (or a time limit's SIGINT): the rows measured so far still print
+            print(f"\n(interrupted after {len(rows)} of {len(cases)} kernels)")
         memory = [r for r in rows if not r.case.flops]
         compute = [r for r in rows if r.case.flops]
         if memory:
