@@ -135,7 +135,7 @@ VEC4 cols_attn_mask(ivec2 row, ivec4 w) {
 }
 T elem_attn_mask(ivec2 row, int w) { return t_attn_mask[row.x + w]; }
 
-#line 51 "shaders/sdpa.glsl.j2"
+#line 53 "shaders/sdpa.glsl.j2"
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define NAN uintBitsToFloat(0x7fc00000u)
 #define ROWS 4  // = the grid's tile height
@@ -179,7 +179,7 @@ struct Row {
 // over the keys. 16 vec4 accumulators with constant indices, so that they can live in
 // registers rather than in an indexed private array; value columns past Ev are clamped into the
 // row on load.
-#line 96
+#line 98
 void attend16(Row w, int c0) {
   int E = pc.query_sizes.x;
   int S = pc.key_sizes.y;
@@ -213,9 +213,9 @@ void attend16(Row w, int c0) {
     }
     ivec2 vrow = row_value(w.v_first + s);
     for (int i = 0; i < 16; ++i) {
-#line 132
-      acc[i] += p * cols_value(vrow, min(ivec4(c0 + 4 * i) + ivec4(0, 1, 2, 3), ivec4(Ev - 1)));
 #line 134
+      acc[i] += p * cols_value(vrow, min(ivec4(c0 + 4 * i) + ivec4(0, 1, 2, 3), ivec4(Ev - 1)));
+#line 136
     }
   }
   // NaN scores poison the row; a fully masked row (m still -inf) is 0, as in torch
@@ -226,13 +226,13 @@ void attend16(Row w, int c0) {
 }
 
 // Elements w .. w + 3 of row r of out (w + 3 < W, W % 4 == 0).
-#line 147
+#line 149
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
 void store_vec4_out(int r, int w, VEC4 v) { t4_out[(r * pc.out_sizes.x + w) >> 2] = vec4(v); }  // float16: rounded once, here
 
 // Where a tile reads: its first row and how many keys it visits, the key and value rows of its
 // batch, each row's mask row.
-#line 155
+#line 157
 struct Tile {
   int l0;        // first query row
   int c0;        // first output column (a multiple of 64)
