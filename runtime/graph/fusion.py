@@ -449,7 +449,7 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
     form = conv_forms()
     # Where GEMMs take workgroup tiles (a GPU), every conv the im2col GEMM holds takes it: the
     # Winograd and pointwise kernels are register-tiled for a CPU device, and on an H100 ResNet-18
-    # ran in 6.5 ms GPU time this way against 12.1 ms with them (bench/RESULTS.md)
+    # ran in 5.2 ms GPU time this way against 12.0 ms with them (bench/RESULTS.md)
     every_im2col = form == "im2col" or (form == "auto" and gemm_tiles(subgroup, gemm)[0] == "workgroup")
     made = []
     for node in list(graph.nodes):
