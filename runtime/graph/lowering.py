@@ -296,9 +296,14 @@ class _Lowering:
             elif n.op == "call_function":
                 _check_static(n, n.meta.get("val"), self.torch)
                 piece = self._piece_name(name, n.name)
-                env[n.name] = self.lower_call(n, piece, [env[a.name] for a in n.all_input_nodes], depth)
+                piece_ins = [env[a.name] for a in n.all_input_nodes]
+                mark = (len(self.graph.nodes), len(self.graph.constants))
+                env[n.name] = self.lower_call(n, piece, piece_ins, depth)
                 if self.last_fallback is not None:
-                    return None, self.last_fallback
+                    folded = self._fold_piece(n, piece, piece_ins, mark)
+                    if folded is None:
+                        return None, self.last_fallback
+                    env[n.name], self.last_fallback = folded, None
             elif n.op == "output":
                 conv = self.torch.fx.node.map_arg(n.args[0], lambda a: env[a.name])
                 outs = list(conv) if isinstance(conv, (tuple, list)) else [conv]
@@ -308,6 +313,19 @@ class _Lowering:
                 return (outs if isinstance(conv, (tuple, list)) else conv), None
         self.last_cause = "a decomposition without an output"
         return None, self.last_cause
+
+    def _fold_piece(self, n, piece: str, ins: list, mark: tuple):
+        """A piece bound for the CPU that computes a constant (numbers and constants in: the
+        causal mask torch's attention decomposition builds with ones() and tril()), folded into
+        one at lowering (constant_folding.py); None when it does not."""
+        folder = self.folder
+        if folder is None or not folder.candidate(n, ins):
+            return None
+        results = folder.compute(n, ins)
+        if results is None:
+            return None
+        _truncate(self.graph, *mark)
+        return folder.add(self.graph, n, piece, results)
 
     def _constant_piece(self, n):
         """The number a CONSTANT_PIECES node fills its one-element tensor with, else None."""

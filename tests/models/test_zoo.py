@@ -17,6 +17,7 @@ import texelflow
 from texelflow.demo import compare
 from texelflow.models import ZOO, vit_s16, vit_tiny
 from texelflow.runtime.graph.importer import export_program
+from texelflow.runtime.graph.prepack_matmul import attention_form, subgroup_facts
 
 SMALL_SIZES = {"vit_tiny": 32, "resnet18": 64, "mobilenet_v3_small": 96, "convnext_atto": 64, "unet_decoder": 64}
 
@@ -44,6 +45,19 @@ def attention_nodes(plan):
     return [n for n in plan.graph.nodes if "scaled_dot_product" in n.target]
 
 
+def check_attention(plan, blocks: int, device) -> None:
+    """One fused attention node per block on the device, or, where the device takes attention
+    as GEMMs (a GPU: prepack_matmul.attention_form), none and two bmm per block instead."""
+    if attention_form(subgroup_facts(device.limits))[0] == "fused":
+        nodes = attention_nodes(plan)
+        assert len(nodes) == blocks and all(n.on_device for n in nodes)
+        assert not any(n.target.startswith(("aten._softmax", "aten.bmm")) for n in plan.graph.nodes)
+    else:
+        assert not attention_nodes(plan)
+        bmm = [n for n in plan.graph.nodes if n.op is not None and n.op.name in ("bmm", "mm_wg")]
+        assert len(bmm) == 2 * blocks and all(n.on_device for n in bmm)
+
+
 @pytest.mark.parametrize("name", sorted(SMALL_SIZES))
 def test_zoo_model_runs_on_the_device_and_matches_eager(name, device):
     compiled_and_checked(ZOO[name], SMALL_SIZES[name], device)
@@ -56,8 +70,7 @@ def test_zoo_model_with_batch_2(name, size, device):
 
 def test_vit_tiny_keeps_one_attention_node_per_block(device):
     prog = compiled_and_checked(vit_tiny, 32, device)
-    nodes = attention_nodes(prog.plan)
-    assert len(nodes) == 2 and all(n.on_device for n in nodes)
+    check_attention(prog.plan, 2, device)
     assert prog.num_submits_per_call == 1
 
 
@@ -66,9 +79,7 @@ def test_vit_s16_at_224_is_one_device_segment(device):
     prog = compiled_and_checked(vit_s16, 224, device)
     device_segments = [s for s in prog.segments if s.nodes]
     assert len(device_segments) == 1 and prog.num_submits_per_call == 1
-    nodes = attention_nodes(prog.plan)
-    assert len(nodes) == 12 and all(n.on_device for n in nodes)
-    assert not any(n.target.startswith(("aten._softmax", "aten.bmm")) for n in prog.plan.graph.nodes)
+    check_attention(prog.plan, 12, device)
 
 
 @pytest.mark.slow
