@@ -13,6 +13,9 @@ import texelflow
 from texelflow.models import tiny_mixer, tiny_resnet
 from texelflow.runtime.graph.fusion import fusion_op_name
 
+# the expected plans (op counts, transitions) assume the CPU forms: keep them on a GPU too
+pytestmark = pytest.mark.usefixtures("register_tiles")
+
 
 def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(["texelflow", *args], capture_output=True, text=True, cwd=cwd)

@@ -10,6 +10,9 @@ import torch.nn.functional as F
 
 import texelflow
 
+# the cases' plans are written for the CPU forms of convs and GEMMs: keep them on a GPU too
+pytestmark = pytest.mark.usefixtures("register_tiles")
+
 torch.manual_seed(0)
 X = (1, 4, 16, 16)
 

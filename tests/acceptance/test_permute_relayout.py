@@ -5,12 +5,16 @@ linear a width-packed tensor with no to_layout in between, and NHWC -> NCHW hand
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
 import texelflow
 from texelflow.demo import compare
 from texelflow.models import ZOO
+
+# the expected transitions assume the CPU forms of convs and GEMMs: keep them on a GPU too
+pytestmark = pytest.mark.usefixtures("register_tiles")
 
 CP = "TEXTURE_3D/CHANNELS_PACKED"
 WP = "TEXTURE_3D/WIDTH_PACKED"
