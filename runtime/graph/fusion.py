@@ -495,12 +495,9 @@ def conv_forms() -> str:
     with IM2COL_MIN_COUT channels or more does; Winograd and pointwise convs keep their kernels) or
     "auto" (the default: "im2col" where GEMMs take workgroup tiles, on a GPU; else "specialised").
     `bench/gemm_tiles.py` times the forms against each other on the device at hand."""
-    import os
+    from .prepack_matmul import env_choice
 
-    form = os.environ.get(CONV_ENV, "").strip().lower() or "auto"
-    if form not in CONV_FORMS:
-        raise ValueError(f"{CONV_ENV}={os.environ[CONV_ENV]!r}: expected one of {', '.join(CONV_FORMS)}")
-    return form
+    return env_choice(CONV_ENV, CONV_FORMS)
 
 
 def _im2col_fits(conv: Node, subgroup, gemm: str | None = None, any_cout: bool = False) -> bool:

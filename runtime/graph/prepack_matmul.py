@@ -95,19 +95,27 @@ def subgroup_facts(limits) -> SubgroupFacts | None:
                          getattr(limits, "device_type", None))
 
 
+def env_choice(var: str, choices: Sequence[str]) -> str:
+    """Environment variable `var` as one of `choices` (lower-cased; "auto" when unset or empty),
+    for the knobs that force a kernel form (TEXELFLOW_GEMM, _CONV, _ATTENTION); another value is
+    an error naming the variable and the choices."""
+    import os
+
+    value = os.environ.get(var, "").strip().lower() or "auto"
+    if value not in choices:
+        raise ValueError(f"{var}={os.environ[var]!r}: expected one of {', '.join(choices)}")
+    return value
+
+
 def forced_tiles(gemm: str | None = None) -> tuple[str, str] | None:
     """(tiling, why) when `gemm` ("workgroup" or "register"), else TEXELFLOW_GEMM, forces one;
     None for auto (unset, empty or "auto"). An unknown value is an error."""
-    import os
-
     if gemm is not None:
         if gemm not in GEMM_TILES:
             raise ValueError(f"gemm={gemm!r}: expected one of {', '.join(GEMM_TILES)}")
         return (gemm, f"gemm={gemm}") if gemm != "auto" else None
-    forced = os.environ.get(GEMM_ENV, "").strip().lower()
-    if forced not in GEMM_TILES + ("",):
-        raise ValueError(f"{GEMM_ENV}={os.environ[GEMM_ENV]!r}: expected one of {', '.join(GEMM_TILES)}")
-    return (forced, f"{GEMM_ENV}={forced}") if forced in ("workgroup", "register") else None
+    forced = env_choice(GEMM_ENV, GEMM_TILES)
+    return (forced, f"{GEMM_ENV}={forced}") if forced != "auto" else None
 
 
 def gemm_tiles(facts: SubgroupFacts | None, gemm: str | None = None) -> tuple[str, str]:
@@ -135,11 +143,7 @@ def attention_form(facts: SubgroupFacts | None, gemm: str | None = None) -> tupl
     one-dispatch flash kernel (shaders/sdpa.glsl.j2), shaped for a CPU device: a few wide
     invocations, which leave a GPU idle (on an H100 it took 0.83 ms per ViT-S/16 block). "gemm" is
     torch's own decomposition (scale, bmm, softmax, bmm), whose bmm take workgroup tiles there."""
-    import os
-
-    forced = os.environ.get(ATTENTION_ENV, "").strip().lower() or "auto"
-    if forced not in ATTENTION_FORMS:
-        raise ValueError(f"{ATTENTION_ENV}={os.environ[ATTENTION_ENV]!r}: expected one of {', '.join(ATTENTION_FORMS)}")
+    forced = env_choice(ATTENTION_ENV, ATTENTION_FORMS)
     if forced != "auto":
         return forced, f"{ATTENTION_ENV}={forced}"
     tiles, why = gemm_tiles(facts, gemm)
