@@ -41,7 +41,8 @@ GEMM_VARIANT_PREFIXES = ("linear_packed", "linear_wg", "mm_tiled", "mm_wg")
 
 
 def _compile(model, inputs, device, env: dict[str, str]):
-    """`model` compiled under the environment `env` (the tiling and conv form), GPU timestamps on."""
+    """`model` compiled under the environment `env` (its GEMM tiling, conv and attention forms), GPU
+    timestamps on."""
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -76,7 +77,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="resnet18,mobilenet_v3_small,vit_s16,convnext_atto")
     ap.add_argument("--size", type=int, default=None, help="input image size (default: each model's own)")
-    ap.add_argument("--reps", type=int, default=10, help="timed rounds; each calls both programs")
+    ap.add_argument("--reps", type=int, default=10, help="timed rounds; each calls every program once")
     args = ap.parse_args(argv)
     with Device() as device:
         lim = device.limits
