@@ -17,7 +17,8 @@ A template opens with a YAML block in a jinja comment:
                                         {per_tile: out, width: 8, height: 4}: one invocation per
                                         8 x 4 tile of each W-H plane of a tensor (tiled products);
                                         `invocations: 64` gives each tile 64 invocations of one
-                                        workgroup (workgroup-tiled products)
+                                        workgroup (workgroup-tiled products); 128 or 256 also make
+                                        that the variant's workgroup size
     read_outputs: [out]                 outputs the shader also reads (bound read-write)
     spec: {direct: {same_as: [in0, in1], of: out}}
                                         plan-time specialization constants (shape classes): name ->
@@ -47,9 +48,13 @@ CONTRACT_KEYS = ("sync", "storage", "weights", "checks", "push", "grid", "read_o
 SPEC_NAME_RE = re.compile(r"\A[a-z][a-z0-9_]*\Z")
 MAX_SPAN = 64
 GRIDS = ("per_output_unit", "per_list_element", "per_row", "cooperative", "per_tile")
-# Invocations a cooperative grid may give one unit: powers of two dividing the default workgroup
-# size (64, the local_size_x specialization constant), so one unit's invocations share a workgroup.
+# Invocations a cooperative or per_tile grid may give one unit: powers of two dividing the default
+# workgroup size (64, the local_size_x specialization constant), so one unit's invocations share a
+# workgroup; or, above it, one whole workgroup of that size (WIDE_INVOCATIONS: the variant's
+# local_size_x default becomes the count, which Vulkan guarantees up to 128 invocations; a device
+# with fewer than 256 refuses such a pipeline, and the planner does not pick it there).
 COOPERATIVE_INVOCATIONS = (2, 4, 8, 16, 32, 64)
+WIDE_INVOCATIONS = (128, 256)
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ def parse_contract(text: str, file: str, out: Collector) -> Contract:
         if g is not None and not _valid_grid(g):
             c.error(data.line_of("grid"), "contract grid must be per_output_unit, {per_list_element: LIST_ARG[, element_units: SPEC]}, "
                     "{per_row: TENSOR}, {cooperative: TENSOR, invocations: N} (N in "
-                    f"{', '.join(map(str, COOPERATIVE_INVOCATIONS))}) or "
+                    f"{', '.join(map(str, COOPERATIVE_INVOCATIONS + WIDE_INVOCATIONS))}) or "
                     "{per_tile: TENSOR, width: W, height: H[, invocations: N]} (W, H positive, N as for cooperative)")
     if "spec" in data:
         _check_spec(c, data)
@@ -157,12 +162,12 @@ def _valid_grid(g) -> bool:
     """One of the mapping forms of `grid`."""
     if set(g) == {"cooperative", "invocations"}:
         n = g["invocations"]
-        return isinstance(g["cooperative"], str) and isinstance(n, int) and n in COOPERATIVE_INVOCATIONS
+        return isinstance(g["cooperative"], str) and isinstance(n, int) and n in COOPERATIVE_INVOCATIONS + WIDE_INVOCATIONS
     if set(g) in ({"per_tile", "width", "height"}, {"per_tile", "width", "height", "invocations"}):
         sizes = (g["width"], g["height"])
         n = g.get("invocations", 1)
         return (isinstance(g["per_tile"], str) and all(isinstance(v, int) and v > 0 for v in sizes)
-                and isinstance(n, int) and n in (1,) + COOPERATIVE_INVOCATIONS)
+                and isinstance(n, int) and n in (1,) + COOPERATIVE_INVOCATIONS + WIDE_INVOCATIONS)
     if "per_list_element" in g and set(g) <= {"per_list_element", "element_units"}:
         return all(isinstance(v, str) for v in g.values())
     return len(g) == 1 and list(g)[0] in GRIDS[1:3] and isinstance(next(iter(g.values())), str)

@@ -61,6 +61,15 @@ def _expand_op(op: OpSpec, layouts: LayoutsModel, all_axes: dict, choices: dict)
     return result
 
 
+def local_size(op: OpSpec) -> tuple[tuple[str, int], ...]:
+    """The default workgroup size (LOCAL_SIZE), or, for a grid that gives each unit or tile more
+    invocations than that (contracts.WIDE_INVOCATIONS), one workgroup of exactly that many."""
+    wide = op.grid[-1] if op.grid and op.grid[0] in ("cooperative", "per_tile") else 0
+    if wide > LOCAL_SIZE[0][1]:
+        return (("local_size_x", wide),) + LOCAL_SIZE[1:]
+    return LOCAL_SIZE
+
+
 def _reachable(layouts: LayoutsModel, repset: str, family: str, storage_axis: str) -> bool:
     """Whether some layout of `family` in `repset` lives in this storage."""
     storage = layouts.storage_by_axis(storage_axis).name
@@ -91,7 +100,7 @@ def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of:
         offset += size
     dtype = dict(axes)["dtype"]
     dtypes = {t: layouts.dtype(op.tensor_dtype(t, dtype)) for t in op.tensors}
-    spec = [SpecConstant(i, n, "int", d) for i, (n, d) in enumerate(LOCAL_SIZE)]
+    spec = [SpecConstant(i, n, "int", d) for i, (n, d) in enumerate(local_size(op))]
     for t in op.tensors:
         spec.append(SpecConstant(len(spec), f"{t}_layout", "int",
                                  _default_layout(layouts, repset_of[t], dtypes[t].family, storages[t])))

@@ -3198,7 +3198,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('rank', (('rank', (('weight', (2,)),)),)),
         ),
-        grid=('per_tile', 'out', 64, 64, 64),
+        grid=('per_tile', 'out', 64, 64, 256),
         template='linear_wg',
         shader_axes=('dtype', 'storage', 'weight_storage'),
         variants=(
@@ -3972,7 +3972,7 @@ OPS: dict[str, OpEntry] = {
         weights=(),
         push=(),
         checks=(),
-        grid=('per_tile', 'out', 64, 64, 64),
+        grid=('per_tile', 'out', 64, 64, 256),
         template='mm_wg',
         shader_axes=('dtype', 'storage'),
         variants=(

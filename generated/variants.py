@@ -11892,7 +11892,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         push_constant_size=96,
         spec_constants=(
-            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(0, 'local_size_x', 'int', 256),
             SpecConstant(1, 'local_size_y', 'int', 1),
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
@@ -11931,7 +11931,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         push_constant_size=96,
         spec_constants=(
-            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(0, 'local_size_x', 'int', 256),
             SpecConstant(1, 'local_size_y', 'int', 1),
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
@@ -11970,7 +11970,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         push_constant_size=96,
         spec_constants=(
-            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(0, 'local_size_x', 'int', 256),
             SpecConstant(1, 'local_size_y', 'int', 1),
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
@@ -12009,7 +12009,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         push_constant_size=96,
         spec_constants=(
-            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(0, 'local_size_x', 'int', 256),
             SpecConstant(1, 'local_size_y', 'int', 1),
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
@@ -12048,7 +12048,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         push_constant_size=96,
         spec_constants=(
-            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(0, 'local_size_x', 'int', 256),
             SpecConstant(1, 'local_size_y', 'int', 1),
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
@@ -12087,7 +12087,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         push_constant_size=96,
         spec_constants=(
-            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(0, 'local_size_x', 'int', 256),
             SpecConstant(1, 'local_size_y', 'int', 1),
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
@@ -12126,7 +12126,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         push_constant_size=96,
         spec_constants=(
-            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(0, 'local_size_x', 'int', 256),
             SpecConstant(1, 'local_size_y', 'int', 1),
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
@@ -12165,7 +12165,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         push_constant_size=96,
         spec_constants=(
-            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(0, 'local_size_x', 'int', 256),
             SpecConstant(1, 'local_size_y', 'int', 1),
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
@@ -15300,7 +15300,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         push_constant_size=64,
         spec_constants=(
-            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(0, 'local_size_x', 'int', 256),
             SpecConstant(1, 'local_size_y', 'int', 1),
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
@@ -15331,7 +15331,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         push_constant_size=64,
         spec_constants=(
-            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(0, 'local_size_x', 'int', 256),
             SpecConstant(1, 'local_size_y', 'int', 1),
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
@@ -15362,7 +15362,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         push_constant_size=64,
         spec_constants=(
-            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(0, 'local_size_x', 'int', 256),
             SpecConstant(1, 'local_size_y', 'int', 1),
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
@@ -15393,7 +15393,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         ),
         push_constant_size=64,
         spec_constants=(
-            SpecConstant(0, 'local_size_x', 'int', 64),
+            SpecConstant(0, 'local_size_x', 'int', 256),
             SpecConstant(1, 'local_size_y', 'int', 1),
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),

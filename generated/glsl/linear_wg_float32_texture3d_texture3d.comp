@@ -151,262 +151,96 @@ VEC4 bias_wg(int n4) {
 }
 
 void store_wg(int batch, int row, int n4, VEC4 v) { store_out(row, n4, pc.out_sizes.x, activated(v)); }
-#line 24 "shaders/_gemm_wg.glsl.j2"
+#line 27 "shaders/_gemm_wg.glsl.j2"
 shared vec4 a_tile[16][16];  // [k][m4]: A rows 4 m4 .. 4 m4 + 3 of the block at k
 shared vec4 b_tile[16][16];  // [k][n4]: B's texel n4 of the block at row k
 
 void gemm_wg(int rows, int K, int N, int batches) {
   int u = tf_unit_id();
-  int lid = u & 63;  // the grid gives each tile 64 invocations: one workgroup of 64 (its default size)
-  int tx = lid & 7;  // this invocation's columns: texels tx and tx + 8 of the block
-  int ty = lid >> 3;  // its rows: 8 ty .. 8 ty + 7 of the block
+  int lid = u & 255;  // the grid gives each tile 256 invocations: one workgroup (its size)
+  int tx = lid & 15;  // this invocation's out texel of the block
+  int ty = lid >> 4;  // its rows: 4 ty .. 4 ty + 3 of the block
   int K4 = (K + 3) >> 2;
   int N4 = (N + 3) >> 2;
   int blocks_n = (N + 63) >> 6;
   int per_batch = blocks_n * ((rows + 63) >> 6);
-  int workgroups = pc.units >> 6;
-  for (int blk = u >> 6; blk < per_batch * batches; blk += workgroups) {
+  int workgroups = pc.units >> 8;
+  // What this invocation stages per step: A texel a_k4 of block row a_m, B's texel tx of step
+  // row b_k (b_k = ty: 16 rows of 16 texels).
+  int a_k4 = lid & 3;
+  int a_m = lid >> 2;
+  for (int blk = u >> 8; blk < per_batch * batches; blk += workgroups) {
     int batch = blk / per_batch;
     int rest = blk - batch * per_batch;
     int n0 = (rest % blocks_n) * 16;  // the block's first texel column
     int m0 = (rest / blocks_n) * 64;  // its first row
-    // What this invocation stages: A texel (lid & 3) of rows lid / 4 + 16 r; B texel (lid & 15)
-    // of rows lid / 16 + 4 r, r = 0 .. 3.
-    int a_k4 = lid & 3;
-#line 46
-    int a_row0 = min(m0 + (lid >> 2) + 0, rows - 1);
-#line 46
-    int a_row1 = min(m0 + (lid >> 2) + 16, rows - 1);
-#line 46
-    int a_row2 = min(m0 + (lid >> 2) + 32, rows - 1);
-#line 46
-    int a_row3 = min(m0 + (lid >> 2) + 48, rows - 1);
-#line 49
-    VEC4 acc00 = VEC4(0);
-    VEC4 acc01 = VEC4(0);
-#line 49
-    VEC4 acc10 = VEC4(0);
-    VEC4 acc11 = VEC4(0);
-#line 49
-    VEC4 acc20 = VEC4(0);
-    VEC4 acc21 = VEC4(0);
-#line 49
-    VEC4 acc30 = VEC4(0);
-    VEC4 acc31 = VEC4(0);
-#line 49
-    VEC4 acc40 = VEC4(0);
-    VEC4 acc41 = VEC4(0);
-#line 49
-    VEC4 acc50 = VEC4(0);
-    VEC4 acc51 = VEC4(0);
-#line 49
-    VEC4 acc60 = VEC4(0);
-    VEC4 acc61 = VEC4(0);
-#line 49
-    VEC4 acc70 = VEC4(0);
-    VEC4 acc71 = VEC4(0);
+    int a_row = min(m0 + a_m, rows - 1);
+#line 51
+    VEC4 acc0 = VEC4(0);
+#line 51
+    VEC4 acc1 = VEC4(0);
+#line 51
+    VEC4 acc2 = VEC4(0);
+#line 51
+    VEC4 acc3 = VEC4(0);
     // Step k0's A and B texels are loaded into registers during step k0 - 4's multiplies (their
     // loads in flight under the FMAs), and stored to shared memory at the start of step k0.
-#line 54
-    VEC4 pa0, pa1, pa2, pa3, pb0, pb1, pb2, pb3;
-#line 64
+#line 55
+    VEC4 pa, pb;
+#line 63
     {
 #line 57
-      pa0 = 0 + a_k4 < K4 ? a_wg(batch, a_row0, min(0 + a_k4, K4 - 1)) : VEC4(0);
+      pa = 0 + a_k4 < K4 ? a_wg(batch, a_row, min(0 + a_k4, K4 - 1)) : VEC4(0);
       {
-        int k = 4 * (0) + (lid >> 4) + 0;
-        pb0 = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + (lid & 15)) : VEC4(0);
+        int k = 4 * (0) + ty;
+        pb = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + tx) : VEC4(0);
       }
-#line 57
-      pa1 = 0 + a_k4 < K4 ? a_wg(batch, a_row1, min(0 + a_k4, K4 - 1)) : VEC4(0);
-      {
-        int k = 4 * (0) + (lid >> 4) + 4;
-        pb1 = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + (lid & 15)) : VEC4(0);
-      }
-#line 57
-      pa2 = 0 + a_k4 < K4 ? a_wg(batch, a_row2, min(0 + a_k4, K4 - 1)) : VEC4(0);
-      {
-        int k = 4 * (0) + (lid >> 4) + 8;
-        pb2 = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + (lid & 15)) : VEC4(0);
-      }
-#line 57
-      pa3 = 0 + a_k4 < K4 ? a_wg(batch, a_row3, min(0 + a_k4, K4 - 1)) : VEC4(0);
-      {
-        int k = 4 * (0) + (lid >> 4) + 12;
-        pb3 = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + (lid & 15)) : VEC4(0);
-      }
-#line 65
+#line 64
     }
     for (int k0 = 0; k0 < K4; k0 += 4) {
-#line 68
-      {
-        int m = (lid >> 2) + 0;
-        a_tile[4 * a_k4][m >> 2][m & 3] = pa0.x;
-        a_tile[4 * a_k4 + 1][m >> 2][m & 3] = pa0.y;
-        a_tile[4 * a_k4 + 2][m >> 2][m & 3] = pa0.z;
-        a_tile[4 * a_k4 + 3][m >> 2][m & 3] = pa0.w;
-        b_tile[(lid >> 4) + 0][lid & 15] = pb0;
-      }
-#line 68
-      {
-        int m = (lid >> 2) + 16;
-        a_tile[4 * a_k4][m >> 2][m & 3] = pa1.x;
-        a_tile[4 * a_k4 + 1][m >> 2][m & 3] = pa1.y;
-        a_tile[4 * a_k4 + 2][m >> 2][m & 3] = pa1.z;
-        a_tile[4 * a_k4 + 3][m >> 2][m & 3] = pa1.w;
-        b_tile[(lid >> 4) + 4][lid & 15] = pb1;
-      }
-#line 68
-      {
-        int m = (lid >> 2) + 32;
-        a_tile[4 * a_k4][m >> 2][m & 3] = pa2.x;
-        a_tile[4 * a_k4 + 1][m >> 2][m & 3] = pa2.y;
-        a_tile[4 * a_k4 + 2][m >> 2][m & 3] = pa2.z;
-        a_tile[4 * a_k4 + 3][m >> 2][m & 3] = pa2.w;
-        b_tile[(lid >> 4) + 8][lid & 15] = pb2;
-      }
-#line 68
-      {
-        int m = (lid >> 2) + 48;
-        a_tile[4 * a_k4][m >> 2][m & 3] = pa3.x;
-        a_tile[4 * a_k4 + 1][m >> 2][m & 3] = pa3.y;
-        a_tile[4 * a_k4 + 2][m >> 2][m & 3] = pa3.z;
-        a_tile[4 * a_k4 + 3][m >> 2][m & 3] = pa3.w;
-        b_tile[(lid >> 4) + 12][lid & 15] = pb3;
-      }
-#line 77
+      a_tile[4 * a_k4][a_m >> 2][a_m & 3] = pa.x;
+      a_tile[4 * a_k4 + 1][a_m >> 2][a_m & 3] = pa.y;
+      a_tile[4 * a_k4 + 2][a_m >> 2][a_m & 3] = pa.z;
+      a_tile[4 * a_k4 + 3][a_m >> 2][a_m & 3] = pa.w;
+      b_tile[ty][tx] = pb;
       barrier();
       if (k0 + 4 < K4) {
 #line 57
-        pa0 = k0 + 4 + a_k4 < K4 ? a_wg(batch, a_row0, min(k0 + 4 + a_k4, K4 - 1)) : VEC4(0);
+        pa = k0 + 4 + a_k4 < K4 ? a_wg(batch, a_row, min(k0 + 4 + a_k4, K4 - 1)) : VEC4(0);
         {
-          int k = 4 * (k0 + 4) + (lid >> 4) + 0;
-          pb0 = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + (lid & 15)) : VEC4(0);
+          int k = 4 * (k0 + 4) + ty;
+          pb = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + tx) : VEC4(0);
         }
-#line 57
-        pa1 = k0 + 4 + a_k4 < K4 ? a_wg(batch, a_row1, min(k0 + 4 + a_k4, K4 - 1)) : VEC4(0);
-        {
-          int k = 4 * (k0 + 4) + (lid >> 4) + 4;
-          pb1 = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + (lid & 15)) : VEC4(0);
-        }
-#line 57
-        pa2 = k0 + 4 + a_k4 < K4 ? a_wg(batch, a_row2, min(k0 + 4 + a_k4, K4 - 1)) : VEC4(0);
-        {
-          int k = 4 * (k0 + 4) + (lid >> 4) + 8;
-          pb2 = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + (lid & 15)) : VEC4(0);
-        }
-#line 57
-        pa3 = k0 + 4 + a_k4 < K4 ? a_wg(batch, a_row3, min(k0 + 4 + a_k4, K4 - 1)) : VEC4(0);
-        {
-          int k = 4 * (k0 + 4) + (lid >> 4) + 12;
-          pb3 = k < 4 * K4 ? b_wg(batch, min(k, 4 * K4 - 1), n0 + (lid & 15)) : VEC4(0);
-        }
-#line 79
+#line 73
       }
       for (int k = 0; k < 16; ++k) {
-        VEC4 a0 = a_tile[k][2 * ty];
-        VEC4 a1 = a_tile[k][2 * ty + 1];
-        VEC4 b0 = b_tile[k][tx];
-        VEC4 b1 = b_tile[k][tx + 8];
-#line 86
-        acc00 += a0[0] * b0;
-        acc01 += a0[0] * b1;
-#line 86
-        acc10 += a0[1] * b0;
-        acc11 += a0[1] * b1;
-#line 86
-        acc20 += a0[2] * b0;
-        acc21 += a0[2] * b1;
-#line 86
-        acc30 += a0[3] * b0;
-        acc31 += a0[3] * b1;
-#line 86
-        acc40 += a1[0] * b0;
-        acc41 += a1[0] * b1;
-#line 86
-        acc50 += a1[1] * b0;
-        acc51 += a1[1] * b1;
-#line 86
-        acc60 += a1[2] * b0;
-        acc61 += a1[2] * b1;
-#line 86
-        acc70 += a1[3] * b0;
-        acc71 += a1[3] * b1;
-#line 89
+        VEC4 a = a_tile[k][ty];
+        VEC4 b = b_tile[k][tx];
+#line 78
+        acc0 = fma(VEC4(a[0]), b, acc0);
+#line 78
+        acc1 = fma(VEC4(a[1]), b, acc1);
+#line 78
+        acc2 = fma(VEC4(a[2]), b, acc2);
+#line 78
+        acc3 = fma(VEC4(a[3]), b, acc3);
+#line 80
       }
       barrier();
     }
-#line 93
-    int c0 = n0 + tx + 0;  // out texel of column block j
-    VEC4 bias0 = c0 < N4 ? bias_wg(c0) : VEC4(0);
-#line 93
-    int c1 = n0 + tx + 8;  // out texel of column block j
-    VEC4 bias1 = c1 < N4 ? bias_wg(c1) : VEC4(0);
-#line 97
-    if (m0 + 8 * ty + 0 < rows) {
-#line 99
-      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 0, c0, acc00 + bias0); }
-#line 99
-      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 0, c1, acc01 + bias1); }
-#line 101
+    int c = n0 + tx;  // out texel
+    if (c < N4) {
+      VEC4 bias = bias_wg(c);
+#line 87
+      if (m0 + 4 * ty + 0 < rows) { store_wg(batch, m0 + 4 * ty + 0, c, acc0 + bias); }
+#line 87
+      if (m0 + 4 * ty + 1 < rows) { store_wg(batch, m0 + 4 * ty + 1, c, acc1 + bias); }
+#line 87
+      if (m0 + 4 * ty + 2 < rows) { store_wg(batch, m0 + 4 * ty + 2, c, acc2 + bias); }
+#line 87
+      if (m0 + 4 * ty + 3 < rows) { store_wg(batch, m0 + 4 * ty + 3, c, acc3 + bias); }
+#line 89
     }
-#line 97
-    if (m0 + 8 * ty + 1 < rows) {
-#line 99
-      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 1, c0, acc10 + bias0); }
-#line 99
-      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 1, c1, acc11 + bias1); }
-#line 101
-    }
-#line 97
-    if (m0 + 8 * ty + 2 < rows) {
-#line 99
-      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 2, c0, acc20 + bias0); }
-#line 99
-      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 2, c1, acc21 + bias1); }
-#line 101
-    }
-#line 97
-    if (m0 + 8 * ty + 3 < rows) {
-#line 99
-      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 3, c0, acc30 + bias0); }
-#line 99
-      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 3, c1, acc31 + bias1); }
-#line 101
-    }
-#line 97
-    if (m0 + 8 * ty + 4 < rows) {
-#line 99
-      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 4, c0, acc40 + bias0); }
-#line 99
-      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 4, c1, acc41 + bias1); }
-#line 101
-    }
-#line 97
-    if (m0 + 8 * ty + 5 < rows) {
-#line 99
-      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 5, c0, acc50 + bias0); }
-#line 99
-      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 5, c1, acc51 + bias1); }
-#line 101
-    }
-#line 97
-    if (m0 + 8 * ty + 6 < rows) {
-#line 99
-      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 6, c0, acc60 + bias0); }
-#line 99
-      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 6, c1, acc61 + bias1); }
-#line 101
-    }
-#line 97
-    if (m0 + 8 * ty + 7 < rows) {
-#line 99
-      if (c0 < N4) { store_wg(batch, m0 + 8 * ty + 7, c0, acc70 + bias0); }
-#line 99
-      if (c1 < N4) { store_wg(batch, m0 + 8 * ty + 7, c1, acc71 + bias1); }
-#line 101
-    }
-#line 103
   }
 }
 

@@ -52,7 +52,8 @@ PACKED_OPS = (PACKED_LINEAR, PACKED_GEMV, PACKED_WG)  # the ops on linear_weight
 MM_WG = "mm_wg"  # mm / bmm on a GPU
 GEMM_ENV = "TEXELFLOW_GEMM"
 GEMM_TILES = ("auto", "workgroup", "register")
-GPU_TYPES = ("discrete", "integrated", "virtual")  # DeviceLimits.device_type values that are GPUs
+GPU_TYPES = ("discrete", "integrated", "virtual")
+WG_INVOCATIONS = OPS[PACKED_WG].grid[-1]  # linear_wg's and mm_wg's workgroup (their contract grid)  # DeviceLimits.device_type values that are GPUs
 TILE_N = 16  # output columns per invocation of linear_packed (its template's tile)
 
 
@@ -79,11 +80,13 @@ class SubgroupFacts:
     """The device facts the matmul kernel choice depends on (a plain object: planner tests need
     no device). `shuffle`: VK_SUBGROUP_FEATURE_SHUFFLE_BIT in supportedOperations with the
     compute stage in supportedStages; None where the device did not say (Vulkan 1.0).
-    `device_type`: DeviceLimits.device_type ("cpu" for lavapipe), None when unknown."""
+    `device_type`: DeviceLimits.device_type ("cpu" for lavapipe), None when unknown.
+    `workgroup_invocations`: maxComputeWorkGroupInvocations, None when unknown."""
 
     size: int | None
     shuffle: bool | None
     device_type: str | None = None
+    workgroup_invocations: int | None = None
 
 
 def subgroup_facts(limits) -> SubgroupFacts | None:
@@ -92,7 +95,7 @@ def subgroup_facts(limits) -> SubgroupFacts | None:
     if limits is None:
         return None
     return SubgroupFacts(limits.subgroup_size, getattr(limits, "subgroup_shuffle", None),
-                         getattr(limits, "device_type", None))
+                         getattr(limits, "device_type", None), getattr(limits, "max_workgroup_invocations", None))
 
 
 def env_choice(var: str, choices: Sequence[str]) -> str:
@@ -121,13 +124,18 @@ def forced_tiles(gemm: str | None = None) -> tuple[str, str] | None:
 def gemm_tiles(facts: SubgroupFacts | None, gemm: str | None = None) -> tuple[str, str]:
     """("workgroup" or "register", why) for a GEMM of several rows on a device with `facts`:
     the forced tiling (forced_tiles), else workgroup tiles on a GPU and register tiles elsewhere
-    (a CPU device, or planning without a device)."""
+    (a CPU device, a GPU whose workgroups are smaller than the tiles' WG_INVOCATIONS, or planning
+    without a device)."""
     forced = forced_tiles(gemm)
     if forced is not None:
         return forced
     kind = facts.device_type if facts is not None else None
     if kind in GPU_TYPES:
-        return "workgroup", f"a {kind} GPU"
+        gpu = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} GPU"
+        have = facts.workgroup_invocations
+        if have is not None and have < WG_INVOCATIONS:
+            return "register", f"{gpu} with {have} invocations per workgroup (workgroup tiles need {WG_INVOCATIONS})"
+        return "workgroup", gpu
     return "register", f"a {kind} device" if kind else "no device facts"
 
 

@@ -38,6 +38,8 @@ def _ops(model, inputs, facts):
     (GPU, "linear_wg"), (SubgroupFacts(64, True, "integrated"), "linear_wg"),
     (SubgroupFacts(32, True, "virtual"), "linear_wg"),
     (SubgroupFacts(4, True, "integrated"), "linear_wg"),  # subgroups too small to shuffle: it shuffles nothing
+    (SubgroupFacts(32, True, "discrete", 256), "linear_wg"),
+    (SubgroupFacts(16, True, "integrated", 128), "linear_packed"),  # workgroups too small for the tiles
     (CPU, "linear_packed"), (SubgroupFacts(8, True, "other"), "linear_packed"), (None, "linear_packed"),
 ])
 def test_gpus_take_workgroup_tiles(facts, want, monkeypatch):
@@ -58,6 +60,8 @@ def test_environment_overrides_the_device(monkeypatch):
     monkeypatch.setenv(GEMM_ENV, "auto")
     assert gemm_tiles(GPU) == ("workgroup", "a discrete GPU")
     assert gemm_tiles(CPU) == ("register", "a cpu device")
+    assert gemm_tiles(SubgroupFacts(16, True, "integrated", 128)) == (
+        "register", "an integrated GPU with 128 invocations per workgroup (workgroup tiles need 256)")
     monkeypatch.setenv(GEMM_ENV, "shared")
     with pytest.raises(ValueError, match=r"TEXELFLOW_GEMM='shared': expected one of auto, workgroup, register"):
         _ops(nn.Tanh(), [torch.randn(3, 7)], GPU)  # refused even where no linear would read it
