@@ -6,7 +6,9 @@ storage (a transition between a buffer and a texture: the trivial copy between t
 lavapipe a texture store costs about three times a texture load); compute-bound ones (mm, the
 ViT-S/16 linears, ResNet-18 / MobileNetV3 convs, sdpa) as a fraction of the trivial FMA kernel's
 GFLOP/s, and of their roofline bound max(FLOPs / FMA peak, bytes / copy bandwidth). Every time is a GPU timestamp (`profile()`), and each kernel's samples
-alternate with its ceiling's, call by call, so load from other processes hits both alike.
+alternate with its ceiling's, call by call, so load from other processes hits both alike, and so
+does a GPU's clock: an NVIDIA H200 ran texelflow's short dispatches at 345 MHz, not its 1,980 MHz
+boost, after the first 3 s (bench/RESULTS.md), so absolute GPU times say little; the fractions hold.
 
 Kernels are built the way models run them: a tiny torch module through `texelflow.compile` (the
 op's dispatches read from `prog.profile()` by node label), in the planner's own choice of storage

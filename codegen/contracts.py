@@ -51,8 +51,8 @@ GRIDS = ("per_output_unit", "per_list_element", "per_row", "cooperative", "per_t
 # Invocations a cooperative or per_tile grid may give one unit: powers of two dividing the default
 # workgroup size (64, the local_size_x specialization constant), so one unit's invocations share a
 # workgroup; or, above it, one whole workgroup of that size (WIDE_INVOCATIONS: the variant's
-# local_size_x default becomes the count, which Vulkan guarantees up to 128 invocations; a device
-# with fewer than 256 refuses such a pipeline, and the planner does not pick it there).
+# local_size_x default becomes the count; Vulkan guarantees only 128 invocations per workgroup, so
+# a device with fewer refuses such a pipeline, and the planner does not pick it there).
 COOPERATIVE_INVOCATIONS = (2, 4, 8, 16, 32, 64)
 WIDE_INVOCATIONS = (128, 256)
 

@@ -52,8 +52,8 @@ PACKED_OPS = (PACKED_LINEAR, PACKED_GEMV, PACKED_WG)  # the ops on linear_weight
 MM_WG = "mm_wg"  # mm / bmm on a GPU
 GEMM_ENV = "TEXELFLOW_GEMM"
 GEMM_TILES = ("auto", "workgroup", "register")
-GPU_TYPES = ("discrete", "integrated", "virtual")
-WG_INVOCATIONS = OPS[PACKED_WG].grid[-1]  # linear_wg's and mm_wg's workgroup (their contract grid)  # DeviceLimits.device_type values that are GPUs
+GPU_TYPES = ("discrete", "integrated", "virtual")  # DeviceLimits.device_type values that are GPUs
+WG_INVOCATIONS = OPS[PACKED_WG].grid[-1]  # linear_wg's and mm_wg's workgroup size (their contract grid)
 TILE_N = 16  # output columns per invocation of linear_packed (its template's tile)
 
 
