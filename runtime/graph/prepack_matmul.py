@@ -125,14 +125,18 @@ def gemm_tiles(facts: SubgroupFacts | None, gemm: str | None = None) -> tuple[st
     """("workgroup" or "register", why) for a GEMM of several rows on a device with `facts`:
     the forced tiling (forced_tiles), else workgroup tiles on a GPU and register tiles elsewhere
     (a CPU device, a GPU whose workgroups are smaller than the tiles' WG_INVOCATIONS, or planning
-    without a device)."""
+    without a device). Forcing workgroup tiles on a device whose workgroups are too small is an
+    error that names the knob."""
     forced = forced_tiles(gemm)
+    have = facts.workgroup_invocations if facts is not None else None
     if forced is not None:
+        if forced[0] == "workgroup" and have is not None and have < WG_INVOCATIONS:
+            raise ValueError(f"{forced[1]}: this device runs at most {have} invocations per workgroup; "
+                             f"workgroup tiles need {WG_INVOCATIONS}")
         return forced
     kind = facts.device_type if facts is not None else None
     if kind in GPU_TYPES:
         gpu = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} GPU"
-        have = facts.workgroup_invocations
         if have is not None and have < WG_INVOCATIONS:
             return "register", f"{gpu} with {have} invocations per workgroup (workgroup tiles need {WG_INVOCATIONS})"
         return "workgroup", gpu

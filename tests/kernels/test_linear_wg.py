@@ -62,6 +62,10 @@ def test_environment_overrides_the_device(monkeypatch):
     assert gemm_tiles(CPU) == ("register", "a cpu device")
     assert gemm_tiles(SubgroupFacts(16, True, "integrated", 128)) == (
         "register", "an integrated GPU with 128 invocations per workgroup (workgroup tiles need 256)")
+    monkeypatch.setenv(GEMM_ENV, "workgroup")
+    with pytest.raises(ValueError, match=r"TEXELFLOW_GEMM=workgroup: this device runs at most 128 invocations per "
+                                         r"workgroup; workgroup tiles need 256"):
+        _ops(nn.Linear(7, 5), [torch.randn(3, 7)], SubgroupFacts(16, True, "integrated", 128))
     monkeypatch.setenv(GEMM_ENV, "shared")
     with pytest.raises(ValueError, match=r"TEXELFLOW_GEMM='shared': expected one of auto, workgroup, register"):
         _ops(nn.Tanh(), [torch.randn(3, 7)], GPU)  # refused even where no linear would read it
