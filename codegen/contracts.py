@@ -55,6 +55,7 @@ GRIDS = ("per_output_unit", "per_list_element", "per_row", "cooperative", "per_t
 # a device with fewer refuses such a pipeline, and the planner does not pick it there).
 COOPERATIVE_INVOCATIONS = (2, 4, 8, 16, 32, 64)
 WIDE_INVOCATIONS = (128, 256)
+GRID_INVOCATIONS = COOPERATIVE_INVOCATIONS + WIDE_INVOCATIONS  # every count a grid may give
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def parse_contract(text: str, file: str, out: Collector) -> Contract:
         if g is not None and not _valid_grid(g):
             c.error(data.line_of("grid"), "contract grid must be per_output_unit, {per_list_element: LIST_ARG[, element_units: SPEC]}, "
                     "{per_row: TENSOR}, {cooperative: TENSOR, invocations: N} (N in "
-                    f"{', '.join(map(str, COOPERATIVE_INVOCATIONS + WIDE_INVOCATIONS))}) or "
+                    f"{', '.join(map(str, GRID_INVOCATIONS))}) or "
                     "{per_tile: TENSOR, width: W, height: H[, invocations: N]} (W, H positive, N as for cooperative)")
     if "spec" in data:
         _check_spec(c, data)
@@ -162,12 +163,12 @@ def _valid_grid(g) -> bool:
     """One of the mapping forms of `grid`."""
     if set(g) == {"cooperative", "invocations"}:
         n = g["invocations"]
-        return isinstance(g["cooperative"], str) and isinstance(n, int) and n in COOPERATIVE_INVOCATIONS + WIDE_INVOCATIONS
+        return isinstance(g["cooperative"], str) and isinstance(n, int) and n in GRID_INVOCATIONS
     if set(g) in ({"per_tile", "width", "height"}, {"per_tile", "width", "height", "invocations"}):
         sizes = (g["width"], g["height"])
         n = g.get("invocations", 1)
         return (isinstance(g["per_tile"], str) and all(isinstance(v, int) and v > 0 for v in sizes)
-                and isinstance(n, int) and n in (1,) + COOPERATIVE_INVOCATIONS + WIDE_INVOCATIONS)
+                and isinstance(n, int) and n in (1,) + GRID_INVOCATIONS)
     if "per_list_element" in g and set(g) <= {"per_list_element", "element_units"}:
         return all(isinstance(v, str) for v in g.values())
     return len(g) == 1 and list(g)[0] in GRIDS[1:3] and isinstance(next(iter(g.values())), str)

@@ -173,8 +173,8 @@ void gemm_wg(int rows, int K, int N, int batches) {
   int blocks_n = (N + 63) >> 6;
   int per_batch = blocks_n * ((rows + 63) >> 6);
   int workgroups = pc.units >> 8;
-  // What this invocation stages per step: A texel a_k4 of block row a_m, B's texel tx of step
-  // row b_k (b_k = ty: 16 rows of 16 texels).
+  // What this invocation stages per step: A's texel a_k4 of block row a_m, and B's texel tx of
+  // the step's row ty (16 rows of 16 texels).
   int a_k4 = lid & 3;
   int a_m = lid >> 2;
   for (int blk = u >> 8; blk < per_batch * batches; blk += workgroups) {
