@@ -25,6 +25,9 @@ A template opens with a YAML block in a jinja comment:
                                         a rule of shaders/node_rules.py SPEC_RULES; the shader's
                                         default is the rule's general value
     span: {buffer: 16}                  units of `out` per invocation, by out's storage axis
+    texel_reads: [query, key]           float inputs that, bound as buffers, are also bound as a
+                                        uniform texel buffer (samplerBuffer tb_<name>, one vec4 a
+                                        texel) for the spec constant `texel_reads` to read through
     -#}
 
 Tensors are named as the op's tensors are, or by position: in0, in1, ... (tensor arguments),
@@ -44,7 +47,7 @@ from .model import SpecDerivation
 from .yamlsrc import LMap, loads
 
 CONTRACT_RE = re.compile(r"\A\{#-?\s*contract\b[^\n]*\n(?P<body>.*?)-?#\}", re.S)
-CONTRACT_KEYS = ("sync", "storage", "weights", "checks", "push", "grid", "read_outputs", "spec", "span")
+CONTRACT_KEYS = ("sync", "storage", "weights", "checks", "push", "grid", "read_outputs", "spec", "span", "texel_reads")
 SPEC_NAME_RE = re.compile(r"\A[a-z][a-z0-9_]*\Z")
 MAX_SPAN = 64
 GRIDS = ("per_output_unit", "per_list_element", "per_row", "cooperative", "per_tile")
@@ -98,6 +101,11 @@ def parse_contract(text: str, file: str, out: Collector) -> Contract:
         for axis, n in (span or {}).items():
             if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SPAN:
                 c.error(span.line_of(axis), f"contract span of '{axis}' must be an int from 1 to {MAX_SPAN}, got {n!r}")
+    if "texel_reads" in data:
+        names = data["texel_reads"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+            c.error(data.line_of("texel_reads"),
+                    f"contract texel_reads must be a list of distinct tensor names, got {names!r}")
     return Contract(file, data)
 
 
@@ -152,6 +160,23 @@ def resolve_spec(contract: Contract, resolve, where: str, out: Collector) -> tup
             params.append((str(key), value))
         result.append(SpecDerivation(str(name), rule.name, tuple(sorted(params)), rule.general))
     return tuple(result)
+
+
+def contract_texel_reads(contract: Contract, resolve, where: str, out: Collector) -> tuple[str, ...]:
+    """The inputs a template may read through uniform texel buffers (contract `texel_reads`),
+    resolved for one op; a name the op lacks, or one of its outputs, is an error naming both."""
+    refs = contract.data.get("texel_reads") or ()
+    if not isinstance(refs, list):
+        return ()  # reported when the contract was parsed
+    names = []
+    for ref in refs:
+        got = resolve(ref)
+        if got is None:
+            out.error(contract.file, contract.line_of("texel_reads"), f"{where}: texel_reads names tensor "
+                      f"'{ref}', which the op does not have as an input")
+            return ()
+        names += got
+    return tuple(dict.fromkeys(names))
 
 
 def contract_span(contract: Contract) -> tuple[tuple[str, int], ...]:

@@ -219,6 +219,9 @@ class OpSpec:
     # by out's storage axis; 1 where not given)
     spec: tuple[SpecDerivation, ...] = ()
     span: tuple[tuple[str, int], ...] = ()
+    # inputs that, bound as float buffers, also get a uniform texel buffer binding (contract
+    # `texel_reads`; codegen/variants.py adds the bindings and the `texel_reads` spec constant)
+    texel_reads: tuple[str, ...] = ()
 
     @property
     def tensors(self) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from texelflow.shaders.node_rules import CHECK_RULES, PUSH_RULES
 
 from . import torch_schema
 from .checks import Checker
-from .contracts import Contract, contract_span, resolve_spec
+from .contracts import Contract, contract_span, contract_texel_reads, resolve_spec
 from .diagnostics import Collector, did_you_mean
 from .layouts_schema import KNOWN_FEATURES
 from .model import ArgSpec, CheckSpec, LayoutsModel, OpSpec, OutputSpec, PushSpec, ShaderSpec
@@ -320,11 +320,15 @@ class _Context:
                     c.error(b.line_of("shader"), f"{where}: template '{shader.template}' dispatches per element of "
                             f"the tensor list '{grid[1]}', which the op does not have ({contract.file}:"
                             f"{contract.line_of('grid')})")
-        spec, span = (), ()
+        spec, span, texel_reads = (), (), ()
         if contract is not None:  # plan-time shape classes (codegen/contracts.py)
             spec = resolve_spec(contract, lambda r: list(refs.inputs) if r == "inputs" else refs.resolve(r),
                                 where, c.out)
             span = contract_span(contract)
+            inputs = set(refs.inputs)
+            texel_reads = contract_texel_reads(
+                contract, lambda r: (lambda got: got if got and set(got) <= inputs else None)(refs.resolve(r)),
+                where, c.out)
         samples = self._samples(where, b, args, refs)
         sample_values = self._sample_values(where, b, refs)
         if len(c.out.items) != before:
@@ -334,7 +338,7 @@ class _Context:
             dtypes=dtypes, flags=tuple(sorted(flags)), weights=tuple(weights), push=tuple(push),
             checks=tuple(checks), grid=grid, shader=shader, doc=str(b.get("doc", "")), samples=samples,
             sample_values=sample_values, line=b.line, dtype_of=dtype_of, dim_order=dim_order,
-            spec=spec, span=span)
+            spec=spec, span=span, texel_reads=texel_reads)
 
     # ---- arguments from torch's schema ----
     def _args(self, where, b: LMap, schemas, outputs) -> list[ArgSpec] | None:

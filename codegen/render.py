@@ -10,6 +10,7 @@ from jinja2 import meta
 
 from .diagnostics import Collector
 from .model import LayoutsModel, OpsModel, Variant
+from .variants import TEXEL_DESCRIPTOR
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 # Names every shader template may use without declaring them as parameters.
@@ -115,7 +116,10 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
     dtype = layouts.dtype(v.dtype)
     int8 = dtype.family != "float"
     tensors = []
+    texel = {b.tensor: b.index for b in v.bindings if b.descriptor == TEXEL_DESCRIPTOR}
     for b in v.bindings:
+        if b.descriptor == TEXEL_DESCRIPTOR:
+            continue  # a buffer input's texel binding: its tensor's `texel` below
         storage = layouts.storage_by_axis(b.storage)
         own = layouts.dtype(op.tensor_dtype(b.tensor, v.dtype))  # the variant's, or fixed by dtype_of
         same = own.name == dtype.name
@@ -126,6 +130,9 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
             "is_buffer": not storage.is_image,
             "is_image": storage.is_image,
             "access": b.access,
+            # the binding of its uniform texel buffer (samplerBuffer tb_<name>), or None: a buffer
+            # input of a template whose contract lists it in texel_reads
+            "texel": texel.get(b.tensor),
             "qualifier": {"write": "writeonly", "read": "readonly", "readwrite": ""}[b.access],
             "dtype": own.name,
             "int8": own.family != "float",  # int8x4: 4 lanes per 32-bit word, read with bitfieldExtract

@@ -13,6 +13,9 @@ from .model import Binding, LayoutsModel, OpSpec, PushConstant, SpecConstant, Va
 
 LOCAL_SIZE = (("local_size_x", 64), ("local_size_y", 1), ("local_size_z", 1))
 EXTRA_PUSH = {"int": 4, "float": 4, "ivec4": 16}
+TEXEL_DESCRIPTOR = "UNIFORM_TEXEL_BUFFER"  # a buffer input's second binding (contract texel_reads)
+TEXEL_READS = "texel_reads"  # the spec constant choosing it
+TEXEL_DTYPES = ("float32", "float16")  # read as vec4 texels (rgba32f / rgba16f views, runtime/vulkan/tensor.py)
 
 
 def variant_name(op: str, axes: tuple[tuple[str, str], ...]) -> str:
@@ -26,7 +29,8 @@ def expand(ops: tuple[OpSpec, ...], layouts: LayoutsModel, all_axes: dict, choic
     for op in ops:
         if op.shader is None:
             continue
-        taken = {f"{t}_layout" for t in op.tensors} | {n for n, _ in LOCAL_SIZE} | {p.name for p in op.push}
+        taken = ({f"{t}_layout" for t in op.tensors} | {n for n, _ in LOCAL_SIZE} | {p.name for p in op.push}
+                 | {TEXEL_READS})
         for s in op.spec:
             if s.name in taken or s.name in op.tensors:
                 out.error(file, op.shader.line, f"op '{op.name}': spec constant '{s.name}' of template "
@@ -89,6 +93,14 @@ def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of:
         )
         for i, t in enumerate(op.tensors)
     )
+    dtypes = {t: layouts.dtype(op.tensor_dtype(t, dict(axes)["dtype"])) for t in op.tensors}
+    # contract `texel_reads`: each such input bound as a float buffer gets a second binding, after
+    # every tensor's own, of the same buffer as a uniform texel buffer (lavapipe loads a texel
+    # buffer through its vectorised image path, but a storage buffer lane by lane)
+    texel = [t for t in op.texel_reads
+             if not layouts.storage_by_axis(storages[t]).is_image and dtypes[t].name in TEXEL_DTYPES]
+    bindings += tuple(Binding(index=len(op.tensors) + j, tensor=t, descriptor=TEXEL_DESCRIPTOR, access="read",
+                              storage=storages[t]) for j, t in enumerate(texel))
     # std430 push block: the 16-byte ivec4s first, then 4-byte scalars, so offsets need no padding.
     vec4s = [(f"{t}_sizes", "ivec4") for t in op.tensors] + [(p.name, p.type) for p in op.push if p.type == "ivec4"]
     scalars = [("units", "int")] + [(p.name, p.type) for p in op.push if p.type != "ivec4"]
@@ -98,14 +110,14 @@ def _variant(op: OpSpec, axes, storages: dict, layouts: LayoutsModel, repset_of:
         size = EXTRA_PUSH[ptype]
         push.append(PushConstant(pname, ptype, offset, size))
         offset += size
-    dtype = dict(axes)["dtype"]
-    dtypes = {t: layouts.dtype(op.tensor_dtype(t, dtype)) for t in op.tensors}
     spec = [SpecConstant(i, n, "int", d) for i, (n, d) in enumerate(local_size(op))]
     for t in op.tensors:
         spec.append(SpecConstant(len(spec), f"{t}_layout", "int",
                                  _default_layout(layouts, repset_of[t], dtypes[t].family, storages[t])))
     for s in op.spec:  # shape classes: the default is the rule's general (always correct) value
         spec.append(SpecConstant(len(spec), s.name, "int", s.general, s.rule, s.params))
+    if texel:  # 1: read the texel bindings; the runtime decides per device (program.texel_reads)
+        spec.append(SpecConstant(len(spec), TEXEL_READS, "int", 0))
     return Variant(
         name=name,
         op=op.name,

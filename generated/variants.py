@@ -304,6 +304,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -319,6 +320,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -362,6 +364,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -377,6 +380,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -629,6 +633,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -653,6 +659,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -707,6 +714,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -731,6 +740,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -785,6 +795,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -806,6 +818,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -857,6 +870,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -878,6 +893,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -1000,6 +1016,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -1017,6 +1034,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -1324,6 +1342,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -1342,6 +1361,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -1388,6 +1408,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -1406,6 +1427,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -2593,6 +2615,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'mat2', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'mat2', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -2610,6 +2634,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'mat2_layout', 'int', 0),
             SpecConstant(6, 'k_ragged', 'int', 1, 'ragged', (('ragged', 'self'),)),
             SpecConstant(7, 'n_ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(8, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -2655,6 +2680,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'mat2', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'mat2', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -2672,6 +2699,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'mat2_layout', 'int', 0),
             SpecConstant(6, 'k_ragged', 'int', 1, 'ragged', (('ragged', 'self'),)),
             SpecConstant(7, 'n_ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(8, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -2716,6 +2744,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -2731,6 +2760,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -2774,6 +2804,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -2789,6 +2820,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -3012,6 +3044,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -3027,6 +3060,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -3070,6 +3104,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -3085,6 +3120,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -3128,6 +3164,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -3145,6 +3182,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -3190,6 +3228,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -3207,6 +3246,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -3380,6 +3420,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -3398,6 +3439,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -3444,6 +3486,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -3462,6 +3505,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -3604,6 +3648,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -3622,6 +3667,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -3668,6 +3714,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -3686,6 +3733,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -4078,6 +4126,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -4096,6 +4145,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -4142,6 +4192,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -4160,6 +4211,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -5824,6 +5876,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -5839,6 +5892,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -5882,6 +5936,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -5897,6 +5952,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -6060,6 +6116,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6078,6 +6135,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -6124,6 +6182,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6142,6 +6201,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -6285,6 +6345,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6305,6 +6367,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -6354,6 +6417,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6370,6 +6434,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -6414,6 +6479,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6430,6 +6496,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -6474,6 +6541,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6492,6 +6560,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -6538,6 +6607,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6556,6 +6626,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -6719,6 +6790,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6739,6 +6812,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -6789,6 +6863,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6809,6 +6885,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -6928,6 +7005,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6944,6 +7022,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -7048,6 +7127,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -7063,6 +7143,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -7106,6 +7187,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -7121,6 +7203,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -7164,6 +7247,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -7179,6 +7263,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -7222,6 +7307,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -7237,6 +7323,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -7504,6 +7591,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -7519,6 +7607,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -7562,6 +7651,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -7577,6 +7667,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -7684,6 +7775,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -7702,6 +7794,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -7748,6 +7841,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -7766,6 +7860,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -8070,6 +8165,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -8085,6 +8181,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -8128,6 +8225,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -8143,6 +8241,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -8187,6 +8286,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -8207,6 +8308,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -8257,6 +8359,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -8277,6 +8381,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -8396,6 +8501,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -8412,6 +8518,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -8516,6 +8623,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -8532,6 +8640,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -8576,6 +8685,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -8592,6 +8702,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -8785,6 +8896,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -8805,6 +8918,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -8855,6 +8969,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -8875,6 +8991,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -8994,6 +9111,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9010,6 +9128,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -9114,6 +9233,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9130,6 +9250,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -9174,6 +9295,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9190,6 +9312,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -9234,6 +9357,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9249,6 +9373,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -9292,6 +9417,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9307,6 +9433,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -9350,6 +9477,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9365,6 +9493,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -9408,6 +9537,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9423,6 +9553,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -9466,6 +9597,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9483,6 +9615,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -9528,6 +9661,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9545,6 +9679,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -9770,6 +9905,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9785,6 +9921,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -9828,6 +9965,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9843,6 +9981,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -9886,6 +10025,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9901,6 +10041,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -9944,6 +10085,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9959,6 +10101,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -10002,6 +10145,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10017,6 +10161,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -10060,6 +10205,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10075,6 +10221,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -10120,6 +10267,9 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(1, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(3, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'input', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(5, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(6, 'bias', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10141,6 +10291,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'weight_layout', 'int', 0),
             SpecConstant(6, 'bias_layout', 'int', 0),
             SpecConstant(7, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(8, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -10156,6 +10307,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(1, 'input', 'STORAGE_IMAGE', 'read', 'texture3d'),
             Binding(2, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(3, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(5, 'bias', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10177,6 +10330,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'weight_layout', 'int', 0),
             SpecConstant(6, 'bias_layout', 'int', 0),
             SpecConstant(7, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(8, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -10192,6 +10346,9 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(1, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(3, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'input', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(5, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(6, 'bias', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10213,6 +10370,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'weight_layout', 'int', 0),
             SpecConstant(6, 'bias_layout', 'int', 0),
             SpecConstant(7, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(8, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -10228,6 +10386,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(1, 'input', 'STORAGE_IMAGE', 'read', 'texture3d'),
             Binding(2, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(3, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(5, 'bias', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10249,6 +10409,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'weight_layout', 'int', 0),
             SpecConstant(6, 'bias_layout', 'int', 0),
             SpecConstant(7, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(8, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -10263,6 +10424,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10283,6 +10446,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -10333,6 +10497,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10353,6 +10519,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -10472,6 +10639,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10488,6 +10656,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -10592,6 +10761,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10608,6 +10778,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -10652,6 +10823,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10668,6 +10840,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -10776,6 +10949,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10794,6 +10968,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -10840,6 +11015,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -10858,6 +11034,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -11246,6 +11423,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(1, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(3, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'input', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(5, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -11271,6 +11450,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'n_ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(9, 'act', 'int', 0, 'activation_code', (('activation_code', 'out'),)),
             SpecConstant(10, 'narrow', 'int', 0, 'narrow_tiles', (('narrow', 8), ('narrow_tiles', 'out'), ('wide', 16))),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -11286,6 +11466,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(1, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'weight', 'STORAGE_IMAGE', 'read', 'texture3d'),
             Binding(3, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'input', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -11311,6 +11492,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'n_ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(9, 'act', 'int', 0, 'activation_code', (('activation_code', 'out'),)),
             SpecConstant(10, 'narrow', 'int', 0, 'narrow_tiles', (('narrow', 8), ('narrow_tiles', 'out'), ('wide', 16))),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -11326,6 +11508,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(1, 'input', 'STORAGE_IMAGE', 'read', 'texture3d'),
             Binding(2, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(3, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -11351,6 +11534,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'n_ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(9, 'act', 'int', 0, 'activation_code', (('activation_code', 'out'),)),
             SpecConstant(10, 'narrow', 'int', 0, 'narrow_tiles', (('narrow', 8), ('narrow_tiles', 'out'), ('wide', 16))),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -11406,6 +11590,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(1, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(3, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'input', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(5, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -11431,6 +11617,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'n_ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(9, 'act', 'int', 0, 'activation_code', (('activation_code', 'out'),)),
             SpecConstant(10, 'narrow', 'int', 0, 'narrow_tiles', (('narrow', 8), ('narrow_tiles', 'out'), ('wide', 16))),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -11446,6 +11633,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(1, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'weight', 'STORAGE_IMAGE', 'read', 'texture3d'),
             Binding(3, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'input', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -11471,6 +11659,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'n_ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(9, 'act', 'int', 0, 'activation_code', (('activation_code', 'out'),)),
             SpecConstant(10, 'narrow', 'int', 0, 'narrow_tiles', (('narrow', 8), ('narrow_tiles', 'out'), ('wide', 16))),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -11486,6 +11675,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(1, 'input', 'STORAGE_IMAGE', 'read', 'texture3d'),
             Binding(2, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(3, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -11511,6 +11701,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'n_ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(9, 'act', 'int', 0, 'activation_code', (('activation_code', 'out'),)),
             SpecConstant(10, 'narrow', 'int', 0, 'narrow_tiles', (('narrow', 8), ('narrow_tiles', 'out'), ('wide', 16))),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -12188,6 +12379,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -12203,6 +12395,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -12246,6 +12439,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -12261,6 +12455,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -12304,6 +12499,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -12319,6 +12515,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -12362,6 +12559,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -12377,6 +12575,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -12420,6 +12619,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -12435,6 +12635,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -12478,6 +12679,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -12493,6 +12695,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -12536,6 +12739,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -12551,6 +12755,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -12594,6 +12799,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -12609,6 +12815,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -12652,6 +12859,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -12667,6 +12875,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -12710,6 +12919,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -12725,6 +12935,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -12947,6 +13158,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -12967,6 +13180,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -13144,6 +13358,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -13159,6 +13374,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -13331,6 +13547,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -13351,6 +13569,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -13541,6 +13760,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -13561,6 +13782,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -13789,6 +14011,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -13809,6 +14033,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -13859,6 +14084,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -13879,6 +14106,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -13998,6 +14226,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -14014,6 +14243,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -14523,6 +14753,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -14543,6 +14775,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -14593,6 +14826,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -14613,6 +14848,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -14841,6 +15077,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -14861,6 +15099,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -14911,6 +15150,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -14931,6 +15172,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -15050,6 +15292,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -15065,6 +15308,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -15108,6 +15352,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -15123,6 +15368,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -15167,6 +15413,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'mat2', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'mat2', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -15184,6 +15432,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'mat2_layout', 'int', 0),
             SpecConstant(6, 'k_ragged', 'int', 1, 'ragged', (('ragged', 'self'),)),
             SpecConstant(7, 'n_ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(8, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -15229,6 +15478,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'mat2', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'mat2', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -15246,6 +15497,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'mat2_layout', 'int', 0),
             SpecConstant(6, 'k_ragged', 'int', 1, 'ragged', (('ragged', 'self'),)),
             SpecConstant(7, 'n_ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(8, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -15415,6 +15667,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -15435,6 +15689,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -15485,6 +15740,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -15505,6 +15762,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -15624,6 +15882,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -15640,6 +15899,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -15744,6 +16004,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -15762,6 +16023,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -15808,6 +16070,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -15826,6 +16089,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -16048,6 +16312,9 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(3, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(4, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(5, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(6, 'input', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(7, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(8, 'bias', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16073,6 +16340,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'weight_layout', 'int', 0),
             SpecConstant(8, 'bias_layout', 'int', 0),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -16090,6 +16358,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(3, 'input', 'STORAGE_IMAGE', 'read', 'texture3d'),
             Binding(4, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(5, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(6, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(7, 'bias', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16115,6 +16385,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'weight_layout', 'int', 0),
             SpecConstant(8, 'bias_layout', 'int', 0),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -16132,6 +16403,9 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(3, 'input', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(4, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(5, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(6, 'input', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(7, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(8, 'bias', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16157,6 +16431,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'weight_layout', 'int', 0),
             SpecConstant(8, 'bias_layout', 'int', 0),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -16174,6 +16449,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(3, 'input', 'STORAGE_IMAGE', 'read', 'texture3d'),
             Binding(4, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(5, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(6, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(7, 'bias', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16199,6 +16476,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'weight_layout', 'int', 0),
             SpecConstant(8, 'bias_layout', 'int', 0),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -16213,6 +16491,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16233,6 +16513,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -16283,6 +16564,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16303,6 +16586,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -16422,6 +16706,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16438,6 +16723,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -16542,6 +16828,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16557,6 +16844,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -16600,6 +16888,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16615,6 +16904,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -16790,6 +17080,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16809,6 +17100,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'units_match', 'int', 0, 'packed_permute', (('of', 'out'), ('packed_permute', 'self'))),
             SpecConstant(6, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -16823,6 +17115,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_IMAGE', 'write', 'texture3d'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16842,6 +17135,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'units_match', 'int', 0, 'packed_permute', (('of', 'out'), ('packed_permute', 'self'))),
             SpecConstant(6, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -16922,6 +17216,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16941,6 +17236,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'units_match', 'int', 0, 'packed_permute', (('of', 'out'), ('packed_permute', 'self'))),
             SpecConstant(6, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -16955,6 +17251,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_IMAGE', 'write', 'texture3d'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -16974,6 +17271,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'units_match', 'int', 0, 'packed_permute', (('of', 'out'), ('packed_permute', 'self'))),
             SpecConstant(6, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -17511,6 +17809,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'exponent', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'exponent', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -17531,6 +17831,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -17580,6 +17881,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -17596,6 +17898,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -17640,6 +17943,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -17656,6 +17960,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -18206,6 +18511,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -18221,6 +18527,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -18264,6 +18571,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -18279,6 +18587,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -18646,6 +18955,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -18661,6 +18971,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -18704,6 +19015,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -18719,6 +19031,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -18762,6 +19075,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -18777,6 +19091,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -18820,6 +19135,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -18835,6 +19151,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -19266,6 +19583,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -19284,6 +19602,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -19330,6 +19649,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -19348,6 +19668,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -19652,6 +19973,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -19667,6 +19989,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -19710,6 +20033,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -19725,6 +20049,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -19768,6 +20093,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -19783,6 +20109,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -19826,6 +20153,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -19841,6 +20169,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -19885,6 +20214,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -19906,6 +20237,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -19957,6 +20289,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -19978,6 +20312,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -20100,6 +20435,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -20117,6 +20453,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -20227,6 +20564,9 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(2, 'key', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(3, 'value', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(4, 'attn_mask', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(5, 'query', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(6, 'key', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(7, 'value', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -20249,6 +20589,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'key_layout', 'int', 0),
             SpecConstant(6, 'value_layout', 'int', 0),
             SpecConstant(7, 'attn_mask_layout', 'int', 0),
+            SpecConstant(8, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -20303,6 +20644,9 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(2, 'key', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(3, 'value', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(4, 'attn_mask', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(5, 'query', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(6, 'key', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(7, 'value', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -20325,6 +20669,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'key_layout', 'int', 0),
             SpecConstant(6, 'value_layout', 'int', 0),
             SpecConstant(7, 'attn_mask_layout', 'int', 0),
+            SpecConstant(8, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -20442,6 +20787,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -20461,6 +20807,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'units_match', 'int', 0, 'packed_select', (('of', 'out'), ('packed_select', 'self'))),
             SpecConstant(6, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -20508,6 +20855,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -20527,6 +20875,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'units_match', 'int', 0, 'packed_select', (('of', 'out'), ('packed_select', 'self'))),
             SpecConstant(6, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -20640,6 +20989,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -20655,6 +21005,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -20698,6 +21049,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -20713,6 +21065,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -20756,6 +21109,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -20771,6 +21125,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -20814,6 +21169,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -20829,6 +21185,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -20872,6 +21229,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -20887,6 +21245,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -20930,6 +21289,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -20945,6 +21305,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -20988,6 +21349,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21003,6 +21365,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -21046,6 +21409,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21061,6 +21425,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -21460,6 +21825,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21477,6 +21843,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -21522,6 +21889,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21539,6 +21907,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -21584,6 +21953,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21600,6 +21970,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -21644,6 +22015,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21660,6 +22032,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -21704,6 +22077,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21719,6 +22093,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -21762,6 +22137,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21777,6 +22153,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -21884,6 +22261,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21902,6 +22280,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -21948,6 +22327,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21966,6 +22346,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -22221,6 +22602,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -22242,6 +22625,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -22293,6 +22677,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(4, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -22314,6 +22700,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
             SpecConstant(10, 'rows4', 'int', 0, 'row_groups', (('row_groups', 'out'),)),
+            SpecConstant(11, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -22436,6 +22823,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -22453,6 +22841,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -22668,6 +23057,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -22683,6 +23073,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -22726,6 +23117,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -22741,6 +23133,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -23028,6 +23421,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -23046,6 +23440,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -23060,6 +23455,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_IMAGE', 'write', 'texture3d'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -23078,6 +23474,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -23156,6 +23553,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -23174,6 +23572,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -23188,6 +23587,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_IMAGE', 'write', 'texture3d'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -23206,6 +23606,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -23444,6 +23845,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -23459,6 +23861,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -23502,6 +23905,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -23517,6 +23921,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(6, 'ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -23624,6 +24029,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -23642,6 +24048,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -23688,6 +24095,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -23706,6 +24114,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -23912,6 +24321,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -23930,6 +24340,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -23976,6 +24387,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -23994,6 +24406,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -24664,6 +25077,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -24682,6 +25096,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -24728,6 +25143,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -24746,6 +25162,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(7, 'transpose', 'int', 0, 'transpose4_texels', (('of', 'out'), ('transpose4_texels', 'self'))),
             SpecConstant(8, 'tail', 'int', 1, 'units_tail', (('units_tail', 'out'),)),
             SpecConstant(9, 'findex', 'int', 0, 'float_index', (('float_index', 'out'), ('per', 16))),
+            SpecConstant(10, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),

@@ -66,31 +66,34 @@ layout(constant_id = 9) const int findex = 0;  // float_index
 const int tf_span = 16;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
-#line 32 "shaders/copy.glsl.j2"
+#line 33 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
 
 // vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 8 "shaders/_vec4_views.glsl.j2"
+#line 11 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
-#line 8
+#line 11
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
+#line 18
+VEC4 read4_self(int k) { return VEC4(t4_self[k]); }
+T read_self(int w) { return T(t_self[w]); }
 
 
-#line 90 "shaders/copy.glsl.j2"
+#line 92 "shaders/copy.glsl.j2"
 const bool vec4_path = same_units != 0;
 
-void unit_vec4(int k) { t4_out[k] = t4_self[k]; }
+void unit_vec4(int k) { t4_out[k] = ivec4(read4_self(k)); }
 
 
-#line 136
-void unit_word(int w) {
 #line 138
-  if (same_units != 0) { t_out[w] = t_self[w]; return; }
+void unit_word(int w) {
 #line 140
+  if (same_units != 0) { t_out[w] = (read_self(w)); return; }
+#line 142
   ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
-#line 144
+#line 146
   int pd = tf_packed_dim(out_layout);
   int word = 0;
   for (int k = 0; k < 4; ++k) {
@@ -101,7 +104,7 @@ void unit_word(int w) {
     }
   }
   t_out[w] = word;
-#line 155
+#line 157
 }
 
 #line 18 "shaders/_span_main.glsl.j2"

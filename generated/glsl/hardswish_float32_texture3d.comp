@@ -63,7 +63,7 @@ layout(constant_id = 6) const int ragged = 1;  // ragged
 const int tf_span = 4;
 
 
-#line 41 "shaders/unary.glsl.j2"
+#line 42 "shaders/unary.glsl.j2"
 #define VEC VEC4
 void unit_texel(ivec3 pos) {
   VEC4 X = load_texel_self(pos);

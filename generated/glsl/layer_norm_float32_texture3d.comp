@@ -17,6 +17,8 @@ layout(constant_id = 4) const int input_layout = 0;
 layout(constant_id = 5) const int weight_layout = 0;
 #line 13
 layout(constant_id = 6) const int bias_layout = 0;
+#line 13
+layout(constant_id = 8) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 21
@@ -70,22 +72,38 @@ T load_input(ivec4 idx) {
 }
 
 // ---- element access for 'weight' (buffer) ----
-#line 45
-T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 45
-T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
 #line 78
 layout(constant_id = 7) const int ragged = 1;  // ragged
 
+// 'weight' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 4) uniform samplerBuffer tb_weight;
+T load_weight(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_weight, o >> 2)[o & 3]) : T(t_weight[o]);
+}
+
+// 'bias' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 5) uniform samplerBuffer tb_bias;
+T load_bias(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_bias, o >> 2)[o & 3]) : T(t_bias[o]);
+}
+
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
-#line 40 "shaders/layer_norm.glsl.j2"
-float weight_at(int w) { return pc.has_weight != 0 ? t_weight[w] : 1.0; }
-float bias_at(int w) { return pc.has_bias != 0 ? t_bias[w] : 0.0; }
+#line 41 "shaders/layer_norm.glsl.j2"
+float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : texel_reads != 0 ? texelFetch(tb_weight, w >> 2)[w & 3] : float(t_weight[w]); }
+float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : texel_reads != 0 ? texelFetch(tb_bias, w >> 2)[w & 3] : float(t_bias[w]); }
 
 // weight4 and bias4: four consecutive w from `w`; lanes past W read W - 1 (they are padding,
 // masked by the caller).
@@ -102,7 +120,7 @@ vec4 bias4(int w) {
 float lanes_sum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 
 // Width-packed: texel t of the row that starts at texel `pos`, lanes past W zeroed.
-#line 163
+#line 164
 vec4 row_texel(ivec3 pos, int t, bvec4 pad) {
   return mix(load_texel_input(pos + ivec3(t, 0, 0)), vec4(0.0), pad);
 }
@@ -135,7 +153,7 @@ void width_packed_row(ivec4 row) {
     vec4 y = (row_texel(pin, t, pad) - mean) * rstd * weight4(4 * t) + bias4(4 * t);
     store_texel_out(pout + ivec3(t, 0, 0), mix(y, vec4(0.0), pad));
   }
-#line 199
+#line 200
 }
 
 // Packed along H or C (pd): the four rows row .. row + 3 along pd, one per lane; lanes past the
@@ -162,7 +180,7 @@ void lane_rows(ivec4 row, int pd) {
     vec4 y = (load_texel_input(pin + ivec3(w, 0, 0)) - mean) * rstd * weight_at(w) + bias_at(w);
     store_texel_out(pout + ivec3(w, 0, 0), mix(y, vec4(0.0), pad));
   }
-#line 229
+#line 230
 }
 
 void main() {

@@ -59,24 +59,27 @@ layout(constant_id = 6) const int ragged = 1;  // ragged
 const int tf_span = 16;
 
 // vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 8 "shaders/_vec4_views.glsl.j2"
+#line 11 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
-#line 8
+#line 11
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
+#line 18
+VEC4 read4_self(int k) { return VEC4(t4_self[k]); }
+T read_self(int w) { return T(t_self[w]); }
 
-#line 24 "shaders/unary.glsl.j2"
+#line 25 "shaders/unary.glsl.j2"
 const bool vec4_path = true;
 
 #define VEC VEC4
 void unit_vec4(int k) {
-  VEC4 X = VEC4(t4_self[k]);
+  VEC4 X = VEC4(read4_self(k));
   t4_out[k] = ivec4(tf_le_scalar(X, pc.other));
 }
 #undef VEC
 
 #define VEC T
 void unit_word(int w) {
-  T X = T(t_self[w]);
+  T X = T(read_self(w));
   t_out[w] = (tf_le_scalar(X, pc.other));
 }
 #undef VEC

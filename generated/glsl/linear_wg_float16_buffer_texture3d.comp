@@ -120,33 +120,33 @@ layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[
 // Texel k4 (elements 4 * k4 .. 4 * k4 + 3, zero past K) of input row `row`.
 #line 22
 VEC4 input_texel(int row, int k4, int K) {
-#line 24
+#line 36
   if (k_ragged == 0) { return VEC4(t4_input[row * (K >> 2) + k4]); }
   int o = row * K + 4 * k4;
   int k = 4 * k4;
   return VEC4(t_input[o], k + 1 < K ? t_input[o + 1] : T(0), k + 2 < K ? t_input[o + 2] : T(0),
               k + 3 < K ? t_input[o + 3] : T(0));
-#line 33
+#line 45
 }
 
 // Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k.
 VEC4 weight_texel(int n4, int k) {
-#line 40
+#line 55
   return imageLoad(t_weight, ivec3(n4, k, 0));
-#line 42
+#line 57
 }
 
 // Stores out's texel n4 (columns 4 * n4 .. 4 * n4 + 3) of row `row`: lanes past N are not
 // written (buffer) or written as 0 (texture padding).
 void store_out(int row, int n4, int N, VEC4 v) {
-#line 48
+#line 63
   if (n_ragged == 0) {
     t4_out[row * (N >> 2) + n4] = tf_to_float16(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
   }
-#line 59
+#line 74
 }
 
 #line 26 "shaders/linear_wg.glsl.j2"

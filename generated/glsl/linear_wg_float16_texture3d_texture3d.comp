@@ -124,27 +124,27 @@ VEC4 activated(VEC4 v) { return act == 1 ? v : conv_activation(v); }
 // Texel k4 (elements 4 * k4 .. 4 * k4 + 3, zero past K) of input row `row`.
 #line 22
 VEC4 input_texel(int row, int k4, int K) {
-#line 30
+#line 42
   int height = pc.input_sizes.y;
   return imageLoad(t_input, ivec3(k4, row % height, row / height));
-#line 33
+#line 45
 }
 
 // Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k.
 VEC4 weight_texel(int n4, int k) {
-#line 40
+#line 55
   return imageLoad(t_weight, ivec3(n4, k, 0));
-#line 42
+#line 57
 }
 
 // Stores out's texel n4 (columns 4 * n4 .. 4 * n4 + 3) of row `row`: lanes past N are not
 // written (buffer) or written as 0 (texture padding).
 void store_out(int row, int n4, int N, VEC4 v) {
-#line 55
+#line 70
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
   store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
-#line 59
+#line 74
 }
 
 #line 26 "shaders/linear_wg.glsl.j2"

@@ -17,6 +17,8 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
+#line 13
+layout(constant_id = 7) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -48,8 +50,6 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
-T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
@@ -62,25 +62,38 @@ layout(constant_id = 6) const int ragged = 1;  // ragged
 #line 84
 const int tf_span = 16;
 
-// vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 8 "shaders/_vec4_views.glsl.j2"
-layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
-#line 8
-layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
+// 'self' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
+T load_self(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
+}
 
-#line 24 "shaders/unary.glsl.j2"
+// vec4 views of the buffer bindings (aliases of the same descriptors).
+#line 11 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
+#line 11
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
+#line 15
+VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
+T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
+
+#line 25 "shaders/unary.glsl.j2"
 const bool vec4_path = true;
 
 #define VEC VEC4
 void unit_vec4(int k) {
-  VEC4 X = VEC4(t4_self[k]);
+  VEC4 X = VEC4(read4_self(k));
   t4_out[k] = tf_to_float16(tf_log10(X));
 }
 #undef VEC
 
 #define VEC T
 void unit_word(int w) {
-  T X = T(t_self[w]);
+  T X = T(read_self(w));
   t_out[w] = tf_to_float16(tf_log10(X));
 }
 #undef VEC

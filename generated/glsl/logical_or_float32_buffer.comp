@@ -15,6 +15,8 @@ layout(constant_id = 3) const int out_layout = 0;
 layout(constant_id = 4) const int self_layout = 0;
 #line 13
 layout(constant_id = 5) const int other_layout = 0;
+#line 13
+layout(constant_id = 11) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -48,12 +50,8 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
-T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'other' (buffer) ----
-#line 45
-T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
@@ -72,30 +70,56 @@ layout(constant_id = 10) const int rows4 = 0;  // row_groups
 #line 84
 const int tf_span = 16;
 
-#line 28 "shaders/binary.glsl.j2"
+// 'self' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 3) uniform samplerBuffer tb_self;
+T load_self(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
+}
+
+// 'other' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 4) uniform samplerBuffer tb_other;
+T load_other(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_other, o >> 2)[o & 3]) : T(t_other[o]);
+}
+
+#line 29 "shaders/binary.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
 const int READ_SINGLE = 3;
 
 // vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 8 "shaders/_vec4_views.glsl.j2"
+#line 11 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
-#line 8
+#line 11
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
-#line 8
+#line 11
 layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { vec4 t4_other[]; };
+#line 15
+VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
+T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
+#line 15
+VEC4 read4_other(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_other, k)) : VEC4(t4_other[k]); }
+T read_other(int w) { return texel_reads != 0 ? T(texelFetch(tb_other, w >> 2)[w & 3]) : T(t_other[w]); }
 
 // (an input that is a row goes through the row block path below instead)
-#line 37 "shaders/binary.glsl.j2"
+#line 38 "shaders/binary.glsl.j2"
 const bool vec4_path = (a_class == READ_DIRECT || a_class == READ_SINGLE)
     && (b_class == READ_DIRECT || b_class == READ_SINGLE);
 
 // vec4 word k of out (words 4k .. 4k + 3) as 'self' broadcasts to it (vec4_path classes only).
-#line 42
+#line 43
 VEC4 vec4_of_self(int k) {
-  if (a_class == READ_DIRECT) { return VEC4(t4_self[k]); }
-  return VEC4(t_self[0]);
+  if (a_class == READ_DIRECT) { return VEC4(read4_self(k)); }
+  return VEC4(read_self(0));
 }
 
 // The word of 'self' that word w of out reads.
@@ -107,10 +131,10 @@ int word_of_self(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
 }
 // vec4 word k of out (words 4k .. 4k + 3) as 'other' broadcasts to it (vec4_path classes only).
-#line 42
+#line 43
 VEC4 vec4_of_other(int k) {
-  if (b_class == READ_DIRECT) { return VEC4(t4_other[k]); }
-  return VEC4(t_other[0]);
+  if (b_class == READ_DIRECT) { return VEC4(read4_other(k)); }
+  return VEC4(read_other(0));
 }
 
 // The word of 'other' that word w of out reads.
@@ -122,7 +146,7 @@ int word_of_other(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).x;
 }
 
-#line 57
+#line 58
 #define VEC VEC4
 void unit_vec4(int k) {
   VEC4 X = vec4_of_self(k);
@@ -133,8 +157,8 @@ void unit_vec4(int k) {
 
 #define VEC T
 void unit_word(int w) {
-  T X = T(t_self[word_of_self(w)]);
-  T Y = T(t_other[word_of_other(w)]);
+  T X = T(read_self(word_of_self(w)));
+  T Y = T(read_other(word_of_other(w)));
   t_out[w] = (tf_truth(X) | tf_truth(Y));
 }
 #undef VEC
@@ -150,67 +174,67 @@ const bool row_block = (a_class == READ_ROW || b_class == READ_ROW)
 #define TF_BLOCK_PATH row_block
 
 // vec4 word k of out as 'self' broadcasts to it, r the row offset of word 4k.
-#line 85
+#line 86
 VEC4 row_vec4_of_self(int k, int r, int n) {
-  if (a_class == READ_DIRECT) { return VEC4(t4_self[k]); }
-  if (a_class == READ_SINGLE) { return VEC4(t_self[0]); }
-  if (ragged == 0) { return VEC4(t4_self[r / 4]); }
+  if (a_class == READ_DIRECT) { return VEC4(read4_self(k)); }
+  if (a_class == READ_SINGLE) { return VEC4(read_self(0)); }
+  if (ragged == 0) { return VEC4(read4_self(r / 4)); }
   int r1 = r + 1 == n ? 0 : r + 1;
   int r2 = r1 + 1 == n ? 0 : r1 + 1;
   int r3 = r2 + 1 == n ? 0 : r2 + 1;
-  return VEC4(t_self[r], t_self[r1], t_self[r2], t_self[r3]);
+  return VEC4(read_self(r), read_self(r1), read_self(r2), read_self(r3));
 }
 // vec4 word k of out as 'other' broadcasts to it, r the row offset of word 4k.
-#line 85
+#line 86
 VEC4 row_vec4_of_other(int k, int r, int n) {
-  if (b_class == READ_DIRECT) { return VEC4(t4_other[k]); }
-  if (b_class == READ_SINGLE) { return VEC4(t_other[0]); }
-  if (ragged == 0) { return VEC4(t4_other[r / 4]); }
+  if (b_class == READ_DIRECT) { return VEC4(read4_other(k)); }
+  if (b_class == READ_SINGLE) { return VEC4(read_other(0)); }
+  if (ragged == 0) { return VEC4(read4_other(r / 4)); }
   int r1 = r + 1 == n ? 0 : r + 1;
   int r2 = r1 + 1 == n ? 0 : r1 + 1;
   int r3 = r2 + 1 == n ? 0 : r2 + 1;
-  return VEC4(t_other[r], t_other[r1], t_other[r2], t_other[r3]);
+  return VEC4(read_other(r), read_other(r1), read_other(r2), read_other(r3));
 }
 
 // One vec4 column of 4 neighbouring rows (shape class `rows4`, n % 4 == 0): invocation u takes
 // vec4 column c = u % (n / 4) of rows 4 (u / (n / 4)) .. + 3, so a row operand is one vec4 read
 // once, not once per word (on lavapipe every vec4 access costs about the same, cached or not:
 // it is gathered lane by lane; 9 accesses instead of 12 per invocation).
-#line 100
+#line 101
 #define VEC VEC4
 void unit_columns(int u, int n) {
   int m = n / 4;
   int c = u % m;
   int k = u * 4 - 3 * c;  // (4 (u / m)) m + c: the first row's word
-#line 106
-  VEC4 row_self = a_class == READ_ROW ? VEC4(t4_self[c]) : VEC4(0);
-#line 106
-  VEC4 row_other = b_class == READ_ROW ? VEC4(t4_other[c]) : VEC4(0);
-#line 109
+#line 107
+  VEC4 row_self = a_class == READ_ROW ? VEC4(read4_self(c)) : VEC4(0);
+#line 107
+  VEC4 row_other = b_class == READ_ROW ? VEC4(read4_other(c)) : VEC4(0);
+#line 110
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 0 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 0 * m, 0, n);
     t4_out[k + 0 * m] = ivec4(tf_truth(X) | tf_truth(Y));
   }
-#line 109
+#line 110
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 1 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 1 * m, 0, n);
     t4_out[k + 1 * m] = ivec4(tf_truth(X) | tf_truth(Y));
   }
-#line 109
+#line 110
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 2 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 2 * m, 0, n);
     t4_out[k + 2 * m] = ivec4(tf_truth(X) | tf_truth(Y));
   }
-#line 109
+#line 110
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 3 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 3 * m, 0, n);
     t4_out[k + 3 * m] = ivec4(tf_truth(X) | tf_truth(Y));
   }
-#line 115
+#line 116
 }
 #undef VEC
 
@@ -225,13 +249,13 @@ void unit_block(int u) {
   if (rows4 != 0) { unit_columns(u, n); return; }
   int r = first % n;
   int k = u * (tf_span / 4);
-#line 130
+#line 131
   {
     VEC4 X = row_vec4_of_self(k + 0, r, n);
     VEC4 Y = row_vec4_of_other(k + 0, r, n);
     t4_out[k + 0] = ivec4(tf_truth(X) | tf_truth(Y));
   }
-#line 136
+#line 137
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -240,13 +264,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 130
+#line 131
   {
     VEC4 X = row_vec4_of_self(k + 1, r, n);
     VEC4 Y = row_vec4_of_other(k + 1, r, n);
     t4_out[k + 1] = ivec4(tf_truth(X) | tf_truth(Y));
   }
-#line 136
+#line 137
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -255,13 +279,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 130
+#line 131
   {
     VEC4 X = row_vec4_of_self(k + 2, r, n);
     VEC4 Y = row_vec4_of_other(k + 2, r, n);
     t4_out[k + 2] = ivec4(tf_truth(X) | tf_truth(Y));
   }
-#line 136
+#line 137
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -270,13 +294,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 130
+#line 131
   {
     VEC4 X = row_vec4_of_self(k + 3, r, n);
     VEC4 Y = row_vec4_of_other(k + 3, r, n);
     t4_out[k + 3] = ivec4(tf_truth(X) | tf_truth(Y));
   }
-#line 146
+#line 147
 #undef VEC
 }
 

@@ -72,22 +72,33 @@ layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self
 layout(set = 0, binding = 2, std430) readonly buffer mat2_buf4 { f16vec4 t4_mat2[]; };
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
 
+
+// Operand words: through the uniform texel buffer where the contract lists the operand in
+// texel_reads and the spec constant texel_reads is 1, else through the storage buffer.
+#line 18
+VEC4 word4_self(int k) { return VEC4(t4_self[k]); }
+T word_self(int o) { return T(t_self[o]); }
+#line 18
+VEC4 word4_mat2(int k) { return VEC4(t4_mat2[k]); }
+T word_mat2(int o) { return T(t_mat2[o]); }
+
 // Texel k4 of row `row` of self (elements 4 * k4 .. + 3, zero past K).
+#line 24
 VEC4 a_texel(int row, int k4, int K) {
-  if (k_ragged == 0) { return VEC4(t4_self[row * (K >> 2) + k4]); }
+  if (k_ragged == 0) { return word4_self(row * (K >> 2) + k4); }
   int o = row * K + 4 * k4;
   int k = 4 * k4;
-  return VEC4(k < K ? t_self[o] : T(0), k + 1 < K ? t_self[o + 1] : T(0), k + 2 < K ? t_self[o + 2] : T(0),
-              k + 3 < K ? t_self[o + 3] : T(0));
+  return VEC4(k < K ? word_self(o) : T(0), k + 1 < K ? word_self(o + 1) : T(0), k + 2 < K ? word_self(o + 2) : T(0),
+              k + 3 < K ? word_self(o + 3) : T(0));
 }
 
 // Texel n4 of row k of mat2 (zero past N, and for k past K).
 VEC4 b_texel(int k, int n4, int N, int K) {
-  if (k_ragged == 0 && n_ragged == 0) { return VEC4(t4_mat2[k * (N >> 2) + n4]); }
+  if (k_ragged == 0 && n_ragged == 0) { return word4_mat2(k * (N >> 2) + n4); }
   int n = 4 * n4;
   int o = min(k, K - 1) * N + n;
-  VEC4 v = VEC4(t_mat2[o], n + 1 < N ? t_mat2[o + 1] : T(0), n + 2 < N ? t_mat2[o + 2] : T(0),
-                n + 3 < N ? t_mat2[o + 3] : T(0));
+  VEC4 v = VEC4(word_mat2(o), n + 1 < N ? word_mat2(o + 1) : T(0), n + 2 < N ? word_mat2(o + 2) : T(0),
+                n + 3 < N ? word_mat2(o + 3) : T(0));
   return k < K ? v : VEC4(0);
 }
 

@@ -25,6 +25,8 @@ layout(constant_id = 6) const int input_layout = 0;
 layout(constant_id = 7) const int weight_layout = 0;
 #line 13
 layout(constant_id = 8) const int bias_layout = 0;
+#line 13
+layout(constant_id = 10) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -82,26 +84,50 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'rstd' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 45
-T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 
 // ---- element access for 'weight' (buffer) ----
-#line 45
-T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 45
-T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
 #line 78
 layout(constant_id = 9) const int ragged = 1;  // ragged
 
+// 'input' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 6) uniform samplerBuffer tb_input;
+T load_input(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_input, o >> 2)[o & 3]) : T(t_input[o]);
+}
+
+// 'weight' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 7) uniform samplerBuffer tb_weight;
+T load_weight(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_weight, o >> 2)[o & 3]) : T(t_weight[o]);
+}
+
+// 'bias' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 8) uniform samplerBuffer tb_bias;
+T load_bias(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_bias, o >> 2)[o & 3]) : T(t_bias[o]);
+}
+
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
-#line 40 "shaders/layer_norm.glsl.j2"
-float weight_at(int w) { return pc.has_weight != 0 ? t_weight[w] : 1.0; }
-float bias_at(int w) { return pc.has_bias != 0 ? t_bias[w] : 0.0; }
+#line 41 "shaders/layer_norm.glsl.j2"
+float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : texel_reads != 0 ? texelFetch(tb_weight, w >> 2)[w & 3] : float(t_weight[w]); }
+float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : texel_reads != 0 ? texelFetch(tb_bias, w >> 2)[w & 3] : float(t_bias[w]); }
 
 // weight4 and bias4: four consecutive w from `w`; lanes past W read W - 1 (they are padding,
 // masked by the caller).
@@ -119,40 +145,50 @@ float lanes_sum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 
 // torch's row moments (Welford updates) make the mean of a row holding an infinity NaN (an inf
 // at a few positions, the last of a full vector of 8 on AVX2, stays inf there: not copied).
-#line 60
+#line 61
 float moments_mean(float mean) { return isinf(mean) ? uintBitsToFloat(0x7fc00000u) : mean; }
 vec4 moments_mean(vec4 mean) { return mix(mean, vec4(uintBitsToFloat(0x7fc00000u)), isinf(mean)); }
 
 // The words of the row through `row` (row.x = 0) in a buffer of `sizes` and layout `lid`:
 // (first word, stride between consecutive w).
-#line 67
+#line 68
 ivec2 row_words(ivec4 row, ivec4 sizes, int lid) {
   int first = tf_buffer_word_lane(row, sizes, lid).x;
   int stride = sizes.x > 1 ? tf_buffer_word_lane(row + ivec4(1, 0, 0, 0), sizes, lid).x - first : 0;
   return ivec2(first, stride);
 }
 
+// vec4 views of the buffer bindings (aliases of the same descriptors).
+#line 11 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
+#line 11
+layout(set = 0, binding = 1, std430) writeonly buffer mean_buf4 { f16vec4 t4_mean[]; };
+#line 11
+layout(set = 0, binding = 2, std430) writeonly buffer rstd_buf4 { f16vec4 t4_rstd[]; };
+#line 11
+layout(set = 0, binding = 3, std430) readonly buffer input_buf4 { f16vec4 t4_input[]; };
+#line 11
+layout(set = 0, binding = 4, std430) readonly buffer weight_buf4 { f16vec4 t4_weight[]; };
+#line 11
+layout(set = 0, binding = 5, std430) readonly buffer bias_buf4 { f16vec4 t4_bias[]; };
+#line 15
+VEC4 read4_input(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_input, k)) : VEC4(t4_input[k]); }
+T read_input(int w) { return texel_reads != 0 ? T(texelFetch(tb_input, w >> 2)[w & 3]) : T(t_input[w]); }
+#line 15
+VEC4 read4_weight(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_weight, k)) : VEC4(t4_weight[k]); }
+T read_weight(int w) { return texel_reads != 0 ? T(texelFetch(tb_weight, w >> 2)[w & 3]) : T(t_weight[w]); }
+#line 15
+VEC4 read4_bias(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_bias, k)) : VEC4(t4_bias[k]); }
+T read_bias(int w) { return texel_reads != 0 ? T(texelFetch(tb_bias, w >> 2)[w & 3]) : T(t_bias[w]); }
+
 // Input elements w .. w + 3 of the row at `rw` (all four inside the row).
+#line 77 "shaders/layer_norm.glsl.j2"
 vec4 input4(ivec2 rw, int w) {
   int i = rw.x + w * rw.y;
-  return vec4(t_input[i], t_input[i + rw.y], t_input[i + 2 * rw.y], t_input[i + 3 * rw.y]);
+  return vec4(read_input(i), read_input(i + rw.y), read_input(i + 2 * rw.y), read_input(i + 3 * rw.y));
 }
-
-// vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 8 "shaders/_vec4_views.glsl.j2"
-layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
-#line 8
-layout(set = 0, binding = 1, std430) writeonly buffer mean_buf4 { f16vec4 t4_mean[]; };
-#line 8
-layout(set = 0, binding = 2, std430) writeonly buffer rstd_buf4 { f16vec4 t4_rstd[]; };
-#line 8
-layout(set = 0, binding = 3, std430) readonly buffer input_buf4 { f16vec4 t4_input[]; };
-#line 8
-layout(set = 0, binding = 4, std430) readonly buffer weight_buf4 { f16vec4 t4_weight[]; };
-#line 8
-layout(set = 0, binding = 5, std430) readonly buffer bias_buf4 { f16vec4 t4_bias[]; };
 // native_layer_norm's row statistics, at the row's unit of mean and rstd.
-#line 82 "shaders/layer_norm.glsl.j2"
+#line 83
 void moments(ivec4 row, float mean, float rstd) {
   t_mean[tf_buffer_word_lane(row, pc.mean_sizes, mean_layout).x] = tf_to_float16(moments_mean(mean));
   t_rstd[tf_buffer_word_lane(row, pc.rstd_sizes, rstd_layout).x] = tf_to_float16(rstd);
@@ -160,27 +196,27 @@ void moments(ivec4 row, float mean, float rstd) {
 
 // Width-packed rows of whole vec4 words: the row `row` whose first words are `first_in`,
 // `first_out` (multiples of 4), `n4` vec4 words long.
-#line 90
+#line 91
 void vec4_row(ivec4 row, int first_in, int first_out, int n4, float width) {
   int a = first_in / 4, o = first_out / 4;
   vec4 s = vec4(0.0);
-  for (int j = 0; j < n4; ++j) { s += vec4(t4_input[a + j]); }
+  for (int j = 0; j < n4; ++j) { s += vec4(read4_input(a + j)); }
   float mean = lanes_sum(s) / width;
   vec4 q = vec4(0.0);
   for (int j = 0; j < n4; ++j) {
-    vec4 d = vec4(t4_input[a + j]) - mean;
+    vec4 d = vec4(read4_input(a + j)) - mean;
     q += d * d;
   }
   float rstd = inversesqrt(lanes_sum(q) / width + pc.eps);
   for (int j = 0; j < n4; ++j) {
-    vec4 y = (vec4(t4_input[a + j]) - mean) * rstd;
-    y = pc.has_weight != 0 ? y * vec4(t4_weight[j]) : y;
-    y = pc.has_bias != 0 ? y + vec4(t4_bias[j]) : y;
+    vec4 y = (vec4(read4_input(a + j)) - mean) * rstd;
+    y = pc.has_weight != 0 ? y * vec4(read4_weight(j)) : y;
+    y = pc.has_bias != 0 ? y + vec4(read4_bias(j)) : y;
     t4_out[o + j] = tf_to_float16(y);
   }
-#line 108
+#line 109
   moments(row, mean, rstd);
-#line 110
+#line 111
 }
 
 void main() {
@@ -200,7 +236,7 @@ void main() {
   vec4 s4 = vec4(0.0);
   float s = 0.0;
   for (int w = 0; w < whole; w += 4) { s4 += input4(rin, w); }
-  for (int w = whole; w < width; ++w) { s += t_input[rin.x + w * rin.y]; }
+  for (int w = whole; w < width; ++w) { s += read_input(rin.x + w * rin.y); }
   float mean = (lanes_sum(s4) + s) / float(width);
 
   vec4 q4 = vec4(0.0);
@@ -210,7 +246,7 @@ void main() {
     q4 += d * d;
   }
   for (int w = whole; w < width; ++w) {
-    float d = t_input[rin.x + w * rin.y] - mean;
+    float d = read_input(rin.x + w * rin.y) - mean;
     q += d * d;
   }
   float rstd = inversesqrt((lanes_sum(q4) + q) / float(width) + pc.eps);
@@ -224,10 +260,10 @@ void main() {
     t_out[o + 3 * rout.y] = tf_to_float16(y.w);
   }
   for (int w = whole; w < width; ++w) {
-    float y = (t_input[rin.x + w * rin.y] - mean) * rstd * weight_at(w) + bias_at(w);
+    float y = (read_input(rin.x + w * rin.y) - mean) * rstd * weight_at(w) + bias_at(w);
     t_out[rout.x + w * rout.y] = tf_to_float16(y);
   }
-#line 157
+#line 158
   moments(row, mean, rstd);
-#line 159
+#line 160
 }

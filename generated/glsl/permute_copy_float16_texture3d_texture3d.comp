@@ -108,7 +108,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
 }
 
 // Self's index of out's element at `idx`: out[o] = self[i] with i[p[d]] = o[d] over 8 lanes.
-#line 41 "shaders/permute.glsl.j2"
+#line 42 "shaders/permute.glsl.j2"
 ivec4 self_index(ivec4 idx) {
   int o[8];
   tf_unfold8(idx, pc.out_lead, o);
@@ -124,7 +124,7 @@ ivec4 self_index(ivec4 idx) {
 // no leading dims to unfold, and self's lane k is out's lane d with permute_dims[d] == k, taken by
 // compares on the uniform permutation instead of an array indexed per invocation (which lavapipe
 // keeps in memory, lane by lane).
-#line 57
+#line 58
 ivec4 unit_index(ivec4 idx) {
   ivec4 i = ivec4(0);
   for (int d = 0; d < 4; ++d) { i += idx[d] * ivec4(equal(ivec4(pc.permute_dims[d]), ivec4(0, 1, 2, 3))); }

@@ -13,6 +13,8 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
+#line 13
+layout(constant_id = 7) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 21
@@ -52,8 +54,6 @@ layout(push_constant) uniform PushConstants {
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'self' (buffer) ----
-#line 45
-T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
@@ -65,6 +65,16 @@ layout(constant_id = 6) const int tail = 1;  // units_tail
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 84
 const int tf_span = 2;
+
+// 'self' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
+T load_self(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
+}
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
 #line 7 "shaders/_lead.glsl.j2"
 void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
@@ -96,7 +106,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
 }
 
 // Self's index of out's element at `idx`: out[o] = self[i] with i[p[d]] = o[d] over 8 lanes.
-#line 41 "shaders/permute.glsl.j2"
+#line 42 "shaders/permute.glsl.j2"
 ivec4 self_index(ivec4 idx) {
   int o[8];
   tf_unfold8(idx, pc.out_lead, o);
@@ -112,7 +122,7 @@ ivec4 self_index(ivec4 idx) {
 // no leading dims to unfold, and self's lane k is out's lane d with permute_dims[d] == k, taken by
 // compares on the uniform permutation instead of an array indexed per invocation (which lavapipe
 // keeps in memory, lane by lane).
-#line 57
+#line 58
 ivec4 unit_index(ivec4 idx) {
   ivec4 i = ivec4(0);
   for (int d = 0; d < 4; ++d) { i += idx[d] * ivec4(equal(ivec4(pc.permute_dims[d]), ivec4(0, 1, 2, 3))); }

@@ -98,7 +98,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
 }
 
 // Self's index of out's element at `idx`: out[o] = self[i] with i[p[d]] = o[d] over 8 lanes.
-#line 41 "shaders/permute.glsl.j2"
+#line 42 "shaders/permute.glsl.j2"
 ivec4 self_index(ivec4 idx) {
   int o[8];
   tf_unfold8(idx, pc.out_lead, o);
@@ -111,7 +111,7 @@ ivec4 self_index(ivec4 idx) {
 }
 
 // vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 8 "shaders/_vec4_views.glsl.j2"
+#line 11 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
 
 #line 13 "shaders/_unit_moves.glsl.j2"

@@ -23,6 +23,8 @@ layout(constant_id = 5) const int key_layout = 0;
 layout(constant_id = 6) const int value_layout = 0;
 #line 13
 layout(constant_id = 7) const int attn_mask_layout = 0;
+#line 13
+layout(constant_id = 8) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -72,63 +74,102 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'query' (buffer) ----
-#line 45
-T load_query(ivec4 idx) { return t_query[tf_buffer_word_lane(idx, pc.query_sizes, query_layout).x]; }
 
 // ---- element access for 'key' (buffer) ----
-#line 45
-T load_key(ivec4 idx) { return t_key[tf_buffer_word_lane(idx, pc.key_sizes, key_layout).x]; }
 
 // ---- element access for 'value' (buffer) ----
-#line 45
-T load_value(ivec4 idx) { return t_value[tf_buffer_word_lane(idx, pc.value_sizes, value_layout).x]; }
 
 // ---- element access for 'attn_mask' (buffer) ----
 #line 45
 T load_attn_mask(ivec4 idx) { return t_attn_mask[tf_buffer_word_lane(idx, pc.attn_mask_sizes, attn_mask_layout).x]; }
-#line 41 "shaders/_rows.glsl.j2"
+
+// 'query' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 5) uniform samplerBuffer tb_query;
+T load_query(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.query_sizes, query_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_query, o >> 2)[o & 3]) : T(t_query[o]);
+}
+
+// 'key' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 6) uniform samplerBuffer tb_key;
+T load_key(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.key_sizes, key_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_key, o >> 2)[o & 3]) : T(t_key[o]);
+}
+
+// 'value' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 7) uniform samplerBuffer tb_value;
+T load_value(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.value_sizes, value_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_value, o >> 2)[o & 3]) : T(t_value[o]);
+}
+#line 60 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int width = pc.out_sizes.x;
   int o = r * width + w;
   for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
 }
-#line 23
+#line 25
 layout(set = 0, binding = 1, std430) readonly buffer query_buf4 { f16vec4 t4_query[]; };
 ivec2 row_query(int r) { return ivec2(r * pc.query_sizes.x, 0); }
-VEC4 vec4a_query(ivec2 row, int w) { return t4_query[(row.x + w) >> 2]; }
-VEC4 vec4_query(ivec2 row, int w) {
+T elem_query(ivec2 row, int w) {
   int o = row.x + w;
-  return VEC4(t_query[o], t_query[o + 1], t_query[o + 2], t_query[o + 3]);
+  return texel_reads != 0 ? T(texelFetch(tb_query, o >> 2)[o & 3]) : t_query[o];
+}
+VEC4 vec4a_query(ivec2 row, int w) {
+  int k = (row.x + w) >> 2;
+  return texel_reads != 0 ? VEC4(texelFetch(tb_query, k)) : VEC4(t4_query[k]);
+}
+VEC4 vec4_query(ivec2 row, int w) {
+  return VEC4(elem_query(row, w), elem_query(row, w + 1), elem_query(row, w + 2), elem_query(row, w + 3));
 }
 VEC4 cols_query(ivec2 row, ivec4 w) {
-  return VEC4(t_query[row.x + w.x], t_query[row.x + w.y], t_query[row.x + w.z], t_query[row.x + w.w]);
+  return VEC4(elem_query(row, w.x), elem_query(row, w.y), elem_query(row, w.z), elem_query(row, w.w));
 }
-T elem_query(ivec2 row, int w) { return t_query[row.x + w]; }
-#line 23
+#line 25
 layout(set = 0, binding = 2, std430) readonly buffer key_buf4 { f16vec4 t4_key[]; };
 ivec2 row_key(int r) { return ivec2(r * pc.key_sizes.x, 0); }
-VEC4 vec4a_key(ivec2 row, int w) { return t4_key[(row.x + w) >> 2]; }
-VEC4 vec4_key(ivec2 row, int w) {
+T elem_key(ivec2 row, int w) {
   int o = row.x + w;
-  return VEC4(t_key[o], t_key[o + 1], t_key[o + 2], t_key[o + 3]);
+  return texel_reads != 0 ? T(texelFetch(tb_key, o >> 2)[o & 3]) : t_key[o];
+}
+VEC4 vec4a_key(ivec2 row, int w) {
+  int k = (row.x + w) >> 2;
+  return texel_reads != 0 ? VEC4(texelFetch(tb_key, k)) : VEC4(t4_key[k]);
+}
+VEC4 vec4_key(ivec2 row, int w) {
+  return VEC4(elem_key(row, w), elem_key(row, w + 1), elem_key(row, w + 2), elem_key(row, w + 3));
 }
 VEC4 cols_key(ivec2 row, ivec4 w) {
-  return VEC4(t_key[row.x + w.x], t_key[row.x + w.y], t_key[row.x + w.z], t_key[row.x + w.w]);
+  return VEC4(elem_key(row, w.x), elem_key(row, w.y), elem_key(row, w.z), elem_key(row, w.w));
 }
-T elem_key(ivec2 row, int w) { return t_key[row.x + w]; }
-#line 23
+#line 25
 layout(set = 0, binding = 3, std430) readonly buffer value_buf4 { f16vec4 t4_value[]; };
 ivec2 row_value(int r) { return ivec2(r * pc.value_sizes.x, 0); }
-VEC4 vec4a_value(ivec2 row, int w) { return t4_value[(row.x + w) >> 2]; }
-VEC4 vec4_value(ivec2 row, int w) {
+T elem_value(ivec2 row, int w) {
   int o = row.x + w;
-  return VEC4(t_value[o], t_value[o + 1], t_value[o + 2], t_value[o + 3]);
+  return texel_reads != 0 ? T(texelFetch(tb_value, o >> 2)[o & 3]) : t_value[o];
+}
+VEC4 vec4a_value(ivec2 row, int w) {
+  int k = (row.x + w) >> 2;
+  return texel_reads != 0 ? VEC4(texelFetch(tb_value, k)) : VEC4(t4_value[k]);
+}
+VEC4 vec4_value(ivec2 row, int w) {
+  return VEC4(elem_value(row, w), elem_value(row, w + 1), elem_value(row, w + 2), elem_value(row, w + 3));
 }
 VEC4 cols_value(ivec2 row, ivec4 w) {
-  return VEC4(t_value[row.x + w.x], t_value[row.x + w.y], t_value[row.x + w.z], t_value[row.x + w.w]);
+  return VEC4(elem_value(row, w.x), elem_value(row, w.y), elem_value(row, w.z), elem_value(row, w.w));
 }
-T elem_value(ivec2 row, int w) { return t_value[row.x + w]; }
-#line 23
+#line 42
 layout(set = 0, binding = 4, std430) readonly buffer attn_mask_buf4 { f16vec4 t4_attn_mask[]; };
 ivec2 row_attn_mask(int r) { return ivec2(r * pc.attn_mask_sizes.x, 0); }
 VEC4 vec4a_attn_mask(ivec2 row, int w) { return t4_attn_mask[(row.x + w) >> 2]; }
@@ -141,7 +182,7 @@ VEC4 cols_attn_mask(ivec2 row, ivec4 w) {
 }
 T elem_attn_mask(ivec2 row, int w) { return t_attn_mask[row.x + w]; }
 
-#line 53 "shaders/sdpa.glsl.j2"
+#line 54 "shaders/sdpa.glsl.j2"
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define NAN uintBitsToFloat(0x7fc00000u)
 #define ROWS 4  // = the grid's tile height
@@ -185,7 +226,7 @@ struct Row {
 // over the keys. 16 vec4 accumulators with constant indices, so that they can live in
 // registers rather than in an indexed private array; value columns past Ev are clamped into the
 // row on load.
-#line 98
+#line 99
 void attend16(Row w, int c0) {
   int E = pc.query_sizes.x;
   int S = pc.key_sizes.y;
@@ -219,9 +260,9 @@ void attend16(Row w, int c0) {
     }
     ivec2 vrow = row_value(w.v_first + s);
     for (int i = 0; i < 16; ++i) {
-#line 134
+#line 135
       acc[i] += p * cols_value(vrow, min(ivec4(c0 + 4 * i) + ivec4(0, 1, 2, 3), ivec4(Ev - 1)));
-#line 136
+#line 137
     }
   }
   // NaN scores poison the row; a fully masked row (m still -inf) is 0, as in torch
@@ -232,13 +273,13 @@ void attend16(Row w, int c0) {
 }
 
 // Elements w .. w + 3 of row r of out (w + 3 < W, W % 4 == 0).
-#line 149
+#line 150
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
 void store_vec4_out(int r, int w, VEC4 v) { t4_out[(r * pc.out_sizes.x + w) >> 2] = tf_to_float16(v); }  // float16: rounded once, here
 
 // Where a tile reads: its first row and how many keys it visits, the key and value rows of its
 // batch, each row's mask row.
-#line 157
+#line 158
 struct Tile {
   int l0;        // first query row
   int c0;        // first output column (a multiple of 64)

@@ -94,31 +94,31 @@ T load_value(ivec4 idx) {
 // ---- element access for 'attn_mask' (buffer) ----
 #line 45
 T load_attn_mask(ivec4 idx) { return t_attn_mask[tf_buffer_word_lane(idx, pc.attn_mask_sizes, attn_mask_layout).x]; }
-#line 47 "shaders/_rows.glsl.j2"
+#line 66 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(w) + ivec4(0, 1, 2, 3), ivec4(pc.out_sizes.x));
   store_texel_out(ivec3(w >> 2, r % height, r / height), mix(v, VEC4(0), pad));
 }
-#line 35
+#line 54
 ivec2 row_query(int r) { return ivec2(r % pc.query_sizes.y, r / pc.query_sizes.y); }
 VEC4 vec4_query(ivec2 row, int w) { return imageLoad(t_query, ivec3(w >> 2, row)); }
 VEC4 vec4a_query(ivec2 row, int w) { return imageLoad(t_query, ivec3(w >> 2, row)); }
 VEC4 cols_query(ivec2 row, ivec4 w) { return imageLoad(t_query, ivec3(w.x >> 2, row)); }
 T elem_query(ivec2 row, int w) { return imageLoad(t_query, ivec3(w >> 2, row))[w & 3]; }
-#line 35
+#line 54
 ivec2 row_key(int r) { return ivec2(r % pc.key_sizes.y, r / pc.key_sizes.y); }
 VEC4 vec4_key(ivec2 row, int w) { return imageLoad(t_key, ivec3(w >> 2, row)); }
 VEC4 vec4a_key(ivec2 row, int w) { return imageLoad(t_key, ivec3(w >> 2, row)); }
 VEC4 cols_key(ivec2 row, ivec4 w) { return imageLoad(t_key, ivec3(w.x >> 2, row)); }
 T elem_key(ivec2 row, int w) { return imageLoad(t_key, ivec3(w >> 2, row))[w & 3]; }
-#line 35
+#line 54
 ivec2 row_value(int r) { return ivec2(r % pc.value_sizes.y, r / pc.value_sizes.y); }
 VEC4 vec4_value(ivec2 row, int w) { return imageLoad(t_value, ivec3(w >> 2, row)); }
 VEC4 vec4a_value(ivec2 row, int w) { return imageLoad(t_value, ivec3(w >> 2, row)); }
 VEC4 cols_value(ivec2 row, ivec4 w) { return imageLoad(t_value, ivec3(w.x >> 2, row)); }
 T elem_value(ivec2 row, int w) { return imageLoad(t_value, ivec3(w >> 2, row))[w & 3]; }
-#line 23
+#line 42
 layout(set = 0, binding = 4, std430) readonly buffer attn_mask_buf4 { vec4 t4_attn_mask[]; };
 ivec2 row_attn_mask(int r) { return ivec2(r * pc.attn_mask_sizes.x, 0); }
 VEC4 vec4a_attn_mask(ivec2 row, int w) { return t4_attn_mask[(row.x + w) >> 2]; }
@@ -131,7 +131,7 @@ VEC4 cols_attn_mask(ivec2 row, ivec4 w) {
 }
 T elem_attn_mask(ivec2 row, int w) { return t_attn_mask[row.x + w]; }
 
-#line 53 "shaders/sdpa.glsl.j2"
+#line 54 "shaders/sdpa.glsl.j2"
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define NAN uintBitsToFloat(0x7fc00000u)
 #define ROWS 4  // = the grid's tile height
@@ -175,7 +175,7 @@ struct Row {
 // over the keys. 16 vec4 accumulators with constant indices, so that they can live in
 // registers rather than in an indexed private array; value columns past Ev are clamped into the
 // row on load.
-#line 98
+#line 99
 void attend16(Row w, int c0) {
   int E = pc.query_sizes.x;
   int S = pc.key_sizes.y;
@@ -209,9 +209,9 @@ void attend16(Row w, int c0) {
     }
     ivec2 vrow = row_value(w.v_first + s);
     for (int i = 0; i < 16; ++i) {
-#line 134
+#line 135
       acc[i] += p * cols_value(vrow, min(ivec4(c0 + 4 * i) + ivec4(0, 1, 2, 3), ivec4(Ev - 1)));
-#line 136
+#line 137
     }
   }
   // NaN scores poison the row; a fully masked row (m still -inf) is 0, as in torch
@@ -222,12 +222,12 @@ void attend16(Row w, int c0) {
 }
 
 // Elements w .. w + 3 of row r of out (w + 3 < W, W % 4 == 0).
-#line 152
+#line 153
 void store_vec4_out(int r, int w, VEC4 v) { store4_out(r, w, v); }
 
 // Where a tile reads: its first row and how many keys it visits, the key and value rows of its
 // batch, each row's mask row.
-#line 157
+#line 158
 struct Tile {
   int l0;        // first query row
   int c0;        // first output column (a multiple of 64)

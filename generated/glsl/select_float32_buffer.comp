@@ -13,6 +13,8 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
+#line 13
+layout(constant_id = 7) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -50,8 +52,6 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
-T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
@@ -63,6 +63,16 @@ layout(constant_id = 6) const int tail = 1;  // units_tail
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 84
 const int tf_span = 16;
+
+// 'self' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
+T load_self(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
+}
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
 #line 7 "shaders/_lead.glsl.j2"
 void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
@@ -94,7 +104,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
 }
 
 // Self's index of out's element at `idx`: the removed lane put back at select_index.
-#line 29 "shaders/select.glsl.j2"
+#line 30 "shaders/select.glsl.j2"
 ivec4 self_index(ivec4 idx) {
   int o[8];
   tf_unfold8(idx, pc.out_lead, o);
@@ -106,10 +116,13 @@ ivec4 self_index(ivec4 idx) {
 }
 
 // vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 8 "shaders/_vec4_views.glsl.j2"
+#line 11 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
-#line 8
+#line 11
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
+#line 15
+VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
+T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
 
 #line 13 "shaders/_unit_moves.glsl.j2"
 const bool vec4_path = false;  // whole units go through the block path below
@@ -123,35 +136,35 @@ void unit_block(int u) {
     int k = tf_buffer_word_lane(self_index(tf_buffer_word_to_idx(16 * u, pc.out_sizes, out_layout)),
                                 pc.self_sizes, self_layout).x / 4;
 #line 24
-    t4_out[4 * u + 0] = t4_self[k + 0];
+    t4_out[4 * u + 0] = vec4(read4_self(k + 0));
 #line 24
-    t4_out[4 * u + 1] = t4_self[k + 1];
+    t4_out[4 * u + 1] = vec4(read4_self(k + 1));
 #line 24
-    t4_out[4 * u + 2] = t4_self[k + 2];
+    t4_out[4 * u + 2] = vec4(read4_self(k + 2));
 #line 24
-    t4_out[4 * u + 3] = t4_self[k + 3];
+    t4_out[4 * u + 3] = vec4(read4_self(k + 3));
 #line 26
     return;
   }
 #line 29
   if (tail == 0 || 16 * u + 0 < pc.units) {
     ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 0, pc.out_sizes, out_layout));
-    t4_out[4 * u + 0] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
+    t4_out[4 * u + 0] = vec4(read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4));
   }
 #line 29
   if (tail == 0 || 16 * u + 4 < pc.units) {
     ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 4, pc.out_sizes, out_layout));
-    t4_out[4 * u + 1] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
+    t4_out[4 * u + 1] = vec4(read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4));
   }
 #line 29
   if (tail == 0 || 16 * u + 8 < pc.units) {
     ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 8, pc.out_sizes, out_layout));
-    t4_out[4 * u + 2] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
+    t4_out[4 * u + 2] = vec4(read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4));
   }
 #line 29
   if (tail == 0 || 16 * u + 12 < pc.units) {
     ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 12, pc.out_sizes, out_layout));
-    t4_out[4 * u + 3] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
+    t4_out[4 * u + 3] = vec4(read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4));
   }
 #line 34
 }

@@ -94,7 +94,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
 }
 
 // Self's index of out's element at `idx`: the removed lane put back at select_index.
-#line 29 "shaders/select.glsl.j2"
+#line 30 "shaders/select.glsl.j2"
 ivec4 self_index(ivec4 idx) {
   int o[8];
   tf_unfold8(idx, pc.out_lead, o);
@@ -106,10 +106,13 @@ ivec4 self_index(ivec4 idx) {
 }
 
 // vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 8 "shaders/_vec4_views.glsl.j2"
+#line 11 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
-#line 8
+#line 11
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
+#line 18
+VEC4 read4_self(int k) { return VEC4(t4_self[k]); }
+T read_self(int w) { return T(t_self[w]); }
 
 #line 13 "shaders/_unit_moves.glsl.j2"
 const bool vec4_path = false;  // whole units go through the block path below
@@ -123,35 +126,35 @@ void unit_block(int u) {
     int k = tf_buffer_word_lane(self_index(tf_buffer_word_to_idx(16 * u, pc.out_sizes, out_layout)),
                                 pc.self_sizes, self_layout).x / 4;
 #line 24
-    t4_out[4 * u + 0] = t4_self[k + 0];
+    t4_out[4 * u + 0] = ivec4(read4_self(k + 0));
 #line 24
-    t4_out[4 * u + 1] = t4_self[k + 1];
+    t4_out[4 * u + 1] = ivec4(read4_self(k + 1));
 #line 24
-    t4_out[4 * u + 2] = t4_self[k + 2];
+    t4_out[4 * u + 2] = ivec4(read4_self(k + 2));
 #line 24
-    t4_out[4 * u + 3] = t4_self[k + 3];
+    t4_out[4 * u + 3] = ivec4(read4_self(k + 3));
 #line 26
     return;
   }
 #line 29
   if (tail == 0 || 16 * u + 0 < pc.units) {
     ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 0, pc.out_sizes, out_layout));
-    t4_out[4 * u + 0] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
+    t4_out[4 * u + 0] = ivec4(read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4));
   }
 #line 29
   if (tail == 0 || 16 * u + 4 < pc.units) {
     ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 4, pc.out_sizes, out_layout));
-    t4_out[4 * u + 1] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
+    t4_out[4 * u + 1] = ivec4(read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4));
   }
 #line 29
   if (tail == 0 || 16 * u + 8 < pc.units) {
     ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 8, pc.out_sizes, out_layout));
-    t4_out[4 * u + 2] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
+    t4_out[4 * u + 2] = ivec4(read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4));
   }
 #line 29
   if (tail == 0 || 16 * u + 12 < pc.units) {
     ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 12, pc.out_sizes, out_layout));
-    t4_out[4 * u + 3] = t4_self[tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4];
+    t4_out[4 * u + 3] = ivec4(read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4));
   }
 #line 34
 }

@@ -100,7 +100,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
 }
 
 // Self's index of out's element at `idx`: the removed lane put back at select_index.
-#line 29 "shaders/select.glsl.j2"
+#line 30 "shaders/select.glsl.j2"
 ivec4 self_index(ivec4 idx) {
   int o[8];
   tf_unfold8(idx, pc.out_lead, o);
@@ -111,7 +111,7 @@ ivec4 self_index(ivec4 idx) {
   return tf_fold8(e, pc.self_lead);
 }
 
-#line 40
+#line 41
 ivec4 unit_index(ivec4 idx) { return self_index(idx); }
 
 #line 42 "shaders/_unit_moves.glsl.j2"

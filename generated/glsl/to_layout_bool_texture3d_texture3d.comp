@@ -69,7 +69,7 @@ layout(constant_id = 9) const int findex = 0;  // float_index
 const int tf_span = 4;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
-#line 32 "shaders/copy.glsl.j2"
+#line 33 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
@@ -78,25 +78,25 @@ ivec4 src(ivec4 e) {
 
 // ---- 4 x 4 blocks between packed dims q (input) and p (output), shape class `transpose` ----
 // Blocks (transpose) or stepped indices (same_shape, any other re-layout): unit_block below.
-#line 45
+#line 46
 #define TF_BLOCK_PATH (transpose != 0)
 
 // The block at `base` (base[p], base[q] multiples of 4): b[k] is the output's vec4 along p at
 // q offset k, lane j of it lane k of the input's vec4 along q at p offset j (moved, not converted).
 // Input vec4s past out's sizes along p (a texture's padding lanes) read as zero.
-#line 51
+#line 52
 void block_at(ivec4 base, out VEC4 b[4]) {
   int tp = tf_packed_dim(out_layout);
   int past = pc.out_sizes[tp] - base[tp];  // input vec4s 0 .. past - 1 exist
   VEC4 a[4];
-#line 72
+#line 74
   for (int j = 0; j < 4; ++j) {  // clamped, then zeroed: a select, not a masked load
     ivec4 idx = base;
     idx[tp] += min(j, past - 1);
     VEC4 t = load_texel_self(tf_texel_pos_lane(idx, pc.self_sizes, self_layout).xyz);
     a[j] = j < past ? t : VEC4(0);
   }
-#line 79
+#line 81
   for (int k = 0; k < 4; ++k) { b[k] = VEC4(a[0][k], a[1][k], a[2][k], a[3][k]); }
 }
 
@@ -110,7 +110,7 @@ void block_at(ivec4 base, out VEC4 b[4]) {
 // zero. (C % 4 != 0 takes the element path: a last group of fewer channels, handled here by a
 // loop, measured 0.36x of the copy against the element path's 0.56x on lavapipe, which runs
 // every branch of an invocation whichever its lanes take.)
-#line 169
+#line 171
 void unit_texels(ivec3 pos) {
   int xo = pos.x + (pos.z & 3);
   if (tail != 0 && xo >= (pc.out_sizes.x + 3) >> 2) { return; }
@@ -130,11 +130,11 @@ void unit_texels(ivec3 pos) {
 // The 4 texels from pos along x (= W = q): the block whose W offset k is texel pos + (k, 0, 0),
 // the first `count` of them inside the row (a row's last block when W % 4 != 0: the input's
 // last texel along W is still whole, its padding lanes zero, and the texels past W are not stored).
-#line 189
-void unit_block(ivec3 pos, int count) {
 #line 191
-  if (tf_packed_dim(self_layout) == 2 && tf_packed_dim(out_layout) == 0) { unit_texels(pos); return; }
+void unit_block(ivec3 pos, int count) {
 #line 193
+  if (tf_packed_dim(self_layout) == 2 && tf_packed_dim(out_layout) == 0) { unit_texels(pos); return; }
+#line 195
   VEC4 b[4];
   block_at(tf_texel_to_idx(pos, pc.out_sizes, out_layout), b);
   for (int k = 0; k < 4; ++k) {
@@ -142,11 +142,11 @@ void unit_block(ivec3 pos, int count) {
   }
 }
 
-#line 201
-void unit_texel(ivec3 pos) {
 #line 203
-  if (same_units != 0) { store_texel_out(pos, load_texel_self(pos)); return; }
+void unit_texel(ivec3 pos) {
 #line 205
+  if (same_units != 0) { store_texel_out(pos, load_texel_self(pos)); return; }
+#line 207
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);

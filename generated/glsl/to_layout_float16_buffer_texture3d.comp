@@ -17,6 +17,8 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
+#line 13
+layout(constant_id = 10) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 21
@@ -52,8 +54,6 @@ layout(push_constant) uniform PushConstants {
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'self' (buffer) ----
-#line 45
-T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
@@ -72,46 +72,60 @@ layout(constant_id = 9) const int findex = 0;  // float_index
 #line 84
 const int tf_span = 4;
 
+// 'self' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
+// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
+// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
+#line 91
+layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
+T load_self(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
+}
+
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
-#line 32 "shaders/copy.glsl.j2"
+#line 33 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
 
 // vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 8 "shaders/_vec4_views.glsl.j2"
+#line 11 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
+#line 15
+VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
+T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
 
 // ---- 4 x 4 blocks between packed dims q (input) and p (output), shape class `transpose` ----
 // Blocks (transpose) or stepped indices (same_shape, any other re-layout): unit_block below.
-#line 45 "shaders/copy.glsl.j2"
+#line 46 "shaders/copy.glsl.j2"
 #define TF_BLOCK_PATH (transpose != 0)
 
 // The block at `base` (base[p], base[q] multiples of 4): b[k] is the output's vec4 along p at
 // q offset k, lane j of it lane k of the input's vec4 along q at p offset j (moved, not converted).
 // Input vec4s past out's sizes along p (a texture's padding lanes) read as zero.
-#line 51
+#line 52
 void block_at(ivec4 base, out VEC4 b[4]) {
   int tp = tf_packed_dim(out_layout);
   int past = pc.out_sizes[tp] - base[tp];  // input vec4s 0 .. past - 1 exist
   VEC4 a[4];
-#line 56
+#line 57
   int w = tf_buffer_word_lane(base, pc.self_sizes, self_layout).x;
   int step = tf_buffer_stride(tp, pc.self_sizes, self_layout);
   if (transpose == 2) {  // rows not on vec4 words: four words, clamped to the buffer's last one
     int last = tf_buffer_words(pc.self_sizes, self_layout) - 1;  // past W: lanes of texels not stored
     for (int j = 0; j < 4; ++j) {
       int r = w + min(j, past - 1) * step;
-      VEC4 t = VEC4(t_self[min(r, last)], t_self[min(r + 1, last)], t_self[min(r + 2, last)], t_self[min(r + 3, last)]);
+      VEC4 t = VEC4(read_self(min(r, last)), read_self(min(r + 1, last)), read_self(min(r + 2, last)),
+                    read_self(min(r + 3, last)));
       a[j] = j < past ? t : VEC4(0);
     }
   } else {
     for (int j = 0; j < 4; ++j) {  // clamped, then zeroed: a select, not a masked load
-      VEC4 t = VEC4(t4_self[(w + min(j, past - 1) * step) / 4]);
+      VEC4 t = VEC4(read4_self((w + min(j, past - 1) * step) / 4));
       a[j] = j < past ? t : VEC4(0);
     }
   }
-#line 79
+#line 81
   for (int k = 0; k < 4; ++k) { b[k] = VEC4(a[0][k], a[1][k], a[2][k], a[3][k]); }
 }
 
@@ -119,9 +133,9 @@ void block_at(ivec4 base, out VEC4 b[4]) {
 // The 4 texels from pos along x (= W = q): the block whose W offset k is texel pos + (k, 0, 0),
 // the first `count` of them inside the row (a row's last block when W % 4 != 0: the input's
 // last texel along W is still whole, its padding lanes zero, and the texels past W are not stored).
-#line 189
+#line 191
 void unit_block(ivec3 pos, int count) {
-#line 193
+#line 195
   VEC4 b[4];
   block_at(tf_texel_to_idx(pos, pc.out_sizes, out_layout), b);
   for (int k = 0; k < 4; ++k) {
@@ -129,9 +143,9 @@ void unit_block(ivec3 pos, int count) {
   }
 }
 
-#line 201
+#line 203
 void unit_texel(ivec3 pos) {
-#line 205
+#line 207
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);

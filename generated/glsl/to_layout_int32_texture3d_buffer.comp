@@ -67,36 +67,36 @@ layout(constant_id = 9) const int findex = 0;  // float_index
 const int tf_span = 16;
 
 // Output element `e` reads input element `src(e)`: the same index unless the view reshapes.
-#line 32 "shaders/copy.glsl.j2"
+#line 33 "shaders/copy.glsl.j2"
 ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
 
 // vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 8 "shaders/_vec4_views.glsl.j2"
+#line 11 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
 
 // ---- 4 x 4 blocks between packed dims q (input) and p (output), shape class `transpose` ----
 // Blocks (transpose) or stepped indices (same_shape, any other re-layout): unit_block below.
-#line 43 "shaders/copy.glsl.j2"
+#line 44 "shaders/copy.glsl.j2"
 #define TF_BLOCK_PATH (transpose != 0 || (same_shape != 0 && same_units == 0))
 
 // The block at `base` (base[p], base[q] multiples of 4): b[k] is the output's vec4 along p at
 // q offset k, lane j of it lane k of the input's vec4 along q at p offset j (moved, not converted).
 // Input vec4s past out's sizes along p (a texture's padding lanes) read as zero.
-#line 51
+#line 52
 void block_at(ivec4 base, out VEC4 b[4]) {
   int tp = tf_packed_dim(out_layout);
   int past = pc.out_sizes[tp] - base[tp];  // input vec4s 0 .. past - 1 exist
   VEC4 a[4];
-#line 72
+#line 74
   for (int j = 0; j < 4; ++j) {  // clamped, then zeroed: a select, not a masked load
     ivec4 idx = base;
     idx[tp] += min(j, past - 1);
     VEC4 t = load_texel_self(tf_texel_pos_lane(idx, pc.self_sizes, self_layout).xyz);
     a[j] = j < past ? t : VEC4(0);
   }
-#line 79
+#line 81
   for (int k = 0; k < 4; ++k) { b[k] = VEC4(a[0][k], a[1][k], a[2][k], a[3][k]); }
 }
 
@@ -253,7 +253,7 @@ void unit_steps(int u) {
 }
 
 
-#line 94 "shaders/copy.glsl.j2"
+#line 96 "shaders/copy.glsl.j2"
 const bool vec4_path = false;
 
 void unit_vec4(int k) {}
@@ -265,7 +265,7 @@ void unit_vec4(int k) {}
 // channels-packed: q fastest, the stores C words apart, not the loads a plane apart: 0.61-0.69x
 // -> 0.63-0.78x of the copy at 1x64x256x256 on lavapipe, three paired runs; from a texture: p
 // fastest). Otherwise (same_shape) the span's 16 words, stepped (unit_steps).
-#line 107
+#line 109
 void unit_block(int u) {
   if (transpose == 0) { unit_steps(u); return; }
   int tp = tf_packed_dim(out_layout);
@@ -273,9 +273,9 @@ void unit_block(int u) {
   ivec2 r = tf_rest_dims(tp, tq);
   int bp = pc.out_sizes[tp] / 4;
   int bq = pc.out_sizes[tq] / 4;
-#line 117
-  bool q_first = false;
 #line 119
+  bool q_first = false;
+#line 121
   ivec4 base;
   ivec2 qr = tf_divmod(u, q_first ? bq : bp, findex);
   int first = qr.y;
@@ -292,13 +292,13 @@ void unit_block(int u) {
   for (int k = 0; k < 4; ++k) { t4_out[(w + k * step) / 4] = ivec4(b[k]); }
 }
 
-#line 136
+#line 138
 void unit_word(int w) {
-#line 140
-  ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
 #line 142
+  ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
+#line 144
   t_out[w] = (load_self(src(idx)));
-#line 155
+#line 157
 }
 
 #line 18 "shaders/_span_main.glsl.j2"

@@ -141,6 +141,10 @@ class DeviceLimits:
     # (execution mode, float width) pairs of SPV_KHR_float_controls the device supports, e.g.
     # ("SignedZeroInfNanPreserve", 32); empty where it lacks VK_KHR_shader_float_controls
     float_modes: frozenset[tuple[str, int]] = frozenset()
+    # maxTexelBufferElements, where the device can read float32 and float16 buffers as uniform
+    # texel buffers of vec4 texels (R32G32B32A32 / R16G16B16A16_SFLOAT with
+    # UNIFORM_TEXEL_BUFFER_BIT); 0 where it cannot (program.texel_reads then leaves them off)
+    max_texel_buffer_elements: int = 0
 
 
 @dataclass(frozen=True)
@@ -335,7 +339,16 @@ class Device:
             emulated_features=frozenset(f for f, prop in accel.items() if f in features
                                         and not getattr(prop, ACCELERATION_PROPERTIES[f][3])),
             float_modes=supported_modes(floats) if floats is not None else frozenset(),
+            max_texel_buffer_elements=int(lim.maxTexelBufferElements) if self._texel_formats(physical) else 0,
         )
+
+    def _texel_formats(self, physical) -> bool:
+        """Whether the vec4 float formats of texel_reads views can back uniform texel buffers
+        (mandatory in Vulkan 1.0, checked all the same)."""
+        vk = self.vk
+        need = vk.VK_FORMAT_FEATURE_UNIFORM_TEXEL_BUFFER_BIT
+        return all(vk.vkGetPhysicalDeviceFormatProperties(physical, fmt).bufferFeatures & need
+                   for fmt in (vk.VK_FORMAT_R32G32B32A32_SFLOAT, vk.VK_FORMAT_R16G16B16A16_SFLOAT))
 
     def _queue_family(self) -> int:
         vk = self.vk

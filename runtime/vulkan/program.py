@@ -15,6 +15,7 @@ lock (it waits for a call in flight), is idempotent, and a later call raises Pro
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
@@ -63,6 +64,9 @@ class Dispatch:
         spec = {f"{b.tensor}_layout": int(self.layouts.get(b.tensor, t.layout)) for b, t in zip(bindings, bound)
                 if f"{b.tensor}_layout" in names}
         spec.update({k: int(v) for k, v in self.spec.items()})
+        if TEXEL_READS in names and TEXEL_READS not in self.spec:
+            texel = [t for b, t in zip(bindings, bound) if b.descriptor == TEXEL_DESCRIPTOR]
+            spec[TEXEL_READS] = int(texel_reads(limits, texel))
         if self.local_size_x is not None:
             spec["local_size_x"] = self.local_size_x
         elif getattr(self.variant, "span", 1) > 1 and limits is not None:
@@ -86,6 +90,28 @@ class Dispatch:
                 raise ValueError(f"{self.variant.name}: binding {b.tensor!r} is a {b.storage}, "
                                  f"got a {t.storage.name} tensor")
         return out
+
+
+TEXEL_DESCRIPTOR = "UNIFORM_TEXEL_BUFFER"  # a buffer input's second binding (contract texel_reads)
+TEXEL_READS = "texel_reads"  # the spec constant that reads through it
+TEXEL_READS_ENV = "TEXELFLOW_BUFFER_READS"
+
+
+def texel_reads(limits, tensors: Sequence[VkTensor] = ()) -> bool:
+    """Whether kernels read the buffer inputs their contract lists in `texel_reads` through
+    uniform texel buffers rather than storage buffers. lavapipe (a CPU device) loads a storage
+    buffer lane by lane and a texel buffer through its vectorised image path: on an AMD EPYC
+    the trivial vec4 copy read 1.5 GB/s from a storage buffer and 4.9-6.5 GB/s from the same
+    buffer as a texel buffer. GPUs keep storage buffers (not measured there). The environment
+    variable TEXELFLOW_BUFFER_READS (`texel`, `storage`, `auto`) overrides the device type; a
+    tensor past the device's maxTexelBufferElements keeps the storage-buffer path."""
+    value = os.environ.get(TEXEL_READS_ENV, "").strip().lower() or "auto"
+    if value not in ("auto", "texel", "storage"):
+        raise ValueError(f"{TEXEL_READS_ENV}={os.environ[TEXEL_READS_ENV]!r}: expected one of auto, texel, storage")
+    limit = getattr(limits, "max_texel_buffer_elements", 0) if limits is not None else 0
+    if value == "storage" or limit <= 0 or (value == "auto" and getattr(limits, "device_type", None) != "cpu"):
+        return False
+    return all(-(-t.nbytes // (16 if t.dtype == "float32" else 8)) <= limit for t in tensors)
 
 
 # Invocations per workgroup for kernels whose invocations each stream several units (contract
@@ -205,6 +231,7 @@ class Program:
         vk, dev = self.vk, self.device
         self._pipes, self._push, self._groups = [], [], []
         descriptors = {info.descriptor: 0 for info in STORAGE_INFO.values()}  # descriptor type -> count
+        descriptors[TEXEL_DESCRIPTOR] = 0
         for d, ts in zip(self.dispatches, self._bound):
             v = d.variant
             pipe = self.pipelines.get(v, d.specialization(ts, dev.limits), spirv=d.spirv)
@@ -233,7 +260,9 @@ class Program:
             writes = []
             for dset, d, ts in zip(self._sets, self.dispatches, self._bound):
                 for b, t in zip(self._bindings(d.variant), ts):
-                    if t.is_texture:
+                    if b.descriptor == TEXEL_DESCRIPTOR:
+                        info = dict(pTexelBufferView=[t.texel_view()])
+                    elif t.is_texture:
                         info = dict(pImageInfo=[
                             vk.VkDescriptorImageInfo(imageView=t.view, imageLayout=vk.VK_IMAGE_LAYOUT_GENERAL)])
                     else:

@@ -68,6 +68,7 @@ class VkTensor:
         self.memory: MemoryBlock | None = None
         self.offset = 0
         self.view = None
+        self._texel_view = None  # a buffer's uniform texel buffer view (texel_view), made on first use
         self._owned: MemoryBlock | None = None
         self.buffer = self.image = None
         vk = device.vk
@@ -97,7 +98,9 @@ class VkTensor:
                 raise BufferTooLargeError(
                     f"tensor {self.shape} {dtype} as BUFFER/{self.layout.name} needs {self.nbytes} bytes, over "
                     f"maxStorageBufferRange = {limit} bytes ({device.limits.name}); split it or use a texture")
-            self.buffer = create_buffer(device, self.nbytes, vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT
+            # whole 16-byte words, so that a texel view (texel_view) covers the last partial vec4
+            self.buffer = create_buffer(device, -(-self.nbytes // 16) * 16, vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT
+                                        | vk.VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT
                                         | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT)
             self.requirements = buffer_requirements(device, self.buffer)
         device.adopt(self)
@@ -255,15 +258,46 @@ class VkTensor:
         if self.memory is None:
             raise ValueError(f"tensor {self.label or self.shape} has no memory bound yet")
 
+    def texel_view(self):
+        """A uniform texel buffer view of this float buffer as vec4 texels (word k = texel k:
+        R32G32B32A32_SFLOAT for float32, R16G16B16A16_SFLOAT for float16), for the `tb_<name>`
+        bindings of contract texel_reads; made on first use (the buffer must be bound) and
+        destroyed with the tensor. It covers the last partial word (the buffer holds whole 16
+        bytes), clipped to maxTexelBufferElements: past it the kernels read the storage buffer
+        (program.texel_reads)."""
+        dev = self.device
+        with dev.lock:
+            if self._texel_view is not None:
+                return self._texel_view
+            vk = dev.vk
+            formats = {"float32": (vk.VK_FORMAT_R32G32B32A32_SFLOAT, 16),
+                       "float16": (vk.VK_FORMAT_R16G16B16A16_SFLOAT, 8)}
+            if self.is_texture or self.dtype not in formats or self.memory is None:
+                raise ValueError(f"tensor {self.label or self.shape}: a texel view needs a bound float32 or "
+                                 "float16 buffer")
+            limit = dev.limits.max_texel_buffer_elements
+            if limit <= 0:
+                raise UnsupportedError(f"{dev.limits.name} cannot read float buffers as uniform texel buffers")
+            fmt, size = formats[self.dtype]
+            texels = min(-(-self.nbytes // size), limit)
+            with translate("creating a texel buffer view"):
+                self._texel_view = vk.vkCreateBufferView(dev.handle, vk.VkBufferViewCreateInfo(
+                    sType=vk.VK_STRUCTURE_TYPE_BUFFER_VIEW_CREATE_INFO, buffer=self.buffer, format=fmt, offset=0,
+                    range=texels * size), None)
+            return self._texel_view
+
     # ---- teardown -----------------------------------------------------------------------------
     def close(self) -> None:
         """Destroy the buffer or image (and its memory when dedicated); a no-op when closed."""
         dev = self.device
         with dev.lock:
             view, image, buffer, owned = self.view, self.image, self.buffer, self._owned
+            texel_view, self._texel_view = self._texel_view, None
             self.view = self.image = self.buffer = self._owned = self.memory = None
             vk, h = dev.vk, dev.handle
             if h is not None:
+                if texel_view is not None:
+                    vk.vkDestroyBufferView(h, texel_view, None)
                 if view is not None:
                     vk.vkDestroyImageView(h, view, None)
                 if image is not None:

@@ -26,6 +26,12 @@ BAD = [
      "contract span of 'buffer' must be an int from 1 to 64, got 0", "span: {buffer: 0"),
     ("tensor-the-op-lacks", "binary", ("b_class: {read_class: in1, of: out}", "b_class: {read_class: in2, of: out}"),
      "op 'add': spec constant 'b_class' names tensor 'in2', which the op does not have", "b_class: {read_class: in2"),
+    ("texel-reads-tensor-the-op-lacks", "binary", ("texel_reads: [in0, in1]", "texel_reads: [in0, in2]"),
+     "op 'add': texel_reads names tensor 'in2', which the op does not have as an input", "texel_reads: [in0, in2]"),
+    ("texel-reads-an-output", "unary", ("texel_reads: [in0]", "texel_reads: [out]"),
+     "texel_reads names tensor 'out', which the op does not have as an input", "texel_reads: [out]"),
+    ("texel-reads-not-a-list", "unary", ("texel_reads: [in0]", "texel_reads: in0"),
+     "contract texel_reads must be a list of distinct tensor names, got 'in0'", "texel_reads: in0"),
 ]
 
 

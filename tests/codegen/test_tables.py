@@ -18,9 +18,15 @@ def test_storage_table_names_every_axis_value_once():
 
 
 def test_bindings_follow_the_storage_table():
+    """Each tensor's own binding has its storage's descriptor; a buffer input a template reads
+    through a texel view (contract texel_reads) has one more, a uniform texel buffer, after them."""
     for v in VARIANTS.values():
-        for b in v.bindings:
+        own = [b for b in v.bindings if b.descriptor != "UNIFORM_TEXEL_BUFFER"]
+        for b in own:
             assert b.descriptor == STORAGE_INFO[STORAGE_BY_AXIS[b.storage]].descriptor, (v.name, b)
+        for b in v.bindings[len(own):]:
+            assert b.descriptor == "UNIFORM_TEXEL_BUFFER" and b.storage == "buffer" and b.access == "read", (v.name, b)
+            assert v.dtype in ("float32", "float16"), (v.name, b)
 
 
 def test_dtypes_are_keyed_by_name_not_glsl_type():
