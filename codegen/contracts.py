@@ -28,6 +28,7 @@ A template opens with a YAML block in a jinja comment:
     texel_reads: [query, key]           float inputs that, bound as buffers, are also bound as a
                                         uniform texel buffer (samplerBuffer tb_<name>, one vec4 a
                                         texel) for the spec constant `texel_reads` to read through
+                                        (`inputs`: every tensor argument of the op)
     -#}
 
 Tensors are named as the op's tensors are, or by position: in0, in1, ... (tensor arguments),

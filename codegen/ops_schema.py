@@ -326,9 +326,9 @@ class _Context:
                                 where, c.out)
             span = contract_span(contract)
             inputs = set(refs.inputs)
-            texel_reads = contract_texel_reads(
-                contract, lambda r: (lambda got: got if got and set(got) <= inputs else None)(refs.resolve(r)),
-                where, c.out)
+            texel_reads = contract_texel_reads(  # `inputs`: every tensor argument the op has
+                contract, lambda r: list(refs.inputs) if r == "inputs" else
+                (lambda got: got if got and set(got) <= inputs else None)(refs.resolve(r)), where, c.out)
         samples = self._samples(where, b, args, refs)
         sample_values = self._sample_values(where, b, refs)
         if len(c.out.items) != before:

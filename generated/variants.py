@@ -88,6 +88,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -102,6 +103,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -142,6 +144,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -156,6 +159,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -196,6 +200,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -210,6 +215,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -250,6 +256,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -264,6 +271,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -1570,6 +1578,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -1584,6 +1593,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -1624,6 +1634,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -1638,6 +1649,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -1732,6 +1744,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -1746,6 +1759,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -1786,6 +1800,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -1800,6 +1815,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -3876,6 +3892,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -3894,6 +3911,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -3938,6 +3956,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -3956,6 +3975,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -6674,6 +6694,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'indices', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6689,6 +6710,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'weight_layout', 'int', 0),
             SpecConstant(5, 'indices_layout', 'int', 0),
+            SpecConstant(6, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -6703,6 +6725,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_IMAGE', 'write', 'texture3d'),
             Binding(1, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'indices', 'STORAGE_IMAGE', 'read', 'texture3d'),
+            Binding(3, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6718,6 +6741,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'weight_layout', 'int', 0),
             SpecConstant(5, 'indices_layout', 'int', 0),
+            SpecConstant(6, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -6732,6 +6756,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'indices', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6747,6 +6772,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'weight_layout', 'int', 0),
             SpecConstant(5, 'indices_layout', 'int', 0),
+            SpecConstant(6, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -6761,6 +6787,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_IMAGE', 'write', 'texture3d'),
             Binding(1, 'weight', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'indices', 'STORAGE_IMAGE', 'read', 'texture3d'),
+            Binding(3, 'weight', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -6776,6 +6803,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'weight_layout', 'int', 0),
             SpecConstant(5, 'indices_layout', 'int', 0),
+            SpecConstant(6, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -7423,6 +7451,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -7438,6 +7467,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -7479,6 +7509,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -7494,6 +7525,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -9726,6 +9758,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'index', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9742,6 +9775,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'index_layout', 'int', 0),
+            SpecConstant(6, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -9786,6 +9820,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'index', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -9802,6 +9837,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'index_layout', 'int', 0),
+            SpecConstant(6, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -11177,6 +11213,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -11192,6 +11229,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -11233,6 +11271,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -11248,6 +11287,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -12979,6 +13019,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -12993,6 +13034,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -13033,6 +13075,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -13047,6 +13090,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -13902,6 +13946,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -13916,6 +13961,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -13956,6 +14002,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -13970,6 +14017,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -14349,6 +14397,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'mask', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -14365,6 +14414,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
             SpecConstant(5, 'mask_layout', 'int', 0),
+            SpecConstant(6, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -14968,6 +15018,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -14982,6 +15033,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -15022,6 +15074,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -15036,6 +15089,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -21531,6 +21585,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21549,6 +21604,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -21593,6 +21649,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21611,6 +21668,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -21717,6 +21775,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21731,6 +21790,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -21771,6 +21831,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -21785,6 +21846,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -22489,6 +22551,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -22504,6 +22567,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -22545,6 +22609,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -22560,6 +22625,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -22949,6 +23015,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -22963,6 +23030,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -23003,6 +23071,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -23017,6 +23086,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -24777,6 +24847,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -24792,6 +24863,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -24833,6 +24905,7 @@ VARIANTS: dict[str, ShaderVariant] = {
         bindings=(
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(2, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -24848,6 +24921,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'self_layout', 'int', 0),
+            SpecConstant(5, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -24890,6 +24964,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'mean', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(2, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -24907,6 +24982,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'mean_layout', 'int', 0),
             SpecConstant(5, 'self_layout', 'int', 0),
+            SpecConstant(6, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=('shaderFloat16', 'storageBuffer16BitAccess'),
@@ -24952,6 +25028,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'mean', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(2, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -24969,6 +25046,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'mean_layout', 'int', 0),
             SpecConstant(5, 'self_layout', 'int', 0),
+            SpecConstant(6, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -25371,6 +25449,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(1, 'condition', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(3, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(4, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
+            Binding(5, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -25388,6 +25468,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(4, 'condition_layout', 'int', 0),
             SpecConstant(5, 'self_layout', 'int', 0),
             SpecConstant(6, 'other_layout', 'int', 0),
+            SpecConstant(7, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -25498,6 +25579,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'condition', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'self', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'self', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -25514,6 +25596,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'condition_layout', 'int', 0),
             SpecConstant(5, 'self_layout', 'int', 0),
+            SpecConstant(6, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),
@@ -25618,6 +25701,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'condition', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'other', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(3, 'other', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -25634,6 +25718,7 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'condition_layout', 'int', 0),
             SpecConstant(5, 'other_layout', 'int', 0),
+            SpecConstant(6, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),

@@ -13,6 +13,8 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
+#line 13
+layout(constant_id = 5) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -44,17 +46,25 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
-T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
-#line 25 "shaders/softmax.glsl.j2"
+// Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
+// texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
+// faster than storage buffers (lavapipe loads a storage buffer lane by lane).
+#line 93
+layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
+T load_self(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
+}
+
+#line 26 "shaders/softmax.glsl.j2"
 #define TF_SOFTMAX(x, m, s) (exp((x) - (m)) / (s))
 
-#line 30
+#line 31
 float neg_inf() { return uintBitsToFloat(0xff800000u); }
 
 // (max, sum of exp(x - max)) of self along lane d, from index r (r[d] = 0).
-#line 34
+#line 35
 vec2 line_stats(ivec4 r, int d) {
   int n = pc.self_sizes[d];
   float m = neg_inf();

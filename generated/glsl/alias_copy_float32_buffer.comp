@@ -62,10 +62,10 @@ layout(constant_id = 9) const int findex = 0;  // float_index
 #line 84
 const int tf_span = 16;
 
-// 'self' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
-// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
-// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
-#line 91
+// Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
+// texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
+// faster than storage buffers (lavapipe loads a storage buffer lane by lane).
+#line 93
 layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
 T load_self(ivec4 idx) {
   int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;

@@ -98,7 +98,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
   s[7] = 1;
 }
 
-#line 21 "shaders/pad.glsl.j2"
+#line 22 "shaders/pad.glsl.j2"
 T compute_out(ivec4 idx) {
   int e[8];
   tf_unfold8(idx, pc.out_lead, e);

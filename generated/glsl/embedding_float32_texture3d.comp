@@ -15,6 +15,8 @@ layout(constant_id = 3) const int out_layout = 0;
 layout(constant_id = 4) const int weight_layout = 0;
 #line 13
 layout(constant_id = 5) const int indices_layout = 0;
+#line 13
+layout(constant_id = 6) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 21
@@ -50,8 +52,6 @@ layout(push_constant) uniform PushConstants {
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'weight' (buffer) ----
-#line 45
-T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'indices' (texture3d) ----
 #line 56
@@ -61,7 +61,17 @@ int load_indices(ivec4 idx) {
   return imageLoad(t_indices, pl.xyz)[pl.w];
 }
 
-#line 13 "shaders/embedding.glsl.j2"
+// Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
+// texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
+// faster than storage buffers (lavapipe loads a storage buffer lane by lane).
+#line 93
+layout(set = 0, binding = 3) uniform samplerBuffer tb_weight;
+T load_weight(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_weight, o >> 2)[o & 3]) : T(t_weight[o]);
+}
+
+#line 14 "shaders/embedding.glsl.j2"
 T compute_out(ivec4 idx) {
   int row = clamp(int(load_indices(ivec4(idx.yzw, 0))), 0, pc.weight_sizes.y - 1);
   return load_weight(ivec4(idx.x, row, 0, 0));

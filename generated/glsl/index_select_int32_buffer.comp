@@ -57,7 +57,7 @@ T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, s
 #line 45
 T load_index(ivec4 idx) { return t_index[tf_buffer_word_lane(idx, pc.index_sizes, index_layout).x]; }
 
-#line 16 "shaders/index_select.glsl.j2"
+#line 17 "shaders/index_select.glsl.j2"
 T compute_out(ivec4 idx) {
   int size = pc.self_sizes[pc.select_dim];
   int row = int(load_index(ivec4(idx[pc.select_dim], 0, 0, 0)));

@@ -17,6 +17,8 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
+#line 13
+layout(constant_id = 5) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -52,11 +54,19 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
-T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
+
+// Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
+// texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
+// faster than storage buffers (lavapipe loads a storage buffer lane by lane).
+#line 93
+layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
+T load_self(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
+}
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 30 "shaders/reduce.glsl.j2"
+#line 31 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -67,18 +77,18 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 60
+#line 61
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // torch's linalg.vector_norm: 2 (sqrt of the sum of squares), inf / -inf (max / min of |x|),
   // 0 (the count of nonzeros, NaN included), else (sum |x|^ord)^(1 / ord).
-#line 101
+#line 102
   if (isinf(pc.ord)) {
     R acc = abs(load_self(b));
     if (pc.ord > 0.0) {
-#line 44
+#line 45
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -89,9 +99,9 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 105
+#line 106
     } else {
-#line 44
+#line 45
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -102,13 +112,13 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 107
+#line 108
     }
     return acc;
   }
   R acc = R(0);
   if (pc.ord == 2.0) {
-#line 44
+#line 45
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -119,11 +129,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 113
+#line 114
     return tf_sqrt(acc);
   }
   if (pc.ord == 1.0) {
-#line 44
+#line 45
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -134,11 +144,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 117
+#line 118
     return acc;
   }
   if (pc.ord == 0.0) {
-#line 44
+#line 45
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -149,10 +159,10 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 121
+#line 122
     return acc;
   }
-#line 44
+#line 45
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -163,18 +173,18 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 124
+#line 125
   return tf_pow(acc, R(1.0 / pc.ord));
-#line 135
+#line 136
 }
 #undef R
 
-#line 157
+#line 158
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 161
+#line 162
   ivec4 o = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   t_out[u] = tf_to_float16(compute_out(o));
-#line 197
+#line 198
 }

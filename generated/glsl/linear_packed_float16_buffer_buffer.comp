@@ -88,20 +88,16 @@ layout(constant_id = 9) const int act = 0;  // activation_code
 #line 78
 layout(constant_id = 10) const int narrow = 0;  // narrow_tiles
 
-// 'input' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
-// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
-// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
-#line 91
+// Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
+// texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
+// faster than storage buffers (lavapipe loads a storage buffer lane by lane).
+#line 93
 layout(set = 0, binding = 4) uniform samplerBuffer tb_input;
 T load_input(ivec4 idx) {
   int o = tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x;
   return texel_reads != 0 ? T(texelFetch(tb_input, o >> 2)[o & 3]) : T(t_input[o]);
 }
-
-// 'weight' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
-// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
-// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
-#line 91
+#line 93
 layout(set = 0, binding = 5) uniform samplerBuffer tb_weight;
 T load_weight(ivec4 idx) {
   int o = tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x;

@@ -15,6 +15,8 @@ layout(constant_id = 3) const int out_layout = 0;
 layout(constant_id = 4) const int self_layout = 0;
 #line 13
 layout(constant_id = 5) const int mask_layout = 0;
+#line 13
+layout(constant_id = 6) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -50,12 +52,20 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
-T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'mask' (buffer) ----
 #line 45
 int load_mask(ivec4 idx) { return t_mask[tf_buffer_word_lane(idx, pc.mask_sizes, mask_layout).x]; }
+
+// Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
+// texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
+// faster than storage buffers (lavapipe loads a storage buffer lane by lane).
+#line 93
+layout(set = 0, binding = 3) uniform samplerBuffer tb_self;
+T load_self(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
+}
 
 #line 10 "shaders/masked_fill.glsl.j2"
 T compute_out(ivec4 idx) {

@@ -76,20 +76,16 @@ layout(constant_id = 10) const int rows4 = 0;  // row_groups
 #line 84
 const int tf_span = 16;
 
-// 'self' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
-// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
-// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
-#line 91
+// Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
+// texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
+// faster than storage buffers (lavapipe loads a storage buffer lane by lane).
+#line 93
 layout(set = 0, binding = 3) uniform samplerBuffer tb_self;
 T load_self(ivec4 idx) {
   int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
   return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
 }
-
-// 'other' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
-// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
-// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
-#line 91
+#line 93
 layout(set = 0, binding = 4) uniform samplerBuffer tb_other;
 T load_other(ivec4 idx) {
   int o = tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x;

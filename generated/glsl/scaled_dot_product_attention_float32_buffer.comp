@@ -77,30 +77,22 @@ layout(push_constant) uniform PushConstants {
 #line 45
 T load_attn_mask(ivec4 idx) { return t_attn_mask[tf_buffer_word_lane(idx, pc.attn_mask_sizes, attn_mask_layout).x]; }
 
-// 'query' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
-// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
-// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
-#line 91
+// Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
+// texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
+// faster than storage buffers (lavapipe loads a storage buffer lane by lane).
+#line 93
 layout(set = 0, binding = 5) uniform samplerBuffer tb_query;
 T load_query(ivec4 idx) {
   int o = tf_buffer_word_lane(idx, pc.query_sizes, query_layout).x;
   return texel_reads != 0 ? T(texelFetch(tb_query, o >> 2)[o & 3]) : T(t_query[o]);
 }
-
-// 'key' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
-// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
-// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
-#line 91
+#line 93
 layout(set = 0, binding = 6) uniform samplerBuffer tb_key;
 T load_key(ivec4 idx) {
   int o = tf_buffer_word_lane(idx, pc.key_sizes, key_layout).x;
   return texel_reads != 0 ? T(texelFetch(tb_key, o >> 2)[o & 3]) : T(t_key[o]);
 }
-
-// 'value' again, as a uniform texel buffer of vec4 texels (word k = texel k, contract
-// texel_reads), read where the runtime sets texel_reads: on a device whose texel-buffer loads
-// beat its storage-buffer loads (lavapipe: a storage buffer is loaded lane by lane)
-#line 91
+#line 93
 layout(set = 0, binding = 7) uniform samplerBuffer tb_value;
 T load_value(ivec4 idx) {
   int o = tf_buffer_word_lane(idx, pc.value_sizes, value_layout).x;

@@ -13,6 +13,8 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;
 layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
+#line 13
+layout(constant_id = 5) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -52,8 +54,16 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
-T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
+
+// Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
+// texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
+// faster than storage buffers (lavapipe loads a storage buffer lane by lane).
+#line 93
+layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
+T load_self(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
+}
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
 #line 7 "shaders/_lead.glsl.j2"
 void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
@@ -84,7 +94,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
   s[7] = 1;
 }
 
-#line 22 "shaders/slice.glsl.j2"
+#line 23 "shaders/slice.glsl.j2"
 T compute_out(ivec4 idx) {
   int e[8];
   tf_unfold8(idx, pc.out_lead, e);

@@ -19,6 +19,8 @@ layout(constant_id = 3) const int out_layout = 0;
 layout(constant_id = 4) const int mean_layout = 0;
 #line 13
 layout(constant_id = 5) const int self_layout = 0;
+#line 13
+layout(constant_id = 6) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -60,11 +62,19 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'mean' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
-T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
+
+// Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
+// texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
+// faster than storage buffers (lavapipe loads a storage buffer lane by lane).
+#line 93
+layout(set = 0, binding = 3) uniform samplerBuffer tb_self;
+T load_self(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
+}
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 30 "shaders/reduce.glsl.j2"
+#line 31 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -75,16 +85,16 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 60
+#line 61
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 79
+#line 80
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0);
-#line 44
+#line 45
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -95,10 +105,10 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 82
+#line 83
   R mean = sum / R(count);
   R acc = R(0);
-#line 44
+#line 45
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -109,24 +119,24 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 85
+#line 86
   R v = tf_div_nonneg(acc, max(count - pc.correction, 0.0));
-#line 89
+#line 90
   return v;
-#line 135
+#line 136
 }
 #undef R
-#line 60
+#line 61
 #define R T
 R compute_mean(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // var_mean's mean by torch's running (Welford) update, in the same order, so that an infinity
   // gives torch's result: +-inf when it comes last, else NaN (inf - inf).
-#line 94
+#line 95
   R acc = R(0);
   float k = 0.0;
-#line 44
+#line 45
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -137,20 +147,20 @@ R compute_mean(ivec4 o) {
       }
     }
   }
-#line 97
+#line 98
   return acc;
-#line 135
+#line 136
 }
 #undef R
 
-#line 157
+#line 158
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 161
+#line 162
   ivec4 o = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   t_out[u] = tf_to_float16(compute_out(o));
-#line 164
+#line 165
   t_mean[u] = tf_to_float16(compute_mean(o));  // out's shape and representation (one sync group)
-#line 197
+#line 198
 }

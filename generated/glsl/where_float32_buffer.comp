@@ -17,6 +17,8 @@ layout(constant_id = 4) const int condition_layout = 0;
 layout(constant_id = 5) const int self_layout = 0;
 #line 13
 layout(constant_id = 6) const int other_layout = 0;
+#line 13
+layout(constant_id = 7) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -58,12 +60,24 @@ layout(push_constant) uniform PushConstants {
 int load_condition(ivec4 idx) { return t_condition[tf_buffer_word_lane(idx, pc.condition_sizes, condition_layout).x]; }
 
 // ---- element access for 'self' (buffer) ----
-#line 45
-T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'other' (buffer) ----
-#line 45
-T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x]; }
+
+// Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
+// texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
+// faster than storage buffers (lavapipe loads a storage buffer lane by lane).
+#line 93
+layout(set = 0, binding = 4) uniform samplerBuffer tb_self;
+T load_self(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
+}
+#line 93
+layout(set = 0, binding = 5) uniform samplerBuffer tb_other;
+T load_other(ivec4 idx) {
+  int o = tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x;
+  return texel_reads != 0 ? T(texelFetch(tb_other, o >> 2)[o & 3]) : T(t_other[o]);
+}
 
 #line 14 "shaders/where.glsl.j2"
 T pick_self(ivec4 idx) {
