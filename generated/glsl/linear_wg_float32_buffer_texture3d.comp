@@ -106,41 +106,50 @@ VEC4 conv_activation(VEC4 v) {
 // The fused activation, compiled out where the shape class `act` says none.
 #line 8 "shaders/_linear_packed_io.glsl.j2"
 VEC4 activated(VEC4 v) { return act == 1 ? v : conv_activation(v); }
-#line 12
-layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
-#line 18
+// vec4 views of the buffer bindings (aliases of the same descriptors).
+#line 11 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
+#line 11
+layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
+#line 11
+layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
+#line 18
+VEC4 read4_input(int k) { return VEC4(t4_input[k]); }
+T read_input(int w) { return T(t_input[w]); }
+#line 18
+VEC4 read4_bias(int k) { return VEC4(t4_bias[k]); }
+T read_bias(int w) { return T(t_bias[w]); }
 
 // Texel k4 (elements 4 * k4 .. 4 * k4 + 3, zero past K) of input row `row`.
-#line 22
+#line 14 "shaders/_linear_packed_io.glsl.j2"
 VEC4 input_texel(int row, int k4, int K) {
-#line 36
-  if (k_ragged == 0) { return VEC4(t4_input[row * (K >> 2) + k4]); }
+#line 16
+  if (k_ragged == 0) { return read4_input(row * (K >> 2) + k4); }
   int o = row * K + 4 * k4;
   int k = 4 * k4;
-  return VEC4(t_input[o], k + 1 < K ? t_input[o + 1] : T(0), k + 2 < K ? t_input[o + 2] : T(0),
-              k + 3 < K ? t_input[o + 3] : T(0));
-#line 45
+  return VEC4(read_input(o), k + 1 < K ? read_input(o + 1) : T(0), k + 2 < K ? read_input(o + 2) : T(0),
+              k + 3 < K ? read_input(o + 3) : T(0));
+#line 25
 }
 
 // Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k.
 VEC4 weight_texel(int n4, int k) {
-#line 55
+#line 32
   return imageLoad(t_weight, ivec3(n4, k, 0));
-#line 57
+#line 34
 }
 
 // Stores out's texel n4 (columns 4 * n4 .. 4 * n4 + 3) of row `row`: lanes past N are not
 // written (buffer) or written as 0 (texture padding).
 void store_out(int row, int n4, int N, VEC4 v) {
-#line 63
+#line 40
   if (n_ragged == 0) {
     t4_out[row * (N >> 2) + n4] = vec4(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = v[j]; }
   }
-#line 74
+#line 51
 }
 
 #line 26 "shaders/linear_wg.glsl.j2"

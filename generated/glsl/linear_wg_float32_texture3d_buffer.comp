@@ -108,33 +108,42 @@ VEC4 conv_activation(VEC4 v) {
 // The fused activation, compiled out where the shape class `act` says none.
 #line 8 "shaders/_linear_packed_io.glsl.j2"
 VEC4 activated(VEC4 v) { return act == 1 ? v : conv_activation(v); }
-#line 15
+// vec4 views of the buffer bindings (aliases of the same descriptors).
+#line 11 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
+#line 11
+layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
+#line 18
+VEC4 read4_weight(int k) { return VEC4(t4_weight[k]); }
+T read_weight(int w) { return T(t_weight[w]); }
+#line 18
+VEC4 read4_bias(int k) { return VEC4(t4_bias[k]); }
+T read_bias(int w) { return T(t_bias[w]); }
 
 // Texel k4 (elements 4 * k4 .. 4 * k4 + 3, zero past K) of input row `row`.
-#line 22
+#line 14 "shaders/_linear_packed_io.glsl.j2"
 VEC4 input_texel(int row, int k4, int K) {
-#line 42
+#line 22
   int height = pc.input_sizes.y;
   return imageLoad(t_input, ivec3(k4, row % height, row / height));
-#line 45
+#line 25
 }
 
 // Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k.
 VEC4 weight_texel(int n4, int k) {
-#line 53
-  return VEC4(t4_weight[k * (pc.weight_sizes.x >> 2) + n4]);
-#line 57
+#line 30
+  return read4_weight(k * (pc.weight_sizes.x >> 2) + n4);
+#line 34
 }
 
 // Stores out's texel n4 (columns 4 * n4 .. 4 * n4 + 3) of row `row`: lanes past N are not
 // written (buffer) or written as 0 (texture padding).
 void store_out(int row, int n4, int N, VEC4 v) {
-#line 70
+#line 47
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
   store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
-#line 74
+#line 51
 }
 
 #line 26 "shaders/linear_wg.glsl.j2"

@@ -84,38 +84,37 @@ T load_mat2(ivec4 idx) {
 #line 33 "shaders/mm_tiled.glsl.j2"
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-#line 6 "shaders/_mm_io.glsl.j2"
-layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
-layout(set = 0, binding = 2, std430) readonly buffer mat2_buf4 { f16vec4 t4_mat2[]; };
+// vec4 views of the buffer bindings (aliases of the same descriptors).
+#line 11 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
-
-
-// Operand words: through the uniform texel buffer where the contract lists the operand in
-// texel_reads and the spec constant texel_reads is 1, else through the storage buffer.
+#line 11
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
+#line 11
+layout(set = 0, binding = 2, std430) readonly buffer mat2_buf4 { f16vec4 t4_mat2[]; };
 #line 15
-VEC4 word4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
-T word_self(int o) { return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]); }
+VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
+T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
 #line 15
-VEC4 word4_mat2(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_mat2, k)) : VEC4(t4_mat2[k]); }
-T word_mat2(int o) { return texel_reads != 0 ? T(texelFetch(tb_mat2, o >> 2)[o & 3]) : T(t_mat2[o]); }
+VEC4 read4_mat2(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_mat2, k)) : VEC4(t4_mat2[k]); }
+T read_mat2(int w) { return texel_reads != 0 ? T(texelFetch(tb_mat2, w >> 2)[w & 3]) : T(t_mat2[w]); }
 
 // Texel k4 of row `row` of self (elements 4 * k4 .. + 3, zero past K).
-#line 24
+#line 9 "shaders/_mm_io.glsl.j2"
 VEC4 a_texel(int row, int k4, int K) {
-  if (k_ragged == 0) { return word4_self(row * (K >> 2) + k4); }
+  if (k_ragged == 0) { return read4_self(row * (K >> 2) + k4); }
   int o = row * K + 4 * k4;
   int k = 4 * k4;
-  return VEC4(k < K ? word_self(o) : T(0), k + 1 < K ? word_self(o + 1) : T(0), k + 2 < K ? word_self(o + 2) : T(0),
-              k + 3 < K ? word_self(o + 3) : T(0));
+  return VEC4(k < K ? read_self(o) : T(0), k + 1 < K ? read_self(o + 1) : T(0), k + 2 < K ? read_self(o + 2) : T(0),
+              k + 3 < K ? read_self(o + 3) : T(0));
 }
 
 // Texel n4 of row k of mat2 (zero past N, and for k past K).
 VEC4 b_texel(int k, int n4, int N, int K) {
-  if (k_ragged == 0 && n_ragged == 0) { return word4_mat2(k * (N >> 2) + n4); }
+  if (k_ragged == 0 && n_ragged == 0) { return read4_mat2(k * (N >> 2) + n4); }
   int n = 4 * n4;
   int o = min(k, K - 1) * N + n;
-  VEC4 v = VEC4(word_mat2(o), n + 1 < N ? word_mat2(o + 1) : T(0), n + 2 < N ? word_mat2(o + 2) : T(0),
-                n + 3 < N ? word_mat2(o + 3) : T(0));
+  VEC4 v = VEC4(read_mat2(o), n + 1 < N ? read_mat2(o + 1) : T(0), n + 2 < N ? read_mat2(o + 2) : T(0),
+                n + 3 < N ? read_mat2(o + 3) : T(0));
   return k < K ? v : VEC4(0);
 }
 

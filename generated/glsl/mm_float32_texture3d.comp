@@ -75,7 +75,7 @@ layout(constant_id = 7) const int n_ragged = 1;  // ragged
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 
-#line 52 "shaders/_mm_io.glsl.j2"
+#line 37 "shaders/_mm_io.glsl.j2"
 VEC4 a_texel(int row, int k4, int batch) { return imageLoad(t_self, ivec3(k4, row, batch)); }
 
 // Texel n4 of row k of mat2; rows past K read 0 (only in the last step when K % 4 != 0).
