@@ -82,13 +82,13 @@ T load_mat1(ivec4 idx) {
 // ---- element access for 'mat2' (buffer) ----
 #line 45
 T load_mat2(ivec4 idx) { return t_mat2[tf_buffer_word_lane(idx, pc.mat2_sizes, mat2_layout).x]; }
-#line 66 "shaders/_rows.glsl.j2"
+#line 59 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(w) + ivec4(0, 1, 2, 3), ivec4(pc.out_sizes.x));
   store_texel_out(ivec3(w >> 2, r % height, r / height), mix(v, VEC4(0), pad));
 }
-#line 42
+#line 35
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
 ivec2 row_self(int r) { return ivec2(r * pc.self_sizes.x, 0); }
 VEC4 vec4a_self(ivec2 row, int w) { return t4_self[(row.x + w) >> 2]; }
@@ -100,13 +100,13 @@ VEC4 cols_self(ivec2 row, ivec4 w) {
   return VEC4(t_self[row.x + w.x], t_self[row.x + w.y], t_self[row.x + w.z], t_self[row.x + w.w]);
 }
 T elem_self(ivec2 row, int w) { return t_self[row.x + w]; }
-#line 54
+#line 47
 ivec2 row_mat1(int r) { return ivec2(r % pc.mat1_sizes.y, r / pc.mat1_sizes.y); }
 VEC4 vec4_mat1(ivec2 row, int w) { return imageLoad(t_mat1, ivec3(w >> 2, row)); }
 VEC4 vec4a_mat1(ivec2 row, int w) { return imageLoad(t_mat1, ivec3(w >> 2, row)); }
 VEC4 cols_mat1(ivec2 row, ivec4 w) { return imageLoad(t_mat1, ivec3(w.x >> 2, row)); }
 T elem_mat1(ivec2 row, int w) { return imageLoad(t_mat1, ivec3(w >> 2, row))[w & 3]; }
-#line 42
+#line 35
 layout(set = 0, binding = 3, std430) readonly buffer mat2_buf4 { f16vec4 t4_mat2[]; };
 ivec2 row_mat2(int r) { return ivec2(r * pc.mat2_sizes.x, 0); }
 VEC4 vec4a_mat2(ivec2 row, int w) { return t4_mat2[(row.x + w) >> 2]; }

@@ -68,13 +68,13 @@ T load_mat1(ivec4 idx) { return t_mat1[tf_buffer_word_lane(idx, pc.mat1_sizes, m
 // ---- element access for 'mat2' (buffer) ----
 #line 45
 T load_mat2(ivec4 idx) { return t_mat2[tf_buffer_word_lane(idx, pc.mat2_sizes, mat2_layout).x]; }
-#line 60 "shaders/_rows.glsl.j2"
+#line 53 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int width = pc.out_sizes.x;
   int o = r * width + w;
   for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = v[j]; }
 }
-#line 42
+#line 35
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
 ivec2 row_self(int r) { return ivec2(r * pc.self_sizes.x, 0); }
 VEC4 vec4a_self(ivec2 row, int w) { return t4_self[(row.x + w) >> 2]; }
@@ -86,7 +86,7 @@ VEC4 cols_self(ivec2 row, ivec4 w) {
   return VEC4(t_self[row.x + w.x], t_self[row.x + w.y], t_self[row.x + w.z], t_self[row.x + w.w]);
 }
 T elem_self(ivec2 row, int w) { return t_self[row.x + w]; }
-#line 42
+#line 35
 layout(set = 0, binding = 2, std430) readonly buffer mat1_buf4 { vec4 t4_mat1[]; };
 ivec2 row_mat1(int r) { return ivec2(r * pc.mat1_sizes.x, 0); }
 VEC4 vec4a_mat1(ivec2 row, int w) { return t4_mat1[(row.x + w) >> 2]; }
@@ -98,7 +98,7 @@ VEC4 cols_mat1(ivec2 row, ivec4 w) {
   return VEC4(t_mat1[row.x + w.x], t_mat1[row.x + w.y], t_mat1[row.x + w.z], t_mat1[row.x + w.w]);
 }
 T elem_mat1(ivec2 row, int w) { return t_mat1[row.x + w]; }
-#line 42
+#line 35
 layout(set = 0, binding = 3, std430) readonly buffer mat2_buf4 { vec4 t4_mat2[]; };
 ivec2 row_mat2(int r) { return ivec2(r * pc.mat2_sizes.x, 0); }
 VEC4 vec4a_mat2(ivec2 row, int w) { return t4_mat2[(row.x + w) >> 2]; }

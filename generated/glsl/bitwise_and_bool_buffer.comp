@@ -78,17 +78,18 @@ const int READ_DIRECT = 1;
 const int READ_ROW = 2;
 const int READ_SINGLE = 3;
 
-// vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 11 "shaders/_vec4_views.glsl.j2"
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
-#line 11
+#line 12
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
-#line 11
+#line 12
 layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { ivec4 t4_other[]; };
-#line 18
+#line 15
 VEC4 read4_self(int k) { return VEC4(t4_self[k]); }
 T read_self(int w) { return T(t_self[w]); }
-#line 18
+#line 15
 VEC4 read4_other(int k) { return VEC4(t4_other[k]); }
 T read_other(int w) { return T(t_other[w]); }
 

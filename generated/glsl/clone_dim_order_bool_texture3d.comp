@@ -74,7 +74,8 @@ ivec4 src(ivec4 e) {
   return same_shape != 0 ? e : tf_linear_to_whcn(tf_whcn_to_linear(e, pc.out_sizes), pc.self_sizes);
 }
 
-// vec4 views of the buffer bindings (aliases of the same descriptors).
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
 
 // ---- 4 x 4 blocks between packed dims q (input) and p (output), shape class `transpose` ----
 // Blocks (transpose) or stepped indices (same_shape, any other re-layout): unit_block below.

@@ -66,10 +66,12 @@ int load_indices(ivec4 idx) { return t_indices[tf_buffer_word_lane(idx, pc.indic
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
 #line 93
 layout(set = 0, binding = 3) uniform samplerBuffer tb_weight;
-T load_weight(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_weight, o >> 2)[o & 3]) : T(t_weight[o]);
-}
+layout(set = 0, binding = 1, std430) readonly buffer weight_buf4 { f16vec4 t4_weight[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'weight' goes through these two.
+T read_weight(int w) { return texel_reads != 0 ? T(texelFetch(tb_weight, w >> 2)[w & 3]) : T(t_weight[w]); }
+VEC4 read4_weight(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_weight, k)) : VEC4(t4_weight[k]); }
+T load_weight(ivec4 idx) { return read_weight(tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x); }
 
 #line 14 "shaders/embedding.glsl.j2"
 T compute_out(ivec4 idx) {

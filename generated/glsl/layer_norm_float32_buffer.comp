@@ -77,27 +77,33 @@ layout(constant_id = 7) const int ragged = 1;  // ragged
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
 #line 93
 layout(set = 0, binding = 4) uniform samplerBuffer tb_input;
-T load_input(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_input, o >> 2)[o & 3]) : T(t_input[o]);
-}
+layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'input' goes through these two.
+T read_input(int w) { return texel_reads != 0 ? T(texelFetch(tb_input, w >> 2)[w & 3]) : T(t_input[w]); }
+VEC4 read4_input(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_input, k)) : VEC4(t4_input[k]); }
+T load_input(ivec4 idx) { return read_input(tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x); }
 #line 93
 layout(set = 0, binding = 5) uniform samplerBuffer tb_weight;
-T load_weight(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_weight, o >> 2)[o & 3]) : T(t_weight[o]);
-}
+layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'weight' goes through these two.
+T read_weight(int w) { return texel_reads != 0 ? T(texelFetch(tb_weight, w >> 2)[w & 3]) : T(t_weight[w]); }
+VEC4 read4_weight(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_weight, k)) : VEC4(t4_weight[k]); }
+T load_weight(ivec4 idx) { return read_weight(tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x); }
 #line 93
 layout(set = 0, binding = 6) uniform samplerBuffer tb_bias;
-T load_bias(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_bias, o >> 2)[o & 3]) : T(t_bias[o]);
-}
+layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'bias' goes through these two.
+T read_bias(int w) { return texel_reads != 0 ? T(texelFetch(tb_bias, w >> 2)[w & 3]) : T(t_bias[w]); }
+VEC4 read4_bias(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_bias, k)) : VEC4(t4_bias[k]); }
+T load_bias(ivec4 idx) { return read_bias(tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x); }
 
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
 #line 41 "shaders/layer_norm.glsl.j2"
-float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : texel_reads != 0 ? texelFetch(tb_weight, w >> 2)[w & 3] : float(t_weight[w]); }
-float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : texel_reads != 0 ? texelFetch(tb_bias, w >> 2)[w & 3] : float(t_bias[w]); }
+float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : float(read_weight(w)); }
+float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : float(read_bias(w)); }
 
 // weight4 and bias4: four consecutive w from `w`; lanes past W read W - 1 (they are padding,
 // masked by the caller).
@@ -122,24 +128,10 @@ ivec2 row_words(ivec4 row, ivec4 sizes, int lid) {
   return ivec2(first, stride);
 }
 
-// vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 11 "shaders/_vec4_views.glsl.j2"
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
-#line 11
-layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
-#line 11
-layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
-#line 11
-layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
-#line 15
-VEC4 read4_input(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_input, k)) : VEC4(t4_input[k]); }
-T read_input(int w) { return texel_reads != 0 ? T(texelFetch(tb_input, w >> 2)[w & 3]) : T(t_input[w]); }
-#line 15
-VEC4 read4_weight(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_weight, k)) : VEC4(t4_weight[k]); }
-T read_weight(int w) { return texel_reads != 0 ? T(texelFetch(tb_weight, w >> 2)[w & 3]) : T(t_weight[w]); }
-#line 15
-VEC4 read4_bias(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_bias, k)) : VEC4(t4_bias[k]); }
-T read_bias(int w) { return texel_reads != 0 ? T(texelFetch(tb_bias, w >> 2)[w & 3]) : T(t_bias[w]); }
 
 // Input elements w .. w + 3 of the row at `rw` (all four inside the row).
 #line 77 "shaders/layer_norm.glsl.j2"

@@ -66,13 +66,13 @@ T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_si
 // ---- element access for 'bias' (buffer) ----
 #line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
-#line 60 "shaders/_rows.glsl.j2"
+#line 53 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int width = pc.out_sizes.x;
   int o = r * width + w;
   for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = v[j]; }
 }
-#line 42
+#line 35
 layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
 ivec2 row_input(int r) { return ivec2(r * pc.input_sizes.x, 0); }
 VEC4 vec4a_input(ivec2 row, int w) { return t4_input[(row.x + w) >> 2]; }
@@ -84,7 +84,7 @@ VEC4 cols_input(ivec2 row, ivec4 w) {
   return VEC4(t_input[row.x + w.x], t_input[row.x + w.y], t_input[row.x + w.z], t_input[row.x + w.w]);
 }
 T elem_input(ivec2 row, int w) { return t_input[row.x + w]; }
-#line 42
+#line 35
 layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 ivec2 row_weight(int r) { return ivec2(r * pc.weight_sizes.x, 0); }
 VEC4 vec4a_weight(ivec2 row, int w) { return t4_weight[(row.x + w) >> 2]; }
@@ -96,7 +96,7 @@ VEC4 cols_weight(ivec2 row, ivec4 w) {
   return VEC4(t_weight[row.x + w.x], t_weight[row.x + w.y], t_weight[row.x + w.z], t_weight[row.x + w.w]);
 }
 T elem_weight(ivec2 row, int w) { return t_weight[row.x + w]; }
-#line 42
+#line 35
 layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
 ivec2 row_bias(int r) { return ivec2(r * pc.bias_sizes.x, 0); }
 VEC4 vec4a_bias(ivec2 row, int w) { return t4_bias[(row.x + w) >> 2]; }

@@ -72,19 +72,19 @@ T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_si
 // ---- element access for 'bias' (buffer) ----
 #line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
-#line 66 "shaders/_rows.glsl.j2"
+#line 59 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(w) + ivec4(0, 1, 2, 3), ivec4(pc.out_sizes.x));
   store_texel_out(ivec3(w >> 2, r % height, r / height), mix(v, VEC4(0), pad));
 }
-#line 54
+#line 47
 ivec2 row_input(int r) { return ivec2(r % pc.input_sizes.y, r / pc.input_sizes.y); }
 VEC4 vec4_input(ivec2 row, int w) { return imageLoad(t_input, ivec3(w >> 2, row)); }
 VEC4 vec4a_input(ivec2 row, int w) { return imageLoad(t_input, ivec3(w >> 2, row)); }
 VEC4 cols_input(ivec2 row, ivec4 w) { return imageLoad(t_input, ivec3(w.x >> 2, row)); }
 T elem_input(ivec2 row, int w) { return imageLoad(t_input, ivec3(w >> 2, row))[w & 3]; }
-#line 42
+#line 35
 layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 ivec2 row_weight(int r) { return ivec2(r * pc.weight_sizes.x, 0); }
 VEC4 vec4a_weight(ivec2 row, int w) { return t4_weight[(row.x + w) >> 2]; }
@@ -96,7 +96,7 @@ VEC4 cols_weight(ivec2 row, ivec4 w) {
   return VEC4(t_weight[row.x + w.x], t_weight[row.x + w.y], t_weight[row.x + w.z], t_weight[row.x + w.w]);
 }
 T elem_weight(ivec2 row, int w) { return t_weight[row.x + w]; }
-#line 42
+#line 35
 layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
 ivec2 row_bias(int r) { return ivec2(r * pc.bias_sizes.x, 0); }
 VEC4 vec4a_bias(ivec2 row, int w) { return t4_bias[(row.x + w) >> 2]; }

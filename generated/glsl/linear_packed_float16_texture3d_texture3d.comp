@@ -125,10 +125,11 @@ VEC4 conv_activation(VEC4 v) {
 // The fused activation, compiled out where the shape class `act` says none.
 #line 8 "shaders/_linear_packed_io.glsl.j2"
 VEC4 activated(VEC4 v) { return act == 1 ? v : conv_activation(v); }
-// vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 11 "shaders/_vec4_views.glsl.j2"
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { f16vec4 t4_bias[]; };
-#line 18
+#line 15
 VEC4 read4_bias(int k) { return VEC4(t4_bias[k]); }
 T read_bias(int w) { return T(t_bias[w]); }
 

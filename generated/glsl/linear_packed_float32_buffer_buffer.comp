@@ -87,16 +87,20 @@ layout(constant_id = 10) const int narrow = 0;  // narrow_tiles
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
 #line 93
 layout(set = 0, binding = 4) uniform samplerBuffer tb_input;
-T load_input(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_input, o >> 2)[o & 3]) : T(t_input[o]);
-}
+layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'input' goes through these two.
+T read_input(int w) { return texel_reads != 0 ? T(texelFetch(tb_input, w >> 2)[w & 3]) : T(t_input[w]); }
+VEC4 read4_input(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_input, k)) : VEC4(t4_input[k]); }
+T load_input(ivec4 idx) { return read_input(tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x); }
 #line 93
 layout(set = 0, binding = 5) uniform samplerBuffer tb_weight;
-T load_weight(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_weight, o >> 2)[o & 3]) : T(t_weight[o]);
-}
+layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'weight' goes through these two.
+T read_weight(int w) { return texel_reads != 0 ? T(texelFetch(tb_weight, w >> 2)[w & 3]) : T(t_weight[w]); }
+VEC4 read4_weight(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_weight, k)) : VEC4(t4_weight[k]); }
+T load_weight(ivec4 idx) { return read_weight(tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x); }
 #line 52 "shaders/linear_packed.glsl.j2"
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -121,22 +125,13 @@ VEC4 conv_activation(VEC4 v) {
 // The fused activation, compiled out where the shape class `act` says none.
 #line 8 "shaders/_linear_packed_io.glsl.j2"
 VEC4 activated(VEC4 v) { return act == 1 ? v : conv_activation(v); }
-// vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 11 "shaders/_vec4_views.glsl.j2"
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
-#line 11
-layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
-#line 11
-layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
-#line 11
+#line 12
 layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
 #line 15
-VEC4 read4_input(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_input, k)) : VEC4(t4_input[k]); }
-T read_input(int w) { return texel_reads != 0 ? T(texelFetch(tb_input, w >> 2)[w & 3]) : T(t_input[w]); }
-#line 15
-VEC4 read4_weight(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_weight, k)) : VEC4(t4_weight[k]); }
-T read_weight(int w) { return texel_reads != 0 ? T(texelFetch(tb_weight, w >> 2)[w & 3]) : T(t_weight[w]); }
-#line 18
 VEC4 read4_bias(int k) { return VEC4(t4_bias[k]); }
 T read_bias(int w) { return T(t_bias[w]); }
 

@@ -74,19 +74,19 @@ T load_other(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.other_sizes, other_layout);
   return imageLoad(t_other, pl.xyz)[pl.w];
 }
-#line 66 "shaders/_rows.glsl.j2"
+#line 59 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(w) + ivec4(0, 1, 2, 3), ivec4(pc.out_sizes.x));
   store_texel_out(ivec3(w >> 2, r % height, r / height), mix(v, VEC4(0), pad));
 }
-#line 54
+#line 47
 ivec2 row_self(int r) { return ivec2(r % pc.self_sizes.y, r / pc.self_sizes.y); }
 VEC4 vec4_self(ivec2 row, int w) { return imageLoad(t_self, ivec3(w >> 2, row)); }
 VEC4 vec4a_self(ivec2 row, int w) { return imageLoad(t_self, ivec3(w >> 2, row)); }
 VEC4 cols_self(ivec2 row, ivec4 w) { return imageLoad(t_self, ivec3(w.x >> 2, row)); }
 T elem_self(ivec2 row, int w) { return imageLoad(t_self, ivec3(w >> 2, row))[w & 3]; }
-#line 54
+#line 47
 ivec2 row_other(int r) { return ivec2(r % pc.other_sizes.y, r / pc.other_sizes.y); }
 VEC4 vec4_other(ivec2 row, int w) { return imageLoad(t_other, ivec3(w >> 2, row)); }
 VEC4 vec4a_other(ivec2 row, int w) { return imageLoad(t_other, ivec3(w >> 2, row)); }

@@ -56,13 +56,13 @@ T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, s
 // ---- element access for 'other' (buffer) ----
 #line 45
 T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x]; }
-#line 60 "shaders/_rows.glsl.j2"
+#line 53 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int width = pc.out_sizes.x;
   int o = r * width + w;
   for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = v[j]; }
 }
-#line 42
+#line 35
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
 ivec2 row_self(int r) { return ivec2(r * pc.self_sizes.x, 0); }
 VEC4 vec4a_self(ivec2 row, int w) { return t4_self[(row.x + w) >> 2]; }
@@ -74,7 +74,7 @@ VEC4 cols_self(ivec2 row, ivec4 w) {
   return VEC4(t_self[row.x + w.x], t_self[row.x + w.y], t_self[row.x + w.z], t_self[row.x + w.w]);
 }
 T elem_self(ivec2 row, int w) { return t_self[row.x + w]; }
-#line 42
+#line 35
 layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { vec4 t4_other[]; };
 ivec2 row_other(int r) { return ivec2(r * pc.other_sizes.x, 0); }
 VEC4 vec4a_other(ivec2 row, int w) { return t4_other[(row.x + w) >> 2]; }

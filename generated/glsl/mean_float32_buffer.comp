@@ -52,10 +52,12 @@ layout(push_constant) uniform PushConstants {
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
 #line 93
 layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
-T load_self(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
-}
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'self' goes through these two.
+T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
+VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
+T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
 #line 31 "shaders/reduce.glsl.j2"

@@ -71,32 +71,27 @@ layout(constant_id = 7) const int n_ragged = 1;  // ragged
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
 #line 93
 layout(set = 0, binding = 3) uniform samplerBuffer tb_self;
-T load_self(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
-}
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'self' goes through these two.
+T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
+VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
+T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
 #line 93
 layout(set = 0, binding = 4) uniform samplerBuffer tb_mat2;
-T load_mat2(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.mat2_sizes, mat2_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_mat2, o >> 2)[o & 3]) : T(t_mat2[o]);
-}
+layout(set = 0, binding = 2, std430) readonly buffer mat2_buf4 { f16vec4 t4_mat2[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'mat2' goes through these two.
+T read_mat2(int w) { return texel_reads != 0 ? T(texelFetch(tb_mat2, w >> 2)[w & 3]) : T(t_mat2[w]); }
+VEC4 read4_mat2(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_mat2, k)) : VEC4(t4_mat2[k]); }
+T load_mat2(ivec4 idx) { return read_mat2(tf_buffer_word_lane(idx, pc.mat2_sizes, mat2_layout).x); }
 #line 33 "shaders/mm_tiled.glsl.j2"
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-// vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 11 "shaders/_vec4_views.glsl.j2"
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
-#line 11
-layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
-#line 11
-layout(set = 0, binding = 2, std430) readonly buffer mat2_buf4 { f16vec4 t4_mat2[]; };
-#line 15
-VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
-T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
-#line 15
-VEC4 read4_mat2(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_mat2, k)) : VEC4(t4_mat2[k]); }
-T read_mat2(int w) { return texel_reads != 0 ? T(texelFetch(tb_mat2, w >> 2)[w & 3]) : T(t_mat2[w]); }
 
 // Texel k4 of row `row` of self (elements 4 * k4 .. + 3, zero past K).
 #line 9 "shaders/_mm_io.glsl.j2"

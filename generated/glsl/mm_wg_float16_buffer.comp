@@ -67,17 +67,18 @@ T load_mat2(ivec4 idx) { return t_mat2[tf_buffer_word_lane(idx, pc.mat2_sizes, m
 layout(constant_id = 6) const int k_ragged = 1;  // ragged
 #line 78
 layout(constant_id = 7) const int n_ragged = 1;  // ragged
-// vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 11 "shaders/_vec4_views.glsl.j2"
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
-#line 11
+#line 12
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
-#line 11
+#line 12
 layout(set = 0, binding = 2, std430) readonly buffer mat2_buf4 { f16vec4 t4_mat2[]; };
-#line 18
+#line 15
 VEC4 read4_self(int k) { return VEC4(t4_self[k]); }
 T read_self(int w) { return T(t_self[w]); }
-#line 18
+#line 15
 VEC4 read4_mat2(int k) { return VEC4(t4_mat2[k]); }
 T read_mat2(int w) { return T(t_mat2[w]); }
 

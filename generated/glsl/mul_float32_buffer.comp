@@ -75,16 +75,20 @@ const int tf_span = 16;
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
 #line 93
 layout(set = 0, binding = 3) uniform samplerBuffer tb_self;
-T load_self(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_self, o >> 2)[o & 3]) : T(t_self[o]);
-}
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'self' goes through these two.
+T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
+VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
+T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
 #line 93
 layout(set = 0, binding = 4) uniform samplerBuffer tb_other;
-T load_other(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_other, o >> 2)[o & 3]) : T(t_other[o]);
-}
+layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { vec4 t4_other[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'other' goes through these two.
+T read_other(int w) { return texel_reads != 0 ? T(texelFetch(tb_other, w >> 2)[w & 3]) : T(t_other[w]); }
+VEC4 read4_other(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_other, k)) : VEC4(t4_other[k]); }
+T load_other(ivec4 idx) { return read_other(tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x); }
 
 #line 29 "shaders/binary.glsl.j2"
 const int READ_GENERAL = 0;
@@ -92,19 +96,10 @@ const int READ_DIRECT = 1;
 const int READ_ROW = 2;
 const int READ_SINGLE = 3;
 
-// vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 11 "shaders/_vec4_views.glsl.j2"
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
-#line 11
-layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
-#line 11
-layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { vec4 t4_other[]; };
-#line 15
-VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
-T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
-#line 15
-VEC4 read4_other(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_other, k)) : VEC4(t4_other[k]); }
-T read_other(int w) { return texel_reads != 0 ? T(texelFetch(tb_other, w >> 2)[w & 3]) : T(t_other[w]); }
 
 // (an input that is a row goes through the row block path below instead)
 #line 38 "shaders/binary.glsl.j2"

@@ -105,21 +105,25 @@ layout(constant_id = 9) const int ragged = 1;  // ragged
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
 #line 93
 layout(set = 0, binding = 6) uniform samplerBuffer tb_weight;
-T load_weight(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_weight, o >> 2)[o & 3]) : T(t_weight[o]);
-}
+layout(set = 0, binding = 4, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'weight' goes through these two.
+T read_weight(int w) { return texel_reads != 0 ? T(texelFetch(tb_weight, w >> 2)[w & 3]) : T(t_weight[w]); }
+VEC4 read4_weight(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_weight, k)) : VEC4(t4_weight[k]); }
+T load_weight(ivec4 idx) { return read_weight(tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x); }
 #line 93
 layout(set = 0, binding = 7) uniform samplerBuffer tb_bias;
-T load_bias(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_bias, o >> 2)[o & 3]) : T(t_bias[o]);
-}
+layout(set = 0, binding = 5, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'bias' goes through these two.
+T read_bias(int w) { return texel_reads != 0 ? T(texelFetch(tb_bias, w >> 2)[w & 3]) : T(t_bias[w]); }
+VEC4 read4_bias(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_bias, k)) : VEC4(t4_bias[k]); }
+T load_bias(ivec4 idx) { return read_bias(tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x); }
 
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
 #line 41 "shaders/layer_norm.glsl.j2"
-float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : texel_reads != 0 ? texelFetch(tb_weight, w >> 2)[w & 3] : float(t_weight[w]); }
-float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : texel_reads != 0 ? texelFetch(tb_bias, w >> 2)[w & 3] : float(t_bias[w]); }
+float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : float(read_weight(w)); }
+float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : float(read_bias(w)); }
 
 // weight4 and bias4: four consecutive w from `w`; lanes past W read W - 1 (they are padding,
 // masked by the caller).

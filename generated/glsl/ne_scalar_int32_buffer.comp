@@ -58,12 +58,13 @@ layout(constant_id = 6) const int ragged = 1;  // ragged
 #line 84
 const int tf_span = 16;
 
-// vec4 views of the buffer bindings (aliases of the same descriptors).
-#line 11 "shaders/_vec4_views.glsl.j2"
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
-#line 11
+#line 12
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
-#line 18
+#line 15
 VEC4 read4_self(int k) { return VEC4(t4_self[k]); }
 T read_self(int w) { return T(t_self[w]); }
 

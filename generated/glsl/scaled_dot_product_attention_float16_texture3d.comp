@@ -102,31 +102,31 @@ T load_value(ivec4 idx) {
 // ---- element access for 'attn_mask' (buffer) ----
 #line 45
 T load_attn_mask(ivec4 idx) { return t_attn_mask[tf_buffer_word_lane(idx, pc.attn_mask_sizes, attn_mask_layout).x]; }
-#line 66 "shaders/_rows.glsl.j2"
+#line 59 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(w) + ivec4(0, 1, 2, 3), ivec4(pc.out_sizes.x));
   store_texel_out(ivec3(w >> 2, r % height, r / height), mix(v, VEC4(0), pad));
 }
-#line 54
+#line 47
 ivec2 row_query(int r) { return ivec2(r % pc.query_sizes.y, r / pc.query_sizes.y); }
 VEC4 vec4_query(ivec2 row, int w) { return imageLoad(t_query, ivec3(w >> 2, row)); }
 VEC4 vec4a_query(ivec2 row, int w) { return imageLoad(t_query, ivec3(w >> 2, row)); }
 VEC4 cols_query(ivec2 row, ivec4 w) { return imageLoad(t_query, ivec3(w.x >> 2, row)); }
 T elem_query(ivec2 row, int w) { return imageLoad(t_query, ivec3(w >> 2, row))[w & 3]; }
-#line 54
+#line 47
 ivec2 row_key(int r) { return ivec2(r % pc.key_sizes.y, r / pc.key_sizes.y); }
 VEC4 vec4_key(ivec2 row, int w) { return imageLoad(t_key, ivec3(w >> 2, row)); }
 VEC4 vec4a_key(ivec2 row, int w) { return imageLoad(t_key, ivec3(w >> 2, row)); }
 VEC4 cols_key(ivec2 row, ivec4 w) { return imageLoad(t_key, ivec3(w.x >> 2, row)); }
 T elem_key(ivec2 row, int w) { return imageLoad(t_key, ivec3(w >> 2, row))[w & 3]; }
-#line 54
+#line 47
 ivec2 row_value(int r) { return ivec2(r % pc.value_sizes.y, r / pc.value_sizes.y); }
 VEC4 vec4_value(ivec2 row, int w) { return imageLoad(t_value, ivec3(w >> 2, row)); }
 VEC4 vec4a_value(ivec2 row, int w) { return imageLoad(t_value, ivec3(w >> 2, row)); }
 VEC4 cols_value(ivec2 row, ivec4 w) { return imageLoad(t_value, ivec3(w.x >> 2, row)); }
 T elem_value(ivec2 row, int w) { return imageLoad(t_value, ivec3(w >> 2, row))[w & 3]; }
-#line 42
+#line 35
 layout(set = 0, binding = 4, std430) readonly buffer attn_mask_buf4 { f16vec4 t4_attn_mask[]; };
 ivec2 row_attn_mask(int r) { return ivec2(r * pc.attn_mask_sizes.x, 0); }
 VEC4 vec4a_attn_mask(ivec2 row, int w) { return t4_attn_mask[(row.x + w) >> 2]; }

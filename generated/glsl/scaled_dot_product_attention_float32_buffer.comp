@@ -82,39 +82,38 @@ T load_attn_mask(ivec4 idx) { return t_attn_mask[tf_buffer_word_lane(idx, pc.att
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
 #line 93
 layout(set = 0, binding = 5) uniform samplerBuffer tb_query;
-T load_query(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.query_sizes, query_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_query, o >> 2)[o & 3]) : T(t_query[o]);
-}
+layout(set = 0, binding = 1, std430) readonly buffer query_buf4 { vec4 t4_query[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'query' goes through these two.
+T read_query(int w) { return texel_reads != 0 ? T(texelFetch(tb_query, w >> 2)[w & 3]) : T(t_query[w]); }
+VEC4 read4_query(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_query, k)) : VEC4(t4_query[k]); }
+T load_query(ivec4 idx) { return read_query(tf_buffer_word_lane(idx, pc.query_sizes, query_layout).x); }
 #line 93
 layout(set = 0, binding = 6) uniform samplerBuffer tb_key;
-T load_key(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.key_sizes, key_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_key, o >> 2)[o & 3]) : T(t_key[o]);
-}
+layout(set = 0, binding = 2, std430) readonly buffer key_buf4 { vec4 t4_key[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'key' goes through these two.
+T read_key(int w) { return texel_reads != 0 ? T(texelFetch(tb_key, w >> 2)[w & 3]) : T(t_key[w]); }
+VEC4 read4_key(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_key, k)) : VEC4(t4_key[k]); }
+T load_key(ivec4 idx) { return read_key(tf_buffer_word_lane(idx, pc.key_sizes, key_layout).x); }
 #line 93
 layout(set = 0, binding = 7) uniform samplerBuffer tb_value;
-T load_value(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.value_sizes, value_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_value, o >> 2)[o & 3]) : T(t_value[o]);
-}
-#line 60 "shaders/_rows.glsl.j2"
+layout(set = 0, binding = 3, std430) readonly buffer value_buf4 { vec4 t4_value[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'value' goes through these two.
+T read_value(int w) { return texel_reads != 0 ? T(texelFetch(tb_value, w >> 2)[w & 3]) : T(t_value[w]); }
+VEC4 read4_value(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_value, k)) : VEC4(t4_value[k]); }
+T load_value(ivec4 idx) { return read_value(tf_buffer_word_lane(idx, pc.value_sizes, value_layout).x); }
+#line 53 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
   int width = pc.out_sizes.x;
   int o = r * width + w;
   for (int j = 0; j < 4 && w + j < width; ++j) { t_out[o + j] = v[j]; }
 }
 #line 25
-layout(set = 0, binding = 1, std430) readonly buffer query_buf4 { vec4 t4_query[]; };
 ivec2 row_query(int r) { return ivec2(r * pc.query_sizes.x, 0); }
-T elem_query(ivec2 row, int w) {
-  int o = row.x + w;
-  return texel_reads != 0 ? T(texelFetch(tb_query, o >> 2)[o & 3]) : t_query[o];
-}
-VEC4 vec4a_query(ivec2 row, int w) {
-  int k = (row.x + w) >> 2;
-  return texel_reads != 0 ? VEC4(texelFetch(tb_query, k)) : VEC4(t4_query[k]);
-}
+T elem_query(ivec2 row, int w) { return T(read_query(row.x + w)); }
+VEC4 vec4a_query(ivec2 row, int w) { return VEC4(read4_query((row.x + w) >> 2)); }
 VEC4 vec4_query(ivec2 row, int w) {
   return VEC4(elem_query(row, w), elem_query(row, w + 1), elem_query(row, w + 2), elem_query(row, w + 3));
 }
@@ -122,16 +121,9 @@ VEC4 cols_query(ivec2 row, ivec4 w) {
   return VEC4(elem_query(row, w.x), elem_query(row, w.y), elem_query(row, w.z), elem_query(row, w.w));
 }
 #line 25
-layout(set = 0, binding = 2, std430) readonly buffer key_buf4 { vec4 t4_key[]; };
 ivec2 row_key(int r) { return ivec2(r * pc.key_sizes.x, 0); }
-T elem_key(ivec2 row, int w) {
-  int o = row.x + w;
-  return texel_reads != 0 ? T(texelFetch(tb_key, o >> 2)[o & 3]) : t_key[o];
-}
-VEC4 vec4a_key(ivec2 row, int w) {
-  int k = (row.x + w) >> 2;
-  return texel_reads != 0 ? VEC4(texelFetch(tb_key, k)) : VEC4(t4_key[k]);
-}
+T elem_key(ivec2 row, int w) { return T(read_key(row.x + w)); }
+VEC4 vec4a_key(ivec2 row, int w) { return VEC4(read4_key((row.x + w) >> 2)); }
 VEC4 vec4_key(ivec2 row, int w) {
   return VEC4(elem_key(row, w), elem_key(row, w + 1), elem_key(row, w + 2), elem_key(row, w + 3));
 }
@@ -139,23 +131,16 @@ VEC4 cols_key(ivec2 row, ivec4 w) {
   return VEC4(elem_key(row, w.x), elem_key(row, w.y), elem_key(row, w.z), elem_key(row, w.w));
 }
 #line 25
-layout(set = 0, binding = 3, std430) readonly buffer value_buf4 { vec4 t4_value[]; };
 ivec2 row_value(int r) { return ivec2(r * pc.value_sizes.x, 0); }
-T elem_value(ivec2 row, int w) {
-  int o = row.x + w;
-  return texel_reads != 0 ? T(texelFetch(tb_value, o >> 2)[o & 3]) : t_value[o];
-}
-VEC4 vec4a_value(ivec2 row, int w) {
-  int k = (row.x + w) >> 2;
-  return texel_reads != 0 ? VEC4(texelFetch(tb_value, k)) : VEC4(t4_value[k]);
-}
+T elem_value(ivec2 row, int w) { return T(read_value(row.x + w)); }
+VEC4 vec4a_value(ivec2 row, int w) { return VEC4(read4_value((row.x + w) >> 2)); }
 VEC4 vec4_value(ivec2 row, int w) {
   return VEC4(elem_value(row, w), elem_value(row, w + 1), elem_value(row, w + 2), elem_value(row, w + 3));
 }
 VEC4 cols_value(ivec2 row, ivec4 w) {
   return VEC4(elem_value(row, w.x), elem_value(row, w.y), elem_value(row, w.z), elem_value(row, w.w));
 }
-#line 42
+#line 35
 layout(set = 0, binding = 4, std430) readonly buffer attn_mask_buf4 { vec4 t4_attn_mask[]; };
 ivec2 row_attn_mask(int r) { return ivec2(r * pc.attn_mask_sizes.x, 0); }
 VEC4 vec4a_attn_mask(ivec2 row, int w) { return t4_attn_mask[(row.x + w) >> 2]; }

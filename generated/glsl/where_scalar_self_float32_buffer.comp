@@ -62,10 +62,12 @@ int load_condition(ivec4 idx) { return t_condition[tf_buffer_word_lane(idx, pc.c
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
 #line 93
 layout(set = 0, binding = 3) uniform samplerBuffer tb_other;
-T load_other(ivec4 idx) {
-  int o = tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x;
-  return texel_reads != 0 ? T(texelFetch(tb_other, o >> 2)[o & 3]) : T(t_other[o]);
-}
+layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { vec4 t4_other[]; };
+// Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
+// the texel or the storage path; every helper that reads 'other' goes through these two.
+T read_other(int w) { return texel_reads != 0 ? T(texelFetch(tb_other, w >> 2)[w & 3]) : T(t_other[w]); }
+VEC4 read4_other(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_other, k)) : VEC4(t4_other[k]); }
+T load_other(ivec4 idx) { return read_other(tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x); }
 
 #line 14 "shaders/where.glsl.j2"
 T pick_self(ivec4 idx) {
