@@ -10,7 +10,10 @@ GPU timestamps: the least over a few rounds through every job, since load only e
 comes in bursts longer than one job. Per (cost class, representation),
 `time = fixed + per_byte * bytes + per_flop * flops` is fitted by non-negative least squares on
 relative error (the FLOP term only for nodes with a reduction), for the op's name and for its
-shader template; per storage side and for the catch-alls "*compute" and "*" too. The table keeps
+shader template; per storage side and for the catch-alls "*compute" and "*" too. A permute is timed
+on its fast path too where that needs two representations (its input's and output's packed dims
+matched), and its general-path timings are fitted apart, under "permute_copy!general"
+(costs.pair_seconds). The table keeps
 every node's measured time beside the coefficients and is written as JSON keyed by the device
 (name, vendor and device id, driver version) in costs.table_dir().
 """
@@ -25,8 +28,8 @@ from typing import Callable
 import numpy as np
 
 from texelflow.runtime.errors import TexelflowError
-from texelflow.runtime.graph.costs import ANY, COMPUTE, TRANSITION, Coeffs, CostModel, charged_bytes, cost_classes, \
-    node_flops, node_signature, table_path, value_bytes
+from texelflow.runtime.graph.costs import ANY, COMPUTE, GENERAL, TRANSITION, Coeffs, CostModel, charged_bytes, \
+    cost_classes, fast_pair, node_flops, node_signature, pair_slots, table_path, value_bytes
 from texelflow.runtime.graph.ir import Node, PlanGraph, Role, Value
 from texelflow.runtime.graph.repr import REPRS, TensorRepr
 from texelflow.runtime.lower_dispatch import DUMMY_BUFFER, node_dispatches
@@ -244,6 +247,28 @@ def time_node(device, node: Node, slots: dict[str, TensorRepr], reps: int, rng) 
             t.close()
 
 
+def _fast_pair_jobs(node: Node, limits) -> list:
+    """Jobs for a pair-priced node (costs.pair_slots: a permute) on its fast path where that
+    needs its input and output in different representations (NCHW -> NHWC: a channels-packed input,
+    a width-packed output), which no uniform job times: (node, slots, label) per fast pair."""
+    pair = pair_slots(node)
+    if pair is None:
+        return []
+    from texelflow.runtime.graph.lowering import node_repsets
+
+    sets = node_repsets(node, limits).sets
+    jobs = []
+    for r_out in sets[pair[1]]:
+        for r_in in sets[pair[0]]:
+            if r_in != r_out and fast_pair(node, r_in, r_out):
+                slots = uniform_slots(node, r_out, limits)
+                if slots is not None:
+                    slots[pair[0]] = r_in
+                    shape = "x".join(map(str, node.outputs[0][1].shape))
+                    jobs.append((node, slots, f"{node.op.name} {r_in} -> {r_out} {shape}"))
+    return jobs
+
+
 def _transition_node(v: Value) -> Node:
     from texelflow.generated.ops import OPS
 
@@ -282,6 +307,7 @@ def measure(device, quick: bool = False, progress: Callable[[int, int, str], Non
                 slots = uniform_slots(node, r, limits)
                 if slots is not None:
                     jobs.append((node, slots, f"{node.op.name} {r} {'x'.join(map(str, node.outputs[0][1].shape))}"))
+            jobs += _fast_pair_jobs(node, limits)
         for v in [v for n in graphs[0].device_nodes() for _, v in n.outputs if n.op.template in ("unary", "binary")][:1]:
             t = _transition_node(v)
             allowed = TensorRepSet.named("ANY_STORAGE").filter_invalid_reprs(v.shape, limits)
@@ -318,8 +344,10 @@ def measure(device, quick: bool = False, progress: Callable[[int, int, str], Non
             nbytes = 2 * value_bytes(node.arg("self"), out_r)
         else:
             nbytes = charged_bytes(node, slots)
-        samples.append(Sample(cost_classes(node), out_r, nbytes, node_flops(node), best[i], label,
-                              "" if node.transition else node_signature(node)))
+        pair = pair_slots(node)
+        general = pair is not None and not fast_pair(node, slots[pair[0]], slots[pair[1]])
+        samples.append(Sample(cost_classes(node, general), out_r, nbytes, node_flops(node), best[i], label,
+                              "" if node.transition else node_signature(node) + (GENERAL if general else "")))
     if progress:
         progress(total, total, "done")
     return samples

@@ -9,6 +9,13 @@ separable by slot: each tensor slot pays `per_byte * its bytes` at its own repre
 and the node's fixed and FLOP terms are paid at its first output's representation, which is what
 lets the integer program (optimal/integer_program.py) charge them to classes of slots.
 
+A permute's time depends on its input's and output's representations together: where its
+permutation takes the output's packed dim to the input's (and storages agree), the kernel moves
+whole texels or vec4 words (shape class `units_match`), otherwise one element at a time, 5-10x
+slower on lavapipe. Its slots are priced at the fast path's rates, and `pair_seconds` adds the
+general path's extra time for a (self, out) pair that misses it: the one cost that is not
+separable by slot, which the integer program charges through a pair variable.
+
 Coefficients come from a per-device table (`texelflow tune` measures it, runtime/tune.py; stored
 as JSON under `table_dir()`, keyed by the device; a node the tuner timed itself, by
 node_signature, is predicted from that time instead) or, without one, from a built-in estimate that
@@ -31,9 +38,10 @@ from texelflow.shaders.geometry import nbytes as device_nbytes
 from .ir import Role
 from .repr import TensorRepr
 
-FORMAT = 1  # the table file's format; a file of another format is ignored (re-run `texelflow tune`)
+FORMAT = 2  # the table file's format; a file of another format is ignored (re-run `texelflow tune`)
 ANY = "*"
 TRANSITION = "to_layout"  # the cost class of a transition
+GENERAL = "!general"  # suffix of the cost class of a kernel's general path (pair_seconds)
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,16 @@ class Coeffs:
 ESTIMATE = Coeffs(fixed=10e-6, per_byte=1 / 4e9, per_flop=1 / 10e9)
 
 
+# Templates whose fast path depends on two slots' representations together, and the shape class
+# (spec constant, shaders/node_rules.py) that is non-zero where a node takes it.
+PAIR_PATHS = {"permute": ("self", "out", "units_match")}
+
+# The built-in estimate's general path of a pair-priced kernel: this many times its fast path (a
+# permute on lavapipe: CP texture -> WP buffer 4.8-7.0 ms, CP -> WP texture 1.0-1.1 ms, on ConvNeXt's
+# 1x40x56x56).
+GENERAL_FACTOR = 4.0
+
+
 # A copy inside a model costs more than the same copy timed alone (a barrier before its reader,
 # caches holding what the next kernel reads evicted) and predictions err, so the planner pays a
 # transition only for a clear predicted gain: its predicted time counts this many times.
@@ -63,13 +81,16 @@ TRANSITION_MARGIN = 2.0
 COMPUTE = "*compute"  # the catch-all class of nodes with a reduction (convolutions, linear, matmul)
 
 
-def cost_classes(node) -> tuple[str, ...]:
+def cost_classes(node, general: bool = False) -> tuple[str, ...]:
     """The keys a node's coefficients are looked up under, most specific first: its op, its
     template, then the catch-all of compute-bound nodes (a kernel no table measured yet: a new
-    convolution or matmul variant) or of all the others."""
+    convolution or matmul variant) or of all the others. `general`: the keys of a pair-priced
+    node's general path (its op's name with GENERAL), which only a table that timed it has."""
     op = node.op
     if node.transition or op.name == TRANSITION:
         return (TRANSITION, ANY)
+    if general:
+        return (op.name + GENERAL,)
     keys = [op.name]
     if op.template and op.template != op.name:
         keys.append(op.template)
@@ -142,6 +163,45 @@ def node_signature(node) -> str:
     return node.op.name + "(" + ",".join(f"{n}={arg(v)}" for n, v in node.args) + ")" + tail
 
 
+def pair_slots(node) -> tuple[str, str] | None:
+    """(input slot, output slot) of a node whose kernel time depends on their two representations
+    together (PAIR_PATHS), both computed tensors; else None."""
+    path = PAIR_PATHS.get(node.op.template) if not node.transition else None
+    if path is None:
+        return None
+    src = node.arg(path[0])
+    if src is None or getattr(src, "role", Role.CONST) is Role.CONST or not node.outputs:
+        return None
+    return path[0], path[1]
+
+
+_FAST: dict = {}  # (node_signature, input repr, output repr) -> fast_pair
+
+
+def fast_pair(node, r_in: TensorRepr, r_out: TensorRepr) -> bool:
+    """Whether a pair-priced node (pair_slots) takes its kernel's fast path with its input in
+    `r_in` and its output in `r_out`: the shape class its dispatch gets (lower_dispatch), so the
+    planner prices the very path the program runs. True for any other node."""
+    slots = pair_slots(node)
+    if slots is None:
+        return True
+    key = (node_signature(node), r_in, r_out)
+    fast = _FAST.get(key)
+    if fast is None:
+        from texelflow.runtime.lower_dispatch import select_variant, shape_classes
+
+        reprs = {slots[0]: r_in, slots[1]: r_out}
+        try:
+            variant = select_variant(node.op.name, node.outputs[0][1].dtype, {k: r.storage for k, r in reprs.items()})
+            fast = shape_classes(node, variant, reprs).get(PAIR_PATHS[node.op.template][2], 0) != 0
+        except (KeyError, ValueError):  # no kernel for the pair: the planner never picks it
+            fast = False
+        if len(_FAST) > 65536:
+            _FAST.clear()
+        _FAST[key] = fast
+    return fast
+
+
 def moves_no_data(node, r: TensorRepr) -> bool:
     """An identity op in `r` whose output keeps every element where its input had it: folded,
     no dispatch (redundant.fold_identity_ops)."""
@@ -172,13 +232,18 @@ class CostModel:
         return cls("estimate")
 
     def coeffs(self, classes: tuple[str, ...], r: TensorRepr) -> Coeffs:
+        found = self.lookup(classes, r)
+        return ESTIMATE if found is None else found
+
+    def lookup(self, classes: tuple[str, ...], r: TensorRepr) -> Coeffs | None:
+        """The coefficients of the first class with an entry for `r` (or its storage side), else None."""
         exact, side = str(r), f"{r.storage.name}/{ANY}"
         for c in classes:
             for key in (exact, side):
                 found = self.entries.get((c, key))
                 if found is not None:
                     return found
-        return ESTIMATE
+        return None
 
     # What the planner and the plan ask -----------------------------------------------------------
     def slot_seconds(self, node, slot: str, value, r: TensorRepr) -> float:
@@ -202,6 +267,33 @@ class CostModel:
             t += c.fixed + c.per_flop * node_flops(node) + c.per_byte * consts
         return t
 
+    def pair_seconds(self, node, r_in: TensorRepr, r_out: TensorRepr) -> float:
+        """The extra time of a pair-priced node (pair_slots) whose (input, output) representations
+        miss its fast path (general_seconds), else 0."""
+        if pair_slots(node) is None or fast_pair(node, r_in, r_out):
+            return 0.0
+        return self.general_seconds(node, r_out)
+
+    def general_seconds(self, node, r: TensorRepr) -> float:
+        """A pair-priced node's general path less its fast path, both with its tensors in `r`:
+        the general path as the tuner measured it for this node, else from the general class's
+        coefficients; the fast path as its slots are priced. 0 with a table that never timed the
+        general path; the built-in estimate takes it as GENERAL_FACTOR times the fast path. It
+        depends on the output's representation alone, so the integer program needs one pair
+        variable per output representation."""
+        slots = pair_slots(node)
+        if slots is None:
+            return 0.0
+        fast = sum(self.slot_seconds(node, name, v, r) for name, v in slots_of(node))
+        if self.source == "estimate":
+            return (GENERAL_FACTOR - 1.0) * fast
+        general = self.measured.get((node_signature(node) + GENERAL, str(r))) if self.measured else None
+        if general is None:
+            c = self.lookup(cost_classes(node, general=True), r)
+            if c is None:
+                return 0.0
+            general = c.seconds(sum(value_bytes(v, r) for _, v in slots_of(node)), node_flops(node))
+        return max(0.0, general - fast)
 
     def node_seconds(self, node, slots: dict) -> float:
         """Predicted time of a planned node; `slots` maps its slot names to representations. A
@@ -210,7 +302,11 @@ class CostModel:
             return 0.0
         if node.transition:
             return self.transition_seconds(node.arg("self"), slots["out"])
-        return sum(self.slot_seconds(node, name, v, slots[name]) for name, v in slots_of(node) if name in slots)
+        total = sum(self.slot_seconds(node, name, v, slots[name]) for name, v in slots_of(node) if name in slots)
+        pair = pair_slots(node)
+        if pair is not None and pair[0] in slots and pair[1] in slots:
+            total += self.pair_seconds(node, slots[pair[0]], slots[pair[1]])
+        return total
 
     def transition_seconds(self, value, dst: TensorRepr) -> float:
         """A to_layout of `value` into `dst`: its read and its write, at the destination's rate,

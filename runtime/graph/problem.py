@@ -16,6 +16,7 @@ from typing import Sequence
 
 from texelflow.generated.layouts import DTYPES, TEXTURE_LIMITS
 
+from .costs import pair_slots
 from .ir import Node, PlanGraph, Role, Value
 from .lowering import node_repsets, tensor_shapes
 from .op_repsets import OpRepSets
@@ -182,7 +183,8 @@ class Assignment:
 
     def predicted_seconds(self, problem: Problem, costs=None) -> float:
         """The plan's predicted time under a cost model (`costs`, else the problem's): every
-        device node's slots at their representations plus every transition, what the optimal
+        device node's slots at their representations, a permute's general path where its pair
+        of representations misses the fast one (costs.pair_seconds), plus every transition, what the optimal
         planner minimises when the problem has costs. Constants' slots count at the
         representation they are prepacked in; host values cost nothing to upload."""
         model = costs if costs is not None else problem.costs
@@ -194,6 +196,9 @@ class Assignment:
                 continue
             for name, v in list(node.tensor_args()) + list(node.outputs):
                 total += model.slot_seconds(node, name, v, self.slots[(node, name)])
+            pair = pair_slots(node)
+            if pair is not None:
+                total += model.pair_seconds(node, self.slots[(node, pair[0])], self.slots[(node, pair[1])])
         for v, want in self.transitions(problem):
             total += model.transition_seconds(v, want)
         return total

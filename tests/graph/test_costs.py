@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import texelflow
-from texelflow.runtime.graph.costs import ESTIMATE, Coeffs, CostModel, node_flops, node_signature, resolve, slots_of, \
-    table_path, value_bytes
+from texelflow.runtime.graph.costs import ESTIMATE, FORMAT, GENERAL, Coeffs, CostModel, fast_pair, node_flops, \
+    node_signature, pair_slots, resolve, slots_of, table_path, value_bytes
 from texelflow.runtime.graph.greedy import plan_greedy
 from texelflow.runtime.graph.optimal import plan_optimal
 from texelflow.runtime.graph.plan import plan_graph
@@ -20,10 +20,11 @@ from texelflow.runtime.graph.problem import Assignment, Problem
 from texelflow.runtime.graph.repr import TensorRepr
 from texelflow.runtime.graph.verify import verify
 from tests.graph.synthetic import GraphBuilder, model_like
-from tests.graph.test_planners import REAL, UNARY, BINARY, random_graphs
+from tests.graph.test_planners import BINARY, BUF, CP_TEX, REAL, UNARY, random_graphs
 
 TEX_CP = TensorRepr.parse("TEXTURE_3D/CHANNELS_PACKED")
 TEX_WP = TensorRepr.parse("TEXTURE_3D/WIDTH_PACKED")
+TEX_HP = TensorRepr.parse("TEXTURE_3D/HEIGHT_PACKED")
 BUF_WP = TensorRepr.parse("BUFFER/WIDTH_PACKED")
 BUF_CP = TensorRepr.parse("BUFFER/CHANNELS_PACKED")
 
@@ -252,3 +253,98 @@ def test_a_plan_predicted_barely_faster_keeps_the_transitions_alone_plan():
     clear = CostModel("table", "test device", {("*", "TEXTURE_3D/*"): Coeffs(5e-6, 2e-9, 0.0),
                                                ("*", "BUFFER/*"): Coeffs(5e-6, 1e-9, 0.0)})
     assert set(plan_graph(graph, costs=clear).reprs.values()) == {"BUFFER/WIDTH_PACKED"}
+
+
+# ---- a permute's pair of representations ----------------------------------------------------------
+# A table where a permute's fast path (units moved whole) costs a fifth of its general path, as
+# the tuner measured them on lavapipe, and the other kernels are alike everywhere.
+PERMUTES = CostModel("table", "test device", {
+    ("permute_copy", "TEXTURE_3D/*"): Coeffs(20e-6, 1e-9, 0.0),
+    ("permute_copy", "BUFFER/*"): Coeffs(20e-6, 1e-9, 0.0),
+    ("permute_copy" + GENERAL, "TEXTURE_3D/*"): Coeffs(40e-6, 5e-9, 0.0),
+    ("permute_copy" + GENERAL, "BUFFER/*"): Coeffs(40e-6, 5e-9, 0.0),
+    ("to_layout", "TEXTURE_3D/*"): Coeffs(5e-6, 1e-9, 0.0),
+    ("to_layout", "BUFFER/*"): Coeffs(5e-6, 1e-9, 0.0),
+    ("*", "TEXTURE_3D/*"): Coeffs(5e-6, 1e-9, 0.0),
+    ("*", "BUFFER/*"): Coeffs(5e-6, 1.2e-9, 0.0),
+})
+
+
+def permute_graph(dims=(0, 2, 3, 1), shape=(1, 8, 5, 12)):
+    """relu -> permute(dims) -> sigmoid: ConvNeXt's NCHW -> NHWC between two kernels."""
+    b = GraphBuilder()
+    x = b.unary("relu", b.input(shape))
+    y = b.node("permute_copy", [("self", x), ("dims", list(dims))], tuple(shape[d] for d in dims))
+    return b.output(b.unary("sigmoid", y))
+
+
+def test_a_permute_is_priced_by_its_pair_of_representations():
+    graph = permute_graph()
+    node = next(n for n in graph.nodes if n.op.name == "permute_copy")
+    assert pair_slots(node) == ("self", "out")
+    assert pair_slots(graph.nodes[0]) is None  # relu: separable
+    # NCHW -> NHWC takes the output's W to the input's C: channels- to width-packed is the fast path
+    assert fast_pair(node, TEX_CP, TEX_WP) and fast_pair(node, BUF_CP, BUF_WP)
+    assert not fast_pair(node, TEX_CP, TEX_CP) and not fast_pair(node, TEX_WP, TEX_WP)
+    assert not fast_pair(node, TEX_CP, BUF_WP)  # storages differ: one element at a time
+    fast = PERMUTES.node_seconds(node, {"self": TEX_CP, "out": TEX_WP})
+    slow = PERMUTES.node_seconds(node, {"self": TEX_CP, "out": BUF_WP})
+    n = 8 * 5 * 12 * 4
+    assert slow == pytest.approx(40e-6 + 5e-9 * 2 * n, rel=0.05) and fast < slow / 2
+    assert PERMUTES.pair_seconds(node, TEX_CP, TEX_WP) == 0.0
+    assert PERMUTES.pair_seconds(node, TEX_CP, BUF_WP) == PERMUTES.general_seconds(node, BUF_WP) > 0
+    # a table that never timed the general path prices every pair alike (as tables did before)
+    plain = CostModel("table", "t", {k: c for k, c in PERMUTES.entries.items() if GENERAL not in k[0]})
+    assert plain.pair_seconds(node, TEX_CP, BUF_WP) == 0.0
+    # the built-in estimate takes the general path as several times the fast one
+    est = CostModel.estimate()
+    assert est.node_seconds(node, {"self": TEX_CP, "out": TEX_CP}) > 2 * est.node_seconds(node, {"self": TEX_CP, "out": TEX_WP})
+    # a general-path time the tuner measured for this very node is used before the fit
+    measured = {(node_signature(node) + GENERAL, str(BUF_WP)): 1e-3}
+    timed = CostModel("table", "t", PERMUTES.entries, measured=measured)
+    assert timed.node_seconds(node, {"self": TEX_CP, "out": BUF_WP}) == pytest.approx(1e-3)
+
+
+def test_the_planner_keeps_a_permute_on_its_fast_path():
+    """Without the pair price the planner sees no difference between a permute's pairs; with it,
+    the plan puts the permute's input and output where its units move whole, and is certified."""
+    plain = CostModel("table", "t", {k: c for k, c in PERMUTES.entries.items() if GENERAL not in k[0]})
+    for dims, shape in (((0, 2, 3, 1), (1, 8, 5, 12)), ((0, 3, 1, 2), (1, 7, 6, 8)), ((0, 2, 1, 3), (1, 5, 6, 8))):
+        fast = {}
+        for name, costs in (("pairs", PERMUTES), ("output alone", plain)):
+            graph = permute_graph(dims, shape)
+            plan = plan_graph(graph, costs=costs)
+            node = next(n for n in graph.nodes if n.op.name == "permute_copy")
+            pair = plan.assignment.slots[(node, "self")], plan.assignment.slots[(node, "out")]
+            assert plan.optimal
+            fast[name] = fast_pair(node, *pair)
+        assert fast["pairs"], dims
+        # NCHW <-> NHWC: priced by its output alone, the permute lands on its general path
+        assert fast["output alone"] == (dims == (0, 2, 1, 3)), dims
+
+
+def swap_last_two(b, x):
+    """A permute that keeps the shape (H and W of a square image swapped), so it mixes with adds."""
+    dims = list(range(len(x.shape)))
+    dims[-2:] = dims[-1], dims[-2]
+    return b.node("permute_copy", [("self", x), ("dims", dims)])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_graphs(ops_unary=[swap_last_two, "relu", CP_TEX, BUF], ops_binary=["add"], max_nodes=2,
+                     shapes=[(1, 4, 8, 8), (2, 6, 6)]))
+def test_optimal_with_permutes_matches_brute_force(graph):
+    """The pair terms are exact: the optimum over every assignment, permutes' pairs priced."""
+    problem = Problem.build(graph, costs=PERMUTES)
+    optimal = plan_optimal(problem)
+    assert optimal.optimal
+    assert optimal.predicted_seconds(problem) == pytest.approx(brute_force_seconds(problem), rel=1e-6)
+    verify(problem, optimal, transitions_inserted=False)
+
+
+def test_a_table_of_another_format_is_not_used(tmp_path):
+    doc = json.loads(PERMUTES.to_json())
+    assert doc["format"] == FORMAT
+    doc["format"] = FORMAT - 1  # permutes were priced by their output alone then
+    with pytest.raises(ValueError, match="not a texelflow cost table .*format 1, expected 2"):
+        CostModel.from_json(json.dumps(doc))

@@ -85,6 +85,26 @@ def test_the_table_keeps_each_nodes_measured_time_and_predicts_it(device, tuned)
     assert checked >= 6 and differs > 0, (checked, differs)  # the fit alone would have predicted otherwise
 
 
+def test_the_table_prices_a_permute_by_its_pair_of_representations(device, tuned):
+    """NCHW -> NHWC (the conv block's permute): timed on its fast path, channels-packed in and
+    width-packed out, and on its general path in each uniform representation, which costs more."""
+    from texelflow.runtime.graph.costs import GENERAL, fast_pair
+    from texelflow.runtime.graph.repr import TensorRepr
+
+    _, path = tuned
+    model = CostModel.from_json(path.read_text(), str(path))
+    assert any(c == "permute_copy" + GENERAL for c, _ in model.entries)
+    name, factory = next((n, f) for n, f in tune._models(True) if n.startswith("conv block"))
+    node = next(n for n in tune._lowered(*factory(), "register").device_nodes() if n.op.name == "permute_copy")
+    cp, wp = TensorRepr.parse("TEXTURE_3D/CHANNELS_PACKED"), TensorRepr.parse("TEXTURE_3D/WIDTH_PACKED")
+    assert fast_pair(node, cp, wp) and not fast_pair(node, wp, wp)
+    assert (node_signature(node), str(wp)) in model.measured  # the fast pair, timed
+    assert (node_signature(node) + GENERAL, str(wp)) in model.measured  # the general path, timed
+    fast = model.node_seconds(node, {"self": cp, "out": wp})
+    general = model.node_seconds(node, {"self": wp, "out": wp})
+    assert general > 1.5 * fast, (name, general, fast)  # 5-10x on lavapipe
+
+
 def test_the_fit_predicts_the_measured_kernels(device):
     samples = tune.measure(device, quick=True, reps=3)
     model = tune.fit_table(samples, device.limits.name)

@@ -1,7 +1,7 @@
 """Connected components of the class graph, each planned on its own.
 
-Classes are linked by the edges where a transition may be needed and by int8 sync groups. Most
-components need no solver: when all their classes can hold one representation, zero transitions
+Classes are linked by the edges where a transition may be needed, by int8 sync groups and, with
+prices, by a permute's input and output classes (prices.Pair). Most components need no solver: when all their classes can hold one representation, zero transitions
 is optimal and certified.
 """
 
@@ -13,10 +13,12 @@ from ..repr import TensorRepSet
 from .tables import NB, lowest_bits
 
 
-def components(n: int, ecc, evc, groups) -> np.ndarray:
-    """Connected component of every class, classes being linked by edges and int8 groups."""
-    a = np.concatenate([evc] + [np.full(len(g) - 1, g[0]) for g in groups]).astype(np.int64)
-    b = np.concatenate([ecc] + [np.asarray(g[1:]) for g in groups]).astype(np.int64)
+def components(n: int, ecc, evc, groups, links=()) -> np.ndarray:
+    """Connected component of every class, classes being linked by edges, int8 groups and
+    `links` (pairs of classes)."""
+    links = np.asarray(links, dtype=np.int64).reshape(-1, 2)
+    a = np.concatenate([evc] + [np.full(len(g) - 1, g[0]) for g in groups] + [links[:, 0]]).astype(np.int64)
+    b = np.concatenate([ecc] + [np.asarray(g[1:]) for g in groups] + [links[:, 1]]).astype(np.int64)
     # Union-find with the smallest index as root (no scipy: most plans never need the solver, and
     # importing scipy.sparse costs more than planning a large graph). Components are numbered in
     # the order of their smallest class, as scipy's connected_components numbers them.
@@ -34,12 +36,14 @@ def components(n: int, ecc, evc, groups) -> np.ndarray:
         np.zeros(0, dtype=np.int64)
 
 
-def settle(comp, roots, domain, ecc, groups):
+def settle(comp, roots, domain, ecc, groups, links=()):
     """Label the components that need no solver; (bit per class root, the roots left to solve).
 
     Zero transitions are possible iff every class of a component can hold one common
     representation: then the preferred one of those is optimal, certified by 0. A component of
-    one class with nothing to reconcile is the special case where that is its own domain.
+    one class with nothing to reconcile is the special case where that is its own domain. A
+    component with `links` (prices.Pair classes) is left to the solver: one common
+    representation may still put a permute on its general path.
     """
     n_comp = int(comp.max()) + 1 if len(comp) else 0
     has_edge = np.zeros(n_comp, dtype=bool)
@@ -47,6 +51,8 @@ def settle(comp, roots, domain, ecc, groups):
     has_group = np.zeros(n_comp, dtype=bool)
     for g in groups:
         has_group[comp[g[0]]] = True
+    for a, _ in links:
+        has_group[comp[a]] = True
     common = np.full(n_comp, (1 << NB) - 1, dtype=np.int64)
     np.bitwise_and.at(common, comp[roots], domain[roots])
     if np.any((common == 0) & ~has_edge & ~has_group):

@@ -2,16 +2,18 @@
 
 Columns: x[c, r] (class c holds representation r), class by class in preference order; then
 z[v, r] (value v is copied into r) for each (value, representation) some consumer class may want,
-numbered by first use; then w[g, p] (int8 sync group g shares packed-dim info p). Rows: each class
-holds exactly one representation; z >= x_consumer - x_producer; each int8 group picks one
-packed-dim info and its slots hold only representations with it. Objective: count first, bytes
-second, as sum z * (1 + bytes / (all bytes + 1)).
+numbered by first use; then w[g, p] (int8 sync group g shares packed-dim info p); then, with
+prices, u[q] per prices.Pair q (a permute's output class holds q's representation and its input
+class none on the fast path). Rows: each class holds exactly one representation; z >= x_consumer -
+x_producer; each int8 group picks one packed-dim info and its slots hold only representations with
+it; u >= x_out - sum of x_src over the fast input representations. Objective: count first, bytes
+second, as sum z * (1 + bytes / (all bytes + 1)); with prices, predicted time.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint
@@ -65,6 +67,8 @@ class ComponentProgram:
     constraints: list
     integrality: np.ndarray
     bounds: Bounds
+    # per prices.Pair of the component: (its u column, x_out's column, x_src's fast columns)
+    pair_cols: list = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -80,6 +84,8 @@ class ComponentProgram:
         sol = np.zeros(self.n)
         sol[self.xcol[np.arange(self.n_cls), picks]] = 1.0
         np.maximum.at(sol, self.z_row, sol[self.xc] - np.where(self.xp >= 0, sol[self.xp], 0.0))
+        for u, out, fast in self.pair_cols:
+            sol[u] = max(0.0, sol[out] - sol[fast].sum())
         return sol
 
 
@@ -110,7 +116,9 @@ def build_program(cls, ev, ecc, evc, groups, domain, vbytes, priced=None) -> Com
 
     local = {int(r): i for i, r in enumerate(cls)} if groups else {}
     w_rows, n_w = _group_rows(groups, local, dom, xcol, n_x + n_z)
-    n = n_x + n_z + n_w
+    pair_cols, pair_rows, pair_cost = _pair_rows(cls, xcol, priced, n_x + n_z + n_w)
+    w_rows += pair_rows
+    n = n_x + n_z + n_w + len(pair_cols)
 
     # Rows: each class holds exactly one representation; z >= x_consumer - x_producer.
     n_zr = len(e_idx)
@@ -146,12 +154,15 @@ def build_program(cls, ev, ecc, evc, groups, domain, vbytes, priced=None) -> Com
         z_bit = np.empty(n_z, dtype=np.int64)
         z_bit[rank] = uniq % NB
         obj[n_x:n_x + n_z] = [priced.transition(int(v))[b] * 1e6 for v, b in zip(z_value.tolist(), z_bit.tolist())]
+        for (u, _, _), seconds in zip(pair_cols, pair_cost):
+            obj[u] = seconds * 1e6
     return ComponentProgram(
         n_cls, ev, lcc, lvc, dom, local, has, xcol, n_x, n_z, z_row, xc, xp,
         objective=obj,
         constraints=[LinearConstraint(a, np.concatenate(lo), np.concatenate(hi))],
         integrality=np.ones(n),
         bounds=Bounds(np.zeros(n), np.ones(n)),
+        pair_cols=pair_cols,
     )
 
 
@@ -170,6 +181,25 @@ def useful_domains(masks: np.ndarray, has_groups: bool) -> np.ndarray:
     if not useful:
         return masks
     return np.where(masks == full, useful, masks)
+
+
+def _pair_rows(cls, xcol, priced, first_u):
+    """The u columns and rows of the component's prices.Pair terms: ([(u, x_out, x_src fast
+    columns)], rows as _group_rows makes them, seconds per u)."""
+    if priced is None or not priced.pairs:
+        return [], [], []
+    local = {int(r): i for i, r in enumerate(cls)}
+    cols, rows, cost = [], [], []
+    for q in priced.pairs:
+        a, b = local.get(q.src), local.get(q.out)
+        if a is None or b is None or xcol[b, q.bit] < 0:
+            continue
+        u = first_u + len(cols)
+        fast = np.array([xcol[a, ra] for ra in bit_list(q.fast) if xcol[a, ra] >= 0], dtype=np.int64)
+        cols.append((u, int(xcol[b, q.bit]), fast))
+        rows.append(([(u, 1.0), (int(xcol[b, q.bit]), -1.0)] + [(int(c), 1.0) for c in fast], 0, np.inf))
+        cost.append(q.seconds)
+    return cols, rows, cost
 
 
 def _group_rows(groups, local, dom, xcol, first_w):

@@ -38,14 +38,16 @@ def _plan(problem: Problem, time_limit: float) -> Assignment:
     domain = np.asarray(classes.domain, dtype=np.int64)
     ev, ecc, evc = crossing_edges(t, root)
     groups = [[int(root[k]) for k in keys] for keys in t.int8_groups]
-    comp = components(len(root), ecc, evc, groups)
     roots = np.nonzero(root == np.arange(len(root)))[0]
     priced = None
     if costs is None:
+        comp = components(len(root), ecc, evc, groups)
         label, todo = settle(comp, roots, domain, ecc, groups)
     else:
         priced = price(problem, t, root, roots, domain)
-        label, todo = settle(comp, roots, priced.cheapest, ecc, groups)
+        links = sorted({(p.src, p.out) for p in priced.pairs})
+        comp = components(len(root), ecc, evc, groups, links)
+        label, todo = settle(comp, roots, priced.cheapest, ecc, groups, links)
 
     fallback: dict[int, object] = {}  # class index -> greedy representation, where a solve failed
     greedy: list[Assignment] = []  # computed only if a component has to fall back to it
