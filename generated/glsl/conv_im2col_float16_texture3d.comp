@@ -70,42 +70,59 @@ layout(constant_id = 5) const int cin_ragged = 1;  // ragged
 #line 78
 layout(constant_id = 6) const int findex = 0;  // float_index
 
-// The input texel of channel block `block` under tap `tap` of the position at `org`; 0 outside
-// the input and for taps past the last (lanes past K).
-#line 36 "shaders/conv_im2col.glsl.j2"
-VEC4 tap_texel(int tap, int block, ivec2 org, int zin) {
-  ivec2 yx = tf_divmod(tap, pc.conv_dilation.z, findex);  // (ky, kx)
-  ivec2 p = org + yx.yx * pc.conv_dilation.xy;
-  if (tap >= pc.conv_dilation.z * pc.conv_dilation.w || any(lessThan(p, ivec2(0))) || any(greaterThanEqual(p, pc.input_sizes.xy))) {
-    return VEC4(0);
-  }
-  return imageLoad(t_input, ivec3(p, zin + block));
+// Element (ky, kx, ci) (tap-major: k = (ky * KW + kx) * Cin + ci) of the position whose input
+// origin is `org`: lane ci % 4 of the channel block's texel, taken by selects; 0 outside the input
+// and past the last tap (lanes past K).
+#line 40 "shaders/conv_im2col.glsl.j2"
+float tap_elem(ivec3 t, ivec2 org, int zin) {
+  ivec2 p = org + t.xy * pc.conv_dilation.yx;
+  bool inside = t.x < pc.conv_dilation.w && all(greaterThanEqual(p, ivec2(0))) && all(lessThan(p.yx, pc.input_sizes.xy));
+  VEC4 v = imageLoad(t_input, ivec3(clamp(p.yx, ivec2(0), pc.input_sizes.xy - 1), zin + (t.z >> 2)));
+  int lane = t.z & 3;
+  float e = lane == 0 ? float(v.x) : lane == 1 ? float(v.y) : lane == 2 ? float(v.z) : float(v.w);
+  return inside ? e : 0.0;
+}
+
+// The next k after (ky, kx, ci): ci + 1, carried into kx, then ky, with selects.
+ivec3 next_tap(ivec3 t) {
+  t.z += 1;
+  bool c = t.z == pc.input_sizes.z;
+  t.z = c ? 0 : t.z;
+  t.y += c ? 1 : 0;
+  bool x = t.y == pc.conv_dilation.z;
+  t.y = x ? 0 : t.y;
+  t.x += x ? 1 : 0;
+  return t;
 }
 
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   ivec4 os = pc.out_sizes;  // WHCN of [N, OH, OW, K]: (K, OW, OH, N)
-  ivec2 km = tf_divmod(u, os.y * os.z * os.w, findex);  // (k / 4, position)
-  ivec2 rx = tf_divmod(km.y, os.y, findex);  // (n * OH + y, x)
+  int k4 = tf_div_up(os.x, 4);
+  ivec2 pk = tf_divmod(u, k4, findex);  // (position, k / 4): neighbouring units store neighbouring texels
+  ivec2 rx = tf_divmod(pk.x, os.y, findex);  // (n * OH + y, x)
   ivec2 ny = tf_divmod(rx.x, os.z, findex);  // (n, y)
-  ivec4 idx = ivec4(km.x * 4, rx.y, ny.y, ny.x);
+  ivec4 idx = ivec4(pk.y * 4, rx.y, ny.y, ny.x);
   int cin = pc.input_sizes.z;
   ivec2 org = idx.yz * pc.conv_stride_pad.xy - pc.conv_stride_pad.zw;
   int zin = idx.w * tf_div_up(cin, 4);
-  ivec2 tc = tf_divmod(idx.x, cin, findex);  // (tap, ci)
-  int tap = tc.x;
-  int ci = tc.y;
-  VEC4 v = tap_texel(tap, ci / 4, org, zin);
-  VEC4 r = v;
-  if (cin_ragged != 0) {
-    r.x = v[ci % 4];
-    for (int l = 1; l < 4; ++l) {
-      ci += 1;
-      if (ci == cin) { ci = 0; tap += 1; }
-      if (ci % 4 == 0) { v = tap_texel(tap, ci / 4, org, zin); }
-      r[l] = v[ci % 4];
+  VEC4 r;
+  if (cin_ragged != 0) {  // a texel's lanes span taps: each lane finds its own element, stepped from lane 0's
+    ivec2 tc = tf_divmod(idx.x, cin, findex);  // (tap, ci)
+    ivec2 yx = tf_divmod(tc.x, pc.conv_dilation.z, findex);  // (ky, kx)
+    ivec3 t = ivec3(yx, tc.y);  // (ky, kx, ci)
+    for (int l = 0; l < 4; ++l) {
+      r[l] = tap_elem(t, org.yx, zin);
+      t = next_tap(t);
     }
+  } else {  // Cin % 4 == 0: the texel is one input texel of one tap
+    ivec2 tc = tf_divmod(idx.x, cin, findex);  // (tap, ci)
+    ivec2 yx = tf_divmod(tc.x, pc.conv_dilation.z, findex);  // (ky, kx)
+    ivec2 p = org + yx.yx * pc.conv_dilation.xy;
+    bool inside = all(greaterThanEqual(p, ivec2(0))) && all(lessThan(p, pc.input_sizes.xy));
+    VEC4 v = imageLoad(t_input, ivec3(clamp(p, ivec2(0), pc.input_sizes.xy - 1), zin + (tc.y >> 2)));
+    r = inside ? v : VEC4(0);
   }
   store_texel_out(tf_texel_pos_lane(idx, os, out_layout).xyz, r);
 }
