@@ -184,8 +184,8 @@ class Assignment:
     def predicted_seconds(self, problem: Problem, costs=None) -> float:
         """The plan's predicted time under a cost model (`costs`, else the problem's): every
         device node's slots at their representations, a permute's general path where its pair
-        of representations misses the fast one (costs.pair_seconds), plus every transition, what the optimal
-        planner minimises when the problem has costs. Constants' slots count at the
+        of representations misses the fast one (costs.pair_seconds), plus every transition: what
+        the optimal planner minimises when the problem has costs. Constants' slots count at the
         representation they are prepacked in; host values cost nothing to upload."""
         model = costs if costs is not None else problem.costs
         if model is None:

@@ -298,7 +298,8 @@ def test_a_permute_is_priced_by_its_pair_of_representations():
     assert plain.pair_seconds(node, TEX_CP, BUF_WP) == 0.0
     # the built-in estimate takes the general path as several times the fast one
     est = CostModel.estimate()
-    assert est.node_seconds(node, {"self": TEX_CP, "out": TEX_CP}) > 2 * est.node_seconds(node, {"self": TEX_CP, "out": TEX_WP})
+    general, fast = ({"self": TEX_CP, "out": r} for r in (TEX_CP, TEX_WP))
+    assert est.node_seconds(node, general) > 2 * est.node_seconds(node, fast)
     # a general-path time the tuner measured for this very node is used before the fit
     measured = {(node_signature(node) + GENERAL, str(BUF_WP)): 1e-3}
     timed = CostModel("table", "t", PERMUTES.entries, measured=measured)

@@ -1,8 +1,8 @@
 """Connected components of the class graph, each planned on its own.
 
 Classes are linked by the edges where a transition may be needed, by int8 sync groups and, with
-prices, by a permute's input and output classes (prices.Pair). Most components need no solver: when all their classes can hold one representation, zero transitions
-is optimal and certified.
+prices, by a permute's input and output classes (prices.Pair). Most components need no solver:
+when all their classes can hold one representation, zero transitions is optimal and certified.
 """
 
 from __future__ import annotations
