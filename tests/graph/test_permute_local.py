@@ -6,6 +6,8 @@ PyTorch for every case (compiled with permutes="local" on the session's Vulkan d
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 import torch.nn as nn
 
@@ -453,3 +455,69 @@ def test_zoo_models_keep_numerics(device, name, size):
     model, inputs = ZOO[name](image_size=size)
     assert _local_count(model, inputs) <= texelflow.plan(model, inputs, permutes="none").num_permute_nodes
     _matches_eager(device, model, inputs, rtol=1e-3)
+
+
+class PatchEmbedding(nn.Module):
+    """A ViT patch embedding's tail as timm writes it, after an NHWC producer (the im2col GEMM that
+    runs the conv hands an NHWC result to a permute back to NCHW): permute to NCHW, flatten(2),
+    transpose(1, 2). flatten merges H and W, which lie side by side in NHWC too, so the view moves
+    above the first permute and the two permutes cancel."""
+
+    def forward(self, x):
+        return torch.relu(torch.relu(x).permute(0, 3, 1, 2).flatten(2).transpose(1, 2))
+
+
+def test_a_patch_embedding_keeps_no_permute(device):
+    model, x = PatchEmbedding().eval(), torch.randn(1, 4, 3, 8)
+    graph = _graph(model, (x,))
+    assert len(_permutes(graph)) == 2  # NHWC -> NCHW, the model's transpose
+    assert local.sink_permutes_below_views(graph)
+    _consistent(graph)
+    first, second = _permutes(graph)
+    assert second.arg("self") is first.outputs[0][1]  # the two permutes now meet
+    assert _local_count(model, (x,)) == 0
+    _matches_eager(device, model, (x,))
+
+
+def test_vit_patch_embedding_permutes_go():
+    """ViT-S/16 (32 px): the patch embedding's im2col permute and the model's transpose cancel."""
+    model, inputs = ZOO["vit_tiny"]()
+    plan = texelflow.plan(model, inputs, permutes="local")
+    names = [n.name for n in plan.graph.device_nodes() if n.op.name == "permute_copy"]
+    assert not any(name.startswith(("conv2d", "transpose/")) for name in names), names
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_view_moves_above_a_permute_exactly_when_it_can(data):
+    """_sunk's answer is torch's: view(P(x)) == P'(view'(x)) for random shapes, permutations and
+    views (merges, splits, size-1 dims); it declines only where the view mixes dims of x that are not
+    side by side in order."""
+    rank = data.draw(st.integers(1, 5))
+    x_shape = tuple(data.draw(st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=rank, max_size=rank)))
+    dims = tuple(data.draw(st.permutations(range(rank))))
+    y_shape = permuted(x_shape, dims)
+    # a view of y: merge some neighbouring dims, split a dim of size 4 or 6, insert size-1 dims
+    z = list(y_shape)
+    for _ in range(data.draw(st.integers(0, 3))):
+        op = data.draw(st.sampled_from(["merge", "split", "unit", "drop"]))
+        if op == "merge" and len(z) > 1:
+            k = data.draw(st.integers(0, len(z) - 2))
+            z[k:k + 2] = [z[k] * z[k + 1]]
+        elif op == "split":
+            k = data.draw(st.integers(0, len(z) - 1)) if z else 0
+            if z and z[k] in (4, 6):
+                z[k:k + 1] = [2, z[k] // 2]
+        elif op == "unit":
+            z.insert(data.draw(st.integers(0, len(z))), 1)
+        elif op == "drop" and 1 in z:
+            z.remove(1)
+    z_shape = tuple(z)
+    x = torch.arange(int(torch.tensor(x_shape).prod()), dtype=torch.float32).reshape(x_shape)
+    want = x.permute(dims).reshape(z_shape)
+    got = local._sunk(x_shape, dims, y_shape, z_shape)
+    if got is None:  # only a merge or split of dims apart in x declines; size-1 dims alone never do
+        assert [s for s in y_shape if s != 1] != [s for s in z_shape if s != 1]
+        return
+    shape, sunk = got
+    assert torch.equal(x.reshape(shape).permute(sunk), want)

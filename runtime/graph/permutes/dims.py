@@ -50,16 +50,6 @@ def moves_only_unit_dims(shape: Sequence[int], dims: Sequence[int]) -> bool:
     return big == sorted(big)
 
 
-def non_unit(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(s for s in shape if s != 1)
-
-
-def adds_or_removes_unit_dims(src: Sequence[int], dst: Sequence[int]) -> bool:
-    """Whether a reshape from `src` to `dst` only inserts or drops dims of size 1 (squeeze /
-    unsqueeze-like), keeping every other dim whole."""
-    return non_unit(src) == non_unit(dst)
-
-
 def permute_dims(node: Node) -> tuple[int, ...] | None:
     """The normalized dims of a device permute node; None for any other node."""
     if not node.on_device or node.op.name != PERMUTE_OP:

@@ -7,7 +7,8 @@ inputs may be rewired to an equal tensor, never moved across).
 1. `remove_region_permutes`   P -> [elementwise region] -> P^-1   =>   [region, dims renamed]
 2. `fuse_inverse_consumers`   y = P(x); every reader of y is P^-1  =>  the readers' readers read x
 3. `unit_dim_permutes_to_views`  P moving only size-1 dims         =>  view (free when it folds)
-4. `sink_permutes_below_views`   view(P(x)), view only adds / drops size-1 dims
+4. `sink_permutes_below_views`   view(P(x)), view only adds / drops size-1 dims or merges /
+                                 splits dims whose sources lie side by side, in order, in x
                                                                   =>  P'(view'(x))
 5. `fuse_cascaded_permutes`   Q(P(x))                             =>  (P then Q)(x), gone if identity
 6. `fuse_cascaded_views`      view(view(x)) => view(x); a view to its input's own shape => gone
@@ -20,7 +21,7 @@ handles those).
 from __future__ import annotations
 
 from ..ir import PlanGraph
-from .dims import adds_or_removes_unit_dims, compose, inverse, is_identity, is_view, moves_only_unit_dims, permute_dims
+from .dims import compose, inverse, is_identity, is_view, moves_only_unit_dims, permute_dims
 from .regions import find_region
 from .surgery import (as_view, bypass, fresh_name, in_graph, insert_before, is_output, new_value, only_input, out,
                       permute_node, remove_node, replace_node, runs_on_device, substitute, view_node)
@@ -83,8 +84,14 @@ def unit_dim_permutes_to_views(graph: PlanGraph) -> bool:
 
 
 def sink_permutes_below_views(graph: PlanGraph) -> bool:
-    """4. view(P(x)) where the view only adds or drops size-1 dims and reads the permute alone
-    becomes P'(view'(x)): the permute moves down, towards an inverse it may cancel with."""
+    """4. view(P(x)) that reads the permute alone becomes P'(view'(x)) where the view only adds or
+    drops size-1 dims: the permute moves down, towards an inverse it may cancel with. A view that
+    merges or splits dims whose sources in x lie side by side and in order moves too, but only
+    where P' then cancels with the permute that alone reads the view (up to size-1 dims): a patch
+    embedding's NHWC -> NCHW permute, flatten(2) and transpose(1, 2) become one view of the NHWC
+    tensor. Elsewhere such a view stays below the permute: view' may cost a copy in a texture where
+    the permute already re-lays out and the view after it is free (a mixer's NCHW -> NHWC, then
+    reshape to tokens)."""
     changed = False
     for node in list(graph.nodes):
         if not in_graph(node) or not is_view(node):
@@ -92,10 +99,15 @@ def sink_permutes_below_views(graph: PlanGraph) -> bool:
         y, z = only_input(node), out(node)
         p = y.producer
         dims = permute_dims(p) if p is not None else None
-        if dims is None or is_output(graph, y) or y.users != [node] or not adds_or_removes_unit_dims(y.shape, z.shape):
+        if dims is None or is_output(graph, y) or y.users != [node]:
             continue
         x = only_input(p)
-        shape, sunk = _sunk(x.shape, dims, y.shape, z.shape)
+        sunk_view = _sunk(x.shape, dims, y.shape, z.shape)
+        if sunk_view is None:
+            continue
+        shape, sunk = sunk_view
+        if _unit_sizes_aside(y.shape) != _unit_sizes_aside(z.shape) and not _cancels(graph, z, shape, sunk):
+            continue  # a merge or split in x may cost a copy (textures) where the permute's view was free
         src = x
         view = None
         if shape != tuple(x.shape):
@@ -170,15 +182,66 @@ PASSES = (remove_region_permutes, fuse_inverse_consumers, unit_dim_permutes_to_v
           fuse_cascaded_permutes, fuse_cascaded_views)
 
 
-def _sunk(x_shape, dims, y_shape, z_shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(shape of view'(x), dims of P') with P'(view'(x)) == view(P(x), z_shape), for a view that only
-    adds or drops size-1 dims: view' keeps x's dims of size > 1 in x's order and puts z's size-1
-    dims after them; P' sends each of z's dims to where its elements come from."""
+def _sunk(x_shape, dims, y_shape, z_shape) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(shape of view'(x), dims of P') with P'(view'(x)) == view(P(x), z_shape), or None when the
+    view cannot move above the permute. Size-1 dims aside, y's and z's dims fall into consecutive
+    groups of equal product (the view merges or splits within a group); each group of y must come
+    from dims of x that lie side by side and in increasing order (x's dims of size > 1 counted),
+    so view' can merge or split them in x. view' holds the groups in x's order, each with z's sizes,
+    and z's size-1 dims after them; P' sends each of z's dims to where its elements come from."""
     big_x = [d for d in range(len(x_shape)) if x_shape[d] != 1]  # x's dims of size > 1, in order
-    slot = {d: i for i, d in enumerate(big_x)}
-    sources = iter(slot[dims[i]] for i in range(len(y_shape)) if y_shape[i] != 1)  # in y's (= z's) order
-    k = len(big_x)
-    shape = tuple(x_shape[d] for d in big_x) + (1,) * (len(z_shape) - k)
-    ones = iter(range(k, len(z_shape)))
-    sunk = tuple(next(sources) if s != 1 else next(ones) for s in z_shape)
-    return shape, sunk
+    rank_x = {d: i for i, d in enumerate(big_x)}
+    big_y = [i for i in range(len(y_shape)) if y_shape[i] != 1]
+    big_z = [i for i in range(len(z_shape)) if z_shape[i] != 1]
+    groups = _groups([y_shape[i] for i in big_y], [z_shape[i] for i in big_z])
+    if groups is None:
+        return None
+    placed = []  # (position in big_x of the group's first source, z dims of the group)
+    for ys, zs in groups:
+        src = [rank_x[dims[big_y[i]]] for i in ys]
+        if src != list(range(src[0], src[0] + len(src))):
+            return None  # the group's sources are not side by side, in order, in x
+        placed.append((src[0], [big_z[j] for j in zs]))
+    position = {}
+    shape = []
+    for _, zs in sorted(placed):
+        for d in zs:
+            position[d] = len(shape)
+            shape.append(z_shape[d])
+    ones = iter(range(len(shape), len(z_shape)))
+    sunk = tuple(position[d] if d in position else next(ones) for d in range(len(z_shape)))
+    return tuple(shape) + (1,) * (len(z_shape) - len(shape)), sunk
+
+
+def _unit_sizes_aside(shape) -> list[int]:
+    return [s for s in shape if s != 1]
+
+
+def _cancels(graph: PlanGraph, z, shape, sunk) -> bool:
+    """Whether `z` (a view's output, to be produced by permute `sunk` of a tensor of `shape`) is
+    read by one permute alone, not a graph output, whose composition with `sunk` moves only size-1
+    dims: the two then fold into a view."""
+    readers = list(dict.fromkeys(z.users))
+    second = permute_dims(readers[0]) if len(readers) == 1 and len(z.users) == 1 else None
+    return second is not None and not is_output(graph, z) and moves_only_unit_dims(shape, compose(sunk, second))
+
+
+def _groups(a: list[int], b: list[int]) -> list[tuple[list[int], list[int]]] | None:
+    """Consecutive groups of the sizes `a` and `b` (all > 1) with equal products, smallest first:
+    ([indices of a], [indices of b]) each; None when the products never meet."""
+    groups = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        ga, gb, pa, pb = [i], [j], a[i], b[j]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb and i < len(a):
+                pa, ga = pa * a[i], ga + [i]
+                i += 1
+            elif pb < pa and j < len(b):
+                pb, gb = pb * b[j], gb + [j]
+                j += 1
+            else:
+                return None
+        groups.append((ga, gb))
+    return groups if i == len(a) and j == len(b) else None
