@@ -169,6 +169,16 @@ class PermuteUnsqueezePermute(nn.Module):
         return torch.relu(y.permute(0, 2, 3, 1))  # [1, 2, 3, 4]
 
 
+class PatchEmbedding(nn.Module):
+    """A ViT patch embedding's tail as timm writes it, after an NHWC producer (the im2col GEMM that
+    runs the conv hands an NHWC result to a permute back to NCHW): permute to NCHW, flatten(2),
+    transpose(1, 2). flatten merges H and W, which lie side by side in NHWC too, so the view moves
+    above the first permute and the two permutes cancel."""
+
+    def forward(self, x):
+        return torch.relu(torch.relu(x).permute(0, 3, 1, 2).flatten(2).transpose(1, 2))
+
+
 class CascadedPermutes(nn.Module):
     def __init__(self, second):
         super().__init__()
@@ -303,8 +313,12 @@ def test_unit_dim_permute_becomes_a_view(device):
     _matches_eager(device, model, (x,))
 
 
-def test_permute_sinks_below_unsqueeze_and_meets_its_inverse(device):
-    model, x = PermuteUnsqueezePermute(), torch.randn(2, 3, 4)
+@pytest.mark.parametrize("model,shape", [
+    (PermuteUnsqueezePermute(), (2, 3, 4)),  # a view that adds a size-1 dim
+    (PatchEmbedding(), (1, 4, 3, 8)),  # a view that merges H and W, side by side in NHWC too
+])
+def test_permute_sinks_below_a_view_and_meets_its_inverse(device, model, shape):
+    x = torch.randn(*shape)
     graph = _graph(model, (x,))
     assert len(_permutes(graph)) == 2
     assert local.sink_permutes_below_views(graph)
@@ -455,28 +469,6 @@ def test_zoo_models_keep_numerics(device, name, size):
     model, inputs = ZOO[name](image_size=size)
     assert _local_count(model, inputs) <= texelflow.plan(model, inputs, permutes="none").num_permute_nodes
     _matches_eager(device, model, inputs, rtol=1e-3)
-
-
-class PatchEmbedding(nn.Module):
-    """A ViT patch embedding's tail as timm writes it, after an NHWC producer (the im2col GEMM that
-    runs the conv hands an NHWC result to a permute back to NCHW): permute to NCHW, flatten(2),
-    transpose(1, 2). flatten merges H and W, which lie side by side in NHWC too, so the view moves
-    above the first permute and the two permutes cancel."""
-
-    def forward(self, x):
-        return torch.relu(torch.relu(x).permute(0, 3, 1, 2).flatten(2).transpose(1, 2))
-
-
-def test_a_patch_embedding_keeps_no_permute(device):
-    model, x = PatchEmbedding().eval(), torch.randn(1, 4, 3, 8)
-    graph = _graph(model, (x,))
-    assert len(_permutes(graph)) == 2  # NHWC -> NCHW, the model's transpose
-    assert local.sink_permutes_below_views(graph)
-    _consistent(graph)
-    first, second = _permutes(graph)
-    assert second.arg("self") is first.outputs[0][1]  # the two permutes now meet
-    assert _local_count(model, (x,)) == 0
-    _matches_eager(device, model, (x,))
 
 
 def test_vit_patch_embedding_permutes_go():
