@@ -50,6 +50,10 @@ def moves_only_unit_dims(shape: Sequence[int], dims: Sequence[int]) -> bool:
     return big == sorted(big)
 
 
+def non_unit(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(s for s in shape if s != 1)
+
+
 def permute_dims(node: Node) -> tuple[int, ...] | None:
     """The normalized dims of a device permute node; None for any other node."""
     if not node.on_device or node.op.name != PERMUTE_OP:

@@ -21,7 +21,7 @@ handles those).
 from __future__ import annotations
 
 from ..ir import PlanGraph
-from .dims import compose, inverse, is_identity, is_view, moves_only_unit_dims, permute_dims
+from .dims import compose, inverse, is_identity, is_view, moves_only_unit_dims, non_unit, permute_dims
 from .regions import find_region
 from .surgery import (as_view, bypass, fresh_name, in_graph, insert_before, is_output, new_value, only_input, out,
                       permute_node, remove_node, replace_node, runs_on_device, substitute, view_node)
@@ -106,7 +106,7 @@ def sink_permutes_below_views(graph: PlanGraph) -> bool:
         if sunk_view is None:
             continue
         shape, sunk = sunk_view
-        if _unit_sizes_aside(y.shape) != _unit_sizes_aside(z.shape) and not _cancels(graph, z, shape, sunk):
+        if non_unit(y.shape) != non_unit(z.shape) and not _cancels(graph, z, shape, sunk):
             continue  # a merge or split in x may cost a copy (textures) where the permute's view was free
         src = x
         view = None
@@ -211,10 +211,6 @@ def _sunk(x_shape, dims, y_shape, z_shape) -> tuple[tuple[int, ...], tuple[int, 
     ones = iter(range(len(shape), len(z_shape)))
     sunk = tuple(position[d] if d in position else next(ones) for d in range(len(z_shape)))
     return tuple(shape) + (1,) * (len(z_shape) - len(shape)), sunk
-
-
-def _unit_sizes_aside(shape) -> list[int]:
-    return [s for s in shape if s != 1]
 
 
 def _cancels(graph: PlanGraph, z, shape, sunk) -> bool:
