@@ -13,9 +13,9 @@ relative error (the FLOP term only for nodes with a reduction), for the op's nam
 shader template; per storage side and for the catch-alls "*compute" and "*" too. A permute is timed
 on its fast path too where that needs two representations (its input's and output's packed dims
 matched), and its general-path timings are fitted apart, under "permute_copy!general"
-(costs.pair_seconds). The table keeps
-every node's measured time beside the coefficients and is written as JSON keyed by the device
-(name, vendor and device id, driver version) in costs.table_dir().
+(costs.pair_seconds). The table keeps every node's measured time beside the coefficients and is
+written as JSON keyed by the device (name, vendor and device id, driver version) in
+costs.table_dir().
 """
 
 from __future__ import annotations
