@@ -50,7 +50,7 @@ def general_kernels():
     from texelflow.runtime.graph import fusion
 
     original = fusion.choose_conv_kernels
-    fusion.choose_conv_kernels = lambda graph, limits=None, subgroup=None: []
+    fusion.choose_conv_kernels = lambda graph, *args, **kwargs: []
     try:
         yield
     finally:

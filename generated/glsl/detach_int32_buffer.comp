@@ -124,7 +124,7 @@ ivec4 self_strides() {
 // Element `e` of self (same sizes as out); `st`: self_strides().
 T read_step(ivec4 e, ivec4 st) {
 #line 25
-  return T(t_self[e.x * st.x + e.y * st.y + e.z * st.z + e.w * st.w]);
+  return T(read_self(e.x * st.x + e.y * st.y + e.z * st.z + e.w * st.w));  // a texel fetch where texel_reads
 #line 29
 }
 
@@ -273,12 +273,15 @@ void unit_vec4(int k) { t4_out[k] = ivec4(read4_self(k)); }
 
 // Transpose: invocation u moves block u, blocks ordered p fastest or q fastest, then the other
 // of the two, then the two other dims. Neighbouring invocations then store neighbouring vec4s
-// (p fastest) or load them (q fastest), and the other side's accesses fall a stride apart: the
-// order taken is the one whose stride is the smaller (a buffer -> buffer width-packed ->
-// channels-packed: q fastest, the stores C words apart, not the loads a plane apart: 0.61-0.69x
-// -> 0.63-0.78x of the copy at 1x64x256x256 on lavapipe, three paired runs; from a texture: p
-// fastest). Otherwise (same_shape) the span's 16 words, stepped (unit_steps).
-#line 109
+// (p fastest) or load them (q fastest), and the other side's accesses fall a stride apart. A
+// buffer read through storage-buffer loads takes the order whose stride is the smaller (buffer
+// width-packed -> channels-packed: q fastest, the stores C words apart, not the loads a plane
+// apart: 0.61-0.69x -> 0.63-0.78x of the copy at 1x64x256x256, lavapipe on an AMD EPYC); read
+// through texel-buffer fetches (texel_reads), whose loads go through the image path, p fastest
+// wins: the SIMD lanes' stores fill whole cache lines (width-packed -> channels-packed at
+// 1x64x256x256 and 1x64x64x64, lavapipe on an Intel Xeon, best of 31-41 alternated calls: 1.1-1.3x
+// faster). From a texture: p fastest. Otherwise (same_shape) the span's 16 words, stepped (unit_steps).
+#line 112
 void unit_block(int u) {
   if (transpose == 0) { unit_steps(u); return; }
   int tp = tf_packed_dim(out_layout);
@@ -286,9 +289,9 @@ void unit_block(int u) {
   ivec2 r = tf_rest_dims(tp, tq);
   int bp = pc.out_sizes[tp] / 4;
   int bq = pc.out_sizes[tq] / 4;
-#line 117
+#line 120
   bool q_first = tf_buffer_stride(tp, pc.self_sizes, self_layout) > tf_buffer_stride(tq, pc.out_sizes, out_layout);
-#line 121
+#line 124
   ivec4 base;
   ivec2 qr = tf_divmod(u, q_first ? bq : bp, findex);
   int first = qr.y;
@@ -305,15 +308,15 @@ void unit_block(int u) {
   for (int k = 0; k < 4; ++k) { t4_out[(w + k * step) / 4] = ivec4(b[k]); }
 }
 
-#line 138
+#line 141
 void unit_word(int w) {
-#line 140
+#line 143
   if (same_units != 0) { t_out[w] = (read_self(w)); return; }
-#line 142
+#line 145
   ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
-#line 144
+#line 147
   t_out[w] = (load_self(src(idx)));
-#line 157
+#line 160
 }
 
 #line 18 "shaders/_span_main.glsl.j2"

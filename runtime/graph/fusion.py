@@ -440,11 +440,13 @@ def _pair(v) -> tuple[int, int]:
 def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS, subgroup=None,
                         gemm: str | None = None, costs=None) -> list[Node]:
     """Step 6: retarget every device conv2d / conv2d_act that a specialised kernel takes; returns
-    the new nodes. The conv kernels themselves use no subgroup operations (each invocation owns
-    its tile); `subgroup` (prepack_matmul.SubgroupFacts, None: assumed to fit) decides whether a
-    dense conv may take the im2col form, whose GEMM is linear_packed (or linear_wg: `gemm`,
-    `costs` and the facts choose, as for a linear: prepack_matmul.packed_gemm_op)."""
-    from .prepack_matmul import gemm_tiles
+    the new nodes. `subgroup` (prepack_matmul.SubgroupFacts, None: assumed to fit) decides
+    whether a 3x3 conv may take conv2d_wino, whose 8-lane runs share each input window through
+    subgroupShuffle (where it cannot, the conv is dense: im2col or conv2d_gemm, and its note says
+    why), and whether a dense conv may take the im2col form, whose GEMM is linear_packed (or
+    linear_wg: `gemm`, `costs` and the facts choose, as for a linear:
+    prepack_matmul.packed_gemm_op). The other conv kernels use no subgroup operations."""
+    from .prepack_matmul import gemm_tiles, shuffle_unfit
 
     form = conv_forms()
     # Where GEMMs take workgroup tiles (a GPU), every conv the im2col GEMM holds takes it: the
@@ -456,6 +458,10 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
         if not node.on_device or node.op.name not in SPECIALISED:
             continue
         kernel = conv_kernel_class(node)
+        unfit = shuffle_unfit(subgroup) if kernel == "winograd" else None
+        if unfit:
+            kernel = "dense"
+            node.fused = list(node.fused) + [f"a 3x3 conv taken as dense, not conv2d_wino: {unfit}"]
         im2col_wanted = kernel == "dense" or (every_im2col and _dense_weight(node))
         if im2col_wanted and _im2col_fits(node, subgroup, gemm, every_im2col):
             why = None if kernel == "dense" else (f"a {kernel} conv in im2col form: " + (

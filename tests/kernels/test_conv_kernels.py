@@ -106,6 +106,26 @@ def test_im2col_form_needs_the_shuffle_kernels():
         assert [n.op.name for n in graph.device_nodes()] == want
 
 
+def test_winograd_needs_the_shuffle_lanes():
+    """conv2d_wino shares each input window over 8 lanes with subgroupShuffle: on a device whose
+    subgroups cannot hold 8-lane runs (or that has no shuffle) a 3x3 conv is taken as a dense one,
+    conv2d_gemm here (im2col needs the same shuffles), and its note says why."""
+    from texelflow.runtime.graph.importer import export_program
+    from texelflow.runtime.graph.lowering import lower
+    from texelflow.runtime.graph.prepack_matmul import SubgroupFacts
+
+    model = nn.Conv2d(8, 12, 3, padding=1).eval()
+    for facts, want, why in ((SubgroupFacts(4, True), "conv2d_gemm", "subgroup size 4 is not a multiple of 8"),
+                             (SubgroupFacts(8, False), "conv2d_gemm", "no subgroupShuffle in compute shaders"),
+                             (SubgroupFacts(8, True), "conv2d_wino", None), (None, "conv2d_wino", None)):
+        graph = lower(export_program(model, (torch.randn(1, 8, 9, 9),)))
+        fuse_patterns(graph, subgroup=facts)
+        (node,) = graph.device_nodes()
+        assert node.op.name == want
+        notes = [f for f in node.fused if "not conv2d_wino" in f]
+        assert notes == ([f"a 3x3 conv taken as dense, not conv2d_wino: {why}"] if why else [])
+
+
 def test_im2col_columns_times_the_prepacked_weight_is_the_conv():
     """k runs (ky, kx, ci) (with Cin % 4 == 0 a texel of the column matrix is one input texel);
     the prepacked weight's rows follow, so the GEMM is the conv, whatever Cin."""
