@@ -395,6 +395,11 @@ PREPACKS = {"pointwise": ("pointwise_conv_weight", "pointwise"), "winograd": ("w
             **{kind: ("depthwise_conv_weight", "depthwise") for kind in DEPTHWISE}}
 
 
+# Kernel classes whose kernels pass operands round runs of 8 lanes with subgroupShuffle
+# (conv2d_wino: the input window; conv2d_pw: the weight texels)
+SHUFFLING = ("winograd", "pointwise")
+
+
 def conv_kernel_class(node: Node) -> str:
     """Which kernel a device conv2d / conv2d_act / conv2d_dw / conv2d_dw_act runs on, from its
     parameters: "pointwise", "winograd", "dense", a key of DEPTHWISE ("depthwise3", "depthwise5s2", ...)
@@ -441,10 +446,10 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
                         gemm: str | None = None, costs=None) -> list[Node]:
     """Step 6: retarget every device conv2d / conv2d_act that a specialised kernel takes; returns
     the new nodes. `subgroup` (prepack_matmul.SubgroupFacts, None: assumed to fit) decides
-    whether a 3x3 conv may take conv2d_wino, whose 8-lane runs share each input window through
-    subgroupShuffle (where it cannot, the conv is dense: im2col or conv2d_gemm, and its note says
-    why), and whether a dense conv may take the im2col form, whose GEMM is linear_packed (or
-    linear_wg: `gemm`, `costs` and the facts choose, as for a linear:
+    whether a conv may take conv2d_wino or conv2d_pw(_act), whose runs of 8 lanes share operands
+    through subgroupShuffle (SHUFFLING; where they cannot, the conv is dense: im2col or
+    conv2d_gemm, and its note says why), and whether a dense conv may take the im2col form, whose
+    GEMM is linear_packed (or linear_wg: `gemm`, `costs` and the facts choose, as for a linear:
     prepack_matmul.packed_gemm_op). The other conv kernels use no subgroup operations."""
     from .prepack_matmul import gemm_tiles, shuffle_unfit
 
@@ -458,10 +463,10 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
         if not node.on_device or node.op.name not in SPECIALISED:
             continue
         kernel = conv_kernel_class(node)
-        unfit = shuffle_unfit(subgroup) if kernel == "winograd" else None
+        unfit = shuffle_unfit(subgroup) if kernel in SHUFFLING else None
         if unfit:
+            node.fused = list(node.fused) + [f"taken as a dense conv, not {SPECIALISED['conv2d'][kernel]}: {unfit}"]
             kernel = "dense"
-            node.fused = list(node.fused) + [f"a 3x3 conv taken as dense, not conv2d_wino: {unfit}"]
         im2col_wanted = kernel == "dense" or (every_im2col and _dense_weight(node))
         if im2col_wanted and _im2col_fits(node, subgroup, gemm, every_im2col):
             why = None if kernel == "dense" else (f"a {kernel} conv in im2col form: " + (

@@ -106,24 +106,27 @@ def test_im2col_form_needs_the_shuffle_kernels():
         assert [n.op.name for n in graph.device_nodes()] == want
 
 
-def test_winograd_needs_the_shuffle_lanes():
-    """conv2d_wino shares each input window over 8 lanes with subgroupShuffle: on a device whose
-    subgroups cannot hold 8-lane runs (or that has no shuffle) a 3x3 conv is taken as a dense one,
-    conv2d_gemm here (im2col needs the same shuffles), and its note says why."""
+@pytest.mark.parametrize("model, kernel", [(nn.Conv2d(8, 12, 3, padding=1), "conv2d_wino"),
+                                           (nn.Conv2d(8, 12, 1), "conv2d_pw")])
+def test_shuffling_kernels_need_the_shuffle_lanes(model, kernel):
+    """conv2d_wino (the input window) and conv2d_pw (the weight texels) share operands over 8
+    lanes with subgroupShuffle: on a device whose subgroups cannot hold 8-lane runs (or that has
+    no shuffle) such a conv is taken as a dense one, conv2d_gemm here (im2col needs the same
+    shuffles), and its note says why."""
     from texelflow.runtime.graph.importer import export_program
     from texelflow.runtime.graph.lowering import lower
     from texelflow.runtime.graph.prepack_matmul import SubgroupFacts
 
-    model = nn.Conv2d(8, 12, 3, padding=1).eval()
+    model = model.eval()
     for facts, want, why in ((SubgroupFacts(4, True), "conv2d_gemm", "subgroup size 4 is not a multiple of 8"),
                              (SubgroupFacts(8, False), "conv2d_gemm", "no subgroupShuffle in compute shaders"),
-                             (SubgroupFacts(8, True), "conv2d_wino", None), (None, "conv2d_wino", None)):
+                             (SubgroupFacts(8, True), kernel, None), (None, kernel, None)):
         graph = lower(export_program(model, (torch.randn(1, 8, 9, 9),)))
         fuse_patterns(graph, subgroup=facts)
         (node,) = graph.device_nodes()
         assert node.op.name == want
-        notes = [f for f in node.fused if "not conv2d_wino" in f]
-        assert notes == ([f"a 3x3 conv taken as dense, not conv2d_wino: {why}"] if why else [])
+        notes = [f for f in node.fused if f.startswith("taken as a dense conv")]
+        assert notes == ([f"taken as a dense conv, not {kernel}: {why}"] if why else [])
 
 
 def test_im2col_columns_times_the_prepacked_weight_is_the_conv():
