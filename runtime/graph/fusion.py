@@ -396,8 +396,11 @@ PREPACKS = {"pointwise": ("pointwise_conv_weight", "pointwise"), "winograd": ("w
 
 
 # Kernel classes whose kernels pass operands round runs of 8 lanes with subgroupShuffle
-# (conv2d_wino: the input window; conv2d_pw: the weight texels)
-SHUFFLING = ("winograd", "pointwise")
+# (conv2d_wino: the input window). conv2d_pw sharing its weight texels the same way measured
+# 1.06-1.15x on MobileNetV3's larger planes but 2-3x slower on its 1 x 1 squeeze-excitation
+# convs (8 lanes for one tile), and a shape class choosing between the two forms lost the gain
+# on lavapipe: it keeps every lane loading its own.
+SHUFFLING = ("winograd",)
 
 
 def conv_kernel_class(node: Node) -> str:
@@ -446,8 +449,8 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
                         gemm: str | None = None, costs=None) -> list[Node]:
     """Step 6: retarget every device conv2d / conv2d_act that a specialised kernel takes; returns
     the new nodes. `subgroup` (prepack_matmul.SubgroupFacts, None: assumed to fit) decides
-    whether a conv may take conv2d_wino or conv2d_pw(_act), whose runs of 8 lanes share operands
-    through subgroupShuffle (SHUFFLING; where they cannot, the conv is dense: im2col or
+    whether a conv may take conv2d_wino, whose runs of 8 lanes share its input window through
+    subgroupShuffle (SHUFFLING; where they cannot, the conv is dense: im2col or
     conv2d_gemm, and its note says why), and whether a dense conv may take the im2col form, whose
     GEMM is linear_packed (or linear_wg: `gemm`, `costs` and the facts choose, as for a linear:
     prepack_matmul.packed_gemm_op). The other conv kernels use no subgroup operations."""

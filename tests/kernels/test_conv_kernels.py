@@ -106,13 +106,11 @@ def test_im2col_form_needs_the_shuffle_kernels():
         assert [n.op.name for n in graph.device_nodes()] == want
 
 
-@pytest.mark.parametrize("model, kernel", [(nn.Conv2d(8, 12, 3, padding=1), "conv2d_wino"),
-                                           (nn.Conv2d(8, 12, 1), "conv2d_pw")])
+@pytest.mark.parametrize("model, kernel", [(nn.Conv2d(8, 12, 3, padding=1), "conv2d_wino")])
 def test_shuffling_kernels_need_the_shuffle_lanes(model, kernel):
-    """conv2d_wino (the input window) and conv2d_pw (the weight texels) share operands over 8
-    lanes with subgroupShuffle: on a device whose subgroups cannot hold 8-lane runs (or that has
-    no shuffle) such a conv is taken as a dense one, conv2d_gemm here (im2col needs the same
-    shuffles), and its note says why."""
+    """conv2d_wino shares each input window over 8 lanes with subgroupShuffle: on a device whose
+    subgroups cannot hold 8-lane runs (or that has no shuffle) such a conv is taken as a dense
+    one, conv2d_gemm here (im2col needs the same shuffles), and its note says why."""
     from texelflow.runtime.graph.importer import export_program
     from texelflow.runtime.graph.lowering import lower
     from texelflow.runtime.graph.prepack_matmul import SubgroupFacts

@@ -323,13 +323,13 @@ def test_guard_keeps_the_general_kernels_and_says_why():
     assert _ops(Mm(torch.mm), [torch.randn(3, 5), torch.randn(5, 4)], SubgroupFacts(16, True)) == ["mm"]
 
 
-def test_shuffling_conv_kernels_need_subgroups():
-    """conv2d_wino and conv2d_pw shuffle: with subgroups of 4 their convs are taken as dense ones
-    (conv2d_gemm), and the depthwise kernel, which shuffles nothing, stays."""
+def test_conv_kernels_but_winograd_ignore_subgroups():
+    """Of the conv kernels only conv2d_wino shuffles: with subgroups of 4 its 3x3 conv is taken
+    as a dense one (conv2d_gemm), and the others keep their kernels."""
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 4, 1))
     x = torch.randn(1, 3, 9, 9)
     assert _ops(model, [x], None) == ["conv2d_wino", "conv2d_dw3_s1", "conv2d_pw"]
-    assert _ops(model, [x], SG4) == ["conv2d_gemm", "conv2d_dw3_s1", "conv2d_gemm"]
+    assert _ops(model, [x], SG4) == ["conv2d_gemm", "conv2d_dw3_s1", "conv2d_pw"]
 
 
 def test_lavapipe_takes_the_shuffle_kernels(device):
