@@ -1,5 +1,5 @@
 """Convolution benchmark: the specialised conv kernels the fusion pass chooses (conv2d_pw,
-conv2d_wino, conv2d_gemm, conv2d_dw3_s1 / conv2d_dw5_s1) against the general conv2d / conv2d_dw
+conv2d_wino / conv2d_wino_runs, conv2d_gemm, conv2d_dw3_s1 / conv2d_dw5_s1) against the general conv2d / conv2d_dw
 they replace, on the layer shapes ResNet-18 and MobileNetV3 spend their time in, in one process,
 the two programs alternated, median of the repeats, each a replay of the recorded device program
 (no upload or download): GPU timestamps (Program.profile), or with `--cpu` the process's CPU time
@@ -30,6 +30,9 @@ CASES = {
     "3x3 64->64 [1,64,56,56]": (lambda: nn.Conv2d(64, 64, 3, padding=1), (1, 64, 56, 56)),
     "3x3 128->128 [1,128,28,28]": (lambda: nn.Conv2d(128, 128, 3, padding=1), (1, 128, 28, 28)),
     "3x3 512->512 [1,512,7,7]": (lambda: nn.Conv2d(512, 512, 3, padding=1), (1, 512, 7, 7)),
+    "3x3 8->8 [1,8,32,32]": (lambda: nn.Conv2d(8, 8, 3, padding=1), (1, 8, 32, 32)),            # tiny_resnet
+    "3x3 12->12 [1,12,64,64]": (lambda: nn.Conv2d(12, 12, 3, padding=1), (1, 12, 64, 64)),      # unet_decoder
+    "3x3 48->48 [1,48,16,16]": (lambda: nn.Conv2d(48, 48, 3, padding=1), (1, 48, 16, 16)),
     "3x3/2 64->128 [1,64,56,56]": (lambda: nn.Conv2d(64, 128, 3, stride=2, padding=1), (1, 64, 56, 56)),
     "1x1/2 64->128 [1,64,56,56]": (lambda: nn.Conv2d(64, 128, 1, stride=2), (1, 64, 56, 56)),
     "7x7/2 3->64 [1,3,224,224]": (lambda: nn.Conv2d(3, 64, 7, stride=2, padding=3), (1, 3, 224, 224)),

@@ -1653,6 +1653,49 @@ OPS: dict[str, OpEntry] = {
             'conv2d_wino_float32_texture3d',
         ),
     ),
+    'conv2d_wino_runs': OpEntry(
+        name='conv2d_wino_runs',
+        targets=(
+            'texelflow.conv2d_wino_runs.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('out_channels', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'padding', None),)),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (3,)))),)),
+        ),
+        grid=('per_row', 'out'),
+        template='conv2d_wino_runs',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_wino_runs_float16_texture3d',
+            'conv2d_wino_runs_float32_texture3d',
+        ),
+    ),
     'conv_im2col': OpEntry(
         name='conv_im2col',
         targets=(
@@ -6616,6 +6659,7 @@ TARGETS: dict[str, str] = {
     'texelflow.conv2d_pw.default': 'conv2d_pw',
     'texelflow.conv2d_pw_act.default': 'conv2d_pw_act',
     'texelflow.conv2d_wino.default': 'conv2d_wino',
+    'texelflow.conv2d_wino_runs.default': 'conv2d_wino_runs',
     'texelflow.conv_im2col.default': 'conv_im2col',
     'texelflow.linear_packed.default': 'linear_packed',
     'texelflow.linear_packed_gemv.default': 'linear_packed_gemv',

@@ -450,6 +450,18 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'gelu', 'bias': (3,), 'input': (1, 7, 7, 7), 'out_channels': 3, 'padding': (1, 1), 'weight': (1, 2, 256)},
         {'activation': 'gelu_tanh', 'bias': None, 'input': (1, 4, 5, 9), 'out_channels': 6, 'padding': (1, 1), 'weight': (2, 1, 256)},
     ),
+    'conv2d_wino_runs': (
+        {'bias': (5,), 'input': (1, 3, 7, 5), 'out_channels': 5, 'padding': (1, 1), 'weight': (2, 1, 256)},
+        {'activation': 'relu', 'bias': None, 'input': (2, 5, 9, 11), 'out_channels': 7, 'padding': (1, 1), 'weight': (2, 2, 256)},
+        {'bias': (1,), 'input': (1, 1, 1, 1), 'out_channels': 1, 'padding': (1, 1), 'weight': (1, 1, 256)},
+        {'bias': (1,), 'input': (1, 1, 3, 3), 'out_channels': 1, 'padding': (0, 0), 'weight': (1, 1, 256)},
+        {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'bias': (20,), 'input': (1, 16, 13, 19), 'out_channels': 20, 'padding': (1, 1), 'weight': (5, 4, 256)},
+        {'activation': 'silu', 'bias': (9,), 'input': (2, 9, 5, 3), 'out_channels': 9, 'padding': (2, 0), 'weight': (3, 3, 256)},
+        {'activation': 'hardswish', 'bias': (13,), 'input': (1, 8, 6, 17), 'out_channels': 13, 'padding': (0, 1), 'weight': (4, 2, 256)},
+        {'activation': 'gelu', 'bias': (3,), 'input': (1, 7, 7, 7), 'out_channels': 3, 'padding': (1, 1), 'weight': (1, 2, 256)},
+        {'activation': 'gelu_tanh', 'bias': None, 'input': (1, 4, 5, 9), 'out_channels': 6, 'padding': (1, 1), 'weight': (2, 1, 256)},
+        {'bias': (60,), 'input': (2, 5, 3, 7), 'out_channels': 60, 'padding': (1, 0), 'weight': (15, 2, 256)},
+    ),
     'conv_im2col': (
         {'input': (1, 3, 15, 13), 'kernel_size': (7, 7), 'padding': (3, 3), 'stride': (2, 2)},
         {'input': (2, 5, 9, 11), 'kernel_size': (3, 3), 'padding': (1, 1), 'stride': (2, 2)},

@@ -84,9 +84,6 @@ T load_weight(ivec4 idx) {
 // ---- element access for 'bias' (buffer) ----
 #line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
-#line 56 "shaders/conv2d_wino.glsl.j2"
-#extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_shader_subgroup_shuffle : require
 
 #line 13 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
@@ -124,7 +121,7 @@ int conv_worker(int tiles) {
 
 // U[p][ci][4 blk .. 4 blk + 3]: the transformed weight's 4 output channels of block blk at
 // position p against input channel ci.
-#line 66 "shaders/conv2d_wino.glsl.j2"
+#line 16 "shaders/_conv2d_wino_main.glsl.j2"
 VEC4 u_texel(int blk, int ci, int p) { return imageLoad(t_weight, ivec3(4 * p + (ci & 3), ci >> 2, blk)); }
 
 // Tap (i, j) of the untransformed 3x3 weight, g = H U H^T, for 4 output channels: row i of H
@@ -168,841 +165,847 @@ void main() {
   int cin4 = pc.weight_sizes.y;
   int tiles_x = tf_div_up(os.x, 8);
   int tiles_y = tf_div_up(os.y, 2);
-  // Output blocks fastest, in runs of 8 (cout4 rounded up to whole runs; the lanes past cout4
-  // load and pass on texels but store nothing): the 8 lanes of a run share one spatial tile.
-  int blocks8 = tf_div_up(cout4, 8) * 8;
-  int tiles = blocks8 * tiles_x * tiles_y * os.w;
-  uint first = gl_SubgroupInvocationID & ~7u;  // the run's first lane in its subgroup
-  int lane = int(gl_SubgroupInvocationID & 7u);
+#line 75
+  int tiles = tiles_x * tiles_y * cout4 * os.w;
   for (int tile = conv_worker(tiles); tile < tiles; tile += conv_workers()) {
-    int blk8 = tile % blocks8;
-    bool live = blk8 < cout4;
-    int blk = min(blk8, cout4 - 1);
-    int xy = (tile / blocks8) % (tiles_x * tiles_y);
-    int x0 = (xy % tiles_x) * 8;
-    int y0 = (xy / tiles_x) * 2;
-    int n = tile / (blocks8 * tiles_x * tiles_y);
+    const bool live = true;
+    int x0 = (tile % tiles_x) * 8;
+    int y0 = ((tile / tiles_x) % tiles_y) * 2;
+    int blk = (tile / (tiles_x * tiles_y)) % cout4;
+    int n = tile / (tiles_x * tiles_y * cout4);
+#line 83
     ivec2 org = ivec2(x0, y0) - pc.conv_pad.xy;
-    // This lane's share of the window: texels i = lane + 8 j (row i / 10, column i % 10).
-#line 126
-    ivec2 at0 = org + ivec2((lane + 0) % 10, (lane + 0) / 10);
-    bool ok0 = all(greaterThanEqual(at0, ivec2(0))) && all(lessThan(at0, is.xy));
-    at0 = clamp(at0, ivec2(0), is.xy - 1);
-#line 126
-    ivec2 at1 = org + ivec2((lane + 8) % 10, (lane + 8) / 10);
-    bool ok1 = all(greaterThanEqual(at1, ivec2(0))) && all(lessThan(at1, is.xy));
-    at1 = clamp(at1, ivec2(0), is.xy - 1);
-#line 126
-    ivec2 at2 = org + ivec2((lane + 16) % 10, (lane + 16) / 10);
-    bool ok2 = all(greaterThanEqual(at2, ivec2(0))) && all(lessThan(at2, is.xy));
-    at2 = clamp(at2, ivec2(0), is.xy - 1);
-#line 126
-    ivec2 at3 = org + ivec2((lane + 24) % 10, (lane + 24) / 10);
-    bool ok3 = all(greaterThanEqual(at3, ivec2(0))) && all(lessThan(at3, is.xy));
-    at3 = clamp(at3, ivec2(0), is.xy - 1);
-#line 126
-    ivec2 at4 = org + ivec2((lane + 32) % 10, (lane + 32) / 10);
-    bool ok4 = all(greaterThanEqual(at4, ivec2(0))) && all(lessThan(at4, is.xy));
-    at4 = clamp(at4, ivec2(0), is.xy - 1);
-#line 131
+#line 86
+    int cx0 = clamp(org.x + 0, 0, is.x - 1);
+    bool xok0 = org.x + 0 >= 0 && org.x + 0 < is.x;
+#line 86
+    int cx1 = clamp(org.x + 1, 0, is.x - 1);
+    bool xok1 = org.x + 1 >= 0 && org.x + 1 < is.x;
+#line 86
+    int cx2 = clamp(org.x + 2, 0, is.x - 1);
+    bool xok2 = org.x + 2 >= 0 && org.x + 2 < is.x;
+#line 86
+    int cx3 = clamp(org.x + 3, 0, is.x - 1);
+    bool xok3 = org.x + 3 >= 0 && org.x + 3 < is.x;
+#line 86
+    int cx4 = clamp(org.x + 4, 0, is.x - 1);
+    bool xok4 = org.x + 4 >= 0 && org.x + 4 < is.x;
+#line 86
+    int cx5 = clamp(org.x + 5, 0, is.x - 1);
+    bool xok5 = org.x + 5 >= 0 && org.x + 5 < is.x;
+#line 86
+    int cx6 = clamp(org.x + 6, 0, is.x - 1);
+    bool xok6 = org.x + 6 >= 0 && org.x + 6 < is.x;
+#line 86
+    int cx7 = clamp(org.x + 7, 0, is.x - 1);
+    bool xok7 = org.x + 7 >= 0 && org.x + 7 < is.x;
+#line 86
+    int cx8 = clamp(org.x + 8, 0, is.x - 1);
+    bool xok8 = org.x + 8 >= 0 && org.x + 8 < is.x;
+#line 86
+    int cx9 = clamp(org.x + 9, 0, is.x - 1);
+    bool xok9 = org.x + 9 >= 0 && org.x + 9 < is.x;
+#line 90
+    int cy0 = clamp(org.y + 0, 0, is.y - 1);
+    bool yok0 = org.y + 0 >= 0 && org.y + 0 < is.y;
+#line 90
+    int cy1 = clamp(org.y + 1, 0, is.y - 1);
+    bool yok1 = org.y + 1 >= 0 && org.y + 1 < is.y;
+#line 90
+    int cy2 = clamp(org.y + 2, 0, is.y - 1);
+    bool yok2 = org.y + 2 >= 0 && org.y + 2 < is.y;
+#line 90
+    int cy3 = clamp(org.y + 3, 0, is.y - 1);
+    bool yok3 = org.y + 3 >= 0 && org.y + 3 < is.y;
+#line 102
     VEC4 m0_0 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_1 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_2 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_3 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_4 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_5 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_6 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_7 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_8 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_9 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_10 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_11 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_12 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_13 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_14 = VEC4(0);
-#line 131
+#line 102
     VEC4 m0_15 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_0 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_1 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_2 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_3 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_4 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_5 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_6 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_7 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_8 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_9 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_10 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_11 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_12 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_13 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_14 = VEC4(0);
-#line 131
+#line 102
     VEC4 m1_15 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_0 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_1 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_2 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_3 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_4 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_5 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_6 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_7 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_8 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_9 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_10 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_11 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_12 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_13 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_14 = VEC4(0);
-#line 131
+#line 102
     VEC4 m2_15 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_0 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_1 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_2 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_3 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_4 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_5 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_6 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_7 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_8 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_9 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_10 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_11 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_12 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_13 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_14 = VEC4(0);
-#line 131
+#line 102
     VEC4 m3_15 = VEC4(0);
-#line 133
+#line 104
     for (int b = 0; b < cin4; ++b) {
       int z = n * cin4 + b;
       // e_r_t_k: row r of tile t's window times B (columns: d0 - d2, d1 + d2, d2 - d1, d1 - d3)
-#line 137
+#line 108
       VEC4 e0_0_0, e0_0_1, e0_0_2, e0_0_3;
-#line 137
+#line 108
       VEC4 e0_1_0, e0_1_1, e0_1_2, e0_1_3;
-#line 137
+#line 108
       VEC4 e0_2_0, e0_2_1, e0_2_2, e0_2_3;
-#line 137
+#line 108
       VEC4 e0_3_0, e0_3_1, e0_3_2, e0_3_3;
-#line 137
+#line 108
       VEC4 e1_0_0, e1_0_1, e1_0_2, e1_0_3;
-#line 137
+#line 108
       VEC4 e1_1_0, e1_1_1, e1_1_2, e1_1_3;
-#line 137
+#line 108
       VEC4 e1_2_0, e1_2_1, e1_2_2, e1_2_3;
-#line 137
+#line 108
       VEC4 e1_3_0, e1_3_1, e1_3_2, e1_3_3;
-#line 137
+#line 108
       VEC4 e2_0_0, e2_0_1, e2_0_2, e2_0_3;
-#line 137
+#line 108
       VEC4 e2_1_0, e2_1_1, e2_1_2, e2_1_3;
-#line 137
+#line 108
       VEC4 e2_2_0, e2_2_1, e2_2_2, e2_2_3;
-#line 137
+#line 108
       VEC4 e2_3_0, e2_3_1, e2_3_2, e2_3_3;
-#line 137
+#line 108
       VEC4 e3_0_0, e3_0_1, e3_0_2, e3_0_3;
-#line 137
+#line 108
       VEC4 e3_1_0, e3_1_1, e3_1_2, e3_1_3;
-#line 137
+#line 108
       VEC4 e3_2_0, e3_2_1, e3_2_2, e3_2_3;
-#line 137
+#line 108
       VEC4 e3_3_0, e3_3_1, e3_3_2, e3_3_3;
-#line 140
-      VEC4 mine0 = mix(VEC4(0), imageLoad(t_input, ivec3(at0, z)), bvec4(ok0));
-#line 140
-      VEC4 mine1 = mix(VEC4(0), imageLoad(t_input, ivec3(at1, z)), bvec4(ok1));
-#line 140
-      VEC4 mine2 = mix(VEC4(0), imageLoad(t_input, ivec3(at2, z)), bvec4(ok2));
-#line 140
-      VEC4 mine3 = mix(VEC4(0), imageLoad(t_input, ivec3(at3, z)), bvec4(ok3));
-#line 140
-      VEC4 mine4 = mix(VEC4(0), imageLoad(t_input, ivec3(at4, z)), bvec4(ok4));
-#line 143
+#line 116
       {
-#line 145
-        VEC4 d0 = subgroupShuffle(mine0, first + 0u);
-#line 145
-        VEC4 d1 = subgroupShuffle(mine0, first + 1u);
-#line 145
-        VEC4 d2 = subgroupShuffle(mine0, first + 2u);
-#line 145
-        VEC4 d3 = subgroupShuffle(mine0, first + 3u);
-#line 145
-        VEC4 d4 = subgroupShuffle(mine0, first + 4u);
-#line 145
-        VEC4 d5 = subgroupShuffle(mine0, first + 5u);
-#line 145
-        VEC4 d6 = subgroupShuffle(mine0, first + 6u);
-#line 145
-        VEC4 d7 = subgroupShuffle(mine0, first + 7u);
-#line 145
-        VEC4 d8 = subgroupShuffle(mine1, first + 0u);
-#line 145
-        VEC4 d9 = subgroupShuffle(mine1, first + 1u);
-#line 148
+#line 121
+        VEC4 d0 = mix(VEC4(0), imageLoad(t_input, ivec3(cx0, cy0, z)), bvec4(yok0 && xok0));
+#line 121
+        VEC4 d1 = mix(VEC4(0), imageLoad(t_input, ivec3(cx1, cy0, z)), bvec4(yok0 && xok1));
+#line 121
+        VEC4 d2 = mix(VEC4(0), imageLoad(t_input, ivec3(cx2, cy0, z)), bvec4(yok0 && xok2));
+#line 121
+        VEC4 d3 = mix(VEC4(0), imageLoad(t_input, ivec3(cx3, cy0, z)), bvec4(yok0 && xok3));
+#line 121
+        VEC4 d4 = mix(VEC4(0), imageLoad(t_input, ivec3(cx4, cy0, z)), bvec4(yok0 && xok4));
+#line 121
+        VEC4 d5 = mix(VEC4(0), imageLoad(t_input, ivec3(cx5, cy0, z)), bvec4(yok0 && xok5));
+#line 121
+        VEC4 d6 = mix(VEC4(0), imageLoad(t_input, ivec3(cx6, cy0, z)), bvec4(yok0 && xok6));
+#line 121
+        VEC4 d7 = mix(VEC4(0), imageLoad(t_input, ivec3(cx7, cy0, z)), bvec4(yok0 && xok7));
+#line 121
+        VEC4 d8 = mix(VEC4(0), imageLoad(t_input, ivec3(cx8, cy0, z)), bvec4(yok0 && xok8));
+#line 121
+        VEC4 d9 = mix(VEC4(0), imageLoad(t_input, ivec3(cx9, cy0, z)), bvec4(yok0 && xok9));
+#line 125
         e0_0_0 = d0 - d2;
         e0_0_1 = d1 + d2;
         e0_0_2 = d2 - d1;
         e0_0_3 = d1 - d3;
-#line 148
+#line 125
         e0_1_0 = d2 - d4;
         e0_1_1 = d3 + d4;
         e0_1_2 = d4 - d3;
         e0_1_3 = d3 - d5;
-#line 148
+#line 125
         e0_2_0 = d4 - d6;
         e0_2_1 = d5 + d6;
         e0_2_2 = d6 - d5;
         e0_2_3 = d5 - d7;
-#line 148
+#line 125
         e0_3_0 = d6 - d8;
         e0_3_1 = d7 + d8;
         e0_3_2 = d8 - d7;
         e0_3_3 = d7 - d9;
-#line 153
+#line 130
       }
-#line 143
+#line 116
       {
-#line 145
-        VEC4 d0 = subgroupShuffle(mine1, first + 2u);
-#line 145
-        VEC4 d1 = subgroupShuffle(mine1, first + 3u);
-#line 145
-        VEC4 d2 = subgroupShuffle(mine1, first + 4u);
-#line 145
-        VEC4 d3 = subgroupShuffle(mine1, first + 5u);
-#line 145
-        VEC4 d4 = subgroupShuffle(mine1, first + 6u);
-#line 145
-        VEC4 d5 = subgroupShuffle(mine1, first + 7u);
-#line 145
-        VEC4 d6 = subgroupShuffle(mine2, first + 0u);
-#line 145
-        VEC4 d7 = subgroupShuffle(mine2, first + 1u);
-#line 145
-        VEC4 d8 = subgroupShuffle(mine2, first + 2u);
-#line 145
-        VEC4 d9 = subgroupShuffle(mine2, first + 3u);
-#line 148
+#line 121
+        VEC4 d0 = mix(VEC4(0), imageLoad(t_input, ivec3(cx0, cy1, z)), bvec4(yok1 && xok0));
+#line 121
+        VEC4 d1 = mix(VEC4(0), imageLoad(t_input, ivec3(cx1, cy1, z)), bvec4(yok1 && xok1));
+#line 121
+        VEC4 d2 = mix(VEC4(0), imageLoad(t_input, ivec3(cx2, cy1, z)), bvec4(yok1 && xok2));
+#line 121
+        VEC4 d3 = mix(VEC4(0), imageLoad(t_input, ivec3(cx3, cy1, z)), bvec4(yok1 && xok3));
+#line 121
+        VEC4 d4 = mix(VEC4(0), imageLoad(t_input, ivec3(cx4, cy1, z)), bvec4(yok1 && xok4));
+#line 121
+        VEC4 d5 = mix(VEC4(0), imageLoad(t_input, ivec3(cx5, cy1, z)), bvec4(yok1 && xok5));
+#line 121
+        VEC4 d6 = mix(VEC4(0), imageLoad(t_input, ivec3(cx6, cy1, z)), bvec4(yok1 && xok6));
+#line 121
+        VEC4 d7 = mix(VEC4(0), imageLoad(t_input, ivec3(cx7, cy1, z)), bvec4(yok1 && xok7));
+#line 121
+        VEC4 d8 = mix(VEC4(0), imageLoad(t_input, ivec3(cx8, cy1, z)), bvec4(yok1 && xok8));
+#line 121
+        VEC4 d9 = mix(VEC4(0), imageLoad(t_input, ivec3(cx9, cy1, z)), bvec4(yok1 && xok9));
+#line 125
         e1_0_0 = d0 - d2;
         e1_0_1 = d1 + d2;
         e1_0_2 = d2 - d1;
         e1_0_3 = d1 - d3;
-#line 148
+#line 125
         e1_1_0 = d2 - d4;
         e1_1_1 = d3 + d4;
         e1_1_2 = d4 - d3;
         e1_1_3 = d3 - d5;
-#line 148
+#line 125
         e1_2_0 = d4 - d6;
         e1_2_1 = d5 + d6;
         e1_2_2 = d6 - d5;
         e1_2_3 = d5 - d7;
-#line 148
+#line 125
         e1_3_0 = d6 - d8;
         e1_3_1 = d7 + d8;
         e1_3_2 = d8 - d7;
         e1_3_3 = d7 - d9;
-#line 153
+#line 130
       }
-#line 143
+#line 116
       {
-#line 145
-        VEC4 d0 = subgroupShuffle(mine2, first + 4u);
-#line 145
-        VEC4 d1 = subgroupShuffle(mine2, first + 5u);
-#line 145
-        VEC4 d2 = subgroupShuffle(mine2, first + 6u);
-#line 145
-        VEC4 d3 = subgroupShuffle(mine2, first + 7u);
-#line 145
-        VEC4 d4 = subgroupShuffle(mine3, first + 0u);
-#line 145
-        VEC4 d5 = subgroupShuffle(mine3, first + 1u);
-#line 145
-        VEC4 d6 = subgroupShuffle(mine3, first + 2u);
-#line 145
-        VEC4 d7 = subgroupShuffle(mine3, first + 3u);
-#line 145
-        VEC4 d8 = subgroupShuffle(mine3, first + 4u);
-#line 145
-        VEC4 d9 = subgroupShuffle(mine3, first + 5u);
-#line 148
+#line 121
+        VEC4 d0 = mix(VEC4(0), imageLoad(t_input, ivec3(cx0, cy2, z)), bvec4(yok2 && xok0));
+#line 121
+        VEC4 d1 = mix(VEC4(0), imageLoad(t_input, ivec3(cx1, cy2, z)), bvec4(yok2 && xok1));
+#line 121
+        VEC4 d2 = mix(VEC4(0), imageLoad(t_input, ivec3(cx2, cy2, z)), bvec4(yok2 && xok2));
+#line 121
+        VEC4 d3 = mix(VEC4(0), imageLoad(t_input, ivec3(cx3, cy2, z)), bvec4(yok2 && xok3));
+#line 121
+        VEC4 d4 = mix(VEC4(0), imageLoad(t_input, ivec3(cx4, cy2, z)), bvec4(yok2 && xok4));
+#line 121
+        VEC4 d5 = mix(VEC4(0), imageLoad(t_input, ivec3(cx5, cy2, z)), bvec4(yok2 && xok5));
+#line 121
+        VEC4 d6 = mix(VEC4(0), imageLoad(t_input, ivec3(cx6, cy2, z)), bvec4(yok2 && xok6));
+#line 121
+        VEC4 d7 = mix(VEC4(0), imageLoad(t_input, ivec3(cx7, cy2, z)), bvec4(yok2 && xok7));
+#line 121
+        VEC4 d8 = mix(VEC4(0), imageLoad(t_input, ivec3(cx8, cy2, z)), bvec4(yok2 && xok8));
+#line 121
+        VEC4 d9 = mix(VEC4(0), imageLoad(t_input, ivec3(cx9, cy2, z)), bvec4(yok2 && xok9));
+#line 125
         e2_0_0 = d0 - d2;
         e2_0_1 = d1 + d2;
         e2_0_2 = d2 - d1;
         e2_0_3 = d1 - d3;
-#line 148
+#line 125
         e2_1_0 = d2 - d4;
         e2_1_1 = d3 + d4;
         e2_1_2 = d4 - d3;
         e2_1_3 = d3 - d5;
-#line 148
+#line 125
         e2_2_0 = d4 - d6;
         e2_2_1 = d5 + d6;
         e2_2_2 = d6 - d5;
         e2_2_3 = d5 - d7;
-#line 148
+#line 125
         e2_3_0 = d6 - d8;
         e2_3_1 = d7 + d8;
         e2_3_2 = d8 - d7;
         e2_3_3 = d7 - d9;
-#line 153
+#line 130
       }
-#line 143
+#line 116
       {
-#line 145
-        VEC4 d0 = subgroupShuffle(mine3, first + 6u);
-#line 145
-        VEC4 d1 = subgroupShuffle(mine3, first + 7u);
-#line 145
-        VEC4 d2 = subgroupShuffle(mine4, first + 0u);
-#line 145
-        VEC4 d3 = subgroupShuffle(mine4, first + 1u);
-#line 145
-        VEC4 d4 = subgroupShuffle(mine4, first + 2u);
-#line 145
-        VEC4 d5 = subgroupShuffle(mine4, first + 3u);
-#line 145
-        VEC4 d6 = subgroupShuffle(mine4, first + 4u);
-#line 145
-        VEC4 d7 = subgroupShuffle(mine4, first + 5u);
-#line 145
-        VEC4 d8 = subgroupShuffle(mine4, first + 6u);
-#line 145
-        VEC4 d9 = subgroupShuffle(mine4, first + 7u);
-#line 148
+#line 121
+        VEC4 d0 = mix(VEC4(0), imageLoad(t_input, ivec3(cx0, cy3, z)), bvec4(yok3 && xok0));
+#line 121
+        VEC4 d1 = mix(VEC4(0), imageLoad(t_input, ivec3(cx1, cy3, z)), bvec4(yok3 && xok1));
+#line 121
+        VEC4 d2 = mix(VEC4(0), imageLoad(t_input, ivec3(cx2, cy3, z)), bvec4(yok3 && xok2));
+#line 121
+        VEC4 d3 = mix(VEC4(0), imageLoad(t_input, ivec3(cx3, cy3, z)), bvec4(yok3 && xok3));
+#line 121
+        VEC4 d4 = mix(VEC4(0), imageLoad(t_input, ivec3(cx4, cy3, z)), bvec4(yok3 && xok4));
+#line 121
+        VEC4 d5 = mix(VEC4(0), imageLoad(t_input, ivec3(cx5, cy3, z)), bvec4(yok3 && xok5));
+#line 121
+        VEC4 d6 = mix(VEC4(0), imageLoad(t_input, ivec3(cx6, cy3, z)), bvec4(yok3 && xok6));
+#line 121
+        VEC4 d7 = mix(VEC4(0), imageLoad(t_input, ivec3(cx7, cy3, z)), bvec4(yok3 && xok7));
+#line 121
+        VEC4 d8 = mix(VEC4(0), imageLoad(t_input, ivec3(cx8, cy3, z)), bvec4(yok3 && xok8));
+#line 121
+        VEC4 d9 = mix(VEC4(0), imageLoad(t_input, ivec3(cx9, cy3, z)), bvec4(yok3 && xok9));
+#line 125
         e3_0_0 = d0 - d2;
         e3_0_1 = d1 + d2;
         e3_0_2 = d2 - d1;
         e3_0_3 = d1 - d3;
-#line 148
+#line 125
         e3_1_0 = d2 - d4;
         e3_1_1 = d3 + d4;
         e3_1_2 = d4 - d3;
         e3_1_3 = d3 - d5;
-#line 148
+#line 125
         e3_2_0 = d4 - d6;
         e3_2_1 = d5 + d6;
         e3_2_2 = d6 - d5;
         e3_2_3 = d5 - d7;
-#line 148
+#line 125
         e3_3_0 = d6 - d8;
         e3_3_1 = d7 + d8;
         e3_3_2 = d8 - d7;
         e3_3_3 = d7 - d9;
-#line 153
+#line 130
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(0, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(1, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(2, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(3, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e0_0_0 - e2_0_0;  // row 0 of B^T times the e rows
           m0_0 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e0_1_0 - e2_1_0;  // row 0 of B^T times the e rows
           m1_0 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e0_2_0 - e2_2_0;  // row 0 of B^T times the e rows
           m2_0 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e0_3_0 - e2_3_0;  // row 0 of B^T times the e rows
           m3_0 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(4, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(5, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(6, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(7, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e0_0_1 - e2_0_1;  // row 0 of B^T times the e rows
           m0_1 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e0_1_1 - e2_1_1;  // row 0 of B^T times the e rows
           m1_1 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e0_2_1 - e2_2_1;  // row 0 of B^T times the e rows
           m2_1 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e0_3_1 - e2_3_1;  // row 0 of B^T times the e rows
           m3_1 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(8, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(9, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(10, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(11, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e0_0_2 - e2_0_2;  // row 0 of B^T times the e rows
           m0_2 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e0_1_2 - e2_1_2;  // row 0 of B^T times the e rows
           m1_2 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e0_2_2 - e2_2_2;  // row 0 of B^T times the e rows
           m2_2 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e0_3_2 - e2_3_2;  // row 0 of B^T times the e rows
           m3_2 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(12, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(13, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(14, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(15, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e0_0_3 - e2_0_3;  // row 0 of B^T times the e rows
           m0_3 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e0_1_3 - e2_1_3;  // row 0 of B^T times the e rows
           m1_3 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e0_2_3 - e2_2_3;  // row 0 of B^T times the e rows
           m2_3 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e0_3_3 - e2_3_3;  // row 0 of B^T times the e rows
           m3_3 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(16, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(17, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(18, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(19, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e1_0_0 + e2_0_0;  // row 1 of B^T times the e rows
           m0_4 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_1_0 + e2_1_0;  // row 1 of B^T times the e rows
           m1_4 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_2_0 + e2_2_0;  // row 1 of B^T times the e rows
           m2_4 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_3_0 + e2_3_0;  // row 1 of B^T times the e rows
           m3_4 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(20, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(21, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(22, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(23, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e1_0_1 + e2_0_1;  // row 1 of B^T times the e rows
           m0_5 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_1_1 + e2_1_1;  // row 1 of B^T times the e rows
           m1_5 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_2_1 + e2_2_1;  // row 1 of B^T times the e rows
           m2_5 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_3_1 + e2_3_1;  // row 1 of B^T times the e rows
           m3_5 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(24, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(25, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(26, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(27, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e1_0_2 + e2_0_2;  // row 1 of B^T times the e rows
           m0_6 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_1_2 + e2_1_2;  // row 1 of B^T times the e rows
           m1_6 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_2_2 + e2_2_2;  // row 1 of B^T times the e rows
           m2_6 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_3_2 + e2_3_2;  // row 1 of B^T times the e rows
           m3_6 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(28, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(29, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(30, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(31, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e1_0_3 + e2_0_3;  // row 1 of B^T times the e rows
           m0_7 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_1_3 + e2_1_3;  // row 1 of B^T times the e rows
           m1_7 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_2_3 + e2_2_3;  // row 1 of B^T times the e rows
           m2_7 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_3_3 + e2_3_3;  // row 1 of B^T times the e rows
           m3_7 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(32, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(33, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(34, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(35, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e2_0_0 - e1_0_0;  // row 2 of B^T times the e rows
           m0_8 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e2_1_0 - e1_1_0;  // row 2 of B^T times the e rows
           m1_8 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e2_2_0 - e1_2_0;  // row 2 of B^T times the e rows
           m2_8 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e2_3_0 - e1_3_0;  // row 2 of B^T times the e rows
           m3_8 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(36, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(37, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(38, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(39, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e2_0_1 - e1_0_1;  // row 2 of B^T times the e rows
           m0_9 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e2_1_1 - e1_1_1;  // row 2 of B^T times the e rows
           m1_9 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e2_2_1 - e1_2_1;  // row 2 of B^T times the e rows
           m2_9 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e2_3_1 - e1_3_1;  // row 2 of B^T times the e rows
           m3_9 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(40, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(41, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(42, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(43, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e2_0_2 - e1_0_2;  // row 2 of B^T times the e rows
           m0_10 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e2_1_2 - e1_1_2;  // row 2 of B^T times the e rows
           m1_10 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e2_2_2 - e1_2_2;  // row 2 of B^T times the e rows
           m2_10 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e2_3_2 - e1_3_2;  // row 2 of B^T times the e rows
           m3_10 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(44, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(45, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(46, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(47, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e2_0_3 - e1_0_3;  // row 2 of B^T times the e rows
           m0_11 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e2_1_3 - e1_1_3;  // row 2 of B^T times the e rows
           m1_11 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e2_2_3 - e1_2_3;  // row 2 of B^T times the e rows
           m2_11 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e2_3_3 - e1_3_3;  // row 2 of B^T times the e rows
           m3_11 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(48, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(49, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(50, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(51, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e1_0_0 - e3_0_0;  // row 3 of B^T times the e rows
           m0_12 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_1_0 - e3_1_0;  // row 3 of B^T times the e rows
           m1_12 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_2_0 - e3_2_0;  // row 3 of B^T times the e rows
           m2_12 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_3_0 - e3_3_0;  // row 3 of B^T times the e rows
           m3_12 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(52, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(53, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(54, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(55, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e1_0_1 - e3_0_1;  // row 3 of B^T times the e rows
           m0_13 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_1_1 - e3_1_1;  // row 3 of B^T times the e rows
           m1_13 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_2_1 - e3_2_1;  // row 3 of B^T times the e rows
           m2_13 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_3_1 - e3_3_1;  // row 3 of B^T times the e rows
           m3_13 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(56, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(57, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(58, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(59, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e1_0_2 - e3_0_2;  // row 3 of B^T times the e rows
           m0_14 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_1_2 - e3_1_2;  // row 3 of B^T times the e rows
           m1_14 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_2_2 - e3_2_2;  // row 3 of B^T times the e rows
           m2_14 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_3_2 - e3_3_2;  // row 3 of B^T times the e rows
           m3_14 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 156
+#line 133
       {
         VEC4 u0 = imageLoad(t_weight, ivec3(60, b, blk));
         VEC4 u1 = imageLoad(t_weight, ivec3(61, b, blk));
         VEC4 u2 = imageLoad(t_weight, ivec3(62, b, blk));
         VEC4 u3 = imageLoad(t_weight, ivec3(63, b, blk));
-#line 163
+#line 140
         {
           VEC4 v = e1_0_3 - e3_0_3;  // row 3 of B^T times the e rows
           m0_15 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_1_3 - e3_1_3;  // row 3 of B^T times the e rows
           m1_15 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_2_3 - e3_2_3;  // row 3 of B^T times the e rows
           m2_15 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 163
+#line 140
         {
           VEC4 v = e1_3_3 - e3_3_3;  // row 3 of B^T times the e rows
           m3_15 += v.x * u0 + v.y * u1 + v.z * u2 + v.w * u3;
         }
-#line 168
+#line 145
       }
-#line 170
+#line 147
     }
     int zout = n * tf_div_up(cout, 4) + blk;
     bvec4 real = lessThan(ivec4(blk * 4) + ivec4(0, 1, 2, 3), ivec4(cout));
@@ -1012,22 +1015,22 @@ void main() {
       bias = VEC4(t_bias[ch.x], t_bias[ch.y], t_bias[ch.z], t_bias[ch.w]);
     }
     VEC4 chk = VEC4(0);  // the sum of the outputs: NaN when one of them is (or +Inf meets -Inf)
-#line 180
+#line 157
     {
       // A^T M A: rows first (s0 = M0 + M1 + M2, s1 = M1 - M2 - M3), then columns
-#line 183
+#line 160
       VEC4 s0_0 = m0_0 + m0_4 + m0_8;
       VEC4 s1_0 = m0_4 - m0_8 - m0_12;
-#line 183
+#line 160
       VEC4 s0_1 = m0_1 + m0_5 + m0_9;
       VEC4 s1_1 = m0_5 - m0_9 - m0_13;
-#line 183
+#line 160
       VEC4 s0_2 = m0_2 + m0_6 + m0_10;
       VEC4 s1_2 = m0_6 - m0_10 - m0_14;
-#line 183
+#line 160
       VEC4 s0_3 = m0_3 + m0_7 + m0_11;
       VEC4 s1_3 = m0_7 - m0_11 - m0_15;
-#line 187
+#line 164
       if (live && y0 + 0 < os.y) {
         if (x0 + 0 < os.x) {
           VEC4 y = s0_0 + s0_1 + s0_2 + bias;
@@ -1040,7 +1043,7 @@ void main() {
           store_texel_out(ivec3(x0 + 1, y0 + 0, zout), mix(VEC4(0), conv_activation(y), real));
         }
       }
-#line 187
+#line 164
       if (live && y0 + 1 < os.y) {
         if (x0 + 0 < os.x) {
           VEC4 y = s1_0 + s1_1 + s1_2 + bias;
@@ -1053,24 +1056,24 @@ void main() {
           store_texel_out(ivec3(x0 + 1, y0 + 1, zout), mix(VEC4(0), conv_activation(y), real));
         }
       }
-#line 200
+#line 177
     }
-#line 180
+#line 157
     {
       // A^T M A: rows first (s0 = M0 + M1 + M2, s1 = M1 - M2 - M3), then columns
-#line 183
+#line 160
       VEC4 s0_0 = m1_0 + m1_4 + m1_8;
       VEC4 s1_0 = m1_4 - m1_8 - m1_12;
-#line 183
+#line 160
       VEC4 s0_1 = m1_1 + m1_5 + m1_9;
       VEC4 s1_1 = m1_5 - m1_9 - m1_13;
-#line 183
+#line 160
       VEC4 s0_2 = m1_2 + m1_6 + m1_10;
       VEC4 s1_2 = m1_6 - m1_10 - m1_14;
-#line 183
+#line 160
       VEC4 s0_3 = m1_3 + m1_7 + m1_11;
       VEC4 s1_3 = m1_7 - m1_11 - m1_15;
-#line 187
+#line 164
       if (live && y0 + 0 < os.y) {
         if (x0 + 2 < os.x) {
           VEC4 y = s0_0 + s0_1 + s0_2 + bias;
@@ -1083,7 +1086,7 @@ void main() {
           store_texel_out(ivec3(x0 + 3, y0 + 0, zout), mix(VEC4(0), conv_activation(y), real));
         }
       }
-#line 187
+#line 164
       if (live && y0 + 1 < os.y) {
         if (x0 + 2 < os.x) {
           VEC4 y = s1_0 + s1_1 + s1_2 + bias;
@@ -1096,24 +1099,24 @@ void main() {
           store_texel_out(ivec3(x0 + 3, y0 + 1, zout), mix(VEC4(0), conv_activation(y), real));
         }
       }
-#line 200
+#line 177
     }
-#line 180
+#line 157
     {
       // A^T M A: rows first (s0 = M0 + M1 + M2, s1 = M1 - M2 - M3), then columns
-#line 183
+#line 160
       VEC4 s0_0 = m2_0 + m2_4 + m2_8;
       VEC4 s1_0 = m2_4 - m2_8 - m2_12;
-#line 183
+#line 160
       VEC4 s0_1 = m2_1 + m2_5 + m2_9;
       VEC4 s1_1 = m2_5 - m2_9 - m2_13;
-#line 183
+#line 160
       VEC4 s0_2 = m2_2 + m2_6 + m2_10;
       VEC4 s1_2 = m2_6 - m2_10 - m2_14;
-#line 183
+#line 160
       VEC4 s0_3 = m2_3 + m2_7 + m2_11;
       VEC4 s1_3 = m2_7 - m2_11 - m2_15;
-#line 187
+#line 164
       if (live && y0 + 0 < os.y) {
         if (x0 + 4 < os.x) {
           VEC4 y = s0_0 + s0_1 + s0_2 + bias;
@@ -1126,7 +1129,7 @@ void main() {
           store_texel_out(ivec3(x0 + 5, y0 + 0, zout), mix(VEC4(0), conv_activation(y), real));
         }
       }
-#line 187
+#line 164
       if (live && y0 + 1 < os.y) {
         if (x0 + 4 < os.x) {
           VEC4 y = s1_0 + s1_1 + s1_2 + bias;
@@ -1139,24 +1142,24 @@ void main() {
           store_texel_out(ivec3(x0 + 5, y0 + 1, zout), mix(VEC4(0), conv_activation(y), real));
         }
       }
-#line 200
+#line 177
     }
-#line 180
+#line 157
     {
       // A^T M A: rows first (s0 = M0 + M1 + M2, s1 = M1 - M2 - M3), then columns
-#line 183
+#line 160
       VEC4 s0_0 = m3_0 + m3_4 + m3_8;
       VEC4 s1_0 = m3_4 - m3_8 - m3_12;
-#line 183
+#line 160
       VEC4 s0_1 = m3_1 + m3_5 + m3_9;
       VEC4 s1_1 = m3_5 - m3_9 - m3_13;
-#line 183
+#line 160
       VEC4 s0_2 = m3_2 + m3_6 + m3_10;
       VEC4 s1_2 = m3_6 - m3_10 - m3_14;
-#line 183
+#line 160
       VEC4 s0_3 = m3_3 + m3_7 + m3_11;
       VEC4 s1_3 = m3_7 - m3_11 - m3_15;
-#line 187
+#line 164
       if (live && y0 + 0 < os.y) {
         if (x0 + 6 < os.x) {
           VEC4 y = s0_0 + s0_1 + s0_2 + bias;
@@ -1169,7 +1172,7 @@ void main() {
           store_texel_out(ivec3(x0 + 7, y0 + 0, zout), mix(VEC4(0), conv_activation(y), real));
         }
       }
-#line 187
+#line 164
       if (live && y0 + 1 < os.y) {
         if (x0 + 6 < os.x) {
           VEC4 y = s1_0 + s1_1 + s1_2 + bias;
@@ -1182,11 +1185,11 @@ void main() {
           store_texel_out(ivec3(x0 + 7, y0 + 1, zout), mix(VEC4(0), conv_activation(y), real));
         }
       }
-#line 200
+#line 177
     }
     // The rare outputs that came out NaN, again by the direct sum: one call site out of the
     // unrolled tiles, so the common path's code (and its registers) stays as it was.
-#line 204
+#line 181
     if (live && any(isnan(chk))) {
       for (int k = 0; k < 16; ++k) {
         int ox = x0 + 2 * (k >> 2) + (k & 1);

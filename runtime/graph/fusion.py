@@ -28,7 +28,9 @@ In order, in place on the graph:
    conv2d_act / conv2d_dw / conv2d_dw_act with a constant weight takes the specialised kernel its
    parameters allow, its weight a derived constant prepacked for it (runtime/graph/prepack_conv.py):
      pointwise (1x1, stride 1, padding 0, groups 1)  -> conv2d_pw / conv2d_pw_act (a GEMM)
-     3x3 (stride 1, dilation 1, groups 1)            -> conv2d_wino (Winograd F(2x2, 3x3), any padding)
+     3x3 (stride 1, dilation 1, groups 1)            -> conv2d_wino (Winograd F(2x2, 3x3), any padding),
+                                                        or conv2d_wino_runs where subgroups fit and
+                                                        the output blocks fill runs of 8 (fills_runs)
      depthwise 3x3 / 5x5 / 7x7 (stride 1, dil. 1)    -> conv2d_dw3_s1 / _dw5_s1 / _dw7_s1 (rows loaded once)
      depthwise 3x3 / 5x5 (stride 2, dilation 1)      -> conv2d_dw3_s2 / conv2d_dw5_s2 (the same at stride 2)
      any other dense conv (groups 1), Cout >= 64     -> conv_im2col, linear_packed (linear_wg on a GPU), permute_copy
@@ -386,21 +388,24 @@ DEPTHWISE_S2_SIZES = (3, 5)
 DEPTHWISE = {**{f"depthwise{k}": f"conv2d_dw{k}_s1" for k in DEPTHWISE_SIZES},
              **{f"depthwise{k}s2": f"conv2d_dw{k}_s2" for k in DEPTHWISE_S2_SIZES}}
 # general conv op -> {kernel class: the specialised op}
-SPECIALISED = {"conv2d": {"pointwise": "conv2d_pw", "winograd": "conv2d_wino", "dense": "conv2d_gemm"},
-               "conv2d_act": {"pointwise": "conv2d_pw_act", "winograd": "conv2d_wino", "dense": "conv2d_gemm"},
+WINOGRAD = {"winograd": "conv2d_wino", "winograd_runs": "conv2d_wino_runs"}  # both for conv2d and conv2d_act
+SPECIALISED = {"conv2d": {"pointwise": "conv2d_pw", **WINOGRAD, "dense": "conv2d_gemm"},
+               "conv2d_act": {"pointwise": "conv2d_pw_act", **WINOGRAD, "dense": "conv2d_gemm"},
                "conv2d_dw": DEPTHWISE, "conv2d_dw_act": DEPTHWISE}
 # kernel class -> (prepack recipe, weight suffix)
-PREPACKS = {"pointwise": ("pointwise_conv_weight", "pointwise"), "winograd": ("winograd_f2_weight", "winograd"),
+PREPACKS = {"pointwise": ("pointwise_conv_weight", "pointwise"),
+            **{kind: ("winograd_f2_weight", "winograd") for kind in WINOGRAD},
             "dense": ("conv_gemm_weight", "gemm"),
             **{kind: ("depthwise_conv_weight", "depthwise") for kind in DEPTHWISE}}
 
 
-# Kernel classes whose kernels pass operands round runs of 8 lanes with subgroupShuffle
-# (conv2d_wino: the input window). conv2d_pw sharing its weight texels the same way measured
-# 1.06-1.15x on MobileNetV3's larger planes but 2-3x slower on its 1 x 1 squeeze-excitation
-# convs (8 lanes for one tile), and a shape class choosing between the two forms lost the gain
-# on lavapipe: it keeps every lane loading its own.
-SHUFFLING = ("winograd",)
+def fills_runs(channels: int) -> bool:
+    """Whether `channels` output channels (blocks of 4) rounded up to whole runs of 8 blocks leave
+    at most one lane in 8 idle: conv2d_wino_runs gives each run of 8 lanes 8 output blocks of one
+    tile, so 8, 12, 24 or 48 channels (2, 3, 6, 12 blocks) would idle most or a quarter of a run;
+    60 channels (15 blocks, one lane idle in 16) and any multiple of 32 fill them."""
+    blocks = -(-channels // 4)
+    return 8 * -(-blocks // 8) * 7 <= blocks * 8
 
 
 def conv_kernel_class(node: Node) -> str:
@@ -449,11 +454,12 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
                         gemm: str | None = None, costs=None) -> list[Node]:
     """Step 6: retarget every device conv2d / conv2d_act that a specialised kernel takes; returns
     the new nodes. `subgroup` (prepack_matmul.SubgroupFacts, None: assumed to fit) decides
-    whether a conv may take conv2d_wino, whose runs of 8 lanes share its input window through
-    subgroupShuffle (SHUFFLING; where they cannot, the conv is dense: im2col or
-    conv2d_gemm, and its note says why), and whether a dense conv may take the im2col form, whose
-    GEMM is linear_packed (or linear_wg: `gemm`, `costs` and the facts choose, as for a linear:
-    prepack_matmul.packed_gemm_op). The other conv kernels use no subgroup operations."""
+    whether a 3x3 conv may take conv2d_wino_runs, whose runs of 8 lanes share each input window
+    through subgroupShuffle (where its output blocks fill such runs, fills_runs; else, or where
+    subgroups do not fit, conv2d_wino, and the note says why), and whether a dense conv may take
+    the im2col form, whose GEMM is linear_packed (or linear_wg: `gemm`, `costs` and the facts
+    choose, as for a linear: prepack_matmul.packed_gemm_op). The other conv kernels use no
+    subgroup operations."""
     from .prepack_matmul import gemm_tiles, shuffle_unfit
 
     form = conv_forms()
@@ -466,10 +472,6 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
         if not node.on_device or node.op.name not in SPECIALISED:
             continue
         kernel = conv_kernel_class(node)
-        unfit = shuffle_unfit(subgroup) if kernel in SHUFFLING else None
-        if unfit:
-            node.fused = list(node.fused) + [f"taken as a dense conv, not {SPECIALISED['conv2d'][kernel]}: {unfit}"]
-            kernel = "dense"
         im2col_wanted = kernel == "dense" or (every_im2col and _dense_weight(node))
         if im2col_wanted and _im2col_fits(node, subgroup, gemm, every_im2col):
             why = None if kernel == "dense" else (f"a {kernel} conv in im2col form: " + (
@@ -478,10 +480,19 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
             if im2col:
                 made += im2col
                 continue
+        note = None
+        if kernel == "winograd":
+            cout = node.arg("weight").shape[0]
+            unfit = shuffle_unfit(subgroup)
+            if unfit is None and fills_runs(cout):
+                kernel = "winograd_runs"
+            else:
+                note = f"conv2d_wino, not conv2d_wino_runs: {unfit or f'{cout} output channels leave runs of 8 lanes idle'}"
         op_name = SPECIALISED[node.op.name].get(kernel)
         if op_name is None:
             continue
         new, packed = _specialised(graph, node, OPS[op_name], kernel)
+        new.fused += [note] if note else []
         if retarget(graph, node, new, packed, limits):
             made.append(new)
     return made
@@ -601,13 +612,15 @@ def _specialised(graph: PlanGraph, conv: Node, op, kernel: str) -> tuple[Node, V
     recipe, suffix = PREPACKS[kernel]
     w = conv.arg("weight")
     cout, cin, kh, kw = w.shape
-    shape = {"pointwise": (padded4(cin), padded4(cout)), "winograd": (padded4(cout) // 4, padded4(cin) // 4, 256),
+    shape = {"pointwise": (padded4(cin), padded4(cout)),
+             **{kind: (padded4(cout) // 4, padded4(cin) // 4, 256) for kind in WINOGRAD},
              "dense": (kh * kw, padded4(cin), padded4(cout)),
              **{kind: (kh * kw, padded4(cout)) for kind in DEPTHWISE}}[kernel]
     packed = graph.add_derived(f"{w.name}.{suffix}", shape, w.dtype, recipe, (w,))
     args = [("input", conv.arg("input")), ("weight", packed), ("bias", conv.arg("bias"))]
     padding = list(_pair(conv.value("padding") or [0]))  # explicit: torch's export omits defaults
-    args += {"pointwise": [("out_channels", cout)], "winograd": [("padding", padding), ("out_channels", cout)],
+    args += {"pointwise": [("out_channels", cout)],
+             **{kind: [("padding", padding), ("out_channels", cout)] for kind in WINOGRAD},
              "dense": _conv_geometry(conv) + [("out_channels", cout)],
              **{kind: [("padding", padding)] for kind in DEPTHWISE}}[kernel]
     args += [(n, v) for n, v in conv.args if n in ("activation", "act_min", "act_max")]

@@ -106,25 +106,39 @@ def test_im2col_form_needs_the_shuffle_kernels():
         assert [n.op.name for n in graph.device_nodes()] == want
 
 
-@pytest.mark.parametrize("model, kernel", [(nn.Conv2d(8, 12, 3, padding=1), "conv2d_wino")])
-def test_shuffling_kernels_need_the_shuffle_lanes(model, kernel):
-    """conv2d_wino shares each input window over 8 lanes with subgroupShuffle: on a device whose
-    subgroups cannot hold 8-lane runs (or that has no shuffle) such a conv is taken as a dense
-    one, conv2d_gemm here (im2col needs the same shuffles), and its note says why."""
+@pytest.mark.parametrize("cout, facts, want, why", [
+    (64, None, "conv2d_wino_runs", None),
+    (60, (8, True), "conv2d_wino_runs", None),
+    (64, (4, True), "conv2d_wino", "subgroup size 4 is not a multiple of 8"),
+    (64, (8, False), "conv2d_wino", "no subgroupShuffle in compute shaders"),
+    (48, (8, True), "conv2d_wino", "48 output channels leave runs of 8 lanes idle"),
+    (12, None, "conv2d_wino", "12 output channels leave runs of 8 lanes idle"),
+])
+def test_winograd_runs_need_shuffles_and_full_runs(cout, facts, want, why):
+    """conv2d_wino_runs shares each input window over 8 lanes with subgroupShuffle, 8 output
+    blocks a run: the fusion pass takes it where subgroups hold runs of 8 lanes with shuffle and
+    the blocks fill the runs (fills_runs), else conv2d_wino, and the note says why."""
     from texelflow.runtime.graph.importer import export_program
     from texelflow.runtime.graph.lowering import lower
     from texelflow.runtime.graph.prepack_matmul import SubgroupFacts
 
-    model = model.eval()
-    for facts, want, why in ((SubgroupFacts(4, True), "conv2d_gemm", "subgroup size 4 is not a multiple of 8"),
-                             (SubgroupFacts(8, False), "conv2d_gemm", "no subgroupShuffle in compute shaders"),
-                             (SubgroupFacts(8, True), kernel, None), (None, kernel, None)):
-        graph = lower(export_program(model, (torch.randn(1, 8, 9, 9),)))
-        fuse_patterns(graph, subgroup=facts)
-        (node,) = graph.device_nodes()
-        assert node.op.name == want
-        notes = [f for f in node.fused if f.startswith("taken as a dense conv")]
-        assert notes == ([f"taken as a dense conv, not {kernel}: {why}"] if why else [])
+    model = nn.Conv2d(8, cout, 3, padding=1).eval()
+    graph = lower(export_program(model, (torch.randn(1, 8, 9, 9),)))
+    fuse_patterns(graph, subgroup=SubgroupFacts(*facts) if facts else None)
+    (node,) = graph.device_nodes()
+    assert node.op.name == want
+    notes = [f for f in node.fused if "not conv2d_wino_runs" in f]
+    assert notes == ([f"conv2d_wino, not conv2d_wino_runs: {why}"] if why else [])
+
+
+@pytest.mark.parametrize("channels, full", [(1, False), (8, False), (12, False), (24, False), (48, False),
+                                            (60, True), (64, True), (96, True), (100, False), (128, True),
+                                            (512, True), (1000, True)])
+def test_fills_runs_where_at_most_one_lane_in_8_idles(channels, full):
+    """60 channels are 15 blocks (one lane idle in 16), 48 are 12 (4 in 16), 8 are 2 (6 in 8)."""
+    from texelflow.runtime.graph.fusion import fills_runs
+
+    assert fills_runs(channels) is full
 
 
 def test_im2col_columns_times_the_prepacked_weight_is_the_conv():
@@ -200,9 +214,9 @@ def test_winograd_weight_transform_is_g_g_gt():
 
 # ---- whole programs against torch (device) -------------------------------------------------------------
 CASES = [  # (layer(s), input shape, the op expected)
-    (lambda: nn.Conv2d(64, 64, 3, padding=1), (1, 64, 56, 56), "conv2d_wino"),        # ResNet-18 layer1
+    (lambda: nn.Conv2d(64, 64, 3, padding=1), (1, 64, 56, 56), "conv2d_wino_runs"),   # ResNet-18 layer1
     (lambda: nn.Sequential(nn.Conv2d(128, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU()),
-     (2, 128, 14, 14), "conv2d_wino"),
+     (2, 128, 14, 14), "conv2d_wino_runs"),
     (lambda: nn.Conv2d(96, 24, 1), (1, 96, 28, 28), "conv2d_pw"),                     # MobileNetV3
     (lambda: nn.Sequential(nn.Conv2d(16, 72, 1), nn.ReLU6()), (1, 16, 56, 56), "conv2d_pw_act"),
     (lambda: nn.Sequential(nn.Conv2d(576, 130, 1), nn.Hardswish()), (1, 576, 7, 7), "conv2d_pw_act"),
@@ -212,6 +226,7 @@ CASES = [  # (layer(s), input shape, the op expected)
     (lambda: nn.Sequential(nn.Conv2d(7, 3, 3, padding=(0, 2)), nn.SiLU()), (1, 7, 5, 3), "conv2d_wino"),
     (lambda: nn.Conv2d(1, 3, 3, padding=1), (1, 1, 1, 5), "conv2d_wino"),  # (1 -> 1 is depthwise)
     (lambda: nn.Sequential(nn.Conv2d(9, 6, 3, padding=1), nn.GELU()), (1, 9, 17, 11), "conv2d_wino"),
+    (lambda: nn.Conv2d(5, 60, 3, padding=(1, 0)), (2, 5, 3, 7), "conv2d_wino_runs"),  # a lane idle in 16
     (lambda: nn.Conv2d(5, 3, 1, bias=False), (2, 5, 3, 7), "conv2d_pw"),
     (lambda: nn.Sequential(nn.Conv2d(1, 7, 1), nn.Hardtanh(-1.0, 1.5)), (1, 1, 5, 7), "conv2d_pw_act"),
     (lambda: nn.Sequential(nn.Conv2d(13, 1, 1), nn.SiLU()), (2, 13, 1, 5), "conv2d_pw_act"),
@@ -310,6 +325,8 @@ WINO_SPECIALS = [  # (layer, input shape, indices that get NaN, +Inf, -Inf in tu
      [(0, 0, 4, 6), (0, 0, 0, 1), (0, 0, 2, 0)]),
     # +Inf and -Inf in one window (NaN in torch too) and Infs alone in other windows
     (nn.Conv2d(5, 9, 3, padding=1), (1, 5, 5, 9), [(0, 1, 0, 8), (0, 0, 2, 4), (0, 4, 2, 5), (0, 3, 4, 1)]),
+    # 60 output channels: runs of 8 lanes share each window (class share), the last run one lane idle
+    (nn.Conv2d(6, 60, 3, padding=1), (2, 6, 7, 9), [(0, 0, 0, 0), (1, 5, 6, 8), (0, 3, 3, 4), (1, 2, 0, 5)]),
 ]
 
 
@@ -326,7 +343,7 @@ def test_winograd_infinities_and_nan_as_torch(device, layer, shape, where):
     with torch.no_grad():
         want = layer(x)
     with texelflow.compile(layer, (x,), device=device) as prog:
-        assert "conv2d_wino" in _ops(prog.plan)
+        assert set(_ops(prog.plan)) & {"conv2d_wino", "conv2d_wino_runs"}
         got = prog(x)
     assert want.isinf().any() and want.isnan().any() and want.isfinite().any()
     assert torch.equal(got.isnan(), want.isnan())

@@ -323,13 +323,14 @@ def test_guard_keeps_the_general_kernels_and_says_why():
     assert _ops(Mm(torch.mm), [torch.randn(3, 5), torch.randn(5, 4)], SubgroupFacts(16, True)) == ["mm"]
 
 
-def test_conv_kernels_but_winograd_ignore_subgroups():
-    """Of the conv kernels only conv2d_wino shuffles: with subgroups of 4 its 3x3 conv is taken
-    as a dense one (conv2d_gemm), and the others keep their kernels."""
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 4, 1))
+def test_conv_kernels_but_winograd_runs_ignore_subgroups():
+    """Of the conv kernels only conv2d_wino_runs shuffles: with subgroups of 4 a 3x3 conv whose
+    output blocks fill runs of 8 takes conv2d_wino, and the others keep their kernels."""
+    model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.Conv2d(64, 64, 3, padding=1, groups=64),
+                          nn.Conv2d(64, 4, 1), nn.Conv2d(4, 8, 3, padding=1))
     x = torch.randn(1, 3, 9, 9)
-    assert _ops(model, [x], None) == ["conv2d_wino", "conv2d_dw3_s1", "conv2d_pw"]
-    assert _ops(model, [x], SG4) == ["conv2d_gemm", "conv2d_dw3_s1", "conv2d_pw"]
+    assert _ops(model, [x], None) == ["conv2d_wino_runs", "conv2d_dw3_s1", "conv2d_pw", "conv2d_wino"]
+    assert _ops(model, [x], SG4) == ["conv2d_wino", "conv2d_dw3_s1", "conv2d_pw", "conv2d_wino"]
 
 
 def test_lavapipe_takes_the_shuffle_kernels(device):
