@@ -449,6 +449,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'hardswish', 'bias': (13,), 'input': (1, 8, 6, 17), 'out_channels': 13, 'padding': (0, 1), 'weight': (4, 2, 256)},
         {'activation': 'gelu', 'bias': (3,), 'input': (1, 7, 7, 7), 'out_channels': 3, 'padding': (1, 1), 'weight': (1, 2, 256)},
         {'activation': 'gelu_tanh', 'bias': None, 'input': (1, 4, 5, 9), 'out_channels': 6, 'padding': (1, 1), 'weight': (2, 1, 256)},
+        {'bias': (60,), 'input': (2, 5, 3, 7), 'out_channels': 60, 'padding': (1, 0), 'weight': (15, 2, 256)},
     ),
     'conv2d_wino_runs': (
         {'bias': (5,), 'input': (1, 3, 7, 5), 'out_channels': 5, 'padding': (1, 1), 'weight': (2, 1, 256)},
