@@ -487,12 +487,13 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
             if unfit is None and fills_runs(cout):
                 kernel = "winograd_runs"
             else:
-                note = f"conv2d_wino, not conv2d_wino_runs: {unfit or f'{cout} output channels leave runs of 8 lanes idle'}"
+                note = f", not conv2d_wino_runs: {unfit or f'{cout} output channels leave runs of 8 lanes idle'}"
         op_name = SPECIALISED[node.op.name].get(kernel)
         if op_name is None:
             continue
         new, packed = _specialised(graph, node, OPS[op_name], kernel)
-        new.fused += [note] if note else []
+        if note:  # the kernel note says why: "conv2d_wino kernel (from conv2d), not conv2d_wino_runs: ..."
+            new.fused[-1] += note
         if retarget(graph, node, new, packed, limits):
             made.append(new)
     return made

@@ -128,7 +128,7 @@ def test_winograd_runs_need_shuffles_and_full_runs(cout, facts, want, why):
     (node,) = graph.device_nodes()
     assert node.op.name == want
     notes = [f for f in node.fused if "not conv2d_wino_runs" in f]
-    assert notes == ([f"conv2d_wino, not conv2d_wino_runs: {why}"] if why else [])
+    assert notes == ([f"conv2d_wino kernel (from conv2d), not conv2d_wino_runs: {why}"] if why else [])
 
 
 @pytest.mark.parametrize("channels, full", [(1, False), (8, False), (12, False), (24, False), (48, False),
