@@ -274,8 +274,9 @@ void unit_vec4(int k) {}
 // through texel-buffer fetches (texel_reads), whose loads go through the image path, p fastest
 // wins: the SIMD lanes' stores fill whole cache lines (width-packed -> channels-packed at
 // 1x64x256x256 and 1x64x64x64, lavapipe on an Intel Xeon, best of 31-41 alternated calls: 1.1-1.3x
-// faster). From a texture: p fastest. Otherwise (same_shape) the span's 16 words, stepped (unit_steps).
-#line 112
+// faster). From a texture: p fastest. Otherwise (same_shape) the span's 16 words, stepped
+// (unit_steps).
+#line 113
 void unit_block(int u) {
   if (transpose == 0) { unit_steps(u); return; }
   int tp = tf_packed_dim(out_layout);
@@ -283,9 +284,9 @@ void unit_block(int u) {
   ivec2 r = tf_rest_dims(tp, tq);
   int bp = pc.out_sizes[tp] / 4;
   int bq = pc.out_sizes[tq] / 4;
-#line 122
-  bool q_first = false;
 #line 124
+  bool q_first = false;
+#line 126
   ivec4 base;
   ivec2 qr = tf_divmod(u, q_first ? bq : bp, findex);
   int first = qr.y;
@@ -302,13 +303,13 @@ void unit_block(int u) {
   for (int k = 0; k < 4; ++k) { t4_out[(w + k * step) / 4] = tf_to_float16(b[k]); }
 }
 
-#line 141
+#line 143
 void unit_word(int w) {
-#line 145
-  ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
 #line 147
+  ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
+#line 149
   t_out[w] = tf_to_float16(load_self(src(idx)));
-#line 160
+#line 162
 }
 
 #line 18 "shaders/_span_main.glsl.j2"

@@ -123,9 +123,9 @@ void block_at(ivec4 base, out VEC4 b[4]) {
 // The 4 texels from pos along x (= W = q): the block whose W offset k is texel pos + (k, 0, 0),
 // the first `count` of them inside the row (a row's last block when W % 4 != 0: the input's
 // last texel along W is still whole, its padding lanes zero, and the texels past W are not stored).
-#line 194
+#line 196
 void unit_block(ivec3 pos, int count) {
-#line 198
+#line 200
   VEC4 b[4];
   block_at(tf_texel_to_idx(pos, pc.out_sizes, out_layout), b);
   for (int k = 0; k < 4; ++k) {
@@ -133,9 +133,9 @@ void unit_block(ivec3 pos, int count) {
   }
 }
 
-#line 206
+#line 208
 void unit_texel(ivec3 pos) {
-#line 210
+#line 212
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);

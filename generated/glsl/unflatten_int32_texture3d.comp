@@ -111,7 +111,7 @@ void block_at(ivec4 base, out VEC4 b[4]) {
 // zero. (C % 4 != 0 takes the element path: a last group of fewer channels, handled here by a
 // loop, measured 0.36x of the copy against the element path's 0.56x on lavapipe, which runs
 // every branch of an invocation whichever its lanes take.)
-#line 174
+#line 176
 void unit_texels(ivec3 pos) {
   int xo = pos.x + (pos.z & 3);
   if (tail != 0 && xo >= (pc.out_sizes.x + 3) >> 2) { return; }
@@ -131,11 +131,11 @@ void unit_texels(ivec3 pos) {
 // The 4 texels from pos along x (= W = q): the block whose W offset k is texel pos + (k, 0, 0),
 // the first `count` of them inside the row (a row's last block when W % 4 != 0: the input's
 // last texel along W is still whole, its padding lanes zero, and the texels past W are not stored).
-#line 194
-void unit_block(ivec3 pos, int count) {
 #line 196
-  if (tf_packed_dim(self_layout) == 2 && tf_packed_dim(out_layout) == 0) { unit_texels(pos); return; }
+void unit_block(ivec3 pos, int count) {
 #line 198
+  if (tf_packed_dim(self_layout) == 2 && tf_packed_dim(out_layout) == 0) { unit_texels(pos); return; }
+#line 200
   VEC4 b[4];
   block_at(tf_texel_to_idx(pos, pc.out_sizes, out_layout), b);
   for (int k = 0; k < 4; ++k) {
@@ -143,11 +143,11 @@ void unit_block(ivec3 pos, int count) {
   }
 }
 
-#line 206
-void unit_texel(ivec3 pos) {
 #line 208
-  if (same_units != 0) { store_texel_out(pos, load_texel_self(pos)); return; }
+void unit_texel(ivec3 pos) {
 #line 210
+  if (same_units != 0) { store_texel_out(pos, load_texel_self(pos)); return; }
+#line 212
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);

@@ -88,13 +88,13 @@ const bool vec4_path = same_units != 0;
 void unit_vec4(int k) { t4_out[k] = ivec4(read4_self(k)); }
 
 
-#line 141
-void unit_word(int w) {
 #line 143
-  if (same_units != 0) { t_out[w] = (read_self(w)); return; }
+void unit_word(int w) {
 #line 145
+  if (same_units != 0) { t_out[w] = (read_self(w)); return; }
+#line 147
   ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
-#line 149
+#line 151
   int pd = tf_packed_dim(out_layout);
   int word = 0;
   for (int k = 0; k < 4; ++k) {
@@ -105,7 +105,7 @@ void unit_word(int w) {
     }
   }
   t_out[w] = word;
-#line 160
+#line 162
 }
 
 #line 18 "shaders/_span_main.glsl.j2"
