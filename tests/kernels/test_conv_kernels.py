@@ -325,7 +325,7 @@ WINO_SPECIALS = [  # (layer, input shape, indices that get NaN, +Inf, -Inf in tu
      [(0, 0, 4, 6), (0, 0, 0, 1), (0, 0, 2, 0)]),
     # +Inf and -Inf in one window (NaN in torch too) and Infs alone in other windows
     (nn.Conv2d(5, 9, 3, padding=1), (1, 5, 5, 9), [(0, 1, 0, 8), (0, 0, 2, 4), (0, 4, 2, 5), (0, 3, 4, 1)]),
-    # 60 output channels: runs of 8 lanes share each window (class share), the last run one lane idle
+    # 60 output channels: conv2d_wino_runs, its runs of 8 lanes sharing each window, one lane idle in 16
     (nn.Conv2d(6, 60, 3, padding=1), (2, 6, 7, 9), [(0, 0, 0, 0), (1, 5, 6, 8), (0, 3, 3, 4), (1, 2, 0, 5)]),
 ]
 
