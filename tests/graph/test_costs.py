@@ -20,7 +20,7 @@ from texelflow.runtime.graph.problem import Assignment, Problem
 from texelflow.runtime.graph.repr import TensorRepr
 from texelflow.runtime.graph.verify import verify
 from tests.graph.synthetic import GraphBuilder, model_like
-from tests.graph.test_planners import BINARY, BUF, CP_TEX, REAL, UNARY, random_graphs
+from tests.graph.test_planners import BINARY, BUF, CP_TEX, REAL, UNARY, brute_force_count, random_graphs
 
 TEX_CP = TensorRepr.parse("TEXTURE_3D/CHANNELS_PACKED")
 TEX_WP = TensorRepr.parse("TEXTURE_3D/WIDTH_PACKED")
@@ -320,8 +320,27 @@ def test_the_planner_keeps_a_permute_on_its_fast_path():
             assert plan.optimal
             fast[name] = fast_pair(node, *pair)
         assert fast["pairs"], dims
-        # NCHW <-> NHWC: priced by its output alone, the permute lands on its general path
-        assert fast["output alone"] == (dims == (0, 2, 1, 3)), dims
+        # Priced alike in every pair, the plans tie and the transitions-alone plan is kept: its
+        # ties go to the fast path too (optimal/pair_ties.py)
+        assert fast["output alone"], dims
+
+
+def test_transitions_alone_breaks_ties_toward_a_permutes_fast_path():
+    """Planned by transitions alone, every plan of relu -> permute -> sigmoid needs none; among
+    them the planner takes one where the permute moves whole units, certified all the same."""
+    for dims, shape in (((0, 2, 3, 1), (1, 8, 5, 12)), ((0, 3, 1, 2), (1, 7, 6, 8)), ((0, 2, 1, 3), (1, 5, 6, 8))):
+        graph = permute_graph(dims, shape)
+        problem = Problem.build(graph)
+        plan = plan_optimal(problem)
+        node = next(n for n in graph.nodes if n.op.name == "permute_copy")
+        assert plan.optimal and plan.cost(problem) == (0, 0)
+        assert fast_pair(node, plan.slots[(node, "self")], plan.slots[(node, "out")]), dims
+        # the preference order alone (texture width-packed everywhere) puts NCHW <-> NHWC on the
+        # general path: the planner's note counts the permute it moved
+        moved = [note for note in plan.notes if "fast path" in note]
+        assert moved == ([] if dims == (0, 2, 1, 3) else ["1 permute(s) moved to their fast path among plans "
+                                                           "of equal transitions"]), dims
+        verify(problem, plan, transitions_inserted=False)
 
 
 def swap_last_two(b, x):
@@ -341,6 +360,19 @@ def test_optimal_with_permutes_matches_brute_force(graph):
     assert optimal.optimal
     assert optimal.predicted_seconds(problem) == pytest.approx(brute_force_seconds(problem), rel=1e-6)
     verify(problem, optimal, transitions_inserted=False)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_graphs(ops_unary=[swap_last_two, "relu", CP_TEX, BUF], ops_binary=["add"], max_nodes=3,
+                     shapes=[(1, 4, 8, 8), (2, 6, 6)]))
+def test_pair_ties_keep_the_minimum_transitions(graph):
+    """Moving permutes to their fast paths never costs a transition: the count is still the
+    brute-force minimum, and the plan is legal."""
+    problem = Problem.build(graph)
+    plan = plan_optimal(problem)
+    assert plan.optimal
+    assert plan.cost(problem)[0] == brute_force_count(problem)
+    verify(problem, plan, transitions_inserted=False)
 
 
 def test_a_table_of_another_format_is_not_used(tmp_path):

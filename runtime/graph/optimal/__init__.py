@@ -12,7 +12,8 @@ is one program per component: minimise count + bytes / (all bytes + 1), so the c
 and bytes break its ties. The LP relaxation is tried first; when it is integral it is the optimum,
 otherwise HiGHS branches and bounds within the time limit, and its dual bound is the certified
 lower bound. The declared preference order then breaks the remaining ties (a local pass that never
-changes count or bytes). A component the solver cannot finish in time keeps its greedy plan, and
+changes count or bytes), and permutes left on their general path move to their fast one where that
+too keeps count and bytes. A component the solver cannot finish in time keeps its greedy plan, and
 the plan says it is not certified.
 
 Speed. Graphs reach tens of thousands of nodes, so everything after reading the problem works on
@@ -25,7 +26,9 @@ Modules, in the order a plan goes through them:
   components      connected components; those needing no solver are settled at once
   integer_program one component's integer program (variables, rows, objective)
   solver          LP relaxation first, then branch and bound; the solver tolerances
-  local_search    the transition cost of a labelling, shared by LP rounding and preference polish
+  edges           which classes produce and read each value; a labelling's transition cost
+  local_search    LP rounding and preference polish, local moves judged by that cost
+  pair_ties       transitions alone: equal-cost moves that put permutes on their fast path
   planner         the driver: tables -> components -> solves -> Assignment, greedy where a solve failed
 
 Only this module is imported with the package; numpy and scipy are loaded when a plan is made.

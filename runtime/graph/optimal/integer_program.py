@@ -20,30 +20,8 @@ from scipy.optimize import Bounds, LinearConstraint
 from scipy.sparse import coo_matrix
 
 from ..repr import REPRS, TensorRepSet
+from .edges import ComponentEdges
 from .tables import NB, bit_list
-
-
-@dataclass(frozen=True)
-class ComponentEdges:
-    """A component's edges by value, in local class indices: what the local searches of rounding
-    and polishing walk."""
-
-    prod: dict  # value -> producer class
-    cons: dict  # value -> set of consumer classes
-    touching: list  # class -> values it produces or consumes, each once
-
-    @classmethod
-    def of(cls, n_cls, ev, lcc, lvc) -> "ComponentEdges":
-        prod, cons, touching = {}, {}, [[] for _ in range(n_cls)]
-        for v, cc, vc in zip(ev.tolist(), lcc.tolist(), lvc.tolist()):
-            prod[v] = vc
-            if v not in cons:
-                cons[v] = set()
-                touching[vc].append(v)
-            cons[v].add(cc)
-            if v not in touching[cc]:
-                touching[cc].append(v)
-        return cls(prod, cons, touching)
 
 
 @dataclass

@@ -8,25 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .integer_program import ComponentEdges, ComponentProgram
+from .edges import transition_cost
+from .integer_program import ComponentProgram
 from .tables import bit_list
 
 # A class whose largest LP value is below 1 minus this is fractional: rounding revisits it.
 FRACTIONAL_TOL = 1e-6
 # Sweeps of local moves over the fractional classes after rounding.
 ROUNDING_SWEEPS = 2
-
-
-def transition_cost(edges: ComponentEdges, picks: list[int], values, vbytes) -> tuple[int, int]:
-    """(transitions, bytes they copy) on `values` under `picks` (a bit per local class): each
-    distinct representation a consumer wants and the producer does not hold is one copy."""
-    count = nbytes = 0
-    for v in values:
-        extra = {picks[c] for c in edges.cons[v]}
-        extra.discard(picks[edges.prod[v]])
-        count += len(extra)
-        nbytes += len(extra) * vbytes[v]
-    return count, nbytes
 
 
 def round_relaxation(x: np.ndarray, prog: ComponentProgram, vbytes) -> tuple[np.ndarray, float]:

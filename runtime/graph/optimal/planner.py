@@ -16,6 +16,7 @@ from ..problem import Assignment, Problem, gc_paused
 from ..repr import REPRS
 from .components import components, settle, unsettled
 from .contraction import contract_chains
+from .pair_ties import polish_pairs
 from .prices import price
 from .tables import Tables, build_tables, count_transitions, crossing_edges
 
@@ -72,12 +73,20 @@ def _plan(problem: Problem, time_limit: float) -> Assignment:
         certified &= exact
         lower += bound
 
+    moved = 0
+    if costs is None:  # equal transitions: permutes on their fast path (with prices, priced)
+        frozen = {r for g in groups for r in g} | {int(root[k]) for k in fallback}
+        picks = label.tolist()
+        moved = polish_pairs(t, root, domain, picks, (ev, ecc, evc), frozen)
+        label = np.asarray(picks, dtype=np.int64)
     key_bit = label[root]
     result = _assignment(problem, t, key_bit.tolist(), fallback)
     result.optimal = certified
     result.lower_bound = count_transitions(t, key_bit) if certified else lower
     if not certified:
         result.notes.append("time limit reached in a component: its greedy plan was kept")
+    if moved:
+        result.notes.append(f"{moved} permute(s) moved to their fast path among plans of equal transitions")
     return result
 
 

@@ -85,20 +85,28 @@ def price(problem, t: Tables, root: np.ndarray, roots: np.ndarray, domain: np.nd
     return Prices(unary, cheapest, problem, pairs)
 
 
-def _pairs(problem, t: Tables, root: np.ndarray, domain: np.ndarray, unary: np.ndarray) -> list[Pair]:
-    """The Pair terms of every pair-priced node; where its input and output share a class, its
-    general path is a unary price of that class instead (added to `unary`)."""
-    model = problem.costs
+def pair_classes(t: Tables, root: np.ndarray) -> list[tuple]:
+    """(node, input class root, output class root) of every pair-priced node (costs.pair_slots)
+    whose two slots are both classes, in the order of the classes."""
     cls: dict = {}
     for k, key in enumerate(t.classes.keys):
         if key[0] != "free" and pair_slots(key[0]) is not None:
             cls[key] = int(root[k])
-    pairs = []
+    found = []
     for node in dict.fromkeys(key[0] for key in cls):
         s_in, s_out = pair_slots(node)
         a, b = cls.get((node, s_in)), cls.get((node, s_out))
-        if a is None or b is None:
-            continue
+        if a is not None and b is not None:
+            found.append((node, a, b))
+    return found
+
+
+def _pairs(problem, t: Tables, root: np.ndarray, domain: np.ndarray, unary: np.ndarray) -> list[Pair]:
+    """The Pair terms of every pair-priced node; where its input and output share a class, its
+    general path is a unary price of that class instead (added to `unary`)."""
+    model = problem.costs
+    pairs = []
+    for node, a, b in pair_classes(t, root):
         for rb in bit_list(int(domain[b])):
             seconds = model.general_seconds(node, REPRS[rb])
             if seconds <= 0:

@@ -1,0 +1,73 @@
+"""Ties between plans of equal transitions, broken toward permutes' fast paths (transitions alone).
+
+Planned by transitions alone, a permute's input and output classes take whatever representations
+keep the count and bytes least, then the declared preference order. Many equally cheap plans
+differ in whether the permute's units move whole (costs.fast_pair: NCHW -> NHWC from a
+channels-packed to a width-packed tensor) or one element at a time, up to GENERAL_FACTOR times
+slower. With a cost model the integer program prices that (prices.Pair); here, after every
+component is labelled, each permute left on its general path tries to move its output class, then
+its input class, to a representation that puts it on the fast path. A move is kept only when the
+transitions on the values the class touches keep their count and bytes and fewer of the permutes
+touching the class stay general, so the certified count and bytes hold. It is a local search: a
+fast pair that needs two classes moved at once is not found.
+"""
+
+from __future__ import annotations
+
+from ..costs import fast_pair
+from ..repr import REPRS
+from .edges import ComponentEdges, transition_cost
+from .prices import pair_classes
+from .tables import Tables, bit_list
+
+
+def polish_pairs(t: Tables, root, domain, label, edges: tuple, frozen: set) -> int:
+    """Move classes of `label` (a bit per class root, changed in place) so permutes take their fast
+    path where transitions allow; returns how many permutes moved there. edges: (ev, ecc, evc) of
+    the whole plan (tables.crossing_edges); frozen: class roots that must keep their bit (int8 sync
+    groups, classes a failed solve left to the greedy plan)."""
+    terms = pair_classes(t, root)
+    if not terms:
+        return 0
+
+    def general(term) -> bool:
+        node, a, b = term
+        return not fast_pair(node, REPRS[label[a]], REPRS[label[b]])
+
+    todo = [term for term in terms if general(term)]
+    if not todo:
+        return 0
+    by_class: dict = {}
+    for term in terms:
+        for c in dict.fromkeys(term[1:]):
+            by_class.setdefault(c, []).append(term)
+    ev, ecc, evc = edges
+    graph = ComponentEdges.of(len(label), ev, ecc, evc)
+    moved = 0
+    for term in todo:
+        if not general(term):  # put on its fast path by an earlier move
+            continue
+        for c in dict.fromkeys((term[2], term[1])):
+            if c in frozen:
+                continue
+            if _move(c, label, int(domain[c]), graph, by_class[c], general, t.vbytes):
+                moved += 1
+                break
+    return moved
+
+
+def _move(c, label, mask, graph, terms, general, vbytes) -> bool:
+    """Relabel class c with the most preferred representation that keeps its transitions and
+    makes fewer of `terms` general; False (c unchanged) when none does."""
+    current = label[c]
+    touching = graph.touching[c]
+    base = transition_cost(graph, label, touching, vbytes)
+    slow = sum(map(general, terms))
+    for b in bit_list(mask):
+        if b == current:
+            continue
+        label[c] = b
+        if transition_cost(graph, label, touching, vbytes) <= base and sum(map(general, terms)) < slow:
+            return True
+    label[c] = current
+    return False
