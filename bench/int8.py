@@ -1,9 +1,11 @@
 """Benchmark: the q8ta kernels beside their float counterparts, on the same device in the same run.
 
-Each case is a one-op model compiled twice: as it is (float32: `linear`, `conv2d`, `conv2d_dw`)
-and quantized through `texelflow.quantize` (int8: the q8ta op between a quantize and a dequantize).
-Only the op's own dispatch is timed (GPU timestamps from `prog.profile()`, the best of --reps
-calls, float and int8 interleaved so both see the same load on a shared machine). The ratio is
+Each case is a one-op model compiled twice: as it is (float32: `linear`, `conv2d`, depthwise
+`conv2d`, on whatever kernels fusion picks for them, named in the table) and quantized through
+`texelflow.quantize` (int8: the q8ta op between a quantize and a dequantize). Only the op's own
+dispatches are timed (every dispatch of the float program; the int8 program's less its quantize
+and dequantize), GPU timestamps from `prog.profile()`, the best of --reps calls, float and int8
+interleaved so both see the same load on a shared machine. The ratio is
 float time / int8 time: above 1, int8 is faster. Then im2col beside the general sliding-window
 kernel on the same non-grouped convs: the general kernel is forced by giving the planned node
 that op (both read and write the same representations, so the plan stays valid). Last, whole zoo
@@ -40,31 +42,39 @@ CONVS = [
     ("conv 7x7/2 3->64, 112x112 (stem, Cin 3)", lambda: nn.Conv2d(3, 64, 7, stride=2, padding=3), (1, 3, 112, 112)),
     ("depthwise 3x3 96, 28x28 (MobileNetV3)", lambda: nn.Conv2d(96, 96, 3, padding=1, groups=96), (1, 96, 28, 28)),
 ]
-FLOAT_OPS = {"linear", "conv2d", "conv2d_dw"}
-INT8_OPS = {"q8ta_linear", "q8ta_linear_gemv", "q8ta_conv2d", "q8ta_conv2d_im2col"}
+# Dispatches not counted as the op's: the quantize before an int8 op and the dequantize after it.
+# The rest is the op, whatever kernels it took: a float conv may run as conv_im2col +
+# linear_packed + permute_copy, a float linear as linear_packed.
+QDQ = {"quantize_per_tensor", "dequantize_per_tensor"}
+FLOAT, INT8 = frozenset(), frozenset(QDQ)  # what op_time skips in each program
 
 
-def op_time(prog, ops: set[str]) -> float:
-    """Microseconds of the last call's dispatches of `ops`."""
+def op_rows(prog, skip) -> list[tuple[str, float]]:
+    """(op name, microseconds) of one call's dispatches, less those of the ops in `skip`."""
     from texelflow.demo import dispatch_times, op_name
 
-    return sum(us for label, node, us in dispatch_times(prog) if op_name(node, label) in ops)
+    rows = [(op_name(node, label), us) for label, node, us in dispatch_times(prog, prog.bench_inputs)]
+    return [(op, us) for op, us in rows if op not in skip]
 
 
-def the_op(prog, ops: set[str]) -> str:
-    names = {n.op.name for n in prog.plan.graph.nodes if n.op is not None and n.op.name in ops}
-    return "/".join(sorted(names))
+def op_time(prog, skip) -> float:
+    """Microseconds of one call's dispatches, less those of the ops in `skip`."""
+    return sum(us for _, us in op_rows(prog, skip))
 
 
-def best_of(progs: list, ops: list[set[str]], reps: int) -> list[float]:
+def the_op(prog, skip) -> str:
+    """The ops (kernels) op_time counts, in dispatch order."""
+    return " + ".join(dict.fromkeys(op for op, _ in op_rows(prog, skip)))
+
+
+def best_of(progs: list, skips: list, reps: int) -> list[float]:
     """Best per-program op time over `reps` rounds, the programs interleaved within each round."""
     best = [float("inf")] * len(progs)
     for prog in progs:
         prog(*prog.bench_inputs)  # warm: pipelines, caches
     for _ in range(reps):
-        for i, (prog, wanted) in enumerate(zip(progs, ops)):
-            prog(*prog.bench_inputs)
-            best[i] = min(best[i], op_time(prog, wanted))
+        for i, (prog, skip) in enumerate(zip(progs, skips)):
+            best[i] = min(best[i], op_time(prog, skip))
     return best
 
 
@@ -99,8 +109,8 @@ def float_vs_int8(cases, device, reps: int) -> list[tuple]:
         module, x = make().eval(), torch.randn(*shape)
         progs = [compiled(module, (x,), device), compiled(quantized(module, x), (x,), device)]
         try:
-            f_us, q_us = best_of(progs, [FLOAT_OPS, INT8_OPS], reps)
-            rows.append((name, the_op(progs[0], FLOAT_OPS), f_us, the_op(progs[1], INT8_OPS), q_us))
+            f_us, q_us = best_of(progs, [FLOAT, INT8], reps)
+            rows.append((name, the_op(progs[0], FLOAT), f_us, the_op(progs[1], INT8), q_us))
         finally:
             for p in progs:
                 p.close()
@@ -117,8 +127,8 @@ def im2col_vs_general(device, reps: int) -> list[tuple]:
         q = quantized(module, x)
         progs = [compiled(q, (x,), device), compiled(q, (x,), device, force_general=True)]
         try:
-            assert the_op(progs[0], INT8_OPS) == "q8ta_conv2d_im2col" and the_op(progs[1], INT8_OPS) == "q8ta_conv2d"
-            im2col_us, general_us = best_of(progs, [INT8_OPS, INT8_OPS], reps)
+            assert the_op(progs[0], INT8) == "q8ta_conv2d_im2col" and the_op(progs[1], INT8) == "q8ta_conv2d"
+            im2col_us, general_us = best_of(progs, [INT8, INT8], reps)
             same = bool(torch.equal(progs[0](x), progs[1](x)))
             rows.append((name, im2col_us, general_us, same))
         finally:

@@ -16,6 +16,8 @@ A template opens with a YAML block in a jinja comment:
                                         workgroup per unit of a tensor (shared-memory reductions);
                                         {per_tile: out, width: 8, height: 4}: one invocation per
                                         8 x 4 tile of each W-H plane of a tensor (tiled products);
+                                        (`planes: 1`: of its first plane only, for kernels that
+                                        write every plane of a tile themselves);
                                         `invocations: 64` gives each tile 64 invocations of one
                                         workgroup (workgroup-tiled products); 128 or 256 also make
                                         that the variant's workgroup size
@@ -91,7 +93,7 @@ def parse_contract(text: str, file: str, out: Collector) -> Contract:
             c.error(data.line_of("grid"), "contract grid must be per_output_unit, {per_list_element: LIST_ARG[, element_units: SPEC]}, "
                     "{per_row: TENSOR}, {cooperative: TENSOR, invocations: N} (N in "
                     f"{', '.join(map(str, GRID_INVOCATIONS))}) or "
-                    "{per_tile: TENSOR, width: W, height: H[, invocations: N]} (W, H positive, N as for cooperative)")
+                    "{per_tile: TENSOR, width: W, height: H[, planes: P][, invocations: N]} (W, H, P positive, N as for cooperative)")
     if "spec" in data:
         _check_spec(c, data)
     units = grid.get("element_units") if isinstance(grid, dict) else None
@@ -190,8 +192,8 @@ def _valid_grid(g) -> bool:
     if set(g) == {"cooperative", "invocations"}:
         n = g["invocations"]
         return isinstance(g["cooperative"], str) and isinstance(n, int) and n in GRID_INVOCATIONS
-    if set(g) in ({"per_tile", "width", "height"}, {"per_tile", "width", "height", "invocations"}):
-        sizes = (g["width"], g["height"])
+    if {"per_tile", "width", "height"} <= set(g) <= {"per_tile", "width", "height", "planes", "invocations"}:
+        sizes = (g["width"], g["height"], g.get("planes", 1))
         n = g.get("invocations", 1)
         return (isinstance(g["per_tile"], str) and all(isinstance(v, int) and v > 0 for v in sizes)
                 and isinstance(n, int) and n in (1,) + GRID_INVOCATIONS)

@@ -202,7 +202,8 @@ class OpSpec:
     push: tuple[PushSpec, ...]
     checks: tuple[CheckSpec, ...]
     # ("per_output_unit",), ("per_list_element", LIST_ARG), ("per_row", TENSOR),
-    # ("cooperative", TENSOR, INVOCATIONS) or ("per_tile", TENSOR, WIDTH, HEIGHT, INVOCATIONS)
+    # ("cooperative", TENSOR, INVOCATIONS) or ("per_tile", TENSOR, WIDTH, HEIGHT, PLANES, INVOCATIONS)
+    # (PLANES 0: every W-H plane)
     grid: tuple
     shader: ShaderSpec | None
     doc: str

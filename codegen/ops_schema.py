@@ -310,7 +310,7 @@ class _Context:
             elif isinstance(g, dict) and ("cooperative" in g or "per_tile" in g):
                 grid = (("cooperative", str(g["cooperative"]), int(g["invocations"])) if "cooperative" in g
                         else ("per_tile", str(g["per_tile"]), int(g["width"]), int(g["height"]),
-                              int(g.get("invocations", 1))))
+                              int(g.get("planes", 0)), int(g.get("invocations", 1))))
                 if grid[1] not in tensor_names:
                     c.error(b.line_of("shader"), f"{where}: template '{shader.template}' dispatches per unit of "
                             f"'{grid[1]}', which is not a tensor of the op ({contract.file}:{contract.line_of('grid')})")

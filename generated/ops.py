@@ -693,7 +693,7 @@ OPS: dict[str, OpEntry] = {
         weights=(),
         push=(),
         checks=(),
-        grid=('per_tile', 'out', 16, 8, 1),
+        grid=('per_tile', 'out', 16, 8, 0, 1),
         template='mm_tiled',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -1525,7 +1525,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('rank', (('rank', (('input', (4,)), ('weight', (4,)))),)),
         ),
-        grid=('per_tile', 'out', 8, 8, 1),
+        grid=('per_tile', 'out', 8, 8, 0, 1),
         template='conv2d_nhwc',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -1651,6 +1651,80 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'conv2d_wino_float16_texture3d',
             'conv2d_wino_float32_texture3d',
+        ),
+    ),
+    'conv2d_wino4_input': OpEntry(
+        name='conv2d_wino4_input',
+        targets=(
+            'texelflow.conv2d_wino4_input.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('padding', 'int_list', default=[0, 0]),
+        ),
+        outputs=(
+            Output('out', 'WIDTH_PACKED_TEXTURE'),
+        ),
+        sync=(
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('conv_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'padding', None),)),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('out', (3,)))),)),
+        ),
+        grid=('per_tile', 'out', 4, 1, 1, 1),
+        template='conv2d_wino4_input',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_wino4_input_float32_texture3d',
+        ),
+    ),
+    'conv2d_wino4_output': OpEntry(
+        name='conv2d_wino4_output',
+        targets=(
+            'texelflow.conv2d_wino4_output.default',
+        ),
+        args=(
+            Arg('m', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('out_channels', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'padding', None),)),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('m', (3,)), ('weight', (3,)))),)),
+        ),
+        grid=('per_tile', 'm', 4, 1, 1, 1),
+        template='conv2d_wino4_output',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_wino4_output_float32_texture3d',
         ),
     ),
     'conv2d_wino_runs': OpEntry(
@@ -3145,9 +3219,9 @@ OPS: dict[str, OpEntry] = {
             Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
         ),
         checks=(
-            Check('rank', (('rank', (('weight', (2,)),)),)),
+            Check('rank', (('rank', (('weight', (2, 3)),)),)),
         ),
-        grid=('per_tile', 'out', 16, 8, 1),
+        grid=('per_tile', 'out', 16, 8, 0, 1),
         template='linear_packed',
         shader_axes=('dtype', 'storage', 'weight_storage'),
         variants=(
@@ -3194,7 +3268,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('rank', (('rank', (('weight', (2,)),)),)),
         ),
-        grid=('per_tile', 'out', 4, 1, 1),
+        grid=('per_tile', 'out', 4, 1, 0, 1),
         template='linear_packed_gemv',
         shader_axes=('dtype', 'storage', 'weight_storage'),
         variants=(
@@ -3241,7 +3315,7 @@ OPS: dict[str, OpEntry] = {
         checks=(
             Check('rank', (('rank', (('weight', (2,)),)),)),
         ),
-        grid=('per_tile', 'out', 64, 64, 256),
+        grid=('per_tile', 'out', 64, 64, 0, 256),
         template='linear_wg',
         shader_axes=('dtype', 'storage', 'weight_storage'),
         variants=(
@@ -3984,7 +4058,7 @@ OPS: dict[str, OpEntry] = {
         weights=(),
         push=(),
         checks=(),
-        grid=('per_tile', 'out', 16, 8, 1),
+        grid=('per_tile', 'out', 16, 8, 0, 1),
         template='mm_tiled',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -4015,7 +4089,7 @@ OPS: dict[str, OpEntry] = {
         weights=(),
         push=(),
         checks=(),
-        grid=('per_tile', 'out', 64, 64, 256),
+        grid=('per_tile', 'out', 64, 64, 0, 256),
         template='mm_wg',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -4744,7 +4818,7 @@ OPS: dict[str, OpEntry] = {
             Check('rank', (('rank', (('weight', (2,)),)),)),
             Check('reduction_at_most', (('from_dim', 1), ('of', 'out'), ('reduction_at_most', 'weight'), ('value', 33025))),
         ),
-        grid=('per_tile', 'out', 8, 4, 1),
+        grid=('per_tile', 'out', 8, 4, 0, 1),
         template='q8ta_linear',
         shader_axes=('dtype', 'storage', 'int_dot'),
         variants=(
@@ -5428,7 +5502,7 @@ OPS: dict[str, OpEntry] = {
             Check('arg_equals', (('arg_equals', 'dropout_p'), ('of', 'out'), ('value', 0.0))),
             Check('arg_equals', (('arg_equals', 'enable_gqa'), ('of', 'out'), ('value', False))),
         ),
-        grid=('per_tile', 'out', 64, 4, 1),
+        grid=('per_tile', 'out', 64, 4, 0, 1),
         template='sdpa',
         shader_axes=('dtype', 'storage'),
         variants=(
@@ -6659,6 +6733,8 @@ TARGETS: dict[str, str] = {
     'texelflow.conv2d_pw.default': 'conv2d_pw',
     'texelflow.conv2d_pw_act.default': 'conv2d_pw_act',
     'texelflow.conv2d_wino.default': 'conv2d_wino',
+    'texelflow.conv2d_wino4_input.default': 'conv2d_wino4_input',
+    'texelflow.conv2d_wino4_output.default': 'conv2d_wino4_output',
     'texelflow.conv2d_wino_runs.default': 'conv2d_wino_runs',
     'texelflow.conv_im2col.default': 'conv_im2col',
     'texelflow.linear_packed.default': 'linear_packed',

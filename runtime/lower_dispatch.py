@@ -136,8 +136,8 @@ def node_dispatches(node, slot_reprs: dict, dtype: str, device_features=None,
         r = slot_reprs[name]
         units = geometry_units(tensors[name].shape, r.storage, r.layout) * invocations
     if op.grid[0] == "per_tile":
-        _, name, width, height, per_tile = op.grid
+        _, name, width, height, planes, per_tile = op.grid
         w, h, c, n = whcn_sizes(tensors[name].shape)
-        units = -(-w // width) * -(-h // height) * c * n * per_tile
+        units = -(-w // width) * -(-h // height) * (min(c * n, planes) if planes else c * n) * per_tile
     return [DispatchSpec(variant, tensors, push_values(node, op.push), node.name, units,
                          shape_classes(node, variant, slot_reprs))]

@@ -138,21 +138,23 @@ VEC4 input_texel(int row, int k4, int K) {
 #line 25
 }
 
-// Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k.
-VEC4 weight_texel(int n4, int k) {
-#line 30
-  return read4_weight(k * (pc.weight_sizes.x >> 2) + n4);
-#line 34
+// Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k of matrix wz (0 but for a batched weight
+// [B, K4 * 4, N16 * 16], whose matrix b serves the input rows of batch b).
+VEC4 weight_texel(int n4, int k, int wz) {
+#line 31
+  return read4_weight((wz * pc.weight_sizes.y + k) * (pc.weight_sizes.x >> 2) + n4);
+#line 35
 }
+VEC4 weight_texel(int n4, int k) { return weight_texel(n4, k, 0); }
 
 // Stores out's texel n4 (columns 4 * n4 .. 4 * n4 + 3) of row `row`: lanes past N are not
 // written (buffer) or written as 0 (texture padding).
 void store_out(int row, int n4, int N, VEC4 v) {
-#line 47
+#line 49
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
   store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
-#line 51
+#line 53
 }
 
 #line 26 "shaders/linear_wg.glsl.j2"

@@ -28,7 +28,9 @@ In order, in place on the graph:
    conv2d_act / conv2d_dw / conv2d_dw_act with a constant weight takes the specialised kernel its
    parameters allow, its weight a derived constant prepacked for it (runtime/graph/prepack_conv.py):
      pointwise (1x1, stride 1, padding 0, groups 1)  -> conv2d_pw / conv2d_pw_act (a GEMM)
-     3x3 (stride 1, dilation 1, groups 1)            -> conv2d_wino (Winograd F(2x2, 3x3), any padding),
+     3x3 (stride 1, dilation 1, groups 1), >= 128    -> conv2d_wino4_input, linear_packed (batched weight),
+       channels in and out (WINO4_MIN_CHANNELS)        conv2d_wino4_output (Winograd F(4x4, 3x3))
+     other 3x3 (stride 1, dilation 1, groups 1)      -> conv2d_wino (Winograd F(2x2, 3x3), any padding),
                                                         or conv2d_wino_runs where subgroups fit and
                                                         the output blocks fill runs of 8 (fills_runs)
      depthwise 3x3 / 5x5 / 7x7 (stride 1, dil. 1)    -> conv2d_dw3_s1 / _dw5_s1 / _dw7_s1 (rows loaded once)
@@ -481,6 +483,11 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
                 made += im2col
                 continue
         note = None
+        if kernel == "winograd" and wino4_fits(node, subgroup):
+            wino4 = _wino4_gemm(graph, node, limits)
+            if wino4:
+                made += wino4
+                continue
         if kernel == "winograd":
             cout = node.arg("weight").shape[0]
             unfit = shuffle_unfit(subgroup)
@@ -591,6 +598,74 @@ def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int], subgroup=N
     im2col.fused = [f"im2col of {conv.name}"]
     gemm.fused = list(conv.fused) + [kind]
     permute.fused = [f"NHWC -> NCHW of {conv.name}"]
+    return made
+
+
+# A 3x3 stride-1 conv takes Winograd F(4x4, 3x3) as three nodes (conv2d_wino4_input, bmm,
+# conv2d_wino4_output) where both channel counts reach WINO4_MIN_CHANNELS: the input transform is
+# then done once per tile and input channel, not once per output block as in conv2d_wino's fused
+# F(2x2) kernel, and the 36 products run as one batched GEMM (a quarter of the direct conv's
+# multiply-adds, against F(2x2)'s 4/9). Fewer channels leave the GEMM's tiles and the transforms'
+# memory traffic too little work to pay for (bench/RESULTS.md, bench/conv.py).
+WINO4_MIN_CHANNELS = 128
+
+
+def wino4_fits(conv: Node, subgroup=None) -> bool:
+    """Whether a Winograd-class conv takes the F(4x4) form: enough input and output channels, and
+    subgroups that linear_packed's shuffles fit (prepack_matmul.shuffle_unfit)."""
+    from .prepack_matmul import shuffle_unfit
+
+    cout, cin = conv.arg("weight").shape[:2]
+    return min(cin, cout) >= WINO4_MIN_CHANNELS and shuffle_unfit(subgroup) is None
+
+
+def _wino4_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[Node]:
+    """Put conv2d_wino4_input -> bmm -> conv2d_wino4_output where the 3x3 stride-1 conv `conv`
+    was (its bias and activation applied by the output transform); returns the three nodes, or []
+    (and leaves the graph as it was) when one of them could not run on the device (a texture
+    limit: the tiles of a large image)."""
+    from .prepack_conv import padded4, wino4_tiles
+    from .prepack_matmul import PACKED_LINEAR, TILE_N, padded
+
+    x, w, out = conv.arg("input"), conv.arg("weight"), conv.outputs[0][1]
+    cout, cin = w.shape[:2]
+    n, _, h, wd = x.shape
+    padding = list(_pair(conv.value("padding") or [0]))
+    _, _, th, tw = wino4_tiles(h, wd, padding)
+    tiles = padded(n * th * tw, 8)  # rows per product matrix: whole 8-row tiles of the GEMM
+    v_node = Node(f"{conv.name}.wino4_in", OPS["conv2d_wino4_input"].targets[0], OPS["conv2d_wino4_input"],
+                  [("input", x), ("padding", padding)], [])
+    v = Value(v_node.name, (36, tiles, cin), out.dtype, Role.NODE, producer=v_node)
+    v_node.outputs = [("out", v)]
+    u = graph.add_derived(f"{w.name}.winograd4", (36, padded(cin, 4), padded(cout, TILE_N)), w.dtype,
+                          "winograd_f4_weight", (w,))
+    direct = graph.add_derived(f"{w.name}.gemm", (9, padded4(cin), padded4(cout)), w.dtype, "conv_gemm_weight", (w,))
+    gemm_op = OPS[PACKED_LINEAR]
+    gemm = Node(f"{conv.name}.wino4_gemm", gemm_op.targets[0], gemm_op,
+                [("input", v), ("weight", u), ("bias", None), ("out_features", cout)], [])
+    m = Value(gemm.name, (36, tiles, cout), out.dtype, Role.NODE, producer=gemm)
+    gemm.outputs = [("out", m)]
+    o_node = Node(conv.name, OPS["conv2d_wino4_output"].targets[0], OPS["conv2d_wino4_output"],
+                  [("m", m), ("input", x), ("weight", direct), ("bias", conv.arg("bias")), ("padding", padding),
+                   ("out_channels", cout)] + [(a, val) for a, val in conv.args if a in ("activation", "act_min", "act_max")],
+                  [("out", out)])
+    made = [v_node, gemm, o_node]
+    if any(partition_reason(node, limits) is not None for node in made):
+        graph.constants.remove(u)
+        graph.constants.remove(direct)
+        return []
+    at = graph.nodes.index(conv)
+    graph.nodes[at:at + 1] = made
+    graph.fx_inputs.pop(conv, None)
+    _drop_uses(conv)
+    for node in made:
+        for _, val in node.tensor_args():
+            val.users.append(node)
+    out.producer = o_node
+    v_node.fused = [f"Winograd F(4x4, 3x3) input transform of {conv.name}"]
+    gemm.fused = [f"Winograd F(4x4, 3x3) products of {conv.name}: {cin} and {cout} channels "
+                  f"(>= {WINO4_MIN_CHANNELS})"]
+    o_node.fused = list(conv.fused) + [f"conv2d_wino4_input + bmm + conv2d_wino4_output (from {conv.op.name})"]
     return made
 
 

@@ -88,6 +88,39 @@ def winograd_f2_weight(source):
     return u.permute(0, 2, 4, 3, 1).reshape(padded4(cout) // 4, padded4(cin) // 4, 256).contiguous()
 
 
+# Winograd F(4x4, 3x3) (Lavin & Gray's points 0, +-1, +-2): the same formula on 6x6 windows
+WINO4_G = ((1 / 4, 0.0, 0.0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6), (1 / 24, 1 / 12, 1 / 6),
+           (1 / 24, -1 / 12, 1 / 6), (0.0, 0.0, 1.0))
+WINO4_BT = ((4.0, 0.0, -5.0, 0.0, 1.0, 0.0), (0.0, -4.0, -4.0, 1.0, 1.0, 0.0), (0.0, 4.0, -4.0, -1.0, 1.0, 0.0),
+            (0.0, -2.0, -1.0, 2.0, 1.0, 0.0), (0.0, 2.0, -1.0, -2.0, 1.0, 0.0), (0.0, 4.0, 0.0, -5.0, 0.0, 1.0))
+WINO4_AT = ((1.0, 1.0, 1.0, 1.0, 1.0, 0.0), (0.0, 1.0, -1.0, 2.0, -2.0, 0.0), (0.0, 1.0, 1.0, 4.0, 4.0, 0.0),
+            (0.0, 1.0, -1.0, 8.0, -8.0, 1.0))
+
+
+@recipe
+def winograd_f4_weight(source):
+    """A 3x3 conv weight [Cout, Cin, 3, 3] transformed to U = G g G^T of F(4x4, 3x3), as the batched
+    linear_packed weight [36, Cin4 * 4, Cout16 * 16] of the fusion pass's Winograd F(4x4) form
+    (conv2d_wino4_input, linear_packed, conv2d_wino4_output): matrix p = 6 i + j is position
+    (i, j)'s [Cout, Cin] in linear_weight_kn's layout. Computed in float64, rounded to float32 once."""
+    import torch
+
+    from .prepack_matmul import linear_weight_kn
+
+    cout, cin = source.shape[:2]
+    g = torch.tensor(WINO4_G, dtype=source.dtype)
+    u = (g @ source @ g.t()).reshape(cout, cin, 36)
+    return torch.stack([linear_weight_kn(u[:, :, p]) for p in range(36)]).contiguous()
+
+
+def wino4_tiles(h: int, w: int, padding) -> tuple[int, int, int, int]:
+    """(OH, OW, tile rows, tile columns) of a 3x3 stride-1 conv over an h x w input with `padding`
+    (pad_h, pad_w), in F(4x4, 3x3)'s 4x4 output tiles."""
+    ph, pw = (list(padding) * 2)[:2] if len(padding) == 1 else padding
+    oh, ow = h + 2 * ph - 2, w + 2 * pw - 2
+    return oh, ow, -(-oh // 4), -(-ow // 4)
+
+
 def winograd_f2_planes(packed):
     """conv2d_wino's prepacked weight [Cout4, Cin4, 256] as U [16, Cin4 * 4, Cout4 * 4] (plane p =
     4 row + column of the transform, row ci, column co): the layout the references read."""
@@ -153,6 +186,52 @@ def _depthwise_reference(input, weight, bias, stride: int, padding, activation, 
     w = weight[:, :c].t().reshape(c, 1, k, k)
     return conv2d_act_reference(input, w, bias, stride=(stride, stride), padding=tuple(padding), groups=c,
                                 activation=activation, act_min=act_min, act_max=act_max)
+
+
+def conv2d_wino4_input_reference(input, padding=(0, 0)):
+    """What conv2d_wino4_input computes: B^T d B of every 6x6 window (F(4x4, 3x3)) as [36, T, Cin],
+    tiles numbered row-major per image, in float64."""
+    import torch
+    import torch.nn.functional as F
+
+    x = input.double()
+    n, cin, h, w = x.shape
+    ph, pw = (list(padding) * 2)[:2] if len(padding) == 1 else padding
+    _, _, th, tw = wino4_tiles(h, w, padding)
+    x = F.pad(x, (pw, 4 * tw + 2 - w - pw, ph, 4 * th + 2 - h - ph))
+    d = x.unfold(2, 6, 4).unfold(3, 6, 4)  # [N, Cin, th, tw, 6, 6]
+    bt = torch.tensor(WINO4_BT, dtype=x.dtype)
+    v = bt @ d @ bt.t()
+    return v.permute(4, 5, 0, 2, 3, 1).reshape(36, n * th * tw, cin).to(input.dtype)
+
+
+def conv2d_wino4_output_reference(m, input, weight, bias=None, padding=(0, 0), out_channels=1, activation="none",
+                                  act_min=0.0, act_max=0.0):
+    """What conv2d_wino4_output computes: A^T m A per tile and output channel (m [36, T, Cout] in
+    conv2d_wino4_input's tile order; rows past the last tile ignored) plus bias, then the activation; an output whose tile sums to
+    NaN is the direct convolution of `input` by the weight that `weight` (conv_gemm_weight's
+    [9, Cin4 * 4, Cout4 * 4]) holds. In float64."""
+    import torch
+
+    from .fusion import conv2d_act_reference
+
+    n, _, h, w = input.shape
+    oh, ow, th, tw = wino4_tiles(h, w, padding)
+    at = torch.tensor(WINO4_AT, dtype=torch.float64)
+    mm = m.double()[:, :n * th * tw, :out_channels].reshape(6, 6, n, th, tw, out_channels).permute(2, 5, 3, 4, 0, 1)
+    y = at @ mm @ at.t()  # [N, Cout, th, tw, 4, 4]
+    nan_tile = torch.isnan((y + (0.0 if bias is None else bias.double().reshape(1, -1, 1, 1, 1, 1))).sum((-1, -2)))
+    y = y.permute(0, 1, 2, 4, 3, 5).reshape(n, out_channels, 4 * th, 4 * tw)[:, :, :oh, :ow]
+    direct = conv2d_gemm_reference(input.double(), weight.double(), None, (3, 3), (1, 1), tuple(padding), (1, 1),
+                                   out_channels)
+    redo = nan_tile.repeat_interleave(4, 2).repeat_interleave(4, 3)[:, :, :oh, :ow]
+    y = torch.where(redo, direct, y)
+    if bias is not None:
+        y = y + bias.double().reshape(1, -1, 1, 1)
+    ident = torch.ones(out_channels, 1, 1, 1, dtype=y.dtype)
+    y = conv2d_act_reference(y, ident, None, groups=out_channels, activation=activation, act_min=act_min,
+                             act_max=act_max)
+    return y.to(input.dtype)
 
 
 def conv2d_wino_reference(input, weight, bias=None, padding=(0, 0), out_channels=1, activation="none", act_min=0.0,

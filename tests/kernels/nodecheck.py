@@ -239,6 +239,8 @@ NO_TORCH_TARGET = {
     "conv2d_wino": "texelflow.runtime.graph.prepack_conv.conv2d_wino_reference",
     "conv2d_wino_runs": "texelflow.runtime.graph.prepack_conv.conv2d_wino_reference",
     "conv2d_gemm": "texelflow.runtime.graph.prepack_conv.conv2d_gemm_reference",
+    "conv2d_wino4_input": "texelflow.runtime.graph.prepack_conv.conv2d_wino4_input_reference",
+    "conv2d_wino4_output": "texelflow.runtime.graph.prepack_conv.conv2d_wino4_output_reference",
     "conv_im2col": "texelflow.runtime.graph.prepack_conv.conv_im2col_reference",
     "conv2d_dw3_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
     "conv2d_dw5_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
@@ -540,6 +542,10 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "conv2d_gemm": (1e-4, 1e-4),  # conv2d_act's sums and activations
     "conv2d_wino": (1e-4, 1e-4),  # Winograd F(2x2, 3x3): its transforms' sums, in another order
     "conv2d_wino_runs": (1e-4, 1e-4),
+    # Winograd F(4x4, 3x3)'s transforms: sums of up to 16 terms with coefficients up to 25 (input)
+    # and 64 (output), in another order
+    "conv2d_wino4_input": (1e-5, 1e-4),
+    "conv2d_wino4_output": (1e-5, 1e-4),
     "batch_norm": (1e-5, 1e-5),  # one multiply-add per element, torch's order
     "layer_norm": (1e-4, 1e-4),  # mean and variance reductions, rsqrt
     "sdpa": (1e-4, 1e-5),  # dot products, exp and an online softmax in another order than torch's

@@ -30,6 +30,10 @@ REL = 1e-5
 
 
 IM2COL = ["conv_im2col", "linear_packed", "permute_copy"]  # a dense conv's im2col form, in order
+WINO4 = ["conv2d_wino4_input", "linear_packed", "conv2d_wino4_output"]  # Winograd F(4x4, 3x3), in order
+# F(4x4, 3x3)'s transforms (coefficients up to 25 on the input, 64 on the output) round about ten
+# times more than the direct sum: its outputs are compared within this, relative to the largest
+REL_WINO4 = 1e-4
 
 
 def _ops(plan) -> list[str]:
@@ -40,8 +44,8 @@ def _expected(op) -> list[str]:
     return list(op) if isinstance(op, (list, tuple)) else [op]
 
 
-def _close(got, want):
-    tol = REL * float(want.abs().max()) + 1e-6
+def _close(got, want, rel=REL):
+    tol = rel * float(want.abs().max()) + 1e-6
     err = float((got - want).abs().max())
     assert err <= tol, f"max error {err:.3g} > {tol:.3g}"
 
@@ -72,6 +76,10 @@ def _close(got, want):
     (nn.Conv2d(8, 65, 5, padding=2), IM2COL),
     (nn.Conv2d(3, 63, 7, stride=2, padding=3), "conv2d_gemm"),
     (nn.Conv2d(8, 72, 3, padding=1), "conv2d_wino"),          # classes before it keep their kernel
+    (nn.Conv2d(128, 128, 3, padding=1), WINO4),              # 128 channels in and out: F(4x4) as a GEMM
+    (nn.Conv2d(130, 256, 3), WINO4),
+    (nn.Conv2d(128, 96, 3, padding=1), "conv2d_wino_runs"),   # fewer: the fused F(2x2) kernel
+    (nn.Conv2d(96, 128, 3, padding=1), "conv2d_wino_runs"),
     (nn.Conv2d(8, 72, 3, padding=1, groups=2), "conv2d"),
 ])
 def test_kernel_is_chosen_from_the_conv_parameters(layer, op):
@@ -104,6 +112,24 @@ def test_im2col_form_needs_the_shuffle_kernels():
         graph = lower(export_program(model, (torch.randn(1, 3, 15, 15),)))
         fuse_patterns(graph, subgroup=facts)
         assert [n.op.name for n in graph.device_nodes()] == want
+
+
+@pytest.mark.parametrize("facts, want", [(None, WINO4), ((8, True), WINO4), ((16, True), WINO4),
+                                         ((4, True), ["conv2d_wino"]), ((8, False), ["conv2d_wino"])])
+def test_winograd4_needs_the_gemms_shuffles(facts, want):
+    """F(4x4)'s products run on linear_packed, whose groups of 8 lanes share rows by
+    subgroupShuffle: where subgroups do not hold them the conv keeps the fused F(2x2) kernel."""
+    from texelflow.runtime.graph.importer import export_program
+    from texelflow.runtime.graph.lowering import lower
+    from texelflow.runtime.graph.prepack_matmul import SubgroupFacts
+
+    model = nn.Conv2d(128, 128, 3, padding=1).eval()
+    graph = lower(export_program(model, (torch.randn(1, 128, 9, 9),)))
+    fuse_patterns(graph, subgroup=SubgroupFacts(*facts) if facts else None)
+    assert [n.op.name for n in graph.device_nodes()] == want
+    if want == WINO4:  # the transformed weight: one [Cin4 * 4, Cout16 * 16] matrix per position
+        gemm = graph.device_nodes()[1]
+        assert gemm.arg("weight").shape == (36, 128, 128) and gemm.arg("input").shape == (36, 16, 128)
 
 
 @pytest.mark.parametrize("cout, facts, want, why", [
@@ -216,7 +242,13 @@ def test_winograd_weight_transform_is_g_g_gt():
 CASES = [  # (layer(s), input shape, the op expected)
     (lambda: nn.Conv2d(64, 64, 3, padding=1), (1, 64, 56, 56), "conv2d_wino_runs"),   # ResNet-18 layer1
     (lambda: nn.Sequential(nn.Conv2d(128, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU()),
-     (2, 128, 14, 14), "conv2d_wino_runs"),
+     (2, 128, 14, 14), WINO4),                                                          # ResNet-18 layer3
+    # F(4x4) on awkward shapes: channels not a multiple of 4, sizes 1 / 3 / 5 / 7, batch 3, no
+    # padding, wide padding, tiles past the image (7 = 4 + 3), activations at the store
+    (lambda: nn.Conv2d(130, 129, 3, padding=1), (1, 130, 7, 5), WINO4),
+    (lambda: nn.Sequential(nn.Conv2d(131, 133, 3, bias=False), nn.Hardswish()), (3, 131, 5, 7), WINO4),
+    (lambda: nn.Sequential(nn.Conv2d(128, 128, 3, padding=(2, 0)), nn.GELU()), (1, 128, 1, 3), WINO4),
+    (lambda: nn.Sequential(nn.Conv2d(256, 128, 3, padding=1), nn.ReLU6()), (2, 256, 3, 1), WINO4),
     (lambda: nn.Conv2d(96, 24, 1), (1, 96, 28, 28), "conv2d_pw"),                     # MobileNetV3
     (lambda: nn.Sequential(nn.Conv2d(16, 72, 1), nn.ReLU6()), (1, 16, 56, 56), "conv2d_pw_act"),
     (lambda: nn.Sequential(nn.Conv2d(576, 130, 1), nn.Hardswish()), (1, 576, 7, 7), "conv2d_pw_act"),
@@ -276,7 +308,7 @@ def test_matches_torch(device, make, shape, op):
         want = model(x)
     with texelflow.compile(model, (x,), device=device) as prog:
         assert _ops(prog.plan) == _expected(op)
-        _close(prog(x), want)
+        _close(prog(x), want, REL_WINO4 if op == WINO4 else REL)
 
 
 @pytest.mark.parametrize("layer", [nn.Conv2d(6, 5, 1), nn.Conv2d(6, 5, 3, padding=1),
@@ -327,6 +359,10 @@ WINO_SPECIALS = [  # (layer, input shape, indices that get NaN, +Inf, -Inf in tu
     (nn.Conv2d(5, 9, 3, padding=1), (1, 5, 5, 9), [(0, 1, 0, 8), (0, 0, 2, 4), (0, 4, 2, 5), (0, 3, 4, 1)]),
     # 60 output channels: conv2d_wino_runs, its runs of 8 lanes sharing each window, one lane idle in 16
     (nn.Conv2d(6, 60, 3, padding=1), (2, 6, 7, 9), [(0, 0, 0, 0), (1, 5, 6, 8), (0, 3, 3, 4), (1, 2, 0, 5)]),
+    # 128 channels: F(4x4) (4x4 tiles start at multiples of 4), corners, tile edges, both images
+    (nn.Conv2d(128, 130, 3, padding=1), (2, 128, 9, 7),
+     [(0, 0, 0, 0), (1, 127, 8, 6), (0, 5, 3, 4), (1, 64, 4, 3), (0, 9, 7, 0), (1, 3, 0, 5)]),
+    (nn.Sequential(nn.Conv2d(129, 128, 3), nn.ReLU()), (1, 129, 6, 11), [(0, 1, 5, 10), (0, 128, 0, 0), (0, 7, 2, 4)]),
 ]
 
 
@@ -343,10 +379,11 @@ def test_winograd_infinities_and_nan_as_torch(device, layer, shape, where):
     with torch.no_grad():
         want = layer(x)
     with texelflow.compile(layer, (x,), device=device) as prog:
-        assert set(_ops(prog.plan)) & {"conv2d_wino", "conv2d_wino_runs"}
+        ops = _ops(prog.plan)
+        assert set(ops) & {"conv2d_wino", "conv2d_wino_runs", "conv2d_wino4_output"}
         got = prog(x)
     assert want.isinf().any() and want.isnan().any() and want.isfinite().any()
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got[want.isinf()], want[want.isinf()])
     fin = want.isfinite()
-    _close(got[fin], want[fin])
+    _close(got[fin], want[fin], REL_WINO4 if ops == WINO4 else REL)
