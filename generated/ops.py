@@ -1663,7 +1663,7 @@ OPS: dict[str, OpEntry] = {
             Arg('padding', 'int_list', default=[0, 0]),
         ),
         outputs=(
-            Output('out', 'WIDTH_PACKED_TEXTURE'),
+            Output('out', 'CONTIGUOUS_BUFFER'),
         ),
         sync=(
         ),
@@ -1679,9 +1679,9 @@ OPS: dict[str, OpEntry] = {
         ),
         grid=('per_tile', 'out', 4, 1, 1, 1),
         template='conv2d_wino4_input',
-        shader_axes=('dtype', 'storage'),
+        shader_axes=('dtype',),
         variants=(
-            'conv2d_wino4_input_float32_texture3d',
+            'conv2d_wino4_input_float32',
         ),
     ),
     'conv2d_wino4_output': OpEntry(
@@ -1690,7 +1690,7 @@ OPS: dict[str, OpEntry] = {
             'texelflow.conv2d_wino4_output.default',
         ),
         args=(
-            Arg('m', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('m', 'tensor', repset='CONTIGUOUS_BUFFER'),
             Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
             Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
             Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
@@ -1722,9 +1722,9 @@ OPS: dict[str, OpEntry] = {
         ),
         grid=('per_tile', 'm', 4, 1, 1, 1),
         template='conv2d_wino4_output',
-        shader_axes=('dtype', 'storage'),
+        shader_axes=('dtype',),
         variants=(
-            'conv2d_wino4_output_float32_texture3d',
+            'conv2d_wino4_output_float32',
         ),
     ),
     'conv2d_wino_runs': OpEntry(

@@ -5465,14 +5465,14 @@ VARIANTS: dict[str, ShaderVariant] = {
         target_env='vulkan1.1',
         features=(),
     ),
-    'conv2d_wino4_input_float32_texture3d': ShaderVariant(
-        name='conv2d_wino4_input_float32_texture3d',
+    'conv2d_wino4_input_float32': ShaderVariant(
+        name='conv2d_wino4_input_float32',
         op='conv2d_wino4_input',
-        axes=(('dtype', 'float32'), ('storage', 'texture3d')),
+        axes=(('dtype', 'float32'),),
         dtype='float32',
-        source='conv2d_wino4_input_float32_texture3d.comp',
+        source='conv2d_wino4_input_float32.comp',
         bindings=(
-            Binding(0, 'out', 'STORAGE_IMAGE', 'write', 'texture3d'),
+            Binding(0, 'out', 'STORAGE_BUFFER', 'write', 'buffer'),
             Binding(1, 'input', 'STORAGE_IMAGE', 'read', 'texture3d'),
         ),
         push_constants=(
@@ -5488,22 +5488,24 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(2, 'local_size_z', 'int', 1),
             SpecConstant(3, 'out_layout', 'int', 0),
             SpecConstant(4, 'input_layout', 'int', 2),
+            SpecConstant(5, 'cin_ragged', 'int', 1, 'ragged', (('ragged', 'out'),)),
         ),
         target_env='vulkan1.1',
         features=(),
     ),
-    'conv2d_wino4_output_float32_texture3d': ShaderVariant(
-        name='conv2d_wino4_output_float32_texture3d',
+    'conv2d_wino4_output_float32': ShaderVariant(
+        name='conv2d_wino4_output_float32',
         op='conv2d_wino4_output',
-        axes=(('dtype', 'float32'), ('storage', 'texture3d')),
+        axes=(('dtype', 'float32'),),
         dtype='float32',
-        source='conv2d_wino4_output_float32_texture3d.comp',
+        source='conv2d_wino4_output_float32.comp',
         bindings=(
             Binding(0, 'out', 'STORAGE_IMAGE', 'write', 'texture3d'),
-            Binding(1, 'm', 'STORAGE_IMAGE', 'read', 'texture3d'),
+            Binding(1, 'm', 'STORAGE_BUFFER', 'read', 'buffer'),
             Binding(2, 'input', 'STORAGE_IMAGE', 'read', 'texture3d'),
             Binding(3, 'weight', 'STORAGE_IMAGE', 'read', 'texture3d'),
             Binding(4, 'bias', 'STORAGE_BUFFER', 'read', 'buffer'),
+            Binding(5, 'm', 'UNIFORM_TEXEL_BUFFER', 'read', 'buffer'),
         ),
         push_constants=(
             PushConstant('out_sizes', 'ivec4', 0, 16),
@@ -5528,6 +5530,8 @@ VARIANTS: dict[str, ShaderVariant] = {
             SpecConstant(5, 'input_layout', 'int', 2),
             SpecConstant(6, 'weight_layout', 'int', 0),
             SpecConstant(7, 'bias_layout', 'int', 0),
+            SpecConstant(8, 'cout_ragged', 'int', 1, 'ragged', (('ragged', 'm'),)),
+            SpecConstant(9, 'texel_reads', 'int', 0),
         ),
         target_env='vulkan1.1',
         features=(),

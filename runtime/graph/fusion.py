@@ -28,7 +28,7 @@ In order, in place on the graph:
    conv2d_act / conv2d_dw / conv2d_dw_act with a constant weight takes the specialised kernel its
    parameters allow, its weight a derived constant prepacked for it (runtime/graph/prepack_conv.py):
      pointwise (1x1, stride 1, padding 0, groups 1)  -> conv2d_pw / conv2d_pw_act (a GEMM)
-     3x3 (stride 1, dilation 1, groups 1), >= 128    -> conv2d_wino4_input, linear_packed (batched weight),
+     3x3 (stride 1, dilation 1, groups 1), >= 64     -> conv2d_wino4_input, linear_packed (batched weight),
        channels in and out (WINO4_MIN_CHANNELS)        conv2d_wino4_output (Winograd F(4x4, 3x3))
      other 3x3 (stride 1, dilation 1, groups 1)      -> conv2d_wino (Winograd F(2x2, 3x3), any padding),
                                                         or conv2d_wino_runs where subgroups fit and
@@ -601,13 +601,15 @@ def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int], subgroup=N
     return made
 
 
-# A 3x3 stride-1 conv takes Winograd F(4x4, 3x3) as three nodes (conv2d_wino4_input, bmm,
+# A 3x3 stride-1 conv takes Winograd F(4x4, 3x3) as three nodes (conv2d_wino4_input, linear_packed,
 # conv2d_wino4_output) where both channel counts reach WINO4_MIN_CHANNELS: the input transform is
 # then done once per tile and input channel, not once per output block as in conv2d_wino's fused
 # F(2x2) kernel, and the 36 products run as one batched GEMM (a quarter of the direct conv's
-# multiply-adds, against F(2x2)'s 4/9). Fewer channels leave the GEMM's tiles and the transforms'
-# memory traffic too little work to pay for (bench/RESULTS.md, bench/conv.py).
-WINO4_MIN_CHANNELS = 128
+# multiply-adds, against F(2x2)'s 4/9). Against conv2d_wino_runs on lavapipe, one conv each, relu
+# fused: 64 -> 64 at 56 x 56 1.20x, 128 at 28 1.49x, 256 at 14 1.73x, 512 at 7 1.23x, but 32 -> 32
+# at 64 x 64 0.83x (bench/RESULTS.md): with fewer channels the transforms' memory traffic outweighs
+# the multiply-adds saved.
+WINO4_MIN_CHANNELS = 64
 
 
 def wino4_fits(conv: Node, subgroup=None) -> bool:

@@ -86,7 +86,7 @@ CASES = [
     ("contract-tile-invocations", "shaders/linear_wg.glsl.j2",
      ("grid: {per_tile: out, width: 64, height: 64, invocations: 256}",
       "grid: {per_tile: out, width: 64, height: 64, invocations: 512}"),
-     "{per_tile: TENSOR, width: W, height: H[, invocations: N]}", "invocations: 512}"),
+     "{per_tile: TENSOR, width: W, height: H[, planes: P][, invocations: N]}", "invocations: 512}"),
     ("contract-element-units", "shaders/cat.glsl.j2",
      ("grid: {per_list_element: tensors, element_units: whole}", "grid: {per_list_element: tensors, element_units: wholes}"),
      "contract grid: element_units 'wholes' is not a spec constant of the template", "element_units: wholes"),

@@ -76,10 +76,10 @@ def _close(got, want, rel=REL):
     (nn.Conv2d(8, 65, 5, padding=2), IM2COL),
     (nn.Conv2d(3, 63, 7, stride=2, padding=3), "conv2d_gemm"),
     (nn.Conv2d(8, 72, 3, padding=1), "conv2d_wino"),          # classes before it keep their kernel
-    (nn.Conv2d(128, 128, 3, padding=1), WINO4),              # 128 channels in and out: F(4x4) as a GEMM
+    (nn.Conv2d(64, 64, 3, padding=1), WINO4),                # 64 channels in and out: F(4x4) as a GEMM
     (nn.Conv2d(130, 256, 3), WINO4),
-    (nn.Conv2d(128, 96, 3, padding=1), "conv2d_wino_runs"),   # fewer: the fused F(2x2) kernel
-    (nn.Conv2d(96, 128, 3, padding=1), "conv2d_wino_runs"),
+    (nn.Conv2d(64, 60, 3, padding=1), "conv2d_wino_runs"),    # fewer: the fused F(2x2) kernel
+    (nn.Conv2d(48, 128, 3, padding=1), "conv2d_wino_runs"),
     (nn.Conv2d(8, 72, 3, padding=1, groups=2), "conv2d"),
 ])
 def test_kernel_is_chosen_from_the_conv_parameters(layer, op):
@@ -240,7 +240,8 @@ def test_winograd_weight_transform_is_g_g_gt():
 
 # ---- whole programs against torch (device) -------------------------------------------------------------
 CASES = [  # (layer(s), input shape, the op expected)
-    (lambda: nn.Conv2d(64, 64, 3, padding=1), (1, 64, 56, 56), "conv2d_wino_runs"),   # ResNet-18 layer1
+    (lambda: nn.Conv2d(64, 64, 3, padding=1), (1, 64, 56, 56), WINO4),                # ResNet-18 layer1
+    (lambda: nn.Conv2d(48, 64, 3, padding=1), (1, 48, 28, 28), "conv2d_wino_runs"),
     (lambda: nn.Sequential(nn.Conv2d(128, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU()),
      (2, 128, 14, 14), WINO4),                                                          # ResNet-18 layer3
     # F(4x4) on awkward shapes: channels not a multiple of 4, sizes 1 / 3 / 5 / 7, batch 3, no
