@@ -1,6 +1,7 @@
 """Convolution benchmark: the specialised conv kernels the fusion pass chooses (conv2d_pw,
-conv2d_wino / conv2d_wino_runs, conv2d_gemm, conv2d_dw3_s1 / conv2d_dw5_s1) against the general conv2d / conv2d_dw
-they replace, on the layer shapes ResNet-18 and MobileNetV3 spend their time in, in one process,
+conv2d_wino / conv2d_wino_runs, Winograd F(4x4)'s conv2d_wino4_input + linear_packed +
+conv2d_wino4_output, the im2col form, conv2d_gemm, conv2d_dw3_s1 / conv2d_dw5_s1) against the general
+conv2d / conv2d_dw they replace (and the F(4x4) form against the fused F(2x2) kernel it replaces), on the layer shapes ResNet-18 and MobileNetV3 spend their time in, in one process,
 the two programs alternated, median of the repeats, each a replay of the recorded device program
 (no upload or download): GPU timestamps (Program.profile), or with `--cpu` the process's CPU time
 per replay (all threads, lavapipe's workers included: far steadier than wall time on a shared
@@ -29,7 +30,9 @@ import texelflow
 CASES = {
     "3x3 64->64 [1,64,56,56]": (lambda: nn.Conv2d(64, 64, 3, padding=1), (1, 64, 56, 56)),
     "3x3 128->128 [1,128,28,28]": (lambda: nn.Conv2d(128, 128, 3, padding=1), (1, 128, 28, 28)),
+    "3x3 256->256 [1,256,14,14]": (lambda: nn.Conv2d(256, 256, 3, padding=1), (1, 256, 14, 14)),
     "3x3 512->512 [1,512,7,7]": (lambda: nn.Conv2d(512, 512, 3, padding=1), (1, 512, 7, 7)),
+    "3x3 32->32 [1,32,64,64]": (lambda: nn.Conv2d(32, 32, 3, padding=1), (1, 32, 64, 64)),
     "3x3 8->8 [1,8,32,32]": (lambda: nn.Conv2d(8, 8, 3, padding=1), (1, 8, 32, 32)),            # tiny_resnet
     "3x3 12->12 [1,12,64,64]": (lambda: nn.Conv2d(12, 12, 3, padding=1), (1, 12, 64, 64)),      # unet_decoder
     "3x3 48->48 [1,48,16,16]": (lambda: nn.Conv2d(48, 48, 3, padding=1), (1, 48, 16, 16)),
@@ -58,6 +61,20 @@ def general_kernels():
         yield
     finally:
         fusion.choose_conv_kernels = original
+
+
+@contextlib.contextmanager
+def fused_winograd():
+    """Compile with the Winograd F(4x4) form off: a 3x3 conv keeps the fused F(2x2) kernel
+    (conv2d_wino / conv2d_wino_runs), the baseline of the F(4x4) rows."""
+    from texelflow.runtime.graph import fusion
+
+    original = fusion.WINO4_MIN_CHANNELS
+    fusion.WINO4_MIN_CHANNELS = 1 << 30
+    try:
+        yield
+    finally:
+        fusion.WINO4_MIN_CHANNELS = original
 
 
 def cpu_ms(fn, *args) -> float:
@@ -130,8 +147,9 @@ def main() -> None:
     base = f" kernel at {args.baseline} ms | speed-up |" if args.baseline else ""
     if args.cpu:
         print("(ms: CPU time per replay, all threads; GFLOP/s: per CPU second)\n")
-    print(f"| case | kernel | ms | GFLOP/s | of FMA peak | general kernel ms | speed-up |{base} max rel. error |\n"
-          f"|---|---|---|---|---|---|---|{'---|---|' if args.baseline else ''}---|")
+    print(f"| case | kernel | ms | GFLOP/s | of FMA peak | general kernel ms | speed-up | F(2x2) kernel ms | speed-up |"
+          f"{base} max rel. error |\n"
+          f"|---|---|---|---|---|---|---|---|---|{'---|---|' if args.baseline else ''}---|")
     for name, (make, shape) in CASES.items():
         if args.cases and not any(c in name for c in args.cases):
             continue
@@ -139,26 +157,36 @@ def main() -> None:
         with torch.no_grad():
             want = layer(x)
         flops = 2 * want.numel() * layer.weight[0].numel()
+        f2 = None
+        with fused_winograd():
+            f2 = texelflow.compile(layer, (x,), profile=True)
         with general_kernels():
             old = texelflow.compile(layer, (x,), profile=True)
         new = texelflow.compile(layer, (x,), profile=True)
-        with old, new:
+        kernel = " + ".join(n.op.name for n in new.plan.graph.device_nodes())
+        if "conv2d_wino4_output" not in kernel:
+            f2.close()
+            f2 = None
+        with old, new, (f2 or contextlib.nullcontext()):
             got = new(x)
-            (node,) = new.plan.graph.device_nodes()
             before = kernel_program(new, args.baseline) if args.baseline else None
-            times_new, times_old, times_base = [], [], []
+            times_new, times_old, times_base, times_f2 = [], [], [], []
             old(x)
             # the dispatches alone, on the resident tensors: no upload, download or Python per call
             run_new, run_old = kernel_program(new), kernel_program(old)
+            run_f2 = kernel_program(f2) if f2 is not None else None
             for _ in range(args.reps):
                 times_new.append(cpu_ms(run_new) if args.cpu else dispatch_ms(run_new))
                 times_old.append(cpu_ms(run_old) if args.cpu else dispatch_ms(run_old))
+                if run_f2 is not None:
+                    times_f2.append(cpu_ms(run_f2) if args.cpu else dispatch_ms(run_f2))
                 if before is not None:
                     times_base.append(cpu_ms(before) if args.cpu else dispatch_ms(before))
-            for p in (run_new, run_old, before):
+            for p in (run_new, run_old, run_f2, before):
                 if p is not None:
                     p.close()
         ms, ms_old = statistics.median(times_new), statistics.median(times_old)
+        ms_f2 = f" {statistics.median(times_f2):.2f} | {statistics.median(times_f2) / ms:.2f}x |" if times_f2 else " - | - |"
         base = ""
         if args.baseline:
             ms_base = statistics.median(times_base) if times_base else None
@@ -166,7 +194,7 @@ def main() -> None:
         err = float((got - want).abs().max() / want.abs().max())
         gflops = flops / ms / 1e6
         frac = f"{gflops / peak:.0%}" if peak else "-"
-        print(f"| {name} | {node.op.name} | {ms:.2f} | {gflops:.2f} | {frac} | {ms_old:.2f} | {ms_old / ms:.2f}x |"
+        print(f"| {name} | {kernel} | {ms:.2f} | {gflops:.2f} | {frac} | {ms_old:.2f} | {ms_old / ms:.2f}x |{ms_f2}"
               f"{base} {err:.1e} |", flush=True)
 
 
