@@ -622,10 +622,10 @@ def wino4_fits(conv: Node, subgroup=None) -> bool:
 
 
 def _wino4_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[Node]:
-    """Put conv2d_wino4_input -> bmm -> conv2d_wino4_output where the 3x3 stride-1 conv `conv`
-    was (its bias and activation applied by the output transform); returns the three nodes, or []
-    (and leaves the graph as it was) when one of them could not run on the device (a texture
-    limit: the tiles of a large image)."""
+    """Put conv2d_wino4_input -> linear_packed -> conv2d_wino4_output where the 3x3 stride-1 conv
+    `conv` was (its bias and activation applied by the output transform); returns the three nodes,
+    or [] (and leaves the graph as it was) when one of them could not run on the device (a device
+    limit)."""
     from .prepack_conv import padded4, wino4_tiles
     from .prepack_matmul import PACKED_LINEAR, TILE_N, padded
 
@@ -641,7 +641,9 @@ def _wino4_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[Nod
     v_node.outputs = [("out", v)]
     u = graph.add_derived(f"{w.name}.winograd4", (36, padded(cin, 4), padded(cout, TILE_N)), w.dtype,
                           "winograd_f4_weight", (w,))
-    direct = graph.add_derived(f"{w.name}.gemm", (9, padded4(cin), padded4(cout)), w.dtype, "conv_gemm_weight", (w,))
+    # the untransformed weight, for the direct sums of tiles that come out NaN
+    direct = graph.add_derived(f"{w.name}.wino4_direct", (9, padded4(cin), padded4(cout)), w.dtype, "conv_gemm_weight",
+                               (w,))
     gemm_op = OPS[PACKED_LINEAR]
     gemm = Node(f"{conv.name}.wino4_gemm", gemm_op.targets[0], gemm_op,
                 [("input", v), ("weight", u), ("bias", None), ("out_features", cout)], [])
@@ -667,7 +669,7 @@ def _wino4_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[Nod
     v_node.fused = [f"Winograd F(4x4, 3x3) input transform of {conv.name}"]
     gemm.fused = [f"Winograd F(4x4, 3x3) products of {conv.name}: {cin} and {cout} channels "
                   f"(>= {WINO4_MIN_CHANNELS})"]
-    o_node.fused = list(conv.fused) + [f"conv2d_wino4_input + bmm + conv2d_wino4_output (from {conv.op.name})"]
+    o_node.fused = list(conv.fused) + [f"conv2d_wino4_input + linear_packed + conv2d_wino4_output (from {conv.op.name})"]
     return made
 
 
