@@ -610,15 +610,25 @@ def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int], subgroup=N
 # at 64 x 64 0.83x (bench/RESULTS.md): with fewer channels the transforms' memory traffic outweighs
 # the multiply-adds saved.
 WINO4_MIN_CHANNELS = 64
+# ... and where its two intermediates, [36, T, Cin] and [36, T, Cout] float32 (2.25 times the
+# input and the output), each hold at most this many bytes: the fused kernels need none, so a
+# large image keeps them rather than grow the program's memory by hundreds of MiB.
+WINO4_MAX_BYTES = 64 << 20
 
 
 def wino4_fits(conv: Node, subgroup=None) -> bool:
-    """Whether a Winograd-class conv takes the F(4x4) form: enough input and output channels, and
-    subgroups that linear_packed's shuffles fit (prepack_matmul.shuffle_unfit)."""
-    from .prepack_matmul import shuffle_unfit
+    """Whether a Winograd-class conv takes the F(4x4) form: enough input and output channels,
+    intermediates within WINO4_MAX_BYTES, and subgroups that linear_packed's shuffles fit
+    (prepack_matmul.shuffle_unfit)."""
+    from .prepack_conv import wino4_tiles
+    from .prepack_matmul import padded, shuffle_unfit
 
     cout, cin = conv.arg("weight").shape[:2]
-    return min(cin, cout) >= WINO4_MIN_CHANNELS and shuffle_unfit(subgroup) is None
+    n, _, h, w = conv.arg("input").shape
+    _, _, th, tw = wino4_tiles(h, w, list(_pair(conv.value("padding") or [0])))
+    rows = 36 * padded(n * th * tw, 8)
+    return (min(cin, cout) >= WINO4_MIN_CHANNELS and rows * max(cin, cout) * 4 <= WINO4_MAX_BYTES
+            and shuffle_unfit(subgroup) is None)
 
 
 def _wino4_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[Node]:

@@ -132,6 +132,18 @@ def test_winograd4_needs_the_gemms_shuffles(facts, want):
         assert gemm.arg("weight").shape == (36, 128, 128) and gemm.arg("input").shape == (36, 16, 128)
 
 
+def test_winograd4_keeps_its_intermediates_bounded():
+    """F(4x4)'s transformed input and products are 2.25 times the input and output: past
+    WINO4_MAX_BYTES (a large image) the conv keeps the fused F(2x2) kernel, which needs none."""
+    from texelflow.runtime.graph.fusion import WINO4_MAX_BYTES
+
+    layer = nn.Conv2d(64, 64, 3, padding=1).eval()
+    side = 4 * int((WINO4_MAX_BYTES / (36 * 64 * 4)) ** 0.5) + 4  # just past the bound in 4x4 tiles
+    for size, want in ((56, WINO4), (side, ["conv2d_wino_runs"])):
+        plan = texelflow.plan(layer, (torch.randn(1, 64, size, size),))
+        assert _ops(plan) == want, size
+
+
 @pytest.mark.parametrize("cout, facts, want, why", [
     (64, None, "conv2d_wino_runs", None),
     (60, (8, True), "conv2d_wino_runs", None),
