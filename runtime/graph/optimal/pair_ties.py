@@ -23,7 +23,7 @@ from .tables import Tables, bit_list
 
 def polish_pairs(t: Tables, root, domain, label, edges: tuple, frozen: set) -> int:
     """Move classes of `label` (a bit per class root, changed in place) so permutes take their fast
-    path where transitions allow; returns how many permutes moved there. edges: (ev, ecc, evc) of
+    path where transitions allow; returns how many fewer permutes are general. edges: (ev, ecc, evc) of
     the whole plan (tables.crossing_edges); frozen: class roots that must keep their bit (int8 sync
     groups, classes a failed solve left to the greedy plan)."""
     terms = pair_classes(t, root)
@@ -43,17 +43,13 @@ def polish_pairs(t: Tables, root, domain, label, edges: tuple, frozen: set) -> i
             by_class.setdefault(c, []).append(term)
     ev, ecc, evc = edges
     graph = ComponentEdges.of(len(label), ev, ecc, evc)
-    moved = 0
     for term in todo:
         if not general(term):  # put on its fast path by an earlier move
             continue
         for c in dict.fromkeys((term[2], term[1])):
-            if c in frozen:
-                continue
-            if _move(c, label, int(domain[c]), graph, by_class[c], general, t.vbytes):
-                moved += 1
+            if c not in frozen and _move(c, label, int(domain[c]), graph, by_class[c], general, t.vbytes):
                 break
-    return moved
+    return len(todo) - sum(map(general, terms))  # permutes now on their fast path, net
 
 
 def _move(c, label, mask, graph, terms, general, vbytes) -> bool:
