@@ -1,8 +1,9 @@
 """Convolution benchmark: the specialised conv kernels the fusion pass chooses (conv2d_pw,
 conv2d_wino / conv2d_wino_runs, Winograd F(4x4)'s conv2d_wino4_input + linear_packed +
-conv2d_wino4_output, the im2col form, conv2d_gemm, conv2d_dw3_s1 / conv2d_dw5_s1) against the general
-conv2d / conv2d_dw they replace (and the F(4x4) form against the fused F(2x2) kernel it replaces), on the layer shapes ResNet-18 and MobileNetV3 spend their time in, in one process,
-the two programs alternated, median of the repeats, each a replay of the recorded device program
+conv2d_wino4_output, the im2col form, conv2d_gemm, conv2d_dw3_s1 / conv2d_dw5_s1) against the
+general conv2d / conv2d_dw they replace (and the F(4x4) form against the fused F(2x2) kernel it
+replaces), on the layer shapes ResNet-18 and MobileNetV3 spend their time in, in one process, the
+programs alternated, median of the repeats, each a replay of the recorded device program
 (no upload or download): GPU timestamps (Program.profile), or with `--cpu` the process's CPU time
 per replay (all threads, lavapipe's workers included: far steadier than wall time on a shared
 machine; a kernel that keeps both of lavapipe's threads busy takes half of it in wall time).
