@@ -64,6 +64,7 @@ from texelflow.generated.ops import OPS
 
 from .ir import Node, PlanGraph, Role, Value
 from .lowering import partition_reason
+from .prepack_conv import hw_pair as _pair
 
 DECOMPOSED_BN = "aten._native_batch_norm_legit_no_training.default"
 DECOMPOSED_CONV = "aten.convolution.default"
@@ -445,11 +446,6 @@ def _dense_weight(node: Node) -> bool:
     w = node.arg("weight")
     return ((node.value("groups") or 1) == 1 and isinstance(w, Value) and w.role is Role.CONST
             and len(w.shape) == 4)
-
-
-def _pair(v) -> tuple[int, int]:
-    v = list(v) if isinstance(v, (list, tuple)) else [v]
-    return (int(v[0]), int(v[-1]))
 
 
 def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS, subgroup=None,

@@ -18,6 +18,13 @@ def padded4(n: int) -> int:
     return -(-n // 4) * 4
 
 
+def hw_pair(v) -> tuple[int, int]:
+    """A conv's int[2] argument (padding, stride, kernel_size) as (h, w): one number, alone or in a
+    list, means both."""
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return (int(v[0]), int(v[-1]))
+
+
 @recipe
 def pointwise_conv_weight(source):
     """A 1x1 conv weight [Cout, Cin, 1, 1] as conv2d_pw's [Cin4 * 4, Cout4 * 4]: row ci holds input
@@ -116,7 +123,7 @@ def winograd_f4_weight(source):
 def wino4_tiles(h: int, w: int, padding) -> tuple[int, int, int, int]:
     """(OH, OW, tile rows, tile columns) of a 3x3 stride-1 conv over an h x w input with `padding`
     (pad_h, pad_w), in F(4x4, 3x3)'s 4x4 output tiles."""
-    ph, pw = (list(padding) * 2)[:2] if len(padding) == 1 else padding
+    ph, pw = hw_pair(padding)
     oh, ow = h + 2 * ph - 2, w + 2 * pw - 2
     return oh, ow, -(-oh // 4), -(-ow // 4)
 
@@ -147,7 +154,7 @@ def conv2d_gemm_reference(input, weight, bias=None, kernel_size=(1, 1), stride=(
     from .fusion import conv2d_act_reference
 
     cin = input.shape[1]
-    kh, kw = (list(kernel_size) * 2)[:2] if len(kernel_size) == 1 else kernel_size
+    kh, kw = hw_pair(kernel_size)
     w = weight[:, :cin, :out_channels].reshape(kh, kw, cin, out_channels).permute(3, 2, 0, 1)
     return conv2d_act_reference(input, w, bias, tuple(stride), tuple(padding), tuple(dilation), 1, activation,
                                 act_min, act_max)
@@ -196,7 +203,7 @@ def conv2d_wino4_input_reference(input, padding=(0, 0)):
 
     x = input.double()
     n, cin, h, w = x.shape
-    ph, pw = (list(padding) * 2)[:2] if len(padding) == 1 else padding
+    ph, pw = hw_pair(padding)
     _, _, th, tw = wino4_tiles(h, w, padding)
     x = F.pad(x, (pw, 4 * tw + 2 - w - pw, ph, 4 * th + 2 - h - ph))
     d = x.unfold(2, 6, 4).unfold(3, 6, 4)  # [N, Cin, th, tw, 6, 6]
@@ -208,9 +215,9 @@ def conv2d_wino4_input_reference(input, padding=(0, 0)):
 def conv2d_wino4_output_reference(m, input, weight, bias=None, padding=(0, 0), out_channels=1, activation="none",
                                   act_min=0.0, act_max=0.0):
     """What conv2d_wino4_output computes: A^T m A per tile and output channel (m [36, T, Cout] in
-    conv2d_wino4_input's tile order; rows past the last tile ignored) plus bias, then the activation; an output whose tile sums to
-    NaN is the direct convolution of `input` by the weight that `weight` (conv_gemm_weight's
-    [9, Cin4 * 4, Cout4 * 4]) holds. In float64."""
+    conv2d_wino4_input's tile order; rows past the last tile ignored) plus bias, then the
+    activation; an output whose tile sums to NaN is the direct convolution of `input` by the
+    weight that `weight` (conv_gemm_weight's [9, Cin4 * 4, Cout4 * 4]) holds. In float64."""
     import torch
 
     from .fusion import conv2d_act_reference
@@ -222,7 +229,7 @@ def conv2d_wino4_output_reference(m, input, weight, bias=None, padding=(0, 0), o
     y = at @ mm @ at.t()  # [N, Cout, th, tw, 4, 4]
     nan_tile = torch.isnan((y + (0.0 if bias is None else bias.double().reshape(1, -1, 1, 1, 1, 1))).sum((-1, -2)))
     y = y.permute(0, 1, 2, 4, 3, 5).reshape(n, out_channels, 4 * th, 4 * tw)[:, :, :oh, :ow]
-    direct = conv2d_gemm_reference(input.double(), weight.double(), None, (3, 3), (1, 1), tuple(padding), (1, 1),
+    direct = conv2d_gemm_reference(input.double(), weight.double(), None, (3, 3), (1, 1), hw_pair(padding), (1, 1),
                                    out_channels)
     redo = nan_tile.repeat_interleave(4, 2).repeat_interleave(4, 3)[:, :, :oh, :ow]
     y = torch.where(redo, direct, y)
@@ -247,7 +254,7 @@ def conv2d_wino_reference(input, weight, bias=None, padding=(0, 0), out_channels
 
     x = input.double()
     n, cin, h, w = x.shape
-    ph, pw = (list(padding) * 2)[:2] if len(padding) == 1 else padding
+    ph, pw = hw_pair(padding)
     oh, ow = h + 2 * ph - 2, w + 2 * pw - 2
     th, tw = -(-oh // 2), -(-ow // 2)
     # the input from (-ph, -pw), zero-padded to the 2 t + 2 rows and columns the tiles read

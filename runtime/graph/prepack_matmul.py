@@ -316,8 +316,9 @@ def _packed_linear(graph: PlanGraph, node: Node, weight: Value, op_name: str, wh
 # ---- torch reference (the kernel tests' and the generic registry test's) -----------------------------
 def linear_packed_reference(input, weight, bias=None, out_features=1, activation="none", act_min=0.0, act_max=0.0):
     """What linear_packed computes: the input zero-padded to the prepacked weight's rows, times its
-    first `out_features` columns (a batched weight [B, Kp, Np]: input [B, R, K] batch by batch), plus the bias (a NaN or inf in a padding row then reaches the
-    output exactly as the kernel's 0 * weight does), then the activation."""
+    first `out_features` columns (a batched weight [B, Kp, Np]: input [B, R, K] batch by batch),
+    plus the bias (a NaN or inf in a padding row then reaches the output exactly as the kernel's
+    0 * weight does), then the activation."""
     import torch.nn.functional as F
 
     from .fusion import activation_reference
