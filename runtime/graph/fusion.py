@@ -579,17 +579,8 @@ def _im2col_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int], subgroup=N
     permute = Node(conv.name, OPS["permute_copy"].targets[0], OPS["permute_copy"],
                    [("self", nhwc), ("dims", [0, 3, 1, 2])], [("out", out)])
     made = [im2col, gemm, permute]
-    if any(partition_reason(node, limits) is not None for node in made):
-        graph.constants.remove(packed)
+    if not _splice(graph, conv, made, [packed], limits):
         return []
-    at = graph.nodes.index(conv)
-    graph.nodes[at:at + 1] = made
-    graph.fx_inputs.pop(conv, None)
-    _drop_uses(conv)
-    for node in made:
-        for _, v in node.tensor_args():
-            v.users.append(node)
-    out.producer = permute
     kind = f"conv_im2col + {gemm_op.name} ({why}; from {conv.op.name}{'; ' + form_why if form_why else ''})"
     im2col.fused = [f"im2col of {conv.name}"]
     gemm.fused = list(conv.fused) + [kind]
@@ -660,23 +651,31 @@ def _wino4_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[Nod
                    ("out_channels", cout)] + [(a, val) for a, val in conv.args if a in ("activation", "act_min", "act_max")],
                   [("out", out)])
     made = [v_node, gemm, o_node]
-    if any(partition_reason(node, limits) is not None for node in made):
-        graph.constants.remove(u)
-        graph.constants.remove(direct)
+    if not _splice(graph, conv, made, [u, direct], limits):
         return []
-    at = graph.nodes.index(conv)
-    graph.nodes[at:at + 1] = made
-    graph.fx_inputs.pop(conv, None)
-    _drop_uses(conv)
-    for node in made:
-        for _, val in node.tensor_args():
-            val.users.append(node)
-    out.producer = o_node
     v_node.fused = [f"Winograd F(4x4, 3x3) input transform of {conv.name}"]
     gemm.fused = [f"Winograd F(4x4, 3x3) products of {conv.name}: {cin} and {cout} channels "
                   f"(>= {WINO4_MIN_CHANNELS})"]
     o_node.fused = list(conv.fused) + [f"conv2d_wino4_input + linear_packed + conv2d_wino4_output (from {conv.op.name})"]
     return made
+
+
+def _splice(graph: PlanGraph, conv: Node, made: list[Node], constants: list[Value], limits: Sequence[int]) -> bool:
+    """Put the nodes `made` (the last one writing conv's output) where `conv` was, if every one of
+    them runs on the device; else drop their new `constants` and leave the graph as it was."""
+    if any(partition_reason(node, limits) is not None for node in made):
+        for c in constants:
+            graph.constants.remove(c)
+        return False
+    at = graph.nodes.index(conv)
+    graph.nodes[at:at + 1] = made
+    graph.fx_inputs.pop(conv, None)
+    _drop_uses(conv)
+    for node in made:
+        for _, v in node.tensor_args():
+            v.users.append(node)
+    made[-1].outputs[0][1].producer = made[-1]
+    return True
 
 
 def retarget(graph: PlanGraph, old: Node, new: Node, packed: Value, limits: Sequence[int]) -> bool:

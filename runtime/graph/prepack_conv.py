@@ -195,6 +195,20 @@ def _depthwise_reference(input, weight, bias, stride: int, padding, activation, 
                                 activation=activation, act_min=act_min, act_max=act_max)
 
 
+def _bias_activation(y, bias, activation, act_min, act_max):
+    """y [N, C, H, W] plus bias (None: none), then the activation: the end of the Winograd
+    references, in y's dtype."""
+    import torch
+
+    from .fusion import conv2d_act_reference
+
+    if bias is not None:
+        y = y + bias.to(y.dtype).reshape(1, -1, 1, 1)
+    ident = torch.ones(y.shape[1], 1, 1, 1, dtype=y.dtype)
+    return conv2d_act_reference(y, ident, None, groups=y.shape[1], activation=activation, act_min=act_min,
+                                act_max=act_max)
+
+
 def conv2d_wino4_input_reference(input, padding=(0, 0)):
     """What conv2d_wino4_input computes: B^T d B of every 6x6 window (F(4x4, 3x3)) as [36, T, Cin],
     tiles numbered row-major per image, in float64."""
@@ -220,8 +234,6 @@ def conv2d_wino4_output_reference(m, input, weight, bias=None, padding=(0, 0), o
     weight that `weight` (conv_gemm_weight's [9, Cin4 * 4, Cout4 * 4]) holds. In float64."""
     import torch
 
-    from .fusion import conv2d_act_reference
-
     n, _, h, w = input.shape
     oh, ow, th, tw = wino4_tiles(h, w, padding)
     at = torch.tensor(WINO4_AT, dtype=torch.float64)
@@ -233,12 +245,7 @@ def conv2d_wino4_output_reference(m, input, weight, bias=None, padding=(0, 0), o
                                    out_channels)
     redo = nan_tile.repeat_interleave(4, 2).repeat_interleave(4, 3)[:, :, :oh, :ow]
     y = torch.where(redo, direct, y)
-    if bias is not None:
-        y = y + bias.double().reshape(1, -1, 1, 1)
-    ident = torch.ones(out_channels, 1, 1, 1, dtype=y.dtype)
-    y = conv2d_act_reference(y, ident, None, groups=out_channels, activation=activation, act_min=act_min,
-                             act_max=act_max)
-    return y.to(input.dtype)
+    return _bias_activation(y, bias, activation, act_min, act_max).to(input.dtype)
 
 
 def conv2d_wino_reference(input, weight, bias=None, padding=(0, 0), out_channels=1, activation="none", act_min=0.0,
@@ -249,8 +256,6 @@ def conv2d_wino_reference(input, weight, bias=None, padding=(0, 0), out_channels
     In float64."""
     import torch
     import torch.nn.functional as F
-
-    from .fusion import conv2d_act_reference
 
     x = input.double()
     n, cin, h, w = x.shape
@@ -266,9 +271,4 @@ def conv2d_wino_reference(input, weight, bias=None, padding=(0, 0), out_channels
     m = torch.einsum("ncyxab,abco->noyxab", v, u)
     y = at @ m @ at.t()  # [N, Cout, th, tw, 2, 2]
     y = y.permute(0, 1, 2, 4, 3, 5).reshape(n, out_channels, 2 * th, 2 * tw)[:, :, :oh, :ow]
-    if bias is not None:
-        y = y + bias.double().reshape(1, -1, 1, 1)
-    ident = torch.ones(out_channels, 1, 1, 1, dtype=y.dtype)
-    y = conv2d_act_reference(y, ident, None, groups=out_channels, activation=activation, act_min=act_min,
-                             act_max=act_max)
-    return y.to(input.dtype)
+    return _bias_activation(y, bias, activation, act_min, act_max).to(input.dtype)
