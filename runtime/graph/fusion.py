@@ -603,18 +603,25 @@ WINO4_MIN_CHANNELS = 64
 WINO4_MAX_BYTES = 64 << 20
 
 
+def _wino4_rows(conv: Node) -> int:
+    """Rows of each of F(4x4)'s 36 product matrices: the conv's 4x4 output tiles, rounded up to
+    whole 8-row tiles of the GEMM."""
+    from .prepack_conv import wino4_tiles
+    from .prepack_matmul import padded
+
+    n, _, h, w = conv.arg("input").shape
+    _, _, th, tw = wino4_tiles(h, w, list(_pair(conv.value("padding") or [0])))
+    return padded(n * th * tw, 8)
+
+
 def wino4_fits(conv: Node, subgroup=None) -> bool:
     """Whether a Winograd-class conv takes the F(4x4) form: enough input and output channels,
     intermediates within WINO4_MAX_BYTES, and subgroups that linear_packed's shuffles fit
     (prepack_matmul.shuffle_unfit)."""
-    from .prepack_conv import wino4_tiles
-    from .prepack_matmul import padded, shuffle_unfit
+    from .prepack_matmul import shuffle_unfit
 
     cout, cin = conv.arg("weight").shape[:2]
-    n, _, h, w = conv.arg("input").shape
-    _, _, th, tw = wino4_tiles(h, w, list(_pair(conv.value("padding") or [0])))
-    rows = 36 * padded(n * th * tw, 8)
-    return (min(cin, cout) >= WINO4_MIN_CHANNELS and rows * max(cin, cout) * 4 <= WINO4_MAX_BYTES
+    return (min(cin, cout) >= WINO4_MIN_CHANNELS and 36 * _wino4_rows(conv) * max(cin, cout) * 4 <= WINO4_MAX_BYTES
             and shuffle_unfit(subgroup) is None)
 
 
@@ -623,15 +630,13 @@ def _wino4_gemm(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> list[Nod
     `conv` was (its bias and activation applied by the output transform); returns the three nodes,
     or [] (and leaves the graph as it was) when one of them could not run on the device (a device
     limit)."""
-    from .prepack_conv import padded4, wino4_tiles
+    from .prepack_conv import padded4
     from .prepack_matmul import PACKED_LINEAR, TILE_N, padded
 
     x, w, out = conv.arg("input"), conv.arg("weight"), conv.outputs[0][1]
     cout, cin = w.shape[:2]
-    n, _, h, wd = x.shape
     padding = list(_pair(conv.value("padding") or [0]))
-    _, _, th, tw = wino4_tiles(h, wd, padding)
-    tiles = padded(n * th * tw, 8)  # rows per product matrix: whole 8-row tiles of the GEMM
+    tiles = _wino4_rows(conv)
     v_node = Node(f"{conv.name}.wino4_in", OPS["conv2d_wino4_input"].targets[0], OPS["conv2d_wino4_input"],
                   [("input", x), ("padding", padding)], [])
     v = Value(v_node.name, (36, tiles, cin), out.dtype, Role.NODE, producer=v_node)
