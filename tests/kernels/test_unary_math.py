@@ -37,7 +37,7 @@ def _reference64(name: str, args: dict, x: torch.Tensor) -> torch.Tensor:
 
 
 # Largest relative error against float64 where |result| is a float32 normal above 1e-6 and |x| is
-# within `span` (exp: everywhere it is finite). exp is the Dekker-split form (tf_exp); the
+# within `span` (exp: everywhere it is finite). exp is its own polynomial (tf_exp, Cody-Waite); the
 # activations use the device's exp, whose argument rounding grows as |x| does, so they are held
 # to |x| <= 20, past which they saturate. gelu's negative tail (|result| down to 1e-6 near x = -4.5)
 # carries the rounding of x^2 / 2 in exp's argument; torch's own float32 gelu cancels there (1 + erf
