@@ -8,9 +8,11 @@ and dequantize), GPU timestamps from `prog.profile()`, the best of --reps calls,
 interleaved so both see the same load on a shared machine. The ratio is
 float time / int8 time: above 1, int8 is faster. Then im2col beside the general sliding-window
 kernel on the same non-grouped convs: the general kernel is forced by giving the planned node
-that op (both read and write the same representations, so the plan stays valid). Last, whole zoo
-models: the float program beside the quantized one (latency per call, best of --reps), with the
-dispatches of each and the quantized program's error against the quantized graph in PyTorch.
+that op (both read and write the same representations, so the plan stays valid). The one-op
+programs are planned without a device, so their convs take the q8ta kernels whatever the device.
+Last, whole zoo models: the float program beside the quantized one as the device's conv form takes
+it and the quantized one with the q8ta conv kernels forced (latency per call, best of --reps), with
+the dispatches of each and the quantized programs' error against the quantized graph in PyTorch.
 Usage: python bench/int8.py [--reps N] [--only TEXT] [--no-models]
 Prints markdown tables for bench/RESULTS.md.
 """
@@ -151,8 +153,15 @@ def call_ms(prog, inputs, reps: int) -> float:
 
 
 def zoo_models(device, reps: int) -> list[tuple]:
+    """Per model: the float program, the quantized one as the device's conv form takes it
+    (quantized.int8_conv_form: on a CPU device without int8 dot products the convs run on the
+    float kernels between their dequantize and quantize) and the quantized one with the q8ta conv
+    kernels forced; wall ms per call, best of `reps`, the three interleaved."""
+    import os
+
     import texelflow
     from texelflow.models import ZOO
+    from texelflow.runtime.graph.quantized import INT8_CONV_ENV
 
     rows = []
     for name, size in MODELS.items():
@@ -160,12 +169,29 @@ def zoo_models(device, reps: int) -> list[tuple]:
         torch.manual_seed(1)
         calibration = [tuple(torch.randn_like(x) for x in inputs) for _ in range(4)]
         qmodel = texelflow.quantize(model, calibration)
-        with texelflow.compile(model, inputs, device=device, profile=True) as fprog, \
-                texelflow.compile(qmodel, inputs, device=device, profile=True) as qprog:
-            f_ms, q_ms = call_ms(fprog, inputs, reps), call_ms(qprog, inputs, reps)
-            err = (qprog(*inputs) - qmodel(*inputs)).abs().max().item()
-            rows.append((name, size, sum(fprog.plan.dispatches.values()), f_ms, sum(qprog.plan.dispatches.values()),
-                         q_ms, len(qprog.plan.fallbacks), err))
+        saved = os.environ.pop(INT8_CONV_ENV, None)
+        try:
+            progs = [texelflow.compile(model, inputs, device=device), texelflow.compile(qmodel, inputs, device=device)]
+            os.environ[INT8_CONV_ENV] = "q8ta"
+            progs.append(texelflow.compile(qmodel, inputs, device=device))
+        finally:
+            os.environ.pop(INT8_CONV_ENV, None)
+            if saved is not None:
+                os.environ[INT8_CONV_ENV] = saved
+        try:
+            ms = [float("inf")] * 3
+            for p in progs:
+                p(*inputs)
+            for _ in range(reps):
+                for i, p in enumerate(progs):
+                    ms[i] = min(ms[i], call_ms(p, inputs, 1))
+            want = qmodel(*inputs)
+            errs = [(p(*inputs) - want).abs().max().item() for p in progs[1:]]
+            rows.append((name, size, [sum(p.plan.dispatches.values()) for p in progs], ms,
+                         sum(len(p.plan.fallbacks) for p in progs[1:]), max(errs)))
+        finally:
+            for p in progs:
+                p.close()
     return rows
 
 
@@ -195,11 +221,13 @@ def main() -> None:
             print(f"| {name} | {im2col_us / 1e3:.2f} | {general_us / 1e3:.2f} | {general_us / im2col_us:.2f}x | "
                   f"{'yes' if same else 'NO'} |")
     if not args.no_models and not args.only:
-        print("\n| model (input size) | float32 dispatches | float32 ms / call | int8 dispatches | int8 ms / call "
-              "| float / int8 | int8 fallbacks | max error vs quantized graph |")
-        print("|---|---|---|---|---|---|---|---|")
-        for name, size, fd, f_ms, qd, q_ms, fallbacks, err in zoo_models(device, args.reps):
-            print(f"| {name} ({size}) | {fd} | {f_ms:.1f} | {qd} | {q_ms:.1f} | {f_ms / q_ms:.2f}x | {fallbacks} | {err:.2g} |")
+        print("\n| model (input size) | float32: dispatches, ms / call | int8, the device's conv form: dispatches, ms "
+              "| float / int8 | int8, q8ta convs forced: dispatches, ms | float / int8 | int8 fallbacks "
+              "| max error vs quantized graph |")
+        print("|---|---|---|---:|---|---:|---|---|")
+        for name, size, (fd, qd, kd), (f_ms, q_ms, k_ms), fallbacks, err in zoo_models(device, args.reps):
+            print(f"| {name} ({size}) | {fd}, {f_ms:.1f} | {qd}, {q_ms:.1f} | {f_ms / q_ms:.2f}x | {kd}, {k_ms:.1f} "
+                  f"| {f_ms / k_ms:.2f}x | {fallbacks} | {err:.2g} |")
     print(f"\n({time.perf_counter() - start:.0f} s)")
 
 

@@ -106,7 +106,7 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
             _tiled_adaptive_max_pool(graph, node, texture_limits)
     from .quantized import fuse_quantized  # (it imports this module's graph surgery)
 
-    fuse_quantized(graph, texture_limits)  # before float fusion takes a quantized chain's conv or relu
+    fuse_quantized(graph, texture_limits, subgroup)  # before float fusion takes a quantized chain's conv or relu
     for node in list(graph.nodes):
         if node.on_device and node.op.name == "conv1d":
             _conv1d_as_conv2d(graph, node, texture_limits)

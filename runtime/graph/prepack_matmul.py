@@ -81,12 +81,15 @@ class SubgroupFacts:
     no device). `shuffle`: VK_SUBGROUP_FEATURE_SHUFFLE_BIT in supportedOperations with the
     compute stage in supportedStages; None where the device did not say (Vulkan 1.0).
     `device_type`: DeviceLimits.device_type ("cpu" for lavapipe), None when unknown.
-    `workgroup_invocations`: maxComputeWorkGroupInvocations, None when unknown."""
+    `workgroup_invocations`: maxComputeWorkGroupInvocations, None when unknown.
+    `int8_dot`: whether packed int8 dot products are supported and accelerated (the quantized
+    conv's kernel choice, quantized.int8_conv_form), None when unknown."""
 
     size: int | None
     shuffle: bool | None
     device_type: str | None = None
     workgroup_invocations: int | None = None
+    int8_dot: bool | None = None
 
 
 def subgroup_facts(limits) -> SubgroupFacts | None:
@@ -94,8 +97,12 @@ def subgroup_facts(limits) -> SubgroupFacts | None:
     from the driver; the planner never touches Vulkan), or None for None."""
     if limits is None:
         return None
+    features, emulated = getattr(limits, "features", None), getattr(limits, "emulated_features", frozenset())
+    int8_dot = None if features is None else ("shaderIntegerDotProduct" in features
+                                              and "shaderIntegerDotProduct" not in emulated)
     return SubgroupFacts(limits.subgroup_size, getattr(limits, "subgroup_shuffle", None),
-                         getattr(limits, "device_type", None), getattr(limits, "max_workgroup_invocations", None))
+                         getattr(limits, "device_type", None), getattr(limits, "max_workgroup_invocations", None),
+                         int8_dot)
 
 
 def env_choice(var: str, choices: Sequence[str]) -> str:

@@ -20,7 +20,8 @@ Lowering (`lower_quantized`, called by lowering.py for every quantized_decompose
 The q8ta fusion (`fuse_quantized`, run by fusion.fuse_patterns after the canonical conv2d rewrite
 and before conv + batch norm / activation) rewrites, wherever the fused op runs on Vulkan:
 
-    dq(x), w -> conv2d [-> act] -> q                  =>  q8ta_conv2d (im2col: groups 1, Cin % 4 == 0)
+    dq(x), w -> conv2d [-> act] -> q                  =>  q8ta_conv2d (im2col: groups 1, Cin % 4 == 0),
+                                                          where int8 convs pay (int8_conv_form)
     dq(x), w -> linear / mm / addmm [-> act] -> q     =>  q8ta_linear (q8ta_linear_gemv: one row)
     dq(a), dq(b) -> add [-> act] -> q                 =>  q8ta_add
     dq(x) -> relu -> q                                =>  q8ta_relu
@@ -287,12 +288,15 @@ def _lower_per_channel(ctx, node, name: str, ins: list, given: dict, by_fx: dict
 
 
 # ---- the q8ta fusion -----------------------------------------------------------------------------------
-def fuse_quantized(graph: PlanGraph, limits) -> PlanGraph:
+def fuse_quantized(graph: PlanGraph, limits, facts=None) -> PlanGraph:
     """Rewrite every dequantize -> op -> quantize chain whose q8ta op runs on Vulkan, and every
-    quantize of identity ops of a dequantize with the same parameters; in place, returns `graph`."""
+    quantize of identity ops of a dequantize with the same parameters; in place, returns `graph`.
+    `facts` (prepack_matmul.SubgroupFacts of the device, None without one) decide whether conv
+    chains take the int8 kernels (int8_conv_form)."""
+    conv_form = int8_conv_form(facts)
     for q in [n for n in graph.nodes if _is_quantize(n)]:
         if q.outputs[0][1].producer is q:  # (not yet absorbed by a chain fused before it)
-            _fuse_at(graph, q, limits)
+            _fuse_at(graph, q, limits, conv_form)
     for node in list(graph.nodes):
         if node.op is not None and node.op.name == "permute_copy":
             _transposed_weight(graph, node, limits)
@@ -349,7 +353,32 @@ def _params(node: Node) -> QParams:
                    dtype_name(node.arg("dtype")))
 
 
-def _fuse_at(graph: PlanGraph, q: Node, limits) -> None:
+INT8_CONV_ENV = "TEXELFLOW_INT8_CONV"
+INT8_CONV_FORMS = ("auto", "q8ta", "float")
+
+
+def int8_conv_form(facts) -> tuple[str, str | None]:
+    """("q8ta" or "float", why) for the quantized conv chains dq(x), w -> conv2d [-> act] -> q.
+    "float" leaves the chain as it is: the conv runs on the float kernels (Winograd, im2col GEMM,
+    depthwise) with the dequantized weight, between its input's dequantize and its output's
+    quantize, so int8 tensors still flow between them and the numbers are the quantized graph's
+    own (float sums rather than exact integer ones).
+    TEXELFLOW_INT8_CONV=q8ta / float forces a form. "auto" takes "float" on a CPU device whose
+    int8 dot products are not accelerated (lavapipe): there an int8 multiply-add costs an unpack
+    and a float FMA, so q8ta_conv2d does a direct conv's work in float anyway, and the float
+    kernels ran 2-3.4x faster per conv and 1.9x faster for int8 ResNet-18 (bench/int8.py,
+    bench/RESULTS.md). Elsewhere (a GPU, or planning without a device) "q8ta"."""
+    from .prepack_matmul import env_choice
+
+    forced = env_choice(INT8_CONV_ENV, INT8_CONV_FORMS)
+    if forced != "auto":
+        return forced, f"{INT8_CONV_ENV}={forced}"
+    if facts is not None and facts.device_type == "cpu" and facts.int8_dot is not True:
+        return "float", "a cpu device without accelerated int8 dot products, where the float kernels run faster"
+    return "q8ta", None
+
+
+def _fuse_at(graph: PlanGraph, q: Node, limits, conv_form: tuple[str, str | None] = ("q8ta", None)) -> None:
     src = q.arg("input")
     core = src.producer
     if core is not None and core.op is not None and _only_user(graph, src) is q:
@@ -357,10 +386,10 @@ def _fuse_at(graph: PlanGraph, q: Node, limits) -> None:
             inner = core.arg("self")
             p = inner.producer if isinstance(inner, Value) else None
             if p is not None and p.op is not None and p.op.name in TAKES_RELU and _only_user(graph, inner) is core:
-                if PATTERNS[p.op.name](_Match(graph, limits, q, p, core)):
+                if PATTERNS[p.op.name](_Match(graph, limits, q, p, core, conv_form=conv_form)):
                     return
         build = PATTERNS.get(core.op.name)
-        if build is not None and build(_Match(graph, limits, q, core, None)):
+        if build is not None and build(_Match(graph, limits, q, core, None, conv_form=conv_form)):
             return
     _int8_identity(graph, q, limits)
 
@@ -470,6 +499,7 @@ class _Match:
     act: Node | None
     inputs: list[_Int8Input] = field(default_factory=list)
     extra: list[Node] = field(default_factory=list)  # nodes only the chain read (a weight's transpose)
+    conv_form: tuple[str, str | None] = ("q8ta", None)  # int8_conv_form of the device
 
     def input(self, v) -> _Int8Input | None:
         found = _int8_input(self.graph, v, self.core)
@@ -531,6 +561,9 @@ def _conv2d(m: _Match) -> Node | None:
     args = [("input", x.value), ("weight", weight), ("weight_scales", scales), ("weight_zero_points", zero_points),
             ("bias", bias), ("stride", window[0]), ("padding", window[1]), ("dilation", window[2]),
             ("groups", groups)] + m.io_args(x) + m.activation()
+    if m.conv_form[0] == "float":
+        conv.fused.append(f"kept in float between dequantize and quantize, not q8ta_conv2d: {m.conv_form[1]}")
+        return None
     im2col = groups == 1 and x.value.shape[1] % 4 == 0
     return m.fuse(["q8ta_conv2d_im2col", "q8ta_conv2d"] if im2col else ["q8ta_conv2d"], args)
 

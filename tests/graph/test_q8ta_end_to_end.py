@@ -85,8 +85,12 @@ CASES = ["pipeline", "conv_general", "linear_gemv", "linear_tiled", "addmm_mm", 
          "float_addmm", "uint8_weight", "broadcast_add", "per_tensor_weight", "float64_scales", "unfolded_weights", "clamped_activations", "max_pool"]
 
 
+@pytest.mark.parametrize("conv_form", ["q8ta", "float"])
 @pytest.mark.parametrize("name", CASES)
-def test_quantized_program_matches_pytorch(name, device):
+def test_quantized_program_matches_pytorch(name, conv_form, device, monkeypatch):
+    """Both forms of a quantized conv chain (quantized.int8_conv_form): the q8ta kernels, and the
+    float kernels between the chain's dequantize and quantize (lavapipe's default)."""
+    monkeypatch.setenv("TEXELFLOW_INT8_CONV", conv_form)
     model, inputs = _case(name)
     with texelflow.compile(model, inputs, device=device) as prog:
         assert prog.plan.fallbacks == []
@@ -103,7 +107,8 @@ def test_quantized_program_matches_pytorch(name, device):
     assert (steps == 0).float().mean() >= MIN_EXACT, f"only {(steps == 0).float().mean():.1%} of elements exact"
 
 
-def test_the_q8ta_ops_run_in_one_submit(device):
+def test_the_q8ta_ops_run_in_one_submit(device, monkeypatch):
+    monkeypatch.setenv("TEXELFLOW_INT8_CONV", "q8ta")
     model, inputs = _case("pipeline")
     with texelflow.compile(model, inputs, device=device) as prog:
         assert prog.num_submits_per_call == 1

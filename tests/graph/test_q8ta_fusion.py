@@ -16,6 +16,8 @@ import torchao.quantization.pt2e  # noqa: F401  registers torch.ops.quantized_de
 
 import texelflow
 from texelflow.runtime.errors import QuantizationError, UnsupportedModelError
+from texelflow.runtime.graph.prepack_matmul import SubgroupFacts
+from texelflow.runtime.graph.quantized import INT8_CONV_ENV, int8_conv_form
 
 qd = torch.ops.quantized_decomposed
 
@@ -279,6 +281,45 @@ def test_conv2d_relu_fuses_into_im2col_when_groups_1_and_cin_multiple_of_4():
     assert conv.arg("weight_zero_points") is None  # symmetric weights
     assert conv.arg("weight_scales").shape == (8,) and conv.arg("bias").shape == (8,)
     assert any("relu" in f for f in conv.fused) and any("quantize" in f for f in conv.fused)
+
+
+CPU_NO_DOT = SubgroupFacts(8, True, "cpu", 1024, int8_dot=False)
+GPU_DOT = SubgroupFacts(32, True, "discrete", 1024, int8_dot=True)
+
+
+@pytest.mark.parametrize("facts, env, form", [
+    (None, None, "q8ta"), (CPU_NO_DOT, None, "float"), (GPU_DOT, None, "q8ta"),
+    (SubgroupFacts(8, True, "cpu", 1024, int8_dot=True), None, "q8ta"),
+    (SubgroupFacts(32, True, "integrated", 1024, int8_dot=False), None, "q8ta"),
+    (CPU_NO_DOT, "q8ta", "q8ta"), (GPU_DOT, "float", "float"), (CPU_NO_DOT, "AUTO", "float")])
+def test_the_quantized_conv_form_follows_the_device_and_the_environment(facts, env, form, monkeypatch):
+    if env is None:
+        monkeypatch.delenv(INT8_CONV_ENV, raising=False)
+    else:
+        monkeypatch.setenv(INT8_CONV_ENV, env)
+    got, why = int8_conv_form(facts)
+    assert got == form
+    assert (why is None) == (form == "q8ta" and env in (None, "AUTO"))
+
+
+def test_an_unknown_quantized_conv_form_is_an_error_naming_the_variable(monkeypatch):
+    monkeypatch.setenv(INT8_CONV_ENV, "int4")
+    with pytest.raises(ValueError, match="TEXELFLOW_INT8_CONV='int4': expected one of auto, q8ta, float"):
+        int8_conv_form(None)
+
+
+def test_a_conv_kept_in_float_keeps_its_int8_neighbours_and_says_why(monkeypatch):
+    """The float form leaves dq -> conv -> relu -> q as it is: the conv runs on its float kernels
+    with its weight dequantized at load, between the input's dequantize and the output's quantize."""
+    monkeypatch.setenv(INT8_CONV_ENV, "float")
+    x = r(1, 4, 8, 8)
+    plan = texelflow.plan(tf_quantize(ConvRelu(4, 8), x), (x,))
+    assert plan.fallbacks == []
+    assert not any(op.startswith("q8ta_conv2d") for op in plan.dispatches), plan.dispatches
+    assert plan.dispatches["quantize_per_tensor"] == 2 and plan.dispatches["dequantize_per_tensor"] == 2
+    (conv,) = [n for n in plan.graph.nodes if any("kept in float" in f for f in n.fused)]
+    assert f"{INT8_CONV_ENV}=float" in "; ".join(conv.fused)
+    assert conv.arg("weight").dtype == "float32"
 
 
 @pytest.mark.parametrize("cin, groups", [(3, 1), (6, 1), (8, 2), (8, 8)])

@@ -23,6 +23,8 @@ import torch
 import texelflow
 from texelflow.generated.ops import OPS
 from texelflow.models import ZOO
+from texelflow.runtime.graph.prepack_matmul import subgroup_facts
+from texelflow.runtime.graph.quantized import int8_conv_form
 
 from .test_zoo import SMALL_SIZES
 
@@ -87,7 +89,10 @@ def identity_dispatches(dispatches: Counter) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(Q8TA_KERNELS))
-def test_quantized_zoo_model_runs_on_the_device_and_matches_the_quantized_graph(name, device):
+def test_quantized_zoo_model_runs_on_the_device_and_matches_the_quantized_graph(name, device, monkeypatch):
+    """The q8ta kernels forced (TEXELFLOW_INT8_CONV=q8ta): on a CPU device the convs would
+    otherwise run on the float kernels (test_quantized_convs_take_the_device_s_form)."""
+    monkeypatch.setenv("TEXELFLOW_INT8_CONV", "q8ta")
     qmodel, inputs = quantized(name)
     with texelflow.compile(qmodel, inputs, device=device) as prog:
         plan = prog.plan
@@ -118,3 +123,32 @@ def test_quantized_decoder_dispatches_no_clone_around_its_pixel_shuffles():
     for node in shuffles:
         producer = node.arg("self").producer
         assert producer.op.name.startswith("q8ta_conv2d"), producer
+
+
+@pytest.mark.slow
+def test_quantized_convs_take_the_device_s_form(device, monkeypatch):
+    """Unforced, a quantized ResNet-18 takes the device's conv form (quantized.int8_conv_form):
+    on lavapipe (no accelerated int8 dot products) every conv runs on the float kernels between
+    its dequantize and quantize, and says so in the plan, while the adds, the max pool and the
+    classifier stay in int8; the output still matches the quantized graph as closely."""
+    monkeypatch.delenv("TEXELFLOW_INT8_CONV", raising=False)
+    form, why = int8_conv_form(subgroup_facts(device.limits))
+    qmodel, inputs = quantized("resnet18")
+    with texelflow.compile(qmodel, inputs, device=device) as prog:
+        plan = prog.plan
+        got = prog(*inputs)
+    assert plan.fallbacks == []
+    q8ta_convs = {op for op in plan.dispatches if op.startswith("q8ta_conv2d")}
+    assert {"q8ta_add", "q8ta_max_pool2d", "q8ta_linear_gemv"} <= set(plan.dispatches), plan.dispatches
+    if form == "float":
+        assert q8ta_convs == set(), plan.dispatches
+        kept = [n for n in plan.graph.nodes if any("kept in float" in f for f in n.fused)]
+        assert len(kept) == 20 and all(why in "; ".join(n.fused) for n in kept), [n.fused for n in kept]
+    else:
+        assert q8ta_convs, plan.dispatches
+    want = qmodel(*inputs)
+    step = output_step(qmodel)
+    worst, mean = error_in_steps(got, want, step)
+    noise_worst, noise_mean = error_in_steps(with_float_noise(qmodel)(*inputs), want, step)
+    assert worst <= 2 + noise_worst, f"max error {worst:.2f} steps (the reference under float noise: {noise_worst:.2f})"
+    assert mean <= 0.1 + 1.5 * noise_mean, f"mean error {mean:.3f} steps (the reference under float noise: {noise_mean:.3f})"
