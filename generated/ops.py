@@ -4994,6 +4994,44 @@ OPS: dict[str, OpEntry] = {
             'q8ta_relu_int8_buffer',
         ),
     ),
+    'quantize_dequantize': OpEntry(
+        name='quantize_dequantize',
+        targets=(
+            'texelflow.quantize_dequantize.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('scale', 'float'),
+            Arg('zero_point', 'int'),
+            Arg('quant_min', 'int', default=-128),
+            Arg('quant_max', 'int', default=127),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('inv_scale', 'float', 'hook', (('hook', 'reciprocal_scale'),)),
+            Push('scale', 'float', 'arg', (('arg', 'scale'),)),
+            Push('zero_point', 'int', 'arg', (('arg', 'zero_point'),)),
+            Push('quant_min', 'int', 'arg', (('arg', 'quant_min'),)),
+            Push('quant_max', 'int', 'arg', (('arg', 'quant_max'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'quantize_dequantize_float32_buffer',
+            'quantize_dequantize_float32_texture3d',
+        ),
+    ),
     'quantize_per_tensor': OpEntry(
         name='quantize_per_tensor',
         targets=(
@@ -6749,6 +6787,7 @@ TARGETS: dict[str, str] = {
     'texelflow.q8ta_max_pool2d.default': 'q8ta_max_pool2d',
     'texelflow.q8ta_pixel_shuffle.default': 'q8ta_pixel_shuffle',
     'texelflow.q8ta_relu.default': 'q8ta_relu',
+    'texelflow.quantize_dequantize.default': 'quantize_dequantize',
     'texelflow.to_layout.default': 'to_layout',
 }
 

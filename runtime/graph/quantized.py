@@ -28,6 +28,7 @@ and before conv + batch norm / activation) rewrites, wherever the fused op runs 
     dq(x) -> pixel_shuffle -> q                       =>  q8ta_pixel_shuffle
     dq(x) -> max_pool2d -> q, the same parameters     =>  q8ta_max_pool2d (the max of the integers)
     q(view(...(dq(x)))), the same parameters          =>  view(...(x)) on the int8 tensor
+    dq(q(x)), the same parameters, left by the above  =>  quantize_dequantize(x), in float
 
 `act` is relu (the kernels' activation) or hardtanh / relu6, which become a narrower output
 range: quantizing is monotone, so quantize(clamp(y, lo, hi)) == clamp(quantize(y), quantize(lo),
@@ -297,11 +298,39 @@ def fuse_quantized(graph: PlanGraph, limits, facts=None) -> PlanGraph:
     for q in [n for n in graph.nodes if _is_quantize(n)]:
         if q.outputs[0][1].producer is q:  # (not yet absorbed by a chain fused before it)
             _fuse_at(graph, q, limits, conv_form)
+    for dq in [n for n in graph.nodes if _is_dequantize(n)]:
+        _round_trip(graph, dq, limits)
     for node in list(graph.nodes):
         if node.op is not None and node.op.name == "permute_copy":
             _transposed_weight(graph, node, limits)
     _drop_unread_weights(graph)
     return graph
+
+
+def _round_trip(graph: PlanGraph, dq: Node, limits) -> None:
+    """dq(q(x)) with the same scale and zero point (a float op's result quantized, then read by
+    another float op: convs kept in float, int8_conv_form) becomes quantize_dequantize(x): one
+    float pass in x's own representation instead of two dispatches through an int8 tensor. The
+    quantize stays where something else reads its int8 tensor (a q8ta add)."""
+    t = dq.arg("input")
+    q = t.producer
+    if q is None or not _is_quantize(q) or not q.on_device or not dq.on_device:
+        return
+    qp, dp = _params(q), _params(dq)
+    if (qp.scale, qp.zero_point) != (dp.scale, dp.zero_point):
+        return
+    op = OPS["quantize_dequantize"]
+    args = [("self", q.arg("input")), ("scale", qp.scale), ("zero_point", qp.zero_point),
+            ("quant_min", qp.quant_min), ("quant_max", qp.quant_max)]
+    node = Node(dq.name, op.targets[0], op, args, [("out", dq.outputs[0][1])])
+    if partition_reason(node, limits) is not None:
+        return
+    _replace(graph, dq, node)
+    graph.fx_inputs.pop(node, None)  # (it never runs on the CPU)
+    node.fused = [f"quantize '{q.name}'", f"dequantize '{dq.name}'"]
+    if not t.users and t not in graph.outputs:
+        _remove(graph, q)
+        node.fused[0] += " (its int8 tensor read by nothing else)"
 
 
 def _transposed_weight(graph: PlanGraph, node: Node, limits) -> None:
@@ -366,7 +395,7 @@ def int8_conv_form(facts) -> tuple[str, str | None]:
     TEXELFLOW_INT8_CONV=q8ta / float forces a form. "auto" takes "float" on a CPU device whose
     int8 dot products are not accelerated (lavapipe): there an int8 multiply-add costs an unpack
     and a float FMA, so q8ta_conv2d does a direct conv's work in float anyway, and the float
-    kernels ran 2-3.4x faster per conv and 1.9x faster for int8 ResNet-18 (bench/int8.py,
+    kernels ran 1.3-3.2x faster per conv and int8 ResNet-18 1.7x faster (bench/int8.py,
     bench/RESULTS.md). Elsewhere (a GPU, or planning without a device) "q8ta"."""
     from .prepack_matmul import env_choice
 
@@ -556,14 +585,14 @@ def _conv2d(m: _Match) -> Node | None:
     window = [_pair(conv.value(a)) for a in ("stride", "padding", "dilation")]
     if not all(isinstance(i, int) for pair in window for i in pair):
         return None  # (padding="same" / "valid" the canonical rewrite could not make explicit)
+    if m.conv_form[0] == "float":
+        conv.fused.append(f"kept in float between dequantize and quantize, not q8ta_conv2d: {m.conv_form[1]}")
+        return None
     weight, scales, zero_points = w.operands(m.graph, conv.name)
     groups = conv.value("groups")
     args = [("input", x.value), ("weight", weight), ("weight_scales", scales), ("weight_zero_points", zero_points),
             ("bias", bias), ("stride", window[0]), ("padding", window[1]), ("dilation", window[2]),
             ("groups", groups)] + m.io_args(x) + m.activation()
-    if m.conv_form[0] == "float":
-        conv.fused.append(f"kept in float between dequantize and quantize, not q8ta_conv2d: {m.conv_form[1]}")
-        return None
     im2col = groups == 1 and x.value.shape[1] % 4 == 0
     return m.fuse(["q8ta_conv2d_im2col", "q8ta_conv2d"] if im2col else ["q8ta_conv2d"], args)
 

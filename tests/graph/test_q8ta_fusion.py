@@ -316,10 +316,42 @@ def test_a_conv_kept_in_float_keeps_its_int8_neighbours_and_says_why(monkeypatch
     plan = texelflow.plan(tf_quantize(ConvRelu(4, 8), x), (x,))
     assert plan.fallbacks == []
     assert not any(op.startswith("q8ta_conv2d") for op in plan.dispatches), plan.dispatches
-    assert plan.dispatches["quantize_per_tensor"] == 2 and plan.dispatches["dequantize_per_tensor"] == 2
+    # the input's q -> dq and the output's: each a quantize_dequantize pass (no int8 tensor left)
+    assert plan.dispatches["quantize_dequantize"] == 2 and plan.dispatches["quantize_per_tensor"] == 0
     (conv,) = [n for n in plan.graph.nodes if any("kept in float" in f for f in n.fused)]
     assert f"{INT8_CONV_ENV}=float" in "; ".join(conv.fused)
     assert conv.arg("weight").dtype == "float32"
+
+
+def test_a_quantize_read_only_by_a_dequantize_becomes_one_float_pass(monkeypatch):
+    """Convs kept in float leave q -> dq between them: each pair becomes quantize_dequantize in the
+    float tensor's own representation (no int8 tensor, one dispatch instead of two), and a
+    quantize whose int8 tensor a q8ta op also reads stays for it."""
+    monkeypatch.setenv(INT8_CONV_ENV, "float")
+    x = r(1, 4, 8, 8)
+    plan = texelflow.plan(tf_quantize(TwoConvs(), x), (x,))
+    assert plan.fallbacks == [] and plan.num_transitions == 0
+    assert plan.dispatches == {"quantize_dequantize": 3, "conv2d_wino": 1, "conv2d_pw": 1}, plan.dispatches
+    trips = fused(plan, "quantize_dequantize")
+    assert all(n.arg("self").dtype == "float32" and n.outputs[0][1].dtype == "float32" for n in trips)
+    assert all("read by nothing else" in n.fused[0] for n in trips)
+    x8 = r(1, 8, 8, 8)
+    plan = texelflow.plan(ConvBlock(), (x8,))  # c1's int8 output: read by q8ta_add and by c2's dequantize
+    assert plan.dispatches["quantize_dequantize"] == 1 and plan.dispatches["q8ta_add"] == 1, plan.dispatches
+
+
+def test_a_round_trip_with_other_parameters_stays():
+    """q(P1) -> dq(P2) with another scale is a requantization, not a round trip: it stays."""
+    class Requantized(nn.Module):
+        def forward(self, x):
+            return torch.relu(dq(q(x, P1), P2))
+
+    x = r(1, 3, 4, 4)
+    plan = texelflow.plan(Requantized(), (x,))
+    assert plan.dispatches["quantize_per_tensor"] == 1 and plan.dispatches["dequantize_per_tensor"] == 1
+    assert "quantize_dequantize" not in plan.dispatches
+    plan = texelflow.plan(QDQ(0.05, 3), (x,))  # the same parameters: a round trip
+    assert dict(plan.dispatches) == {"quantize_dequantize": 1}, plan.dispatches
 
 
 @pytest.mark.parametrize("cin, groups", [(3, 1), (6, 1), (8, 2), (8, 8)])
@@ -408,7 +440,7 @@ def test_add_with_a_broadcast_operand_fuses():
     assert add.arg("other").shape == (1, 8, 1, 1) and add.arg("activation") == "relu"
 
 
-def test_a_dequantize_with_a_float_reader_stays_for_it():
+def test_a_dequantize_with_a_float_reader_becomes_a_round_trip_beside_the_q8ta_op():
     class TwoReaders(Int8Weights):
         def __init__(self):
             super().__init__()
@@ -420,10 +452,11 @@ def test_a_dequantize_with_a_float_reader_stays_for_it():
 
     plan = texelflow.plan(TwoReaders(), (r(4, 16),))
     assert plan.fallbacks == []
-    assert plan.dispatches == {"quantize_per_tensor": 1, "q8ta_linear": 1, "dequantize_per_tensor": 2, "sigmoid": 1}
-    (lin,) = fused(plan, "q8ta_linear")
-    (stays,) = [n for n in fused(plan, "dequantize_per_tensor") if n.arg("input") is lin.arg("input")]
-    assert [u.op.name for u in stays.outputs[0][1].users] == ["sigmoid"]
+    assert plan.dispatches == {"quantize_per_tensor": 1, "q8ta_linear": 1, "dequantize_per_tensor": 1,
+                               "quantize_dequantize": 1, "sigmoid": 1}
+    (lin,), (trip,), (quant,) = fused(plan, "q8ta_linear"), fused(plan, "quantize_dequantize"), fused(plan, "quantize_per_tensor")
+    assert lin.arg("input") is quant.outputs[0][1]  # the quantize stays for the q8ta linear
+    assert trip.arg("self") is quant.arg("input") and [u.op.name for u in trip.outputs[0][1].users] == ["sigmoid"]
 
 
 # ---- identity ops keep int8 flowing -------------------------------------------------------------
@@ -479,8 +512,9 @@ def test_different_parameters_around_a_view_keep_the_requantization():
         def forward(self, x):
             return dq(q(dq(q(x, P1), P1).view(4, 16), P2), P2)
 
-    plan = texelflow.plan(Requantized(), (r(2, 32),))
-    assert plan.dispatches["quantize_per_tensor"] == 2 and plan.dispatches["dequantize_per_tensor"] == 2
+    plan = texelflow.plan(Requantized(), (r(2, 32),))  # both quantizations stay, each one float pass
+    assert dict(plan.dispatches) == {"quantize_dequantize": 2}, plan.dispatches
+    assert [(n.arg("scale"), n.arg("zero_point")) for n in fused(plan, "quantize_dequantize")] == [P1, P2]
 
 
 # ---- graphs from another quantizer: uint8 activations ------------------------------------------------
@@ -525,7 +559,7 @@ def test_x86_float_ops_with_quantized_weights_run_on_the_device():
 def test_an_unfused_addmm_reads_its_transposed_quantized_weight_as_a_constant():
     plan = texelflow.plan(FloatAddmm(), (r(4, 16),))
     assert plan.fallbacks == []
-    assert plan.dispatches == {"quantize_per_tensor": 1, "dequantize_per_tensor": 1, "addmm": 1}
+    assert plan.dispatches == {"quantize_dequantize": 1, "addmm": 1}
     (addmm,) = fused(plan, "addmm")
     w = addmm.arg("mat2")
     assert w.shape == (16, 24) and w.derive.recipe == "transposed"
@@ -556,8 +590,8 @@ def test_tensor_overloads_with_constant_parameters_become_the_registry_ops():
 
     plan = texelflow.plan(TensorParams(), (r(4, 16),))
     assert plan.fallbacks == []
-    assert plan.dispatches == {"quantize_per_tensor": 1, "dequantize_per_tensor": 1}
-    quant = fused(plan, "quantize_per_tensor")[0]
+    assert plan.dispatches == {"quantize_dequantize": 1}  # the pair, as one round trip
+    quant = fused(plan, "quantize_dequantize")[0]
     assert (quant.arg("scale"), quant.arg("zero_point")) == (pytest.approx(0.05), 3)
 
 

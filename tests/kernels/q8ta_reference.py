@@ -19,6 +19,13 @@ def dequantize(q: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
     return torch.ops.quantized_decomposed.dequantize_per_tensor.default(q, scale, zero_point, -128, 127, torch.int8)
 
 
+def quantize_dequantize(self, scale, zero_point, quant_min=-128, quant_max=127):
+    """The quantize_dequantize op: dequantize(quantize(x)) with one quantization."""
+    q = quantize(self, scale, zero_point, quant_min, quant_max)
+    return torch.ops.quantized_decomposed.dequantize_per_tensor.default(q, scale, zero_point, quant_min, quant_max,
+                                                                         torch.int8)
+
+
 def dequantize_weight(weight, weight_scales, weight_zero_points) -> torch.Tensor:
     """Per-channel dequantization along dim 0 (zero points 0 when absent)."""
     zp = weight_zero_points if weight_zero_points is not None else torch.zeros(weight.shape[0], dtype=torch.int64)

@@ -337,7 +337,7 @@ def test_lavapipe_takes_the_shuffle_kernels(device):
     facts = subgroup_facts(device.limits)
     if "llvmpipe" not in device.limits.name:
         pytest.skip(f"not lavapipe: {device.limits.name}")
-    assert facts == SubgroupFacts(8, True, "cpu", device.limits.max_workgroup_invocations)
+    assert facts == SubgroupFacts(8, True, "cpu", device.limits.max_workgroup_invocations, int8_dot=False)
     assert facts.workgroup_invocations >= 256 and shuffle_unfit(facts) is None
     assert _ops(nn.Linear(7, 5), [torch.randn(3, 7)], facts) == ["linear_packed"]
     assert _ops(Mm(torch.mm), [torch.randn(3, 5), torch.randn(5, 4)], facts) == ["mm"]

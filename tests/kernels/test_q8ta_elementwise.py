@@ -124,6 +124,29 @@ def test_quantize_nan_gives_the_zero_point(device):
         np.testing.assert_array_equal(out.got, want, err_msg=f"zero_point {zero_point}")
 
 
+@pytest.mark.parametrize("float_repr", FLOAT_REPRS, ids=_name)
+@pytest.mark.parametrize("quant_range", [(-128, 127), (-100, 90)], ids=str)
+def test_quantize_dequantize_is_the_pair_bit_for_bit(device, float_repr, quant_range):
+    """quantize_dequantize (the fusion's dq(q(x)), one float pass) gives torchao's quantize then
+    dequantize bit for bit at exact rounding ties, +-Inf, +-1e30, -0.0 and tiny values, in each
+    float representation; NaN, whose int8 value torch leaves undefined, gives 0 (the zero point)."""
+    scale, zero_point = 0.5, 3
+    halves = np.arange(-300, 301, dtype=np.float32) * 0.25  # x / scale = k / 2: every other one a tie
+    extremes = np.array([INF, -INF, 1e30, -1e30, -0.0, 0.0, 1e-40, -1e-40, 63.75, -64.25], dtype=np.float32)
+    x = np.concatenate([halves, extremes]).reshape(1, 1, 1, -1)
+    sample = {"self": x.shape, "scale": scale, "zero_point": zero_point, "quant_min": quant_range[0],
+              "quant_max": quant_range[1]}
+    want, out = _run_one(device, "quantize_dequantize", sample, {"self": x},
+                         {"self": float_repr, "out": float_repr}, "float32")
+    np.testing.assert_array_equal(out.got.view(np.uint32), want.view(np.uint32), err_msg=_name(float_repr))
+    assert out.got.reshape(-1)[-10] == (quant_range[1] - zero_point) * scale
+    nan = np.array([[np.nan, 1.0, -np.nan, 2.0, np.nan]], dtype=np.float32)
+    sample["self"] = nan.shape
+    _, out = _run_one(device, "quantize_dequantize", sample, {"self": nan},
+                      {"self": float_repr, "out": float_repr}, "float32")
+    np.testing.assert_array_equal(out.got, [[0.0, 1.0, 0.0, 2.0, 0.0]], err_msg=f"NaN in {_name(float_repr)}")
+
+
 @pytest.mark.parametrize("int8_layout", INT8_LAYOUTS, ids=_name)
 @pytest.mark.parametrize("float_repr", FLOAT_REPRS, ids=_name)
 def test_dequantize_every_int8_value(device, int8_layout, float_repr):

@@ -46,6 +46,7 @@ NOT_INJECTED = {
     "gelu": (("inf",), "torch.nn.functional.gelu(+inf) is NaN or +inf depending on the tensor size"),
     # torch casts a NaN to int8 (undefined: 0 on x86); the kernel gives zero_point (docs/quantization.md)
     "quantize_per_tensor": (("nan",), "quantizing NaN is undefined in torch (a float -> int cast)"),
+    "quantize_dequantize": (("nan",), "quantizing NaN is undefined in torch (a float -> int cast)"),
 }
 
 # Real disagreements with torch on special values, reported and not yet fixed in the shaders.
