@@ -51,6 +51,11 @@ int load_input(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.input_sizes, input_layout);
   return bitfieldExtract(t_input[wl.x], 8 * wl.y, 8);
 }
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 5) const int tail = 1;  // units_tail
 #line 6 "shaders/_quant.glsl.j2"
 float tf_dequantize(int q, float scale, int zero_point) {
   precise float x = (float(q) - float(zero_point)) * scale;
@@ -64,7 +69,7 @@ int tf_quantize(float x, float inv_scale, int zero_point, int quant_min, int qua
   return isnan(q) ? zero_point : int(clamp(q, float(quant_min), float(quant_max)));
 }
 
-#line 14 "shaders/dequantize.glsl.j2"
+#line 25 "shaders/dequantize.glsl.j2"
 T compute_out(ivec4 idx) {
   return T(tf_dequantize(load_input(idx), pc.scale, pc.zero_point));
 }

@@ -53,6 +53,15 @@ int load_input(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.input_sizes, input_layout);
   return bitfieldExtract(t_input[wl.x], 8 * wl.y, 8);
 }
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 5) const int tail = 1;  // units_tail
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 84
+const int tf_span = 4;
 #line 6 "shaders/_quant.glsl.j2"
 float tf_dequantize(int q, float scale, int zero_point) {
   precise float x = (float(q) - float(zero_point)) * scale;
@@ -66,17 +75,22 @@ int tf_quantize(float x, float inv_scale, int zero_point, int quant_min, int qua
   return isnan(q) ? zero_point : int(clamp(q, float(quant_min), float(quant_max)));
 }
 
-#line 14 "shaders/dequantize.glsl.j2"
+#line 25 "shaders/dequantize.glsl.j2"
 T compute_out(ivec4 idx) {
   return T(tf_dequantize(load_input(idx), pc.scale, pc.zero_point));
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
-void main() {
-  int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 18
-  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
+// The 4 signed int8 lanes of a word, dequantized as tf_dequantize does each.
+#line 33
+VEC4 dequantize_word(int word) {
+  ivec4 q = ivec4(bitfieldExtract(word, 0, 8), bitfieldExtract(word, 8, 8), bitfieldExtract(word, 16, 8),
+                  bitfieldExtract(word, 24, 8));
+  precise vec4 x = (vec4(q) - float(pc.zero_point)) * pc.scale;
+  return VEC4(x);
+}
+
+// Element by element (any other pair of packed dims).
+void unit_texel(ivec3 pos) {
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);
@@ -86,5 +100,55 @@ void main() {
     if (tf_in_bounds(e, pc.out_sizes)) { r[k] = compute_out(e); }
   }
   store_texel_out(pos, r);
-#line 29
+}
+
+#define TF_BLOCK_PATH (tf_packed_dim(input_layout) == tf_packed_dim(out_layout) || (tf_packed_dim(input_layout) == 0 && tf_packed_dim(out_layout) != 0))
+
+// The span's texels from pos (pos.x a multiple of 4), the first `count` of them inside the row.
+// Lanes past the packed dim's size are padding: stored as zero.
+void unit_block(ivec3 pos, int count) {
+  int pd = tf_packed_dim(out_layout);
+  int size = pc.out_sizes[pd];
+  if (tf_packed_dim(input_layout) == pd) {  // texel k is word k: its first element's word, lane 0
+    for (int k = 0; k < 4; ++k) {
+      if (tail == 0 || k < count) {
+        ivec3 p = pos + ivec3(k, 0, 0);
+        ivec4 idx = tf_texel_to_idx(p, pc.out_sizes, out_layout);
+        int w = tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x;
+        bvec4 pad = greaterThanEqual(ivec4(idx[pd]) + ivec4(0, 1, 2, 3), ivec4(size));
+        store_texel_out(p, mix(dequantize_word(t_input[w]), VEC4(0), pad));
+      }
+    }
+  } else {  // words along W: word j holds lane j of the 4 texels (widths pos.x .. pos.x + 3)
+    ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
+    VEC4 a[4];
+    for (int j = 0; j < 4; ++j) {  // clamped past the packed dim's end, then stored as zero
+      ivec4 e = idx;
+      e[pd] = min(idx[pd] + j, size - 1);
+      a[j] = dequantize_word(t_input[tf_buffer_word_lane(e, pc.input_sizes, input_layout).x]);
+    }
+    bvec4 pad = greaterThanEqual(ivec4(idx[pd]) + ivec4(0, 1, 2, 3), ivec4(size));
+    for (int k = 0; k < 4; ++k) {
+      if (tail == 0 || k < count) {
+        store_texel_out(pos + ivec3(k, 0, 0), mix(VEC4(a[0][k], a[1][k], a[2][k], a[3][k]), VEC4(0), pad));
+      }
+    }
+  }
+}
+
+#line 51 "shaders/_span_main.glsl.j2"
+void main() {
+  int u = tf_unit_id();
+  ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
+  int chunks = (e.x + tf_span - 1) / tf_span;
+  int row = u / chunks;
+  if (row >= e.y * e.z) { return; }
+  ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(pos, tail == 0 ? tf_span : min(tf_span, e.x - pos.x)); return; }
+#endif
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || pos.x < e.x) { unit_texel(pos); }
+    pos.x += 1;
+  }
 }
