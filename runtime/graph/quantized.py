@@ -290,8 +290,9 @@ def _lower_per_channel(ctx, node, name: str, ins: list, given: dict, by_fx: dict
 
 # ---- the q8ta fusion -----------------------------------------------------------------------------------
 def fuse_quantized(graph: PlanGraph, limits, facts=None) -> PlanGraph:
-    """Rewrite every dequantize -> op -> quantize chain whose q8ta op runs on Vulkan, and every
-    quantize of identity ops of a dequantize with the same parameters; in place, returns `graph`.
+    """Rewrite every dequantize -> op -> quantize chain whose q8ta op runs on Vulkan, every
+    quantize of identity ops of a dequantize with the same parameters, and then every quantize ->
+    dequantize round trip left (_round_trip); in place, returns `graph`.
     `facts` (prepack_matmul.SubgroupFacts of the device, None without one) decide whether conv
     chains take the int8 kernels (int8_conv_form)."""
     conv_form = int8_conv_form(facts)
