@@ -20,7 +20,9 @@ Prints markdown tables for bench/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -142,14 +144,18 @@ def im2col_vs_general(device, reps: int) -> list[tuple]:
 MODELS = {"resnet18": 112, "mobilenet_v3_small": 96, "unet_decoder": 64, "vit_tiny": 32}  # model -> input size
 
 
-def call_ms(prog, inputs, reps: int) -> float:
-    prog(*inputs)
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
+def best_call_ms(progs: list, inputs, reps: int) -> list[float]:
+    """Best wall ms per call of each program over `reps` rounds, the programs interleaved within
+    each round (after one warm call each: pipelines, caches)."""
+    for prog in progs:
         prog(*inputs)
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    best = [float("inf")] * len(progs)
+    for _ in range(reps):
+        for i, prog in enumerate(progs):
+            start = time.perf_counter()
+            prog(*inputs)
+            best[i] = min(best[i], (time.perf_counter() - start) * 1e3)
+    return best
 
 
 def zoo_models(device, reps: int) -> list[tuple]:
@@ -157,8 +163,6 @@ def zoo_models(device, reps: int) -> list[tuple]:
     (quantized.int8_conv_form: on a CPU device without int8 dot products the convs run on the
     float kernels between their dequantize and quantize) and the quantized one with the q8ta conv
     kernels forced; wall ms per call, best of `reps`, the three interleaved."""
-    import os
-
     import texelflow
     from texelflow.models import ZOO
     from texelflow.runtime.graph.quantized import INT8_CONV_ENV
@@ -169,22 +173,13 @@ def zoo_models(device, reps: int) -> list[tuple]:
         torch.manual_seed(1)
         calibration = [tuple(torch.randn_like(x) for x in inputs) for _ in range(4)]
         qmodel = texelflow.quantize(model, calibration)
-        saved = os.environ.pop(INT8_CONV_ENV, None)
-        try:
+        with mock.patch.dict(os.environ):  # the environment as it was, afterwards
+            os.environ.pop(INT8_CONV_ENV, None)
             progs = [texelflow.compile(model, inputs, device=device), texelflow.compile(qmodel, inputs, device=device)]
             os.environ[INT8_CONV_ENV] = "q8ta"
             progs.append(texelflow.compile(qmodel, inputs, device=device))
-        finally:
-            os.environ.pop(INT8_CONV_ENV, None)
-            if saved is not None:
-                os.environ[INT8_CONV_ENV] = saved
         try:
-            ms = [float("inf")] * 3
-            for p in progs:
-                p(*inputs)
-            for _ in range(reps):
-                for i, p in enumerate(progs):
-                    ms[i] = min(ms[i], call_ms(p, inputs, 1))
+            ms = best_call_ms(progs, inputs, reps)
             want = qmodel(*inputs)
             errs = [(p(*inputs) - want).abs().max().item() for p in progs[1:]]
             rows.append((name, size, [sum(p.plan.dispatches.values()) for p in progs], ms,
