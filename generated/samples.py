@@ -1463,6 +1463,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'ceil_mode': True, 'dilation': (2, 1), 'kernel_size': (3, 2), 'padding': (1, 1), 'self': (1, 7, 7, 5), 'stride': (2, 1)},
         {'kernel_size': (1,), 'self': (1, 1, 1, 1), 'stride': ()},
         {'ceil_mode': True, 'kernel_size': (3,), 'padding': (1,), 'self': (1, 6, 6, 6), 'stride': (3,)},
+        {'kernel_size': (3,), 'padding': (1,), 'self': (1, 8, 16, 16), 'stride': (2,)},
     ),
     'q8ta_pixel_shuffle': (
         {'out_scale': 0.05, 'out_zero_point': -3, 'self': (2, 12, 3, 5), 'self_scale': 0.05, 'self_zero_point': -3, 'upscale_factor': 2},

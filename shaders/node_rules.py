@@ -408,6 +408,47 @@ def _ragged(facts: SpecFacts, p: dict) -> int:
     return int(_whcn_of(facts, name)[LAYOUT_INFO[facts.repr(name).layout].packed_dim] % 4 != 0)
 
 
+INT8_WORDS_GENERAL, INT8_WORDS_LOOKUP, INT8_WORDS_SAME = 0, 1, 2
+
+
+@_spec_rule("int8_words", INT8_WORDS_GENERAL, required=("of",), tensor_params=("int8_words", "of"))
+def _int8_words(facts: SpecFacts, p: dict) -> int:
+    """How the listed int8 tensors (PACKED_INT8 buffers; absent ones skipped) read the words of
+    the int8 tensor `of`, the least of them: 2 when a tensor has `of`'s WHCN sizes and layout
+    (word u of `of` is its word u), 1 when it has `of`'s sizes and packed dim (each word of `of`
+    is one whole word of it, lane for lane, found once per word through its own layout), 0
+    otherwise (a broadcast, or another packed dim: element by element)."""
+    from texelflow.generated.layouts import LAYOUT_INFO
+
+    want = _whcn_of(facts, p["of"])
+    info = LAYOUT_INFO[facts.repr(p["of"]).layout]
+    if info.family != "int8x4":
+        return INT8_WORDS_GENERAL
+    least = INT8_WORDS_SAME
+    for name in _listed(p["int8_words"]):
+        if not facts.present(name):
+            continue
+        mine = LAYOUT_INFO[facts.repr(name).layout]
+        if _whcn_of(facts, name) != want or mine.family != "int8x4" or mine.packed_dim != info.packed_dim:
+            return INT8_WORDS_GENERAL
+        if not _same_repr(facts, name, p["of"]):
+            least = INT8_WORDS_LOOKUP
+    return least
+
+
+@_spec_rule("padded_words", 1, tensor_params=("padded_words",))
+def _padded_words(facts: SpecFacts, p: dict) -> int:
+    """1 when a PACKED_INT8 buffer holds lanes or words past its sizes (a packed size not a
+    multiple of 4, or a blocked outer dim not a multiple of its block), which a kernel must
+    write as zero; 0 when every lane of every word is an element."""
+    from texelflow.generated.layouts import LAYOUT_INFO
+
+    name = p["padded_words"]
+    info = LAYOUT_INFO[facts.repr(name).layout]
+    sizes = _whcn_of(facts, name)
+    return int(sizes[info.packed_dim] % info.buffer_block != 0 or sizes[info.outer_dim] % info.outer_block != 0)
+
+
 @_spec_rule("row_groups", 0, tensor_params=("row_groups",))
 def _row_groups(facts: SpecFacts, p: dict) -> int:
     """1 when the tensor is a buffer whose packed dim is a multiple of 4 and whose rows along it

@@ -69,6 +69,24 @@ int tf_quantize(float x, float inv_scale, int zero_point, int quant_min, int qua
   return isnan(q) ? zero_point : int(clamp(q, float(quant_min), float(quant_max)));
 }
 
+// The same on the 4 lanes of one int8 word at once (each lane's operations those of the scalar
+// functions above, so the results are the same bit for bit).
+ivec4 tf_unpack_int8(int word) { return (ivec4(word) << ivec4(24, 16, 8, 0)) >> 24; }  // sign-extended
+
+int tf_pack_int8(ivec4 q) {
+  return (q.x & 255) | ((q.y & 255) << 8) | ((q.z & 255) << 16) | ((q.w & 255) << 24);
+}
+
+vec4 tf_dequantize4(ivec4 q, float scale, int zero_point) {
+  precise vec4 x = (vec4(q) - float(zero_point)) * scale;
+  return x;
+}
+
+ivec4 tf_quantize4(vec4 x, float inv_scale, int zero_point, int quant_min, int quant_max) {
+  precise vec4 q = roundEven(x * inv_scale) + float(zero_point);
+  return ivec4(mix(clamp(q, float(quant_min), float(quant_max)), vec4(zero_point), isnan(q)));
+}
+
 #line 25 "shaders/dequantize.glsl.j2"
 T compute_out(ivec4 idx) {
   return T(tf_dequantize(load_input(idx), pc.scale, pc.zero_point));

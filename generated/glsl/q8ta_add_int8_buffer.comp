@@ -80,6 +80,13 @@ int load_other(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.other_sizes, other_layout);
   return bitfieldExtract(t_other[wl.x], 8 * wl.y, 8);
 }
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 6) const int words = 0;  // int8_words
+#line 78
+layout(constant_id = 7) const int padded = 1;  // padded_words
 #line 6 "shaders/_quant.glsl.j2"
 float tf_dequantize(int q, float scale, int zero_point) {
   precise float x = (float(q) - float(zero_point)) * scale;
@@ -93,8 +100,26 @@ int tf_quantize(float x, float inv_scale, int zero_point, int quant_min, int qua
   return isnan(q) ? zero_point : int(clamp(q, float(quant_min), float(quant_max)));
 }
 
+// The same on the 4 lanes of one int8 word at once (each lane's operations those of the scalar
+// functions above, so the results are the same bit for bit).
+ivec4 tf_unpack_int8(int word) { return (ivec4(word) << ivec4(24, 16, 8, 0)) >> 24; }  // sign-extended
+
+int tf_pack_int8(ivec4 q) {
+  return (q.x & 255) | ((q.y & 255) << 8) | ((q.z & 255) << 16) | ((q.w & 255) << 24);
+}
+
+vec4 tf_dequantize4(ivec4 q, float scale, int zero_point) {
+  precise vec4 x = (vec4(q) - float(zero_point)) * scale;
+  return x;
+}
+
+ivec4 tf_quantize4(vec4 x, float inv_scale, int zero_point, int quant_min, int quant_max) {
+  precise vec4 q = roundEven(x * inv_scale) + float(zero_point);
+  return ivec4(mix(clamp(q, float(quant_min), float(quant_max)), vec4(zero_point), isnan(q)));
+}
+
 // The int8 value of `self` that out's element `idx` (lane `lane` of out's word `word`) reads.
-#line 27 "shaders/q8ta_elementwise.glsl.j2"
+#line 35 "shaders/q8ta_elementwise.glsl.j2"
 int read_self(ivec4 idx, int word, int lane) {
   if (self_layout == out_layout && pc.self_sizes == pc.out_sizes) {
     return bitfieldExtract(t_self[word], 8 * lane, 8);
@@ -102,7 +127,7 @@ int read_self(ivec4 idx, int word, int lane) {
   return load_self(tf_broadcast(idx, pc.self_sizes));
 }
 // The int8 value of `other` that out's element `idx` (lane `lane` of out's word `word`) reads.
-#line 27
+#line 35
 int read_other(ivec4 idx, int word, int lane) {
   if (other_layout == out_layout && pc.other_sizes == pc.out_sizes) {
     return bitfieldExtract(t_other[word], 8 * lane, 8);
@@ -110,21 +135,54 @@ int read_other(ivec4 idx, int word, int lane) {
   return load_other(tf_broadcast(idx, pc.other_sizes));
 }
 
-#line 35
+#line 43
 int compute_out(ivec4 idx, int word, int lane) {
   precise float y = tf_dequantize(read_self(idx, word, lane), pc.self_scale, pc.self_zero_point);
-#line 38
+#line 46
   precise float b = pc.alpha * tf_dequantize(read_other(idx, word, lane), pc.other_scale, pc.other_zero_point);
   y = y + b;
   if (pc.activation == 1) { y = max(y, 0.0); }
-#line 44
+#line 52
   return tf_quantize(y, pc.inv_out_scale, pc.out_zero_point, pc.quant_min, pc.quant_max);
 }
 
-#line 7 "shaders/_int8_words.glsl.j2"
+#define TF_WORD_PATH (words != 0)
+
+// Out's word u from whole input words: `idx` is its lane 0's index (computed only where needed).
+void word_main(int u) {
+  ivec4 idx = ivec4(0);
+  if (padded != 0 || words == 1) { idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout); }
+  ivec4 inside = min(idx, pc.out_sizes - 1);  // a padding word of out reads a real word, then stores 0
+#line 63
+  int w_self = words == 2 ? u : tf_buffer_word_lane(inside, pc.self_sizes, self_layout).x;
+#line 63
+  int w_other = words == 2 ? u : tf_buffer_word_lane(inside, pc.other_sizes, other_layout).x;
+#line 65
+  precise vec4 y = tf_dequantize4(tf_unpack_int8(t_self[w_self]), pc.self_scale, pc.self_zero_point);
+#line 67
+  precise vec4 b = pc.alpha * tf_dequantize4(tf_unpack_int8(t_other[w_other]), pc.other_scale, pc.other_zero_point);
+  y = y + b;
+  if (pc.activation == 1) { y = max(y, vec4(0.0)); }
+#line 73
+  ivec4 q = tf_quantize4(y, pc.inv_out_scale, pc.out_zero_point, pc.quant_min, pc.quant_max);
+  if (padded != 0) {
+    int pd = tf_packed_dim(out_layout);
+    for (int k = 0; k < 4; ++k) {
+      ivec4 e = idx;
+      e[pd] += k;
+      q[k] = tf_in_bounds(e, pc.out_sizes) ? q[k] : 0;
+    }
+  }
+  t_out[u] = tf_pack_int8(q);
+}
+
+#line 10 "shaders/_int8_words.glsl.j2"
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
+#ifdef TF_WORD_PATH
+  if (TF_WORD_PATH) { word_main(u); return; }
+#endif
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   int word = 0;

@@ -52,7 +52,42 @@ int load_self(ivec4 idx) {
   return bitfieldExtract(t_self[wl.x], 8 * wl.y, 8);
 }
 
-#line 17 "shaders/q8ta_max_pool2d.glsl.j2"
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 5) const int padded = 1;  // padded_words
+#line 6 "shaders/_quant.glsl.j2"
+float tf_dequantize(int q, float scale, int zero_point) {
+  precise float x = (float(q) - float(zero_point)) * scale;
+  return x;
+}
+
+// +Inf and -Inf clamp to quant_max and quant_min, as in torch. NaN has no int8 value (torch casts
+// NaN to an integer, which is undefined); it gives zero_point, which dequantizes to 0.
+int tf_quantize(float x, float inv_scale, int zero_point, int quant_min, int quant_max) {
+  precise float q = roundEven(x * inv_scale) + float(zero_point);
+  return isnan(q) ? zero_point : int(clamp(q, float(quant_min), float(quant_max)));
+}
+
+// The same on the 4 lanes of one int8 word at once (each lane's operations those of the scalar
+// functions above, so the results are the same bit for bit).
+ivec4 tf_unpack_int8(int word) { return (ivec4(word) << ivec4(24, 16, 8, 0)) >> 24; }  // sign-extended
+
+int tf_pack_int8(ivec4 q) {
+  return (q.x & 255) | ((q.y & 255) << 8) | ((q.z & 255) << 16) | ((q.w & 255) << 24);
+}
+
+vec4 tf_dequantize4(ivec4 q, float scale, int zero_point) {
+  precise vec4 x = (vec4(q) - float(zero_point)) * scale;
+  return x;
+}
+
+ivec4 tf_quantize4(vec4 x, float inv_scale, int zero_point, int quant_min, int quant_max) {
+  precise vec4 q = roundEven(x * inv_scale) + float(zero_point);
+  return ivec4(mix(clamp(q, float(quant_min), float(quant_max)), vec4(zero_point), isnan(q)));
+}
+
+#line 24 "shaders/q8ta_max_pool2d.glsl.j2"
 int compute_out(ivec4 idx, int word, int lane) {
   ivec2 kernel = pc.pool_kernel_stride.xy;
   ivec2 stride = pc.pool_kernel_stride.zw;
@@ -72,10 +107,62 @@ int compute_out(ivec4 idx, int word, int lane) {
   return m;
 }
 
-#line 7 "shaders/_int8_words.glsl.j2"
+#define TF_WORD_PATH true
+
+void word_main(int u) {
+  ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
+  ivec2 kernel = pc.pool_kernel_stride.xy;
+  ivec2 stride = pc.pool_kernel_stride.zw;
+  ivec2 pad = pc.pool_pad_dilation.xy;
+  ivec2 dil = pc.pool_pad_dilation.zw;
+  ivec2 start = min(idx.xy, pc.out_sizes.xy - 1) * stride - pad;  // a padding word of out: stores 0
+  ivec4 at = min(idx, pc.out_sizes - 1);
+  ivec4 m = ivec4(-128);
+  if (tf_packed_dim(self_layout) == 2) {  // channels: 4 lanes of one tap in one word
+    for (int ky = 0; ky < kernel.y; ++ky) {
+      int iy = start.y + ky * dil.y;
+      if (iy < 0 || iy >= pc.self_sizes.y) { continue; }
+      for (int kx = 0; kx < kernel.x; ++kx) {
+        int ix = start.x + kx * dil.x;
+        if (ix < 0 || ix >= pc.self_sizes.x) { continue; }
+        int w = tf_buffer_word_lane(ivec4(ix, iy, at.z, at.w), pc.self_sizes, self_layout).x;
+        m = max(m, tf_unpack_int8(t_self[w]));
+      }
+    }
+  } else {  // width: lane j's taps are columns (idx.x + j) * stride.x - pad.x + kx * dil.x
+    for (int ky = 0; ky < kernel.y; ++ky) {
+      int iy = start.y + ky * dil.y;
+      if (iy < 0 || iy >= pc.self_sizes.y) { continue; }
+      int row = tf_buffer_word_lane(ivec4(0, iy, at.z, at.w), pc.self_sizes, self_layout).x;
+      int step = tf_buffer_word_lane(ivec4(4, iy, at.z, at.w), pc.self_sizes, self_layout).x - row;
+      for (int kx = 0; kx < kernel.x; ++kx) {
+        for (int j = 0; j < 4; ++j) {
+          int ix = start.x + j * stride.x + kx * dil.x;
+          if (ix >= 0 && ix < pc.self_sizes.x) {
+            m[j] = max(m[j], bitfieldExtract(t_self[row + (ix >> 2) * step], 8 * (ix & 3), 8));
+          }
+        }
+      }
+    }
+  }
+  if (padded != 0) {
+    int pd = tf_packed_dim(out_layout);
+    for (int k = 0; k < 4; ++k) {
+      ivec4 e = idx;
+      e[pd] += k;
+      m[k] = tf_in_bounds(e, pc.out_sizes) ? m[k] : 0;
+    }
+  }
+  t_out[u] = tf_pack_int8(m);
+}
+
+#line 10 "shaders/_int8_words.glsl.j2"
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
+#ifdef TF_WORD_PATH
+  if (TF_WORD_PATH) { word_main(u); return; }
+#endif
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   int word = 0;

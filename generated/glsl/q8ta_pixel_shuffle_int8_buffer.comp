@@ -76,6 +76,24 @@ int tf_quantize(float x, float inv_scale, int zero_point, int quant_min, int qua
   return isnan(q) ? zero_point : int(clamp(q, float(quant_min), float(quant_max)));
 }
 
+// The same on the 4 lanes of one int8 word at once (each lane's operations those of the scalar
+// functions above, so the results are the same bit for bit).
+ivec4 tf_unpack_int8(int word) { return (ivec4(word) << ivec4(24, 16, 8, 0)) >> 24; }  // sign-extended
+
+int tf_pack_int8(ivec4 q) {
+  return (q.x & 255) | ((q.y & 255) << 8) | ((q.z & 255) << 16) | ((q.w & 255) << 24);
+}
+
+vec4 tf_dequantize4(ivec4 q, float scale, int zero_point) {
+  precise vec4 x = (vec4(q) - float(zero_point)) * scale;
+  return x;
+}
+
+ivec4 tf_quantize4(vec4 x, float inv_scale, int zero_point, int quant_min, int quant_max) {
+  precise vec4 q = roundEven(x * inv_scale) + float(zero_point);
+  return ivec4(mix(clamp(q, float(quant_min), float(quant_max)), vec4(zero_point), isnan(q)));
+}
+
 #line 23 "shaders/q8ta_pixel_shuffle.glsl.j2"
 int compute_out(ivec4 idx, int word, int lane) {
   int r = pc.factor;
@@ -88,10 +106,13 @@ int compute_out(ivec4 idx, int word, int lane) {
   return tf_quantize(y, pc.inv_out_scale, pc.out_zero_point, pc.quant_min, pc.quant_max);
 }
 
-#line 7 "shaders/_int8_words.glsl.j2"
+#line 10 "shaders/_int8_words.glsl.j2"
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
+#ifdef TF_WORD_PATH
+  if (TF_WORD_PATH) { word_main(u); return; }
+#endif
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   int word = 0;

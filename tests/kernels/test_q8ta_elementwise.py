@@ -193,6 +193,9 @@ ADD_CASES = [
                                          activation="relu")),
     ((3, 5, 7), (7,), dict(self_scale=0.02, self_zero_point=11, other_scale=0.03, other_zero_point=-11,
                            out_scale=0.05, out_zero_point=0, quant_min=-100, quant_max=90, alpha=-0.75)),
+    # no lanes past the sizes in any layout (shape class padded 0): the word path without an index
+    ((2, 8, 4, 12), (2, 8, 4, 12), dict(self_scale=0.05, self_zero_point=-3, other_scale=0.037, other_zero_point=7,
+                                        out_scale=0.061, out_zero_point=2, activation="relu")),
 ]
 
 
@@ -211,8 +214,8 @@ def test_q8ta_add_mixed_layouts(device, combo, index):
 
 
 @pytest.mark.parametrize("combo", list(_family_combos(("self", "out"))), ids=_combo_id)
-def test_q8ta_relu_mixed_layouts(device, combo):
-    shape = (2, 7, 6, 13)
+@pytest.mark.parametrize("shape", [(2, 7, 6, 13), (1, 8, 4, 8)], ids=str)
+def test_q8ta_relu_mixed_layouts(device, combo, shape):
     q = np.random.default_rng(5).integers(-128, 128, size=shape, dtype=np.int8)
     sample = {"self": shape, "self_scale": 0.05, "self_zero_point": -20, "out_scale": 0.03, "out_zero_point": -128}
     want, out = _run_one(device, "q8ta_relu", sample, {"self": q}, combo, "int8")
