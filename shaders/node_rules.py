@@ -436,6 +436,32 @@ def _int8_words(facts: SpecFacts, p: dict) -> int:
     return least
 
 
+QUANT_GENERAL, QUANT_WORDS, QUANT_BLOCKS = 0, 1, 2
+
+
+@_spec_rule("quant_words", QUANT_GENERAL, required=("of",), tensor_params=("quant_words", "of"))
+def _quant_words(facts: SpecFacts, p: dict) -> int:
+    """How a float tensor feeds the words of the int8 tensor `of` (a PACKED_INT8 buffer) of the
+    same WHCN sizes: 1 when it packs `of`'s packed dim (a texture, or a buffer of one element per
+    word whose packed size is a multiple of 4): a word's 4 lanes are one texel or 4 neighbouring
+    words of it; 2 when it is a texture packed along a dim q that `of` does not pack, with `of`'s
+    size along q a multiple of 4: 4 words neighbouring along q take the 4 texels along `of`'s
+    packed dim, each read once (quantize.glsl.j2); 0 otherwise (element by element)."""
+    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+
+    a, b = p["quant_words"], p["of"]
+    sizes = _whcn_of(facts, b)
+    ra, rb = facts.repr(a), facts.repr(b)
+    ia, ib = LAYOUT_INFO[ra.layout], LAYOUT_INFO[rb.layout]
+    if _whcn_of(facts, a) != sizes or ia.family != "float" or ib.family != "int8x4":
+        return QUANT_GENERAL
+    image = STORAGE_INFO[ra.storage].is_image
+    if ia.packed_dim == ib.packed_dim:
+        whole = image or (ia.buffer_block == 1 and sizes[ia.packed_dim] % 4 == 0)
+        return QUANT_WORDS if whole else QUANT_GENERAL
+    return QUANT_BLOCKS if image and sizes[ia.packed_dim] % 4 == 0 else QUANT_GENERAL
+
+
 @_spec_rule("padded_words", 1, tensor_params=("padded_words",))
 def _padded_words(facts: SpecFacts, p: dict) -> int:
     """1 when a PACKED_INT8 buffer holds lanes or words past its sizes (a packed size not a

@@ -52,6 +52,19 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'input' (buffer) ----
 #line 45
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 5) const int words = 0;  // quant_words
+#line 78
+layout(constant_id = 6) const int padded = 1;  // padded_words
+#line 78
+layout(constant_id = 7) const int tail = 1;  // units_tail
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 84
+const int tf_span = 4;
 #line 6 "shaders/_quant.glsl.j2"
 float tf_dequantize(int q, float scale, int zero_point) {
   precise float x = (float(q) - float(zero_point)) * scale;
@@ -83,27 +96,56 @@ ivec4 tf_quantize4(vec4 x, float inv_scale, int zero_point, int quant_min, int q
   return ivec4(mix(clamp(q, float(quant_min), float(quant_max)), vec4(zero_point), isnan(q)));
 }
 
-#line 16 "shaders/quantize.glsl.j2"
-int compute_out(ivec4 idx, int word, int lane) {
-  return tf_quantize(float(load_input(idx)), pc.inv_scale, pc.zero_point, pc.quant_min, pc.quant_max);
+#line 31 "shaders/quantize.glsl.j2"
+ivec4 quantize4(vec4 x) { return tf_quantize4(x, pc.inv_scale, pc.zero_point, pc.quant_min, pc.quant_max); }
+
+// Lanes of the word whose lane 0 is element `idx` that lie past out's sizes: 0.
+ivec4 masked(ivec4 q, ivec4 idx) {
+  if (padded == 0) { return q; }
+  int pd = tf_packed_dim(out_layout);
+  for (int k = 0; k < 4; ++k) {
+    ivec4 e = idx;
+    e[pd] += k;
+    q[k] = tf_in_bounds(e, pc.out_sizes) ? q[k] : 0;
+  }
+  return q;
 }
 
-#line 10 "shaders/_int8_words.glsl.j2"
-void main() {
-  int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#ifdef TF_WORD_PATH
-  if (TF_WORD_PATH) { word_main(u); return; }
-#endif
+// The 4 input elements of the word whose lane 0 is `idx` (words 1): one texel, or 4 buffer words.
+vec4 input_word(ivec4 idx) {
+  ivec4 at = min(idx, pc.out_sizes - 1);  // a padding word of out reads a real element, stores 0
+#line 51
+  int w = tf_buffer_word_lane(at, pc.input_sizes, input_layout).x;
+  return vec4(t_input[w], t_input[w + 1], t_input[w + 2], t_input[w + 3]);
+#line 54
+}
+
+void one_word(int u) {
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
+  if (words == 1) {
+    t_out[u] = tf_pack_int8(masked(quantize4(input_word(idx)), idx));
+    return;
+  }
   int pd = tf_packed_dim(out_layout);
   int word = 0;
   for (int k = 0; k < 4; ++k) {
     ivec4 e = idx;
     e[pd] += k;
     if (tf_in_bounds(e, pc.out_sizes)) {
-      word = bitfieldInsert(word, compute_out(e, u, k), 8 * k, 8);
+      int q = tf_quantize(float(load_input(e)), pc.inv_scale, pc.zero_point, pc.quant_min, pc.quant_max);
+      word = bitfieldInsert(word, q, 8 * k, 8);
     }
   }
   t_out[u] = word;
+}
+
+#line 105
+void main() {
+  int u = tf_unit_id();
+  int first = u * tf_span;
+  if (first >= pc.units) { return; }
+#line 112
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || first + k < pc.units) { one_word(first + k); }
+  }
 }

@@ -56,6 +56,19 @@ T load_input(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.input_sizes, input_layout);
   return imageLoad(t_input, pl.xyz)[pl.w];
 }
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 5) const int words = 0;  // quant_words
+#line 78
+layout(constant_id = 6) const int padded = 1;  // padded_words
+#line 78
+layout(constant_id = 7) const int tail = 1;  // units_tail
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 84
+const int tf_span = 4;
 #line 6 "shaders/_quant.glsl.j2"
 float tf_dequantize(int q, float scale, int zero_point) {
   precise float x = (float(q) - float(zero_point)) * scale;
@@ -87,27 +100,86 @@ ivec4 tf_quantize4(vec4 x, float inv_scale, int zero_point, int quant_min, int q
   return ivec4(mix(clamp(q, float(quant_min), float(quant_max)), vec4(zero_point), isnan(q)));
 }
 
-#line 16 "shaders/quantize.glsl.j2"
-int compute_out(ivec4 idx, int word, int lane) {
-  return tf_quantize(float(load_input(idx)), pc.inv_scale, pc.zero_point, pc.quant_min, pc.quant_max);
+#line 31 "shaders/quantize.glsl.j2"
+ivec4 quantize4(vec4 x) { return tf_quantize4(x, pc.inv_scale, pc.zero_point, pc.quant_min, pc.quant_max); }
+
+// Lanes of the word whose lane 0 is element `idx` that lie past out's sizes: 0.
+ivec4 masked(ivec4 q, ivec4 idx) {
+  if (padded == 0) { return q; }
+  int pd = tf_packed_dim(out_layout);
+  for (int k = 0; k < 4; ++k) {
+    ivec4 e = idx;
+    e[pd] += k;
+    q[k] = tf_in_bounds(e, pc.out_sizes) ? q[k] : 0;
+  }
+  return q;
 }
 
-#line 10 "shaders/_int8_words.glsl.j2"
-void main() {
-  int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#ifdef TF_WORD_PATH
-  if (TF_WORD_PATH) { word_main(u); return; }
-#endif
+// The 4 input elements of the word whose lane 0 is `idx` (words 1): one texel, or 4 buffer words.
+vec4 input_word(ivec4 idx) {
+  ivec4 at = min(idx, pc.out_sizes - 1);  // a padding word of out reads a real element, stores 0
+#line 49
+  return vec4(load_texel_input(tf_texel_pos_lane(at, pc.input_sizes, input_layout).xyz));
+#line 54
+}
+
+void one_word(int u) {
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
+  if (words == 1) {
+    t_out[u] = tf_pack_int8(masked(quantize4(input_word(idx)), idx));
+    return;
+  }
   int pd = tf_packed_dim(out_layout);
   int word = 0;
   for (int k = 0; k < 4; ++k) {
     ivec4 e = idx;
     e[pd] += k;
     if (tf_in_bounds(e, pc.out_sizes)) {
-      word = bitfieldInsert(word, compute_out(e, u, k), 8 * k, 8);
+      int q = tf_quantize(float(load_input(e)), pc.inv_scale, pc.zero_point, pc.quant_min, pc.quant_max);
+      word = bitfieldInsert(word, q, 8 * k, 8);
     }
   }
   t_out[u] = word;
+}
+
+// words 2: block u of out's 4 x 4 element blocks (p fastest, then q, then the other two dims over
+// out's padded sizes, so the blocks cover every word once): words j = 0 .. 3 at q offset j.
+#line 78
+void block(int u) {
+  int p = tf_packed_dim(out_layout);
+  int q = tf_packed_dim(input_layout);
+  ivec4 padded_sizes = tf_buffer_padded(pc.out_sizes, out_layout);
+  ivec2 r = tf_rest_dims(p, q);
+  ivec4 base;
+  int rest = u;
+  base[p] = 4 * (rest % (padded_sizes[p] / 4)); rest /= padded_sizes[p] / 4;
+  base[q] = 4 * (rest % (padded_sizes[q] / 4)); rest /= padded_sizes[q] / 4;
+  base[r.x] = rest % padded_sizes[r.x];
+  base[r.y] = rest / padded_sizes[r.x];
+  ivec4 at = min(base, pc.out_sizes - 1);
+  vec4 t[4];  // texel k: elements at p offset k, lanes along q
+  for (int k = 0; k < 4; ++k) {
+    ivec4 e = at;
+    e[p] = min(base[p] + k, pc.out_sizes[p] - 1);
+    t[k] = vec4(load_texel_input(tf_texel_pos_lane(e, pc.input_sizes, input_layout).xyz));
+  }
+  for (int j = 0; j < 4; ++j) {
+    ivec4 idx = base;
+    idx[q] += j;
+    int w = tf_buffer_word_lane(idx, pc.out_sizes, out_layout).x;
+    t_out[w] = tf_pack_int8(masked(quantize4(vec4(t[0][j], t[1][j], t[2][j], t[3][j])), idx));
+  }
+}
+
+#line 105
+void main() {
+  int u = tf_unit_id();
+  int first = u * tf_span;
+  if (first >= pc.units) { return; }
+#line 110
+  if (words == 2) { block(u); return; }
+#line 112
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || first + k < pc.units) { one_word(first + k); }
+  }
 }

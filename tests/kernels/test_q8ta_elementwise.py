@@ -57,13 +57,19 @@ def _run_one(device, op_name: str, sample: dict, inputs: dict, reprs: dict, dtyp
 
 
 # ---- quantize and dequantize ---------------------------------------------------------------------
+# (2, 8, 4, 12): no padding lanes, every size a multiple of 4 (quantize's word and block paths);
+# (1, 4, 5, 6) and (1, 8, 8, 5): blocks of 4 x 4 with padding lanes and padding words in out
+ROUND_TRIP_SHAPES = [(2, 5, 7, 3), (2, 8, 4, 12), (1, 4, 5, 6), (1, 8, 8, 5)]
+
+
+@pytest.mark.parametrize("shape", ROUND_TRIP_SHAPES, ids=str)
 @pytest.mark.parametrize("int8_layout", INT8_LAYOUTS, ids=_name)
 @pytest.mark.parametrize("float_repr", FLOAT_REPRS, ids=_name)
-def test_round_trip_through_each_layout(device, float_repr, int8_layout):
-    """float -> int8 (in the layout) -> float in one program: each dispatch matches torchao bit for
-    bit, and a value inside the range comes back within half a step of where it started."""
+def test_round_trip_through_each_layout(device, float_repr, int8_layout, shape):
+    """float -> int8 (in the layout) -> float in one program, each node with the shape classes
+    the runtime gives it: each dispatch matches torchao bit for bit, and a value inside the
+    range comes back within half a step of where it started."""
     rng = np.random.default_rng(11)
-    shape = (2, 5, 7, 3)
     scale, zero_point = 0.037, -9
     x = rng.uniform(-4.0, 4.0, size=shape).astype(np.float32)
     quantize, dequantize = OPS["quantize_per_tensor"], OPS["dequantize_per_tensor"]
@@ -81,7 +87,8 @@ def test_round_trip_through_each_layout(device, float_repr, int8_layout):
         for node, bound in ((qnode, {"input": x_t, "out": q_t}), (dnode, {"input": q_t, "out": y_t})):
             reprs = {name: TensorRepr(t.storage, t.layout) for name, t in bound.items()}
             [spec] = node_dispatches(node, reprs, "float32")
-            dispatches.append(Dispatch(spec.variant, bound, spec.scalars, label=spec.label, units=spec.units))
+            dispatches.append(Dispatch(spec.variant, bound, spec.scalars, label=spec.label, units=spec.units,
+                                       spec=spec.spec))
         prog = Program(device, dispatches, [x_t], [q_t, y_t], timestamps=False)
         try:
             q_got, y_got = prog(x)
@@ -98,29 +105,38 @@ def test_round_trip_through_each_layout(device, float_repr, int8_layout):
     assert np.all(np.abs(y_got - x)[inside] <= scale / 2 * (1 + 1e-5)), f"{what}: more than half a step away"
 
 
+WIDTH_REPRS = [TensorRepr(Storage.BUFFER, Layout.WIDTH_PACKED), TensorRepr(Storage.TEXTURE_3D, Layout.WIDTH_PACKED)]
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["611-wide", "612-wide"])
+@pytest.mark.parametrize("float_repr", WIDTH_REPRS, ids=_name)
 @pytest.mark.parametrize("int8_layout", INT8_LAYOUTS, ids=_name)
 @pytest.mark.parametrize("quant_range", [(-128, 127), (-127, 127), (-100, 90)], ids=str)
-def test_quantize_ties_infinities_and_huge_values(device, int8_layout, quant_range):
+def test_quantize_ties_infinities_and_huge_values(device, int8_layout, quant_range, float_repr, whole):
     """Exact halves round to even, +-Inf and +-1e30 clamp to the range's ends, -0.0 gives the zero
-    point: all as torchao gives them."""
+    point: all as torchao gives them, element by element (611 wide) and 4 lanes at once (612)."""
     scale, zero_point = 0.5, 3
     halves = np.arange(-300, 301, dtype=np.float32) * 0.25  # x / scale = k / 2: every other one a tie
+    extra = np.array([0.125] if whole else [], dtype=np.float32)
     extremes = np.array([INF, -INF, 1e30, -1e30, -0.0, 0.0, 1e-40, -1e-40, 63.75, -64.25], dtype=np.float32)
-    x = np.concatenate([halves, extremes]).reshape(1, 1, 1, -1)
+    x = np.concatenate([halves, extra, extremes]).reshape(1, 1, 1, -1)
     want, out = _run_one(device, "quantize_per_tensor", {"input": x.shape, **_qargs(scale, zero_point, *quant_range)},
-                         {"input": x}, {"input": FLOAT_REPRS[0], "out": _int8(int8_layout)}, "float32")
-    assert_matches(out.got, want, "quantize_per_tensor", f"quantize {quant_range} in {_name(int8_layout)}")
-    assert_padding_zero(out, f"quantize in {_name(int8_layout)}")
+                         {"input": x}, {"input": float_repr, "out": _int8(int8_layout)}, "float32")
+    what = f"quantize {quant_range} {_name(float_repr)} -> {_name(int8_layout)}"
+    assert_matches(out.got, want, "quantize_per_tensor", what)
+    assert_padding_zero(out, what)
     assert out.got.reshape(-1)[-10] == quant_range[1] and out.got.reshape(-1)[-9] == quant_range[0]
 
 
-def test_quantize_nan_gives_the_zero_point(device):
+@pytest.mark.parametrize("width", [5, 8], ids=["element-path", "word-path"])
+def test_quantize_nan_gives_the_zero_point(device, width):
     """torch's result for NaN is undefined (a float -> int cast); the kernel's is zero_point."""
-    x = np.array([[np.nan, 1.0, -np.nan, 2.0, np.nan]], dtype=np.float32)
+    x = np.array([[np.nan, 1.0, -np.nan, 2.0, np.nan, 1.0, np.nan, 2.0][:width]], dtype=np.float32)
     for zero_point in (-7, 0, 90):
         _, out = _run_one(device, "quantize_per_tensor", {"input": x.shape, **_qargs(0.25, zero_point, -100, 90)},
                           {"input": x}, {"input": FLOAT_REPRS[0], "out": _int8(Layout.PACKED_INT8_4W)}, "float32")
-        want = np.array([[zero_point, min(zero_point + 4, 90), zero_point, min(zero_point + 8, 90), zero_point]])
+        one, two = min(zero_point + 4, 90), min(zero_point + 8, 90)
+        want = np.array([[zero_point, one, zero_point, two, zero_point, one, zero_point, two][:width]])
         np.testing.assert_array_equal(out.got, want, err_msg=f"zero_point {zero_point}")
 
 
