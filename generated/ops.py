@@ -4684,7 +4684,7 @@ OPS: dict[str, OpEntry] = {
             Arg('out_zero_point', 'int', default=0),
             Arg('quant_min', 'int', default=-128),
             Arg('quant_max', 'int', default=127),
-            Arg('activation', 'enum', default='none', values=('none', 'relu')),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardswish')),
         ),
         outputs=(
             Output('out', 'PACKED_INT8_CHANNELS_PACKED_BUFFER'),
@@ -4700,7 +4700,7 @@ OPS: dict[str, OpEntry] = {
             Push('has_weight_zero_points', 'int', 'present', (('present', 'weight_zero_points'),)),
             Push('has_bias', 'int', 'present', (('present', 'bias'),)),
             Push('conv_stride_pad', 'int', 'hook', (('hook', 'q8ta_conv_stride_pad'),)),
-            Push('conv_dilation', 'int', 'hook', (('hook', 'q8ta_conv_dilation'),)),
+            Push('conv_dilation_act', 'int', 'hook', (('hook', 'q8ta_conv_dilation_act'),)),
             Push('input_scale', 'float', 'arg', (('arg', 'input_scale'),)),
             Push('int8_params', 'int', 'hook', (('hook', 'q8ta_linear_int8_params'),)),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
@@ -4740,7 +4740,7 @@ OPS: dict[str, OpEntry] = {
             Arg('out_zero_point', 'int', default=0),
             Arg('quant_min', 'int', default=-128),
             Arg('quant_max', 'int', default=127),
-            Arg('activation', 'enum', default='none', values=('none', 'relu')),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardswish')),
         ),
         outputs=(
             Output('out', 'PACKED_INT8_CHANNELS_PACKED_BUFFER'),
@@ -4756,7 +4756,7 @@ OPS: dict[str, OpEntry] = {
             Push('has_weight_zero_points', 'int', 'present', (('present', 'weight_zero_points'),)),
             Push('has_bias', 'int', 'present', (('present', 'bias'),)),
             Push('conv_stride_pad', 'int', 'hook', (('hook', 'q8ta_conv_stride_pad'),)),
-            Push('conv_dilation', 'int', 'hook', (('hook', 'q8ta_conv_dilation'),)),
+            Push('conv_dilation_act', 'int', 'hook', (('hook', 'q8ta_conv_dilation_act'),)),
             Push('input_scale', 'float', 'arg', (('arg', 'input_scale'),)),
             Push('int8_params', 'int', 'hook', (('hook', 'q8ta_linear_int8_params'),)),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
@@ -4795,7 +4795,7 @@ OPS: dict[str, OpEntry] = {
             Arg('out_zero_point', 'int', default=0),
             Arg('quant_min', 'int', default=-128),
             Arg('quant_max', 'int', default=127),
-            Arg('activation', 'enum', default='none', values=('none', 'relu')),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardswish')),
         ),
         outputs=(
             Output('out', 'PACKED_INT8_4H4W_BUFFER'),
@@ -4812,6 +4812,7 @@ OPS: dict[str, OpEntry] = {
             Push('has_bias', 'int', 'present', (('present', 'bias'),)),
             Push('input_scale', 'float', 'arg', (('arg', 'input_scale'),)),
             Push('int8_params', 'int', 'hook', (('hook', 'q8ta_linear_int8_params'),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardswish')))),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
         ),
         checks=(
@@ -4843,7 +4844,7 @@ OPS: dict[str, OpEntry] = {
             Arg('out_zero_point', 'int', default=0),
             Arg('quant_min', 'int', default=-128),
             Arg('quant_max', 'int', default=127),
-            Arg('activation', 'enum', default='none', values=('none', 'relu')),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardswish')),
         ),
         outputs=(
             Output('out', 'PACKED_INT8_WIDTH_PACKED_BUFFER'),
@@ -4860,6 +4861,7 @@ OPS: dict[str, OpEntry] = {
             Push('has_bias', 'int', 'present', (('present', 'bias'),)),
             Push('input_scale', 'float', 'arg', (('arg', 'input_scale'),)),
             Push('int8_params', 'int', 'hook', (('hook', 'q8ta_linear_int8_params'),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardswish')))),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
         ),
         checks=(

@@ -291,10 +291,17 @@ def q8ta_conv_stride_pad(node: NodeFacts):
     return _q8ta_conv_bytes(node, [("stride_w", sw), ("stride_h", sh), ("pad_w", pw), ("pad_h", ph)])
 
 
+Q8TA_ACTIVATIONS = ("none", "relu", "hardswish")  # the q8ta convs' `activation` values, in ops.yaml's order
+
+
 @hook("int")
-def q8ta_conv_dilation(node: NodeFacts):
-    """A q8ta conv2d's (dilation_w, dilation_h) as the low bytes of one int (see q8ta_conv_stride_pad)."""
+def q8ta_conv_dilation_act(node: NodeFacts):
+    """A q8ta conv2d's (dilation_w, dilation_h, activation) as the low bytes of one int (see
+    q8ta_conv_stride_pad); the activation as its index in the op's values [none, relu, hardswish]."""
     from .node_rules import pair_wh
 
     dw, dh = pair_wh(node.value("dilation"), (1, 1))
-    return _q8ta_conv_bytes(node, [("dilation_w", dw), ("dilation_h", dh)])
+    act = node.value("activation")
+    if act not in Q8TA_ACTIVATIONS:
+        raise ValueError(f"node {getattr(node, 'name', '?')}: activation {act!r} is not one of {', '.join(Q8TA_ACTIVATIONS)}")
+    return _q8ta_conv_bytes(node, [("dilation_w", dw), ("dilation_h", dh), ("activation", Q8TA_ACTIVATIONS.index(act))])

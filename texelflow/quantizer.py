@@ -61,6 +61,9 @@ _ADDS = {aten.add.Tensor, aten.add_.Tensor}
 _RELUS = {aten.relu.default, aten.relu_.default}
 _RELU6S = {aten.relu6.default, aten.relu6_.default}
 _HARDTANHS = {aten.hardtanh.default, aten.hardtanh_.default}
+_HARDSWISHES = {aten.hardswish.default, aten.hardswish_.default}
+_CLAMPS = _RELUS | _RELU6S | _HARDTANHS  # activations any fused q8ta op applies (as its output range)
+_WEIGHTED_ACTIVATIONS = _CLAMPS | _HARDSWISHES  # the q8ta convs and linears also apply hardswish
 # ops that only move values or pick among them: output quantized like the input, no new observer
 _SHARED = {
     aten.max_pool2d.default, aten.pixel_shuffle.default, aten.cat.default,
@@ -140,14 +143,15 @@ class Quantizer(_pt2e.Quantizer):
             return
         if weight_user is not node:  # the weight is observed before its transpose
             _annotate(weight_user, {weight: self.weight_spec}, None)
-            self._with_activation(node, {x: self.activation_spec})
+            self._with_activation(node, {x: self.activation_spec}, _WEIGHTED_ACTIVATIONS)
         else:
-            self._with_activation(node, {x: self.activation_spec, weight: self.weight_spec})
+            self._with_activation(node, {x: self.activation_spec, weight: self.weight_spec}, _WEIGHTED_ACTIVATIONS)
 
-    def _with_activation(self, node: Node, inputs: dict) -> None:
-        """Annotate `node`'s inputs; its output is quantized after a relu (or relu6) that is its
-        only user, so that no quantize sits between the op and its activation."""
-        activation = _fused_activation(node)
+    def _with_activation(self, node: Node, inputs: dict, activations=_CLAMPS) -> None:
+        """Annotate `node`'s inputs; its output is quantized after an activation in `activations`
+        (relu, relu6, hardtanh; hardswish after a conv or linear) that is its only user, so that
+        no quantize sits between the op and its activation."""
+        activation = _fused_activation(node, activations)
         if activation is None:
             _annotate(node, inputs, self.activation_spec)
         else:
@@ -224,15 +228,16 @@ def _feeds_quantized(node: Node) -> bool:
     return False
 
 
-def _fused_activation(node: Node):
-    """The relu / relu6 / hardtanh (in place or not) that is `node`'s only user, else None: the
-    fused q8ta op applies it (hardtanh's bounds, whatever they are, as its output range)."""
+def _fused_activation(node: Node, activations):
+    """The activation in `activations` (relu, relu6, hardtanh, hardswish; in place or not) that is
+    `node`'s only user, else None: the fused q8ta op applies it (hardtanh's bounds, whatever they
+    are, as its output range; hardswish in float before its quantize)."""
     if len(node.users) != 1:
         return None
     user = next(iter(node.users))
     if user.op != "call_function" or _annotated(user) or user.args[0] is not node:
         return None
-    return user if user.target in _RELUS | _RELU6S | _HARDTANHS else None
+    return user if user.target in activations else None
 
 
 # ---- quantize(): export, prepare, calibrate, convert -------------------------------------------------

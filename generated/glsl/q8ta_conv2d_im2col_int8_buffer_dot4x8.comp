@@ -59,7 +59,7 @@ layout(push_constant) uniform PushConstants {
 #line 27
   int conv_stride_pad;
 #line 27
-  int conv_dilation;
+  int conv_dilation_act;
 #line 27
   float input_scale;
 #line 27
@@ -104,8 +104,26 @@ int load_weight_zero_points(ivec4 idx) { return t_weight_zero_points[tf_buffer_w
 // ---- element access for 'bias' (buffer) ----
 #line 45
 float load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
-#line 8 "shaders/_q8ta_requantize.glsl.j2"
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 9) const int act = 0;  // activation_code
+#line 44 "shaders/q8ta_conv2d_im2col.glsl.j2"
+int q8_pushed_activation() { return (pc.conv_dilation_act >> 16) & 0xff; }
+#line 9 "shaders/_q8ta_requantize.glsl.j2"
 int input_zero_point() { return bitfieldExtract(pc.int8_params, 0, 8); }
+
+// hardswish before the quantize, torch's x * min(max(x + 3, 0), 6) / 6, where the node's
+// activation is hardswish: the spec constant `act` (rule activation_code: 4), or where that is 0
+// (a dispatch without shape classes) the activation the including template pushes,
+// `q8_pushed_activation()`, an index in the ops' values [none, relu, hardswish]. relu needs
+// nothing here: it is the clamp's low end (int8_params).
+vec4 q8_activation(vec4 y) {
+  bool hardswish = act != 0 ? act == 4 : q8_pushed_activation() == 2;
+  if (hardswish) { y = y * clamp(y + 3.0, 0.0, 6.0) / 6.0; }
+  return y;
+}
 ivec4 four_cols(int n0, int N) { return min(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N - 1)); }
 
 // weight_zero_points of the four columns (0 when the weights are symmetric: the tensor is absent).
@@ -129,6 +147,7 @@ int requantize(ivec4 acc, int n0, int N) {
   vec4 scale = pc.input_scale * vec4(t_weight_scales[c.x], t_weight_scales[c.y], t_weight_scales[c.z], t_weight_scales[c.w]);
   vec4 y = vec4(acc) * scale;
   if (pc.has_bias != 0) { y += vec4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]); }
+  y = q8_activation(y);
   vec4 q = roundEven(y * pc.inv_out_scale) + float(bitfieldExtract(pc.int8_params, 8, 8));
   q = clamp(q, float(bitfieldExtract(pc.int8_params, 16, 8)), float(bitfieldExtract(pc.int8_params, 24, 8)));
   ivec4 inside = ivec4(lessThan(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N)));
@@ -152,12 +171,12 @@ vec4 q8_unpack(int word) { return vec4(q8_lanes(word)); }
 int q8_splat(int v) { return (v & 0xff) * 0x01010101; }
 
 // stride, padding and dilation as (w, h): unsigned bytes of the push constants conv_stride_pad
-// and conv_dilation (hooks q8ta_conv_stride_pad, q8ta_conv_dilation; 128 bytes of push constants
-// leave no room for ivec4s beside six tensor sizes).
+// and conv_dilation_act (hooks q8ta_conv_stride_pad, q8ta_conv_dilation_act, whose byte 2 is the
+// activation; 128 bytes of push constants leave no room for ivec4s beside six tensor sizes).
 int q8_byte(int v, int j) { return (v >> (8 * j)) & 0xff; }
 ivec2 q8_stride() { return ivec2(q8_byte(pc.conv_stride_pad, 0), q8_byte(pc.conv_stride_pad, 1)); }
 ivec2 q8_padding() { return ivec2(q8_byte(pc.conv_stride_pad, 2), q8_byte(pc.conv_stride_pad, 3)); }
-ivec2 q8_dilation() { return ivec2(q8_byte(pc.conv_dilation, 0), q8_byte(pc.conv_dilation, 1)); }
+ivec2 q8_dilation() { return ivec2(q8_byte(pc.conv_dilation_act, 0), q8_byte(pc.conv_dilation_act, 1)); }
 
 // The tile pool: invocation q8_worker(tiles) takes that tile, then every q8_workers()-th after
 // it (a start >= tiles: none). Runs of 8 consecutive tiles go to invocations of one workgroup
@@ -196,7 +215,7 @@ Q8Channels q8_channels(int c0, int cout) {
 
 // `requantize` of _q8ta_requantize.glsl.j2 with the factors of q8_channels: the same numbers.
 int q8_requantize(ivec4 acc, Q8Channels ch) {
-  vec4 y = vec4(acc) * ch.scale + ch.bias;
+  vec4 y = q8_activation(vec4(acc) * ch.scale + ch.bias);
   vec4 q = roundEven(y * pc.inv_out_scale) + float(bitfieldExtract(pc.int8_params, 8, 8));
   q = clamp(q, float(bitfieldExtract(pc.int8_params, 16, 8)), float(bitfieldExtract(pc.int8_params, 24, 8)));
   return pack_int8x4(ivec4(q) * ch.inside);
@@ -213,7 +232,7 @@ ivec4 q8_dot4(int a, ivec4 b) { return ivec4(q8_dot(a, b.x), q8_dot(a, b.y), q8_
 // The sums of the 4 signed int8 lanes of each word.
 ivec4 q8_lane_sums(ivec4 w) { return q8_dot4(0x01010101, w); }
 
-#line 49 "shaders/q8ta_conv2d_im2col.glsl.j2"
+#line 52 "shaders/q8ta_conv2d_im2col.glsl.j2"
 void main() {
   ivec4 os = pc.out_sizes;
   ivec4 is = pc.input_sizes;
@@ -239,645 +258,645 @@ void main() {
   for (int tile = q8_worker(tiles); tile < tiles; tile += q8_workers()) {
     int m0 = (tile % tiles_m) * 8;  // neighbouring invocations: neighbouring positions, the same weights
     int cb0 = (tile / tiles_m) * 4;
-#line 75
+#line 78
     ivec4 lane_c0 = ivec4((cb0 + 0) * 4) + ivec4(0, 1, 2, 3);
     ivec4 co0 = min(lane_c0, ivec4(cout - 1));
     ivec4 wzp0 = cols_weight_zp(co0);
     ivec4 wrow0 = ivec4(q8_word(ivec4(0, 0, 0, co0.x), ws, weight_layout), q8_word(ivec4(0, 0, 0, co0.y), ws, weight_layout),
                          q8_word(ivec4(0, 0, 0, co0.z), ws, weight_layout), q8_word(ivec4(0, 0, 0, co0.w), ws, weight_layout));
-#line 75
+#line 78
     ivec4 lane_c1 = ivec4((cb0 + 1) * 4) + ivec4(0, 1, 2, 3);
     ivec4 co1 = min(lane_c1, ivec4(cout - 1));
     ivec4 wzp1 = cols_weight_zp(co1);
     ivec4 wrow1 = ivec4(q8_word(ivec4(0, 0, 0, co1.x), ws, weight_layout), q8_word(ivec4(0, 0, 0, co1.y), ws, weight_layout),
                          q8_word(ivec4(0, 0, 0, co1.z), ws, weight_layout), q8_word(ivec4(0, 0, 0, co1.w), ws, weight_layout));
-#line 75
+#line 78
     ivec4 lane_c2 = ivec4((cb0 + 2) * 4) + ivec4(0, 1, 2, 3);
     ivec4 co2 = min(lane_c2, ivec4(cout - 1));
     ivec4 wzp2 = cols_weight_zp(co2);
     ivec4 wrow2 = ivec4(q8_word(ivec4(0, 0, 0, co2.x), ws, weight_layout), q8_word(ivec4(0, 0, 0, co2.y), ws, weight_layout),
                          q8_word(ivec4(0, 0, 0, co2.z), ws, weight_layout), q8_word(ivec4(0, 0, 0, co2.w), ws, weight_layout));
-#line 75
+#line 78
     ivec4 lane_c3 = ivec4((cb0 + 3) * 4) + ivec4(0, 1, 2, 3);
     ivec4 co3 = min(lane_c3, ivec4(cout - 1));
     ivec4 wzp3 = cols_weight_zp(co3);
     ivec4 wrow3 = ivec4(q8_word(ivec4(0, 0, 0, co3.x), ws, weight_layout), q8_word(ivec4(0, 0, 0, co3.y), ws, weight_layout),
                          q8_word(ivec4(0, 0, 0, co3.z), ws, weight_layout), q8_word(ivec4(0, 0, 0, co3.w), ws, weight_layout));
-#line 82
+#line 85
     int pos0 = min(m0 + 0, positions - 1);
     int ox0 = pos0 % out_w;
     int oy0 = (pos0 / out_w) % os.y;
     int on0 = pos0 / rows;
     ivec2 org0 = ivec2(ox0, oy0) * stride - q8_padding();
     int in_n0 = q8_word(ivec4(0, 0, 0, on0), is, input_layout);
-#line 89
-    ivec4 acc0_0 = ivec4(0);
-#line 89
-    ivec4 acc0_1 = ivec4(0);
-#line 89
-    ivec4 acc0_2 = ivec4(0);
-#line 89
-    ivec4 acc0_3 = ivec4(0);
 #line 92
+    ivec4 acc0_0 = ivec4(0);
+#line 92
+    ivec4 acc0_1 = ivec4(0);
+#line 92
+    ivec4 acc0_2 = ivec4(0);
+#line 92
+    ivec4 acc0_3 = ivec4(0);
+#line 95
     int sx0 = 0;  // sum of x over the taps (padding taps: x_zp)
-#line 82
+#line 85
     int pos1 = min(m0 + 1, positions - 1);
     int ox1 = pos1 % out_w;
     int oy1 = (pos1 / out_w) % os.y;
     int on1 = pos1 / rows;
     ivec2 org1 = ivec2(ox1, oy1) * stride - q8_padding();
     int in_n1 = q8_word(ivec4(0, 0, 0, on1), is, input_layout);
-#line 89
-    ivec4 acc1_0 = ivec4(0);
-#line 89
-    ivec4 acc1_1 = ivec4(0);
-#line 89
-    ivec4 acc1_2 = ivec4(0);
-#line 89
-    ivec4 acc1_3 = ivec4(0);
 #line 92
+    ivec4 acc1_0 = ivec4(0);
+#line 92
+    ivec4 acc1_1 = ivec4(0);
+#line 92
+    ivec4 acc1_2 = ivec4(0);
+#line 92
+    ivec4 acc1_3 = ivec4(0);
+#line 95
     int sx1 = 0;  // sum of x over the taps (padding taps: x_zp)
-#line 82
+#line 85
     int pos2 = min(m0 + 2, positions - 1);
     int ox2 = pos2 % out_w;
     int oy2 = (pos2 / out_w) % os.y;
     int on2 = pos2 / rows;
     ivec2 org2 = ivec2(ox2, oy2) * stride - q8_padding();
     int in_n2 = q8_word(ivec4(0, 0, 0, on2), is, input_layout);
-#line 89
-    ivec4 acc2_0 = ivec4(0);
-#line 89
-    ivec4 acc2_1 = ivec4(0);
-#line 89
-    ivec4 acc2_2 = ivec4(0);
-#line 89
-    ivec4 acc2_3 = ivec4(0);
 #line 92
+    ivec4 acc2_0 = ivec4(0);
+#line 92
+    ivec4 acc2_1 = ivec4(0);
+#line 92
+    ivec4 acc2_2 = ivec4(0);
+#line 92
+    ivec4 acc2_3 = ivec4(0);
+#line 95
     int sx2 = 0;  // sum of x over the taps (padding taps: x_zp)
-#line 82
+#line 85
     int pos3 = min(m0 + 3, positions - 1);
     int ox3 = pos3 % out_w;
     int oy3 = (pos3 / out_w) % os.y;
     int on3 = pos3 / rows;
     ivec2 org3 = ivec2(ox3, oy3) * stride - q8_padding();
     int in_n3 = q8_word(ivec4(0, 0, 0, on3), is, input_layout);
-#line 89
-    ivec4 acc3_0 = ivec4(0);
-#line 89
-    ivec4 acc3_1 = ivec4(0);
-#line 89
-    ivec4 acc3_2 = ivec4(0);
-#line 89
-    ivec4 acc3_3 = ivec4(0);
 #line 92
+    ivec4 acc3_0 = ivec4(0);
+#line 92
+    ivec4 acc3_1 = ivec4(0);
+#line 92
+    ivec4 acc3_2 = ivec4(0);
+#line 92
+    ivec4 acc3_3 = ivec4(0);
+#line 95
     int sx3 = 0;  // sum of x over the taps (padding taps: x_zp)
-#line 82
+#line 85
     int pos4 = min(m0 + 4, positions - 1);
     int ox4 = pos4 % out_w;
     int oy4 = (pos4 / out_w) % os.y;
     int on4 = pos4 / rows;
     ivec2 org4 = ivec2(ox4, oy4) * stride - q8_padding();
     int in_n4 = q8_word(ivec4(0, 0, 0, on4), is, input_layout);
-#line 89
-    ivec4 acc4_0 = ivec4(0);
-#line 89
-    ivec4 acc4_1 = ivec4(0);
-#line 89
-    ivec4 acc4_2 = ivec4(0);
-#line 89
-    ivec4 acc4_3 = ivec4(0);
 #line 92
+    ivec4 acc4_0 = ivec4(0);
+#line 92
+    ivec4 acc4_1 = ivec4(0);
+#line 92
+    ivec4 acc4_2 = ivec4(0);
+#line 92
+    ivec4 acc4_3 = ivec4(0);
+#line 95
     int sx4 = 0;  // sum of x over the taps (padding taps: x_zp)
-#line 82
+#line 85
     int pos5 = min(m0 + 5, positions - 1);
     int ox5 = pos5 % out_w;
     int oy5 = (pos5 / out_w) % os.y;
     int on5 = pos5 / rows;
     ivec2 org5 = ivec2(ox5, oy5) * stride - q8_padding();
     int in_n5 = q8_word(ivec4(0, 0, 0, on5), is, input_layout);
-#line 89
-    ivec4 acc5_0 = ivec4(0);
-#line 89
-    ivec4 acc5_1 = ivec4(0);
-#line 89
-    ivec4 acc5_2 = ivec4(0);
-#line 89
-    ivec4 acc5_3 = ivec4(0);
 #line 92
+    ivec4 acc5_0 = ivec4(0);
+#line 92
+    ivec4 acc5_1 = ivec4(0);
+#line 92
+    ivec4 acc5_2 = ivec4(0);
+#line 92
+    ivec4 acc5_3 = ivec4(0);
+#line 95
     int sx5 = 0;  // sum of x over the taps (padding taps: x_zp)
-#line 82
+#line 85
     int pos6 = min(m0 + 6, positions - 1);
     int ox6 = pos6 % out_w;
     int oy6 = (pos6 / out_w) % os.y;
     int on6 = pos6 / rows;
     ivec2 org6 = ivec2(ox6, oy6) * stride - q8_padding();
     int in_n6 = q8_word(ivec4(0, 0, 0, on6), is, input_layout);
-#line 89
-    ivec4 acc6_0 = ivec4(0);
-#line 89
-    ivec4 acc6_1 = ivec4(0);
-#line 89
-    ivec4 acc6_2 = ivec4(0);
-#line 89
-    ivec4 acc6_3 = ivec4(0);
 #line 92
+    ivec4 acc6_0 = ivec4(0);
+#line 92
+    ivec4 acc6_1 = ivec4(0);
+#line 92
+    ivec4 acc6_2 = ivec4(0);
+#line 92
+    ivec4 acc6_3 = ivec4(0);
+#line 95
     int sx6 = 0;  // sum of x over the taps (padding taps: x_zp)
-#line 82
+#line 85
     int pos7 = min(m0 + 7, positions - 1);
     int ox7 = pos7 % out_w;
     int oy7 = (pos7 / out_w) % os.y;
     int on7 = pos7 / rows;
     ivec2 org7 = ivec2(ox7, oy7) * stride - q8_padding();
     int in_n7 = q8_word(ivec4(0, 0, 0, on7), is, input_layout);
-#line 89
-    ivec4 acc7_0 = ivec4(0);
-#line 89
-    ivec4 acc7_1 = ivec4(0);
-#line 89
-    ivec4 acc7_2 = ivec4(0);
-#line 89
-    ivec4 acc7_3 = ivec4(0);
 #line 92
+    ivec4 acc7_0 = ivec4(0);
+#line 92
+    ivec4 acc7_1 = ivec4(0);
+#line 92
+    ivec4 acc7_2 = ivec4(0);
+#line 92
+    ivec4 acc7_3 = ivec4(0);
+#line 95
     int sx7 = 0;  // sum of x over the taps (padding taps: x_zp)
-#line 97
+#line 100
     ivec4 sw0 = ivec4(0);  // sum of w per output channel
-#line 97
+#line 100
     ivec4 sw1 = ivec4(0);  // sum of w per output channel
-#line 97
+#line 100
     ivec4 sw2 = ivec4(0);  // sum of w per output channel
-#line 97
+#line 100
     ivec4 sw3 = ivec4(0);  // sum of w per output channel
 
-#line 101
+#line 104
     for (int ky = 0; ky < kh; ++ky) {
-#line 103
+#line 106
       int iy0 = org0.y + ky * dil.y;
       bool yok0 = iy0 >= 0 && iy0 < is.y;
       int row0 = in_n0 + q8_word(ivec4(0, clamp(iy0, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy1 = org1.y + ky * dil.y;
       bool yok1 = iy1 >= 0 && iy1 < is.y;
       int row1 = in_n1 + q8_word(ivec4(0, clamp(iy1, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy2 = org2.y + ky * dil.y;
       bool yok2 = iy2 >= 0 && iy2 < is.y;
       int row2 = in_n2 + q8_word(ivec4(0, clamp(iy2, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy3 = org3.y + ky * dil.y;
       bool yok3 = iy3 >= 0 && iy3 < is.y;
       int row3 = in_n3 + q8_word(ivec4(0, clamp(iy3, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy4 = org4.y + ky * dil.y;
       bool yok4 = iy4 >= 0 && iy4 < is.y;
       int row4 = in_n4 + q8_word(ivec4(0, clamp(iy4, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy5 = org5.y + ky * dil.y;
       bool yok5 = iy5 >= 0 && iy5 < is.y;
       int row5 = in_n5 + q8_word(ivec4(0, clamp(iy5, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy6 = org6.y + ky * dil.y;
       bool yok6 = iy6 >= 0 && iy6 < is.y;
       int row6 = in_n6 + q8_word(ivec4(0, clamp(iy6, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy7 = org7.y + ky * dil.y;
       bool yok7 = iy7 >= 0 && iy7 < is.y;
       int row7 = in_n7 + q8_word(ivec4(0, clamp(iy7, 0, is.y - 1), 0, 0), is, input_layout);
-#line 107
+#line 110
       int w_ky = q8_word(ivec4(0, ky, 0, 0), ws, weight_layout);
       for (int kx = 0; kx < kw; ++kx) {
-#line 110
+#line 113
         int ix0 = org0.x + kx * dil.x;
         bool ok0 = yok0 && ix0 >= 0 && ix0 < is.x;
         int at0 = row0 + q8_word(ivec4(clamp(ix0, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix1 = org1.x + kx * dil.x;
         bool ok1 = yok1 && ix1 >= 0 && ix1 < is.x;
         int at1 = row1 + q8_word(ivec4(clamp(ix1, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix2 = org2.x + kx * dil.x;
         bool ok2 = yok2 && ix2 >= 0 && ix2 < is.x;
         int at2 = row2 + q8_word(ivec4(clamp(ix2, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix3 = org3.x + kx * dil.x;
         bool ok3 = yok3 && ix3 >= 0 && ix3 < is.x;
         int at3 = row3 + q8_word(ivec4(clamp(ix3, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix4 = org4.x + kx * dil.x;
         bool ok4 = yok4 && ix4 >= 0 && ix4 < is.x;
         int at4 = row4 + q8_word(ivec4(clamp(ix4, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix5 = org5.x + kx * dil.x;
         bool ok5 = yok5 && ix5 >= 0 && ix5 < is.x;
         int at5 = row5 + q8_word(ivec4(clamp(ix5, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix6 = org6.x + kx * dil.x;
         bool ok6 = yok6 && ix6 >= 0 && ix6 < is.x;
         int at6 = row6 + q8_word(ivec4(clamp(ix6, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix7 = org7.x + kx * dil.x;
         bool ok7 = yok7 && ix7 >= 0 && ix7 < is.x;
         int at7 = row7 + q8_word(ivec4(clamp(ix7, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 114
+#line 117
         int w_tap = w_ky + q8_word(ivec4(kx, 0, 0, 0), ws, weight_layout);
-#line 116
-        ivec4 wtap0 = wrow0 + w_tap;  // weight[co, 0, ky, kx]
-#line 116
-        ivec4 wtap1 = wrow1 + w_tap;  // weight[co, 0, ky, kx]
-#line 116
-        ivec4 wtap2 = wrow2 + w_tap;  // weight[co, 0, ky, kx]
-#line 116
-        ivec4 wtap3 = wrow3 + w_tap;  // weight[co, 0, ky, kx]
 #line 119
+        ivec4 wtap0 = wrow0 + w_tap;  // weight[co, 0, ky, kx]
+#line 119
+        ivec4 wtap1 = wrow1 + w_tap;  // weight[co, 0, ky, kx]
+#line 119
+        ivec4 wtap2 = wrow2 + w_tap;  // weight[co, 0, ky, kx]
+#line 119
+        ivec4 wtap3 = wrow3 + w_tap;  // weight[co, 0, ky, kx]
+#line 122
         for (int b = 0; b < cin4; ++b) {
           int wo = b * w_cs;
-#line 122
+#line 125
           ivec4 w0 = ivec4(t_weight[wtap0.x + wo], t_weight[wtap0.y + wo], t_weight[wtap0.z + wo], t_weight[wtap0.w + wo]);
           sw0 += q8_lane_sums(w0);
-#line 122
+#line 125
           ivec4 w1 = ivec4(t_weight[wtap1.x + wo], t_weight[wtap1.y + wo], t_weight[wtap1.z + wo], t_weight[wtap1.w + wo]);
           sw1 += q8_lane_sums(w1);
-#line 122
+#line 125
           ivec4 w2 = ivec4(t_weight[wtap2.x + wo], t_weight[wtap2.y + wo], t_weight[wtap2.z + wo], t_weight[wtap2.w + wo]);
           sw2 += q8_lane_sums(w2);
-#line 122
+#line 125
           ivec4 w3 = ivec4(t_weight[wtap3.x + wo], t_weight[wtap3.y + wo], t_weight[wtap3.z + wo], t_weight[wtap3.w + wo]);
           sw3 += q8_lane_sums(w3);
-#line 125
+#line 128
           int io = b * in_cs;
-#line 127
+#line 130
           {
             int x = ok0 ? t_input[at0 + io] : pad_word;
             sx0 += q8_dot(0x01010101, x);
-#line 131
+#line 134
             acc0_0 += q8_dot4(x, w0);
-#line 131
+#line 134
             acc0_1 += q8_dot4(x, w1);
-#line 131
+#line 134
             acc0_2 += q8_dot4(x, w2);
-#line 131
+#line 134
             acc0_3 += q8_dot4(x, w3);
-#line 133
+#line 136
           }
-#line 127
+#line 130
           {
             int x = ok1 ? t_input[at1 + io] : pad_word;
             sx1 += q8_dot(0x01010101, x);
-#line 131
+#line 134
             acc1_0 += q8_dot4(x, w0);
-#line 131
+#line 134
             acc1_1 += q8_dot4(x, w1);
-#line 131
+#line 134
             acc1_2 += q8_dot4(x, w2);
-#line 131
+#line 134
             acc1_3 += q8_dot4(x, w3);
-#line 133
+#line 136
           }
-#line 127
+#line 130
           {
             int x = ok2 ? t_input[at2 + io] : pad_word;
             sx2 += q8_dot(0x01010101, x);
-#line 131
+#line 134
             acc2_0 += q8_dot4(x, w0);
-#line 131
+#line 134
             acc2_1 += q8_dot4(x, w1);
-#line 131
+#line 134
             acc2_2 += q8_dot4(x, w2);
-#line 131
+#line 134
             acc2_3 += q8_dot4(x, w3);
-#line 133
+#line 136
           }
-#line 127
+#line 130
           {
             int x = ok3 ? t_input[at3 + io] : pad_word;
             sx3 += q8_dot(0x01010101, x);
-#line 131
+#line 134
             acc3_0 += q8_dot4(x, w0);
-#line 131
+#line 134
             acc3_1 += q8_dot4(x, w1);
-#line 131
+#line 134
             acc3_2 += q8_dot4(x, w2);
-#line 131
+#line 134
             acc3_3 += q8_dot4(x, w3);
-#line 133
+#line 136
           }
-#line 127
+#line 130
           {
             int x = ok4 ? t_input[at4 + io] : pad_word;
             sx4 += q8_dot(0x01010101, x);
-#line 131
+#line 134
             acc4_0 += q8_dot4(x, w0);
-#line 131
+#line 134
             acc4_1 += q8_dot4(x, w1);
-#line 131
+#line 134
             acc4_2 += q8_dot4(x, w2);
-#line 131
+#line 134
             acc4_3 += q8_dot4(x, w3);
-#line 133
+#line 136
           }
-#line 127
+#line 130
           {
             int x = ok5 ? t_input[at5 + io] : pad_word;
             sx5 += q8_dot(0x01010101, x);
-#line 131
+#line 134
             acc5_0 += q8_dot4(x, w0);
-#line 131
+#line 134
             acc5_1 += q8_dot4(x, w1);
-#line 131
+#line 134
             acc5_2 += q8_dot4(x, w2);
-#line 131
+#line 134
             acc5_3 += q8_dot4(x, w3);
-#line 133
+#line 136
           }
-#line 127
+#line 130
           {
             int x = ok6 ? t_input[at6 + io] : pad_word;
             sx6 += q8_dot(0x01010101, x);
-#line 131
+#line 134
             acc6_0 += q8_dot4(x, w0);
-#line 131
+#line 134
             acc6_1 += q8_dot4(x, w1);
-#line 131
+#line 134
             acc6_2 += q8_dot4(x, w2);
-#line 131
+#line 134
             acc6_3 += q8_dot4(x, w3);
-#line 133
+#line 136
           }
-#line 127
+#line 130
           {
             int x = ok7 ? t_input[at7 + io] : pad_word;
             sx7 += q8_dot(0x01010101, x);
-#line 131
+#line 134
             acc7_0 += q8_dot4(x, w0);
-#line 131
+#line 134
             acc7_1 += q8_dot4(x, w1);
-#line 131
+#line 134
             acc7_2 += q8_dot4(x, w2);
-#line 131
+#line 134
             acc7_3 += q8_dot4(x, w3);
-#line 133
+#line 136
           }
-#line 135
+#line 138
         }
-#line 167
+#line 170
       }
     }
     // acc holds sum x * w over every tap lane (kh * kw * Cin of them, all real): expand
     // sum (x - x_zp) * (w - w_zp) = sum x * w - x_zp * sum w - w_zp * sum x + lanes * x_zp * w_zp.
-#line 172
+#line 175
     int lanes = kh * kw * cin4 * 4;
-#line 174
+#line 177
     acc0_0 += lanes * xzp * wzp0 - xzp * sw0 - wzp0 * sx0;
-#line 174
+#line 177
     acc0_1 += lanes * xzp * wzp1 - xzp * sw1 - wzp1 * sx0;
-#line 174
+#line 177
     acc0_2 += lanes * xzp * wzp2 - xzp * sw2 - wzp2 * sx0;
-#line 174
+#line 177
     acc0_3 += lanes * xzp * wzp3 - xzp * sw3 - wzp3 * sx0;
-#line 174
+#line 177
     acc1_0 += lanes * xzp * wzp0 - xzp * sw0 - wzp0 * sx1;
-#line 174
+#line 177
     acc1_1 += lanes * xzp * wzp1 - xzp * sw1 - wzp1 * sx1;
-#line 174
+#line 177
     acc1_2 += lanes * xzp * wzp2 - xzp * sw2 - wzp2 * sx1;
-#line 174
+#line 177
     acc1_3 += lanes * xzp * wzp3 - xzp * sw3 - wzp3 * sx1;
-#line 174
+#line 177
     acc2_0 += lanes * xzp * wzp0 - xzp * sw0 - wzp0 * sx2;
-#line 174
+#line 177
     acc2_1 += lanes * xzp * wzp1 - xzp * sw1 - wzp1 * sx2;
-#line 174
+#line 177
     acc2_2 += lanes * xzp * wzp2 - xzp * sw2 - wzp2 * sx2;
-#line 174
+#line 177
     acc2_3 += lanes * xzp * wzp3 - xzp * sw3 - wzp3 * sx2;
-#line 174
+#line 177
     acc3_0 += lanes * xzp * wzp0 - xzp * sw0 - wzp0 * sx3;
-#line 174
+#line 177
     acc3_1 += lanes * xzp * wzp1 - xzp * sw1 - wzp1 * sx3;
-#line 174
+#line 177
     acc3_2 += lanes * xzp * wzp2 - xzp * sw2 - wzp2 * sx3;
-#line 174
+#line 177
     acc3_3 += lanes * xzp * wzp3 - xzp * sw3 - wzp3 * sx3;
-#line 174
+#line 177
     acc4_0 += lanes * xzp * wzp0 - xzp * sw0 - wzp0 * sx4;
-#line 174
+#line 177
     acc4_1 += lanes * xzp * wzp1 - xzp * sw1 - wzp1 * sx4;
-#line 174
+#line 177
     acc4_2 += lanes * xzp * wzp2 - xzp * sw2 - wzp2 * sx4;
-#line 174
+#line 177
     acc4_3 += lanes * xzp * wzp3 - xzp * sw3 - wzp3 * sx4;
-#line 174
+#line 177
     acc5_0 += lanes * xzp * wzp0 - xzp * sw0 - wzp0 * sx5;
-#line 174
+#line 177
     acc5_1 += lanes * xzp * wzp1 - xzp * sw1 - wzp1 * sx5;
-#line 174
+#line 177
     acc5_2 += lanes * xzp * wzp2 - xzp * sw2 - wzp2 * sx5;
-#line 174
+#line 177
     acc5_3 += lanes * xzp * wzp3 - xzp * sw3 - wzp3 * sx5;
-#line 174
+#line 177
     acc6_0 += lanes * xzp * wzp0 - xzp * sw0 - wzp0 * sx6;
-#line 174
+#line 177
     acc6_1 += lanes * xzp * wzp1 - xzp * sw1 - wzp1 * sx6;
-#line 174
+#line 177
     acc6_2 += lanes * xzp * wzp2 - xzp * sw2 - wzp2 * sx6;
-#line 174
+#line 177
     acc6_3 += lanes * xzp * wzp3 - xzp * sw3 - wzp3 * sx6;
-#line 174
+#line 177
     acc7_0 += lanes * xzp * wzp0 - xzp * sw0 - wzp0 * sx7;
-#line 174
+#line 177
     acc7_1 += lanes * xzp * wzp1 - xzp * sw1 - wzp1 * sx7;
-#line 174
+#line 177
     acc7_2 += lanes * xzp * wzp2 - xzp * sw2 - wzp2 * sx7;
-#line 174
+#line 177
     acc7_3 += lanes * xzp * wzp3 - xzp * sw3 - wzp3 * sx7;
 
-#line 179
+#line 182
     {
       bool block_ok = cb0 + 0 < cout4;
       Q8Channels ch = q8_channels((cb0 + 0) * 4, cout);
       int out_c = (cb0 + 0) * out_cs;
-#line 184
+#line 187
       if (block_ok && m0 + 0 < positions) {
         int word = ox0 < os.x ? q8_requantize(acc0_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox0, oy0, 0, on0), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 1 < positions) {
         int word = ox1 < os.x ? q8_requantize(acc1_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox1, oy1, 0, on1), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 2 < positions) {
         int word = ox2 < os.x ? q8_requantize(acc2_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox2, oy2, 0, on2), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 3 < positions) {
         int word = ox3 < os.x ? q8_requantize(acc3_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox3, oy3, 0, on3), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 4 < positions) {
         int word = ox4 < os.x ? q8_requantize(acc4_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox4, oy4, 0, on4), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 5 < positions) {
         int word = ox5 < os.x ? q8_requantize(acc5_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox5, oy5, 0, on5), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 6 < positions) {
         int word = ox6 < os.x ? q8_requantize(acc6_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox6, oy6, 0, on6), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 7 < positions) {
         int word = ox7 < os.x ? q8_requantize(acc7_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox7, oy7, 0, on7), os, out_layout)] = word;
       }
-#line 189
+#line 192
     }
-#line 179
+#line 182
     {
       bool block_ok = cb0 + 1 < cout4;
       Q8Channels ch = q8_channels((cb0 + 1) * 4, cout);
       int out_c = (cb0 + 1) * out_cs;
-#line 184
+#line 187
       if (block_ok && m0 + 0 < positions) {
         int word = ox0 < os.x ? q8_requantize(acc0_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox0, oy0, 0, on0), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 1 < positions) {
         int word = ox1 < os.x ? q8_requantize(acc1_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox1, oy1, 0, on1), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 2 < positions) {
         int word = ox2 < os.x ? q8_requantize(acc2_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox2, oy2, 0, on2), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 3 < positions) {
         int word = ox3 < os.x ? q8_requantize(acc3_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox3, oy3, 0, on3), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 4 < positions) {
         int word = ox4 < os.x ? q8_requantize(acc4_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox4, oy4, 0, on4), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 5 < positions) {
         int word = ox5 < os.x ? q8_requantize(acc5_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox5, oy5, 0, on5), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 6 < positions) {
         int word = ox6 < os.x ? q8_requantize(acc6_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox6, oy6, 0, on6), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 7 < positions) {
         int word = ox7 < os.x ? q8_requantize(acc7_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox7, oy7, 0, on7), os, out_layout)] = word;
       }
-#line 189
+#line 192
     }
-#line 179
+#line 182
     {
       bool block_ok = cb0 + 2 < cout4;
       Q8Channels ch = q8_channels((cb0 + 2) * 4, cout);
       int out_c = (cb0 + 2) * out_cs;
-#line 184
+#line 187
       if (block_ok && m0 + 0 < positions) {
         int word = ox0 < os.x ? q8_requantize(acc0_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox0, oy0, 0, on0), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 1 < positions) {
         int word = ox1 < os.x ? q8_requantize(acc1_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox1, oy1, 0, on1), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 2 < positions) {
         int word = ox2 < os.x ? q8_requantize(acc2_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox2, oy2, 0, on2), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 3 < positions) {
         int word = ox3 < os.x ? q8_requantize(acc3_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox3, oy3, 0, on3), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 4 < positions) {
         int word = ox4 < os.x ? q8_requantize(acc4_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox4, oy4, 0, on4), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 5 < positions) {
         int word = ox5 < os.x ? q8_requantize(acc5_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox5, oy5, 0, on5), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 6 < positions) {
         int word = ox6 < os.x ? q8_requantize(acc6_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox6, oy6, 0, on6), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 7 < positions) {
         int word = ox7 < os.x ? q8_requantize(acc7_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox7, oy7, 0, on7), os, out_layout)] = word;
       }
-#line 189
+#line 192
     }
-#line 179
+#line 182
     {
       bool block_ok = cb0 + 3 < cout4;
       Q8Channels ch = q8_channels((cb0 + 3) * 4, cout);
       int out_c = (cb0 + 3) * out_cs;
-#line 184
+#line 187
       if (block_ok && m0 + 0 < positions) {
         int word = ox0 < os.x ? q8_requantize(acc0_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox0, oy0, 0, on0), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 1 < positions) {
         int word = ox1 < os.x ? q8_requantize(acc1_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox1, oy1, 0, on1), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 2 < positions) {
         int word = ox2 < os.x ? q8_requantize(acc2_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox2, oy2, 0, on2), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 3 < positions) {
         int word = ox3 < os.x ? q8_requantize(acc3_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox3, oy3, 0, on3), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 4 < positions) {
         int word = ox4 < os.x ? q8_requantize(acc4_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox4, oy4, 0, on4), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 5 < positions) {
         int word = ox5 < os.x ? q8_requantize(acc5_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox5, oy5, 0, on5), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 6 < positions) {
         int word = ox6 < os.x ? q8_requantize(acc6_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox6, oy6, 0, on6), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 7 < positions) {
         int word = ox7 < os.x ? q8_requantize(acc7_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox7, oy7, 0, on7), os, out_layout)] = word;
       }
-#line 189
+#line 192
     }
-#line 191
+#line 194
   }
 }

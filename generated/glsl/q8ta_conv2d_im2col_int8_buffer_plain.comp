@@ -59,7 +59,7 @@ layout(push_constant) uniform PushConstants {
 #line 27
   int conv_stride_pad;
 #line 27
-  int conv_dilation;
+  int conv_dilation_act;
 #line 27
   float input_scale;
 #line 27
@@ -104,8 +104,26 @@ int load_weight_zero_points(ivec4 idx) { return t_weight_zero_points[tf_buffer_w
 // ---- element access for 'bias' (buffer) ----
 #line 45
 float load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
-#line 8 "shaders/_q8ta_requantize.glsl.j2"
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 9) const int act = 0;  // activation_code
+#line 44 "shaders/q8ta_conv2d_im2col.glsl.j2"
+int q8_pushed_activation() { return (pc.conv_dilation_act >> 16) & 0xff; }
+#line 9 "shaders/_q8ta_requantize.glsl.j2"
 int input_zero_point() { return bitfieldExtract(pc.int8_params, 0, 8); }
+
+// hardswish before the quantize, torch's x * min(max(x + 3, 0), 6) / 6, where the node's
+// activation is hardswish: the spec constant `act` (rule activation_code: 4), or where that is 0
+// (a dispatch without shape classes) the activation the including template pushes,
+// `q8_pushed_activation()`, an index in the ops' values [none, relu, hardswish]. relu needs
+// nothing here: it is the clamp's low end (int8_params).
+vec4 q8_activation(vec4 y) {
+  bool hardswish = act != 0 ? act == 4 : q8_pushed_activation() == 2;
+  if (hardswish) { y = y * clamp(y + 3.0, 0.0, 6.0) / 6.0; }
+  return y;
+}
 ivec4 four_cols(int n0, int N) { return min(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N - 1)); }
 
 // weight_zero_points of the four columns (0 when the weights are symmetric: the tensor is absent).
@@ -129,6 +147,7 @@ int requantize(ivec4 acc, int n0, int N) {
   vec4 scale = pc.input_scale * vec4(t_weight_scales[c.x], t_weight_scales[c.y], t_weight_scales[c.z], t_weight_scales[c.w]);
   vec4 y = vec4(acc) * scale;
   if (pc.has_bias != 0) { y += vec4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]); }
+  y = q8_activation(y);
   vec4 q = roundEven(y * pc.inv_out_scale) + float(bitfieldExtract(pc.int8_params, 8, 8));
   q = clamp(q, float(bitfieldExtract(pc.int8_params, 16, 8)), float(bitfieldExtract(pc.int8_params, 24, 8)));
   ivec4 inside = ivec4(lessThan(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N)));
@@ -152,12 +171,12 @@ vec4 q8_unpack(int word) { return vec4(q8_lanes(word)); }
 int q8_splat(int v) { return (v & 0xff) * 0x01010101; }
 
 // stride, padding and dilation as (w, h): unsigned bytes of the push constants conv_stride_pad
-// and conv_dilation (hooks q8ta_conv_stride_pad, q8ta_conv_dilation; 128 bytes of push constants
-// leave no room for ivec4s beside six tensor sizes).
+// and conv_dilation_act (hooks q8ta_conv_stride_pad, q8ta_conv_dilation_act, whose byte 2 is the
+// activation; 128 bytes of push constants leave no room for ivec4s beside six tensor sizes).
 int q8_byte(int v, int j) { return (v >> (8 * j)) & 0xff; }
 ivec2 q8_stride() { return ivec2(q8_byte(pc.conv_stride_pad, 0), q8_byte(pc.conv_stride_pad, 1)); }
 ivec2 q8_padding() { return ivec2(q8_byte(pc.conv_stride_pad, 2), q8_byte(pc.conv_stride_pad, 3)); }
-ivec2 q8_dilation() { return ivec2(q8_byte(pc.conv_dilation, 0), q8_byte(pc.conv_dilation, 1)); }
+ivec2 q8_dilation() { return ivec2(q8_byte(pc.conv_dilation_act, 0), q8_byte(pc.conv_dilation_act, 1)); }
 
 // The tile pool: invocation q8_worker(tiles) takes that tile, then every q8_workers()-th after
 // it (a start >= tiles: none). Runs of 8 consecutive tiles go to invocations of one workgroup
@@ -196,13 +215,13 @@ Q8Channels q8_channels(int c0, int cout) {
 
 // `requantize` of _q8ta_requantize.glsl.j2 with the factors of q8_channels: the same numbers.
 int q8_requantize(ivec4 acc, Q8Channels ch) {
-  vec4 y = vec4(acc) * ch.scale + ch.bias;
+  vec4 y = q8_activation(vec4(acc) * ch.scale + ch.bias);
   vec4 q = roundEven(y * pc.inv_out_scale) + float(bitfieldExtract(pc.int8_params, 8, 8));
   q = clamp(q, float(bitfieldExtract(pc.int8_params, 16, 8)), float(bitfieldExtract(pc.int8_params, 24, 8)));
   return pack_int8x4(ivec4(q) * ch.inside);
 }
 
-#line 49 "shaders/q8ta_conv2d_im2col.glsl.j2"
+#line 52 "shaders/q8ta_conv2d_im2col.glsl.j2"
 void main() {
   ivec4 os = pc.out_sizes;
   ivec4 is = pc.input_sizes;
@@ -228,691 +247,691 @@ void main() {
   for (int tile = q8_worker(tiles); tile < tiles; tile += q8_workers()) {
     int m0 = (tile % tiles_m) * 8;  // neighbouring invocations: neighbouring positions, the same weights
     int cb0 = (tile / tiles_m) * 4;
-#line 75
+#line 78
     ivec4 lane_c0 = ivec4((cb0 + 0) * 4) + ivec4(0, 1, 2, 3);
     ivec4 co0 = min(lane_c0, ivec4(cout - 1));
     ivec4 wzp0 = cols_weight_zp(co0);
     ivec4 wrow0 = ivec4(q8_word(ivec4(0, 0, 0, co0.x), ws, weight_layout), q8_word(ivec4(0, 0, 0, co0.y), ws, weight_layout),
                          q8_word(ivec4(0, 0, 0, co0.z), ws, weight_layout), q8_word(ivec4(0, 0, 0, co0.w), ws, weight_layout));
-#line 75
+#line 78
     ivec4 lane_c1 = ivec4((cb0 + 1) * 4) + ivec4(0, 1, 2, 3);
     ivec4 co1 = min(lane_c1, ivec4(cout - 1));
     ivec4 wzp1 = cols_weight_zp(co1);
     ivec4 wrow1 = ivec4(q8_word(ivec4(0, 0, 0, co1.x), ws, weight_layout), q8_word(ivec4(0, 0, 0, co1.y), ws, weight_layout),
                          q8_word(ivec4(0, 0, 0, co1.z), ws, weight_layout), q8_word(ivec4(0, 0, 0, co1.w), ws, weight_layout));
-#line 75
+#line 78
     ivec4 lane_c2 = ivec4((cb0 + 2) * 4) + ivec4(0, 1, 2, 3);
     ivec4 co2 = min(lane_c2, ivec4(cout - 1));
     ivec4 wzp2 = cols_weight_zp(co2);
     ivec4 wrow2 = ivec4(q8_word(ivec4(0, 0, 0, co2.x), ws, weight_layout), q8_word(ivec4(0, 0, 0, co2.y), ws, weight_layout),
                          q8_word(ivec4(0, 0, 0, co2.z), ws, weight_layout), q8_word(ivec4(0, 0, 0, co2.w), ws, weight_layout));
-#line 75
+#line 78
     ivec4 lane_c3 = ivec4((cb0 + 3) * 4) + ivec4(0, 1, 2, 3);
     ivec4 co3 = min(lane_c3, ivec4(cout - 1));
     ivec4 wzp3 = cols_weight_zp(co3);
     ivec4 wrow3 = ivec4(q8_word(ivec4(0, 0, 0, co3.x), ws, weight_layout), q8_word(ivec4(0, 0, 0, co3.y), ws, weight_layout),
                          q8_word(ivec4(0, 0, 0, co3.z), ws, weight_layout), q8_word(ivec4(0, 0, 0, co3.w), ws, weight_layout));
-#line 82
+#line 85
     int pos0 = min(m0 + 0, positions - 1);
     int ox0 = pos0 % out_w;
     int oy0 = (pos0 / out_w) % os.y;
     int on0 = pos0 / rows;
     ivec2 org0 = ivec2(ox0, oy0) * stride - q8_padding();
     int in_n0 = q8_word(ivec4(0, 0, 0, on0), is, input_layout);
-#line 89
+#line 92
     ivec4 acc0_0 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc0_1 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc0_2 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc0_3 = ivec4(0);
-#line 82
+#line 85
     int pos1 = min(m0 + 1, positions - 1);
     int ox1 = pos1 % out_w;
     int oy1 = (pos1 / out_w) % os.y;
     int on1 = pos1 / rows;
     ivec2 org1 = ivec2(ox1, oy1) * stride - q8_padding();
     int in_n1 = q8_word(ivec4(0, 0, 0, on1), is, input_layout);
-#line 89
+#line 92
     ivec4 acc1_0 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc1_1 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc1_2 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc1_3 = ivec4(0);
-#line 82
+#line 85
     int pos2 = min(m0 + 2, positions - 1);
     int ox2 = pos2 % out_w;
     int oy2 = (pos2 / out_w) % os.y;
     int on2 = pos2 / rows;
     ivec2 org2 = ivec2(ox2, oy2) * stride - q8_padding();
     int in_n2 = q8_word(ivec4(0, 0, 0, on2), is, input_layout);
-#line 89
+#line 92
     ivec4 acc2_0 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc2_1 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc2_2 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc2_3 = ivec4(0);
-#line 82
+#line 85
     int pos3 = min(m0 + 3, positions - 1);
     int ox3 = pos3 % out_w;
     int oy3 = (pos3 / out_w) % os.y;
     int on3 = pos3 / rows;
     ivec2 org3 = ivec2(ox3, oy3) * stride - q8_padding();
     int in_n3 = q8_word(ivec4(0, 0, 0, on3), is, input_layout);
-#line 89
+#line 92
     ivec4 acc3_0 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc3_1 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc3_2 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc3_3 = ivec4(0);
-#line 82
+#line 85
     int pos4 = min(m0 + 4, positions - 1);
     int ox4 = pos4 % out_w;
     int oy4 = (pos4 / out_w) % os.y;
     int on4 = pos4 / rows;
     ivec2 org4 = ivec2(ox4, oy4) * stride - q8_padding();
     int in_n4 = q8_word(ivec4(0, 0, 0, on4), is, input_layout);
-#line 89
+#line 92
     ivec4 acc4_0 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc4_1 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc4_2 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc4_3 = ivec4(0);
-#line 82
+#line 85
     int pos5 = min(m0 + 5, positions - 1);
     int ox5 = pos5 % out_w;
     int oy5 = (pos5 / out_w) % os.y;
     int on5 = pos5 / rows;
     ivec2 org5 = ivec2(ox5, oy5) * stride - q8_padding();
     int in_n5 = q8_word(ivec4(0, 0, 0, on5), is, input_layout);
-#line 89
+#line 92
     ivec4 acc5_0 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc5_1 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc5_2 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc5_3 = ivec4(0);
-#line 82
+#line 85
     int pos6 = min(m0 + 6, positions - 1);
     int ox6 = pos6 % out_w;
     int oy6 = (pos6 / out_w) % os.y;
     int on6 = pos6 / rows;
     ivec2 org6 = ivec2(ox6, oy6) * stride - q8_padding();
     int in_n6 = q8_word(ivec4(0, 0, 0, on6), is, input_layout);
-#line 89
+#line 92
     ivec4 acc6_0 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc6_1 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc6_2 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc6_3 = ivec4(0);
-#line 82
+#line 85
     int pos7 = min(m0 + 7, positions - 1);
     int ox7 = pos7 % out_w;
     int oy7 = (pos7 / out_w) % os.y;
     int on7 = pos7 / rows;
     ivec2 org7 = ivec2(ox7, oy7) * stride - q8_padding();
     int in_n7 = q8_word(ivec4(0, 0, 0, on7), is, input_layout);
-#line 89
+#line 92
     ivec4 acc7_0 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc7_1 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc7_2 = ivec4(0);
-#line 89
+#line 92
     ivec4 acc7_3 = ivec4(0);
 
-#line 101
+#line 104
     for (int ky = 0; ky < kh; ++ky) {
-#line 103
+#line 106
       int iy0 = org0.y + ky * dil.y;
       bool yok0 = iy0 >= 0 && iy0 < is.y;
       int row0 = in_n0 + q8_word(ivec4(0, clamp(iy0, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy1 = org1.y + ky * dil.y;
       bool yok1 = iy1 >= 0 && iy1 < is.y;
       int row1 = in_n1 + q8_word(ivec4(0, clamp(iy1, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy2 = org2.y + ky * dil.y;
       bool yok2 = iy2 >= 0 && iy2 < is.y;
       int row2 = in_n2 + q8_word(ivec4(0, clamp(iy2, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy3 = org3.y + ky * dil.y;
       bool yok3 = iy3 >= 0 && iy3 < is.y;
       int row3 = in_n3 + q8_word(ivec4(0, clamp(iy3, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy4 = org4.y + ky * dil.y;
       bool yok4 = iy4 >= 0 && iy4 < is.y;
       int row4 = in_n4 + q8_word(ivec4(0, clamp(iy4, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy5 = org5.y + ky * dil.y;
       bool yok5 = iy5 >= 0 && iy5 < is.y;
       int row5 = in_n5 + q8_word(ivec4(0, clamp(iy5, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy6 = org6.y + ky * dil.y;
       bool yok6 = iy6 >= 0 && iy6 < is.y;
       int row6 = in_n6 + q8_word(ivec4(0, clamp(iy6, 0, is.y - 1), 0, 0), is, input_layout);
-#line 103
+#line 106
       int iy7 = org7.y + ky * dil.y;
       bool yok7 = iy7 >= 0 && iy7 < is.y;
       int row7 = in_n7 + q8_word(ivec4(0, clamp(iy7, 0, is.y - 1), 0, 0), is, input_layout);
-#line 107
+#line 110
       int w_ky = q8_word(ivec4(0, ky, 0, 0), ws, weight_layout);
       for (int kx = 0; kx < kw; ++kx) {
-#line 110
+#line 113
         int ix0 = org0.x + kx * dil.x;
         bool ok0 = yok0 && ix0 >= 0 && ix0 < is.x;
         int at0 = row0 + q8_word(ivec4(clamp(ix0, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix1 = org1.x + kx * dil.x;
         bool ok1 = yok1 && ix1 >= 0 && ix1 < is.x;
         int at1 = row1 + q8_word(ivec4(clamp(ix1, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix2 = org2.x + kx * dil.x;
         bool ok2 = yok2 && ix2 >= 0 && ix2 < is.x;
         int at2 = row2 + q8_word(ivec4(clamp(ix2, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix3 = org3.x + kx * dil.x;
         bool ok3 = yok3 && ix3 >= 0 && ix3 < is.x;
         int at3 = row3 + q8_word(ivec4(clamp(ix3, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix4 = org4.x + kx * dil.x;
         bool ok4 = yok4 && ix4 >= 0 && ix4 < is.x;
         int at4 = row4 + q8_word(ivec4(clamp(ix4, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix5 = org5.x + kx * dil.x;
         bool ok5 = yok5 && ix5 >= 0 && ix5 < is.x;
         int at5 = row5 + q8_word(ivec4(clamp(ix5, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix6 = org6.x + kx * dil.x;
         bool ok6 = yok6 && ix6 >= 0 && ix6 < is.x;
         int at6 = row6 + q8_word(ivec4(clamp(ix6, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 110
+#line 113
         int ix7 = org7.x + kx * dil.x;
         bool ok7 = yok7 && ix7 >= 0 && ix7 < is.x;
         int at7 = row7 + q8_word(ivec4(clamp(ix7, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 114
+#line 117
         int w_tap = w_ky + q8_word(ivec4(kx, 0, 0, 0), ws, weight_layout);
-#line 116
+#line 119
         ivec4 wtap0 = wrow0 + w_tap;  // weight[co, 0, ky, kx]
-#line 116
+#line 119
         ivec4 wtap1 = wrow1 + w_tap;  // weight[co, 0, ky, kx]
-#line 116
+#line 119
         ivec4 wtap2 = wrow2 + w_tap;  // weight[co, 0, ky, kx]
-#line 116
+#line 119
         ivec4 wtap3 = wrow3 + w_tap;  // weight[co, 0, ky, kx]
         // Float sums flushed every Q8_FLUSH_CENTERED blocks keep the products exact.
-#line 138
+#line 141
         for (int b0 = 0; b0 < cin4; b0 += Q8_FLUSH_CENTERED) {
-#line 140
+#line 143
           vec4 f0_0 = vec4(0);
-#line 140
+#line 143
           vec4 f0_1 = vec4(0);
-#line 140
+#line 143
           vec4 f0_2 = vec4(0);
-#line 140
+#line 143
           vec4 f0_3 = vec4(0);
-#line 140
+#line 143
           vec4 f1_0 = vec4(0);
-#line 140
+#line 143
           vec4 f1_1 = vec4(0);
-#line 140
+#line 143
           vec4 f1_2 = vec4(0);
-#line 140
+#line 143
           vec4 f1_3 = vec4(0);
-#line 140
+#line 143
           vec4 f2_0 = vec4(0);
-#line 140
+#line 143
           vec4 f2_1 = vec4(0);
-#line 140
+#line 143
           vec4 f2_2 = vec4(0);
-#line 140
+#line 143
           vec4 f2_3 = vec4(0);
-#line 140
+#line 143
           vec4 f3_0 = vec4(0);
-#line 140
+#line 143
           vec4 f3_1 = vec4(0);
-#line 140
+#line 143
           vec4 f3_2 = vec4(0);
-#line 140
+#line 143
           vec4 f3_3 = vec4(0);
-#line 140
+#line 143
           vec4 f4_0 = vec4(0);
-#line 140
+#line 143
           vec4 f4_1 = vec4(0);
-#line 140
+#line 143
           vec4 f4_2 = vec4(0);
-#line 140
+#line 143
           vec4 f4_3 = vec4(0);
-#line 140
+#line 143
           vec4 f5_0 = vec4(0);
-#line 140
+#line 143
           vec4 f5_1 = vec4(0);
-#line 140
+#line 143
           vec4 f5_2 = vec4(0);
-#line 140
+#line 143
           vec4 f5_3 = vec4(0);
-#line 140
+#line 143
           vec4 f6_0 = vec4(0);
-#line 140
+#line 143
           vec4 f6_1 = vec4(0);
-#line 140
+#line 143
           vec4 f6_2 = vec4(0);
-#line 140
+#line 143
           vec4 f6_3 = vec4(0);
-#line 140
+#line 143
           vec4 f7_0 = vec4(0);
-#line 140
+#line 143
           vec4 f7_1 = vec4(0);
-#line 140
+#line 143
           vec4 f7_2 = vec4(0);
-#line 140
+#line 143
           vec4 f7_3 = vec4(0);
-#line 142
+#line 145
           int b_end = min(b0 + Q8_FLUSH_CENTERED, cin4);
           for (int b = b0; b < b_end; ++b) {
             int wo = b * w_cs;
-#line 146
+#line 149
             mat4 w0;  // column l: output lane l's weights w - w_zp over the block's 4 input channels
             w0[0] = q8_unpack(t_weight[wtap0.x + wo]) - float(wzp0.x);
             w0[1] = q8_unpack(t_weight[wtap0.y + wo]) - float(wzp0.y);
             w0[2] = q8_unpack(t_weight[wtap0.z + wo]) - float(wzp0.z);
             w0[3] = q8_unpack(t_weight[wtap0.w + wo]) - float(wzp0.w);
-#line 146
+#line 149
             mat4 w1;  // column l: output lane l's weights w - w_zp over the block's 4 input channels
             w1[0] = q8_unpack(t_weight[wtap1.x + wo]) - float(wzp1.x);
             w1[1] = q8_unpack(t_weight[wtap1.y + wo]) - float(wzp1.y);
             w1[2] = q8_unpack(t_weight[wtap1.z + wo]) - float(wzp1.z);
             w1[3] = q8_unpack(t_weight[wtap1.w + wo]) - float(wzp1.w);
-#line 146
+#line 149
             mat4 w2;  // column l: output lane l's weights w - w_zp over the block's 4 input channels
             w2[0] = q8_unpack(t_weight[wtap2.x + wo]) - float(wzp2.x);
             w2[1] = q8_unpack(t_weight[wtap2.y + wo]) - float(wzp2.y);
             w2[2] = q8_unpack(t_weight[wtap2.z + wo]) - float(wzp2.z);
             w2[3] = q8_unpack(t_weight[wtap2.w + wo]) - float(wzp2.w);
-#line 146
+#line 149
             mat4 w3;  // column l: output lane l's weights w - w_zp over the block's 4 input channels
             w3[0] = q8_unpack(t_weight[wtap3.x + wo]) - float(wzp3.x);
             w3[1] = q8_unpack(t_weight[wtap3.y + wo]) - float(wzp3.y);
             w3[2] = q8_unpack(t_weight[wtap3.z + wo]) - float(wzp3.z);
             w3[3] = q8_unpack(t_weight[wtap3.w + wo]) - float(wzp3.w);
-#line 152
+#line 155
             int io = b * in_cs;
-#line 154
+#line 157
             {
               vec4 x = q8_unpack(ok0 ? t_input[at0 + io] : pad_word) - fxzp;
-#line 157
+#line 160
               f0_0 += x * w0;
-#line 157
+#line 160
               f0_1 += x * w1;
-#line 157
+#line 160
               f0_2 += x * w2;
-#line 157
+#line 160
               f0_3 += x * w3;
-#line 159
+#line 162
             }
-#line 154
+#line 157
             {
               vec4 x = q8_unpack(ok1 ? t_input[at1 + io] : pad_word) - fxzp;
-#line 157
+#line 160
               f1_0 += x * w0;
-#line 157
+#line 160
               f1_1 += x * w1;
-#line 157
+#line 160
               f1_2 += x * w2;
-#line 157
+#line 160
               f1_3 += x * w3;
-#line 159
+#line 162
             }
-#line 154
+#line 157
             {
               vec4 x = q8_unpack(ok2 ? t_input[at2 + io] : pad_word) - fxzp;
-#line 157
+#line 160
               f2_0 += x * w0;
-#line 157
+#line 160
               f2_1 += x * w1;
-#line 157
+#line 160
               f2_2 += x * w2;
-#line 157
+#line 160
               f2_3 += x * w3;
-#line 159
+#line 162
             }
-#line 154
+#line 157
             {
               vec4 x = q8_unpack(ok3 ? t_input[at3 + io] : pad_word) - fxzp;
-#line 157
+#line 160
               f3_0 += x * w0;
-#line 157
+#line 160
               f3_1 += x * w1;
-#line 157
+#line 160
               f3_2 += x * w2;
-#line 157
+#line 160
               f3_3 += x * w3;
-#line 159
+#line 162
             }
-#line 154
+#line 157
             {
               vec4 x = q8_unpack(ok4 ? t_input[at4 + io] : pad_word) - fxzp;
-#line 157
+#line 160
               f4_0 += x * w0;
-#line 157
+#line 160
               f4_1 += x * w1;
-#line 157
+#line 160
               f4_2 += x * w2;
-#line 157
+#line 160
               f4_3 += x * w3;
-#line 159
+#line 162
             }
-#line 154
+#line 157
             {
               vec4 x = q8_unpack(ok5 ? t_input[at5 + io] : pad_word) - fxzp;
-#line 157
+#line 160
               f5_0 += x * w0;
-#line 157
+#line 160
               f5_1 += x * w1;
-#line 157
+#line 160
               f5_2 += x * w2;
-#line 157
+#line 160
               f5_3 += x * w3;
-#line 159
+#line 162
             }
-#line 154
+#line 157
             {
               vec4 x = q8_unpack(ok6 ? t_input[at6 + io] : pad_word) - fxzp;
-#line 157
+#line 160
               f6_0 += x * w0;
-#line 157
+#line 160
               f6_1 += x * w1;
-#line 157
+#line 160
               f6_2 += x * w2;
-#line 157
+#line 160
               f6_3 += x * w3;
-#line 159
+#line 162
             }
-#line 154
+#line 157
             {
               vec4 x = q8_unpack(ok7 ? t_input[at7 + io] : pad_word) - fxzp;
-#line 157
+#line 160
               f7_0 += x * w0;
-#line 157
+#line 160
               f7_1 += x * w1;
-#line 157
+#line 160
               f7_2 += x * w2;
-#line 157
+#line 160
               f7_3 += x * w3;
-#line 159
+#line 162
             }
-#line 161
+#line 164
           }
-#line 163
+#line 166
           acc0_0 += ivec4(f0_0);
-#line 163
+#line 166
           acc0_1 += ivec4(f0_1);
-#line 163
+#line 166
           acc0_2 += ivec4(f0_2);
-#line 163
+#line 166
           acc0_3 += ivec4(f0_3);
-#line 163
+#line 166
           acc1_0 += ivec4(f1_0);
-#line 163
+#line 166
           acc1_1 += ivec4(f1_1);
-#line 163
+#line 166
           acc1_2 += ivec4(f1_2);
-#line 163
+#line 166
           acc1_3 += ivec4(f1_3);
-#line 163
+#line 166
           acc2_0 += ivec4(f2_0);
-#line 163
+#line 166
           acc2_1 += ivec4(f2_1);
-#line 163
+#line 166
           acc2_2 += ivec4(f2_2);
-#line 163
+#line 166
           acc2_3 += ivec4(f2_3);
-#line 163
+#line 166
           acc3_0 += ivec4(f3_0);
-#line 163
+#line 166
           acc3_1 += ivec4(f3_1);
-#line 163
+#line 166
           acc3_2 += ivec4(f3_2);
-#line 163
+#line 166
           acc3_3 += ivec4(f3_3);
-#line 163
+#line 166
           acc4_0 += ivec4(f4_0);
-#line 163
+#line 166
           acc4_1 += ivec4(f4_1);
-#line 163
+#line 166
           acc4_2 += ivec4(f4_2);
-#line 163
+#line 166
           acc4_3 += ivec4(f4_3);
-#line 163
+#line 166
           acc5_0 += ivec4(f5_0);
-#line 163
+#line 166
           acc5_1 += ivec4(f5_1);
-#line 163
+#line 166
           acc5_2 += ivec4(f5_2);
-#line 163
+#line 166
           acc5_3 += ivec4(f5_3);
-#line 163
+#line 166
           acc6_0 += ivec4(f6_0);
-#line 163
+#line 166
           acc6_1 += ivec4(f6_1);
-#line 163
+#line 166
           acc6_2 += ivec4(f6_2);
-#line 163
+#line 166
           acc6_3 += ivec4(f6_3);
-#line 163
+#line 166
           acc7_0 += ivec4(f7_0);
-#line 163
+#line 166
           acc7_1 += ivec4(f7_1);
-#line 163
+#line 166
           acc7_2 += ivec4(f7_2);
-#line 163
+#line 166
           acc7_3 += ivec4(f7_3);
-#line 165
+#line 168
         }
-#line 167
+#line 170
       }
     }
 
-#line 179
+#line 182
     {
       bool block_ok = cb0 + 0 < cout4;
       Q8Channels ch = q8_channels((cb0 + 0) * 4, cout);
       int out_c = (cb0 + 0) * out_cs;
-#line 184
+#line 187
       if (block_ok && m0 + 0 < positions) {
         int word = ox0 < os.x ? q8_requantize(acc0_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox0, oy0, 0, on0), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 1 < positions) {
         int word = ox1 < os.x ? q8_requantize(acc1_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox1, oy1, 0, on1), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 2 < positions) {
         int word = ox2 < os.x ? q8_requantize(acc2_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox2, oy2, 0, on2), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 3 < positions) {
         int word = ox3 < os.x ? q8_requantize(acc3_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox3, oy3, 0, on3), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 4 < positions) {
         int word = ox4 < os.x ? q8_requantize(acc4_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox4, oy4, 0, on4), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 5 < positions) {
         int word = ox5 < os.x ? q8_requantize(acc5_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox5, oy5, 0, on5), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 6 < positions) {
         int word = ox6 < os.x ? q8_requantize(acc6_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox6, oy6, 0, on6), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 7 < positions) {
         int word = ox7 < os.x ? q8_requantize(acc7_0, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox7, oy7, 0, on7), os, out_layout)] = word;
       }
-#line 189
+#line 192
     }
-#line 179
+#line 182
     {
       bool block_ok = cb0 + 1 < cout4;
       Q8Channels ch = q8_channels((cb0 + 1) * 4, cout);
       int out_c = (cb0 + 1) * out_cs;
-#line 184
+#line 187
       if (block_ok && m0 + 0 < positions) {
         int word = ox0 < os.x ? q8_requantize(acc0_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox0, oy0, 0, on0), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 1 < positions) {
         int word = ox1 < os.x ? q8_requantize(acc1_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox1, oy1, 0, on1), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 2 < positions) {
         int word = ox2 < os.x ? q8_requantize(acc2_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox2, oy2, 0, on2), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 3 < positions) {
         int word = ox3 < os.x ? q8_requantize(acc3_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox3, oy3, 0, on3), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 4 < positions) {
         int word = ox4 < os.x ? q8_requantize(acc4_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox4, oy4, 0, on4), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 5 < positions) {
         int word = ox5 < os.x ? q8_requantize(acc5_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox5, oy5, 0, on5), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 6 < positions) {
         int word = ox6 < os.x ? q8_requantize(acc6_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox6, oy6, 0, on6), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 7 < positions) {
         int word = ox7 < os.x ? q8_requantize(acc7_1, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox7, oy7, 0, on7), os, out_layout)] = word;
       }
-#line 189
+#line 192
     }
-#line 179
+#line 182
     {
       bool block_ok = cb0 + 2 < cout4;
       Q8Channels ch = q8_channels((cb0 + 2) * 4, cout);
       int out_c = (cb0 + 2) * out_cs;
-#line 184
+#line 187
       if (block_ok && m0 + 0 < positions) {
         int word = ox0 < os.x ? q8_requantize(acc0_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox0, oy0, 0, on0), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 1 < positions) {
         int word = ox1 < os.x ? q8_requantize(acc1_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox1, oy1, 0, on1), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 2 < positions) {
         int word = ox2 < os.x ? q8_requantize(acc2_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox2, oy2, 0, on2), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 3 < positions) {
         int word = ox3 < os.x ? q8_requantize(acc3_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox3, oy3, 0, on3), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 4 < positions) {
         int word = ox4 < os.x ? q8_requantize(acc4_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox4, oy4, 0, on4), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 5 < positions) {
         int word = ox5 < os.x ? q8_requantize(acc5_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox5, oy5, 0, on5), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 6 < positions) {
         int word = ox6 < os.x ? q8_requantize(acc6_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox6, oy6, 0, on6), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 7 < positions) {
         int word = ox7 < os.x ? q8_requantize(acc7_2, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox7, oy7, 0, on7), os, out_layout)] = word;
       }
-#line 189
+#line 192
     }
-#line 179
+#line 182
     {
       bool block_ok = cb0 + 3 < cout4;
       Q8Channels ch = q8_channels((cb0 + 3) * 4, cout);
       int out_c = (cb0 + 3) * out_cs;
-#line 184
+#line 187
       if (block_ok && m0 + 0 < positions) {
         int word = ox0 < os.x ? q8_requantize(acc0_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox0, oy0, 0, on0), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 1 < positions) {
         int word = ox1 < os.x ? q8_requantize(acc1_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox1, oy1, 0, on1), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 2 < positions) {
         int word = ox2 < os.x ? q8_requantize(acc2_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox2, oy2, 0, on2), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 3 < positions) {
         int word = ox3 < os.x ? q8_requantize(acc3_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox3, oy3, 0, on3), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 4 < positions) {
         int word = ox4 < os.x ? q8_requantize(acc4_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox4, oy4, 0, on4), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 5 < positions) {
         int word = ox5 < os.x ? q8_requantize(acc5_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox5, oy5, 0, on5), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 6 < positions) {
         int word = ox6 < os.x ? q8_requantize(acc6_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox6, oy6, 0, on6), os, out_layout)] = word;
       }
-#line 184
+#line 187
       if (block_ok && m0 + 7 < positions) {
         int word = ox7 < os.x ? q8_requantize(acc7_3, ch) : 0;
         t_out[out_c + q8_word(ivec4(ox7, oy7, 0, on7), os, out_layout)] = word;
       }
-#line 189
+#line 192
     }
-#line 191
+#line 194
   }
 }

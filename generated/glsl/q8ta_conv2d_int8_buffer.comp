@@ -59,7 +59,7 @@ layout(push_constant) uniform PushConstants {
 #line 27
   int conv_stride_pad;
 #line 27
-  int conv_dilation;
+  int conv_dilation_act;
 #line 27
   float input_scale;
 #line 27
@@ -104,8 +104,26 @@ int load_weight_zero_points(ivec4 idx) { return t_weight_zero_points[tf_buffer_w
 // ---- element access for 'bias' (buffer) ----
 #line 45
 float load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
-#line 8 "shaders/_q8ta_requantize.glsl.j2"
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 9) const int act = 0;  // activation_code
+#line 55 "shaders/q8ta_conv2d.glsl.j2"
+int q8_pushed_activation() { return (pc.conv_dilation_act >> 16) & 0xff; }
+#line 9 "shaders/_q8ta_requantize.glsl.j2"
 int input_zero_point() { return bitfieldExtract(pc.int8_params, 0, 8); }
+
+// hardswish before the quantize, torch's x * min(max(x + 3, 0), 6) / 6, where the node's
+// activation is hardswish: the spec constant `act` (rule activation_code: 4), or where that is 0
+// (a dispatch without shape classes) the activation the including template pushes,
+// `q8_pushed_activation()`, an index in the ops' values [none, relu, hardswish]. relu needs
+// nothing here: it is the clamp's low end (int8_params).
+vec4 q8_activation(vec4 y) {
+  bool hardswish = act != 0 ? act == 4 : q8_pushed_activation() == 2;
+  if (hardswish) { y = y * clamp(y + 3.0, 0.0, 6.0) / 6.0; }
+  return y;
+}
 ivec4 four_cols(int n0, int N) { return min(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N - 1)); }
 
 // weight_zero_points of the four columns (0 when the weights are symmetric: the tensor is absent).
@@ -129,6 +147,7 @@ int requantize(ivec4 acc, int n0, int N) {
   vec4 scale = pc.input_scale * vec4(t_weight_scales[c.x], t_weight_scales[c.y], t_weight_scales[c.z], t_weight_scales[c.w]);
   vec4 y = vec4(acc) * scale;
   if (pc.has_bias != 0) { y += vec4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]); }
+  y = q8_activation(y);
   vec4 q = roundEven(y * pc.inv_out_scale) + float(bitfieldExtract(pc.int8_params, 8, 8));
   q = clamp(q, float(bitfieldExtract(pc.int8_params, 16, 8)), float(bitfieldExtract(pc.int8_params, 24, 8)));
   ivec4 inside = ivec4(lessThan(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N)));
@@ -152,12 +171,12 @@ vec4 q8_unpack(int word) { return vec4(q8_lanes(word)); }
 int q8_splat(int v) { return (v & 0xff) * 0x01010101; }
 
 // stride, padding and dilation as (w, h): unsigned bytes of the push constants conv_stride_pad
-// and conv_dilation (hooks q8ta_conv_stride_pad, q8ta_conv_dilation; 128 bytes of push constants
-// leave no room for ivec4s beside six tensor sizes).
+// and conv_dilation_act (hooks q8ta_conv_stride_pad, q8ta_conv_dilation_act, whose byte 2 is the
+// activation; 128 bytes of push constants leave no room for ivec4s beside six tensor sizes).
 int q8_byte(int v, int j) { return (v >> (8 * j)) & 0xff; }
 ivec2 q8_stride() { return ivec2(q8_byte(pc.conv_stride_pad, 0), q8_byte(pc.conv_stride_pad, 1)); }
 ivec2 q8_padding() { return ivec2(q8_byte(pc.conv_stride_pad, 2), q8_byte(pc.conv_stride_pad, 3)); }
-ivec2 q8_dilation() { return ivec2(q8_byte(pc.conv_dilation, 0), q8_byte(pc.conv_dilation, 1)); }
+ivec2 q8_dilation() { return ivec2(q8_byte(pc.conv_dilation_act, 0), q8_byte(pc.conv_dilation_act, 1)); }
 
 // The tile pool: invocation q8_worker(tiles) takes that tile, then every q8_workers()-th after
 // it (a start >= tiles: none). Runs of 8 consecutive tiles go to invocations of one workgroup
@@ -196,13 +215,13 @@ Q8Channels q8_channels(int c0, int cout) {
 
 // `requantize` of _q8ta_requantize.glsl.j2 with the factors of q8_channels: the same numbers.
 int q8_requantize(ivec4 acc, Q8Channels ch) {
-  vec4 y = vec4(acc) * ch.scale + ch.bias;
+  vec4 y = q8_activation(vec4(acc) * ch.scale + ch.bias);
   vec4 q = roundEven(y * pc.inv_out_scale) + float(bitfieldExtract(pc.int8_params, 8, 8));
   q = clamp(q, float(bitfieldExtract(pc.int8_params, 16, 8)), float(bitfieldExtract(pc.int8_params, 24, 8)));
   return pack_int8x4(ivec4(q) * ch.inside);
 }
 
-#line 79 "shaders/q8ta_conv2d.glsl.j2"
+#line 83 "shaders/q8ta_conv2d.glsl.j2"
 void main() {
   ivec4 os = pc.out_sizes;
   ivec4 is = pc.input_sizes;
@@ -247,120 +266,120 @@ void main() {
     int in_n = q8_word(ivec4(0, 0, 0, n), is, input_layout) + first_block * in_cs;
     ivec2 origin = ivec2(x0, y0) * stride - q8_padding();
     ivec4 wsum = ivec4(0);  // sum of w - w_zp over every tap and real input channel, per output lane
-#line 124
+#line 128
     ivec4 acc0 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc1 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc2 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc3 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc4 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc5 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc6 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc7 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc8 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc9 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc10 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc11 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc12 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc13 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc14 = ivec4(0);
-#line 124
+#line 128
     ivec4 acc15 = ivec4(0);
 
     // Each path has its own tap loops: lavapipe runs the paths not taken masked, and so each
     // of their loops once, per tile rather than per tap.
-#line 129
+#line 133
     if (by_block) {
-#line 60
+#line 64
       for (int ky = 0; ky < kh; ++ky) {
-#line 62
+#line 66
         int iy0 = origin.y + 0 * stride.y + ky * dil.y;
         bool yok0 = iy0 >= 0 && iy0 < is.y;
         int row0 = in_n + q8_word(ivec4(0, clamp(iy0, 0, is.y - 1), 0, 0), is, input_layout);
-#line 62
+#line 66
         int iy1 = origin.y + 1 * stride.y + ky * dil.y;
         bool yok1 = iy1 >= 0 && iy1 < is.y;
         int row1 = in_n + q8_word(ivec4(0, clamp(iy1, 0, is.y - 1), 0, 0), is, input_layout);
-#line 62
+#line 66
         int iy2 = origin.y + 2 * stride.y + ky * dil.y;
         bool yok2 = iy2 >= 0 && iy2 < is.y;
         int row2 = in_n + q8_word(ivec4(0, clamp(iy2, 0, is.y - 1), 0, 0), is, input_layout);
-#line 62
+#line 66
         int iy3 = origin.y + 3 * stride.y + ky * dil.y;
         bool yok3 = iy3 >= 0 && iy3 < is.y;
         int row3 = in_n + q8_word(ivec4(0, clamp(iy3, 0, is.y - 1), 0, 0), is, input_layout);
-#line 66
+#line 70
         int w_ky = q8_word(ivec4(0, ky, 0, 0), ws, weight_layout);
         for (int kx = 0; kx < kw; ++kx) {
-#line 69
+#line 73
           int ix0 = origin.x + 0 * stride.x + kx * dil.x;
           bool xok0 = ix0 >= 0 && ix0 < is.x;
           int col0 = q8_word(ivec4(clamp(ix0, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 69
+#line 73
           int ix1 = origin.x + 1 * stride.x + kx * dil.x;
           bool xok1 = ix1 >= 0 && ix1 < is.x;
           int col1 = q8_word(ivec4(clamp(ix1, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 69
+#line 73
           int ix2 = origin.x + 2 * stride.x + kx * dil.x;
           bool xok2 = ix2 >= 0 && ix2 < is.x;
           int col2 = q8_word(ivec4(clamp(ix2, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 69
+#line 73
           int ix3 = origin.x + 3 * stride.x + kx * dil.x;
           bool xok3 = ix3 >= 0 && ix3 < is.x;
           int col3 = q8_word(ivec4(clamp(ix3, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 73
+#line 77
           ivec4 wtap = wrow + w_ky + q8_word(ivec4(kx, 0, 0, 0), ws, weight_layout);
           // Every input channel block of the group, the last one (Cin / groups not a multiple of
           // 4) included: its lanes past Cin / groups get weight 0. Float sums flushed every
           // Q8_FLUSH_BLOCKS blocks keep the products exact.
-#line 134
-          for (int b0 = 0; b0 < cin_g4; b0 += Q8_FLUSH_BLOCKS) {
-#line 136
-            vec4 f0 = vec4(0);
-#line 136
-            vec4 f1 = vec4(0);
-#line 136
-            vec4 f2 = vec4(0);
-#line 136
-            vec4 f3 = vec4(0);
-#line 136
-            vec4 f4 = vec4(0);
-#line 136
-            vec4 f5 = vec4(0);
-#line 136
-            vec4 f6 = vec4(0);
-#line 136
-            vec4 f7 = vec4(0);
-#line 136
-            vec4 f8 = vec4(0);
-#line 136
-            vec4 f9 = vec4(0);
-#line 136
-            vec4 f10 = vec4(0);
-#line 136
-            vec4 f11 = vec4(0);
-#line 136
-            vec4 f12 = vec4(0);
-#line 136
-            vec4 f13 = vec4(0);
-#line 136
-            vec4 f14 = vec4(0);
-#line 136
-            vec4 f15 = vec4(0);
 #line 138
+          for (int b0 = 0; b0 < cin_g4; b0 += Q8_FLUSH_BLOCKS) {
+#line 140
+            vec4 f0 = vec4(0);
+#line 140
+            vec4 f1 = vec4(0);
+#line 140
+            vec4 f2 = vec4(0);
+#line 140
+            vec4 f3 = vec4(0);
+#line 140
+            vec4 f4 = vec4(0);
+#line 140
+            vec4 f5 = vec4(0);
+#line 140
+            vec4 f6 = vec4(0);
+#line 140
+            vec4 f7 = vec4(0);
+#line 140
+            vec4 f8 = vec4(0);
+#line 140
+            vec4 f9 = vec4(0);
+#line 140
+            vec4 f10 = vec4(0);
+#line 140
+            vec4 f11 = vec4(0);
+#line 140
+            vec4 f12 = vec4(0);
+#line 140
+            vec4 f13 = vec4(0);
+#line 140
+            vec4 f14 = vec4(0);
+#line 140
+            vec4 f15 = vec4(0);
+#line 142
             int b_end = min(b0 + Q8_FLUSH_BLOCKS, cin_g4);
             for (int b = b0; b < b_end; ++b) {
               bvec4 real = lessThan(ivec4(b * 4) + ivec4(0, 1, 2, 3), ivec4(cin_g));
@@ -372,404 +391,404 @@ void main() {
               m[3] = mix(vec4(0), q8_unpack(t_weight[wtap.w + wo]) - float(wzp.w), real);
               wsum += ivec4(dot(m[0], vec4(1)), dot(m[1], vec4(1)), dot(m[2], vec4(1)), dot(m[3], vec4(1)));
               int io = b * in_cs;
-#line 150
+#line 154
               f0 += q8_unpack(yok0 && xok0 ? t_input[row0 + col0 + io] : pad_word) * m;
-#line 150
+#line 154
               f1 += q8_unpack(yok0 && xok1 ? t_input[row0 + col1 + io] : pad_word) * m;
-#line 150
+#line 154
               f2 += q8_unpack(yok0 && xok2 ? t_input[row0 + col2 + io] : pad_word) * m;
-#line 150
+#line 154
               f3 += q8_unpack(yok0 && xok3 ? t_input[row0 + col3 + io] : pad_word) * m;
-#line 150
+#line 154
               f4 += q8_unpack(yok1 && xok0 ? t_input[row1 + col0 + io] : pad_word) * m;
-#line 150
+#line 154
               f5 += q8_unpack(yok1 && xok1 ? t_input[row1 + col1 + io] : pad_word) * m;
-#line 150
+#line 154
               f6 += q8_unpack(yok1 && xok2 ? t_input[row1 + col2 + io] : pad_word) * m;
-#line 150
+#line 154
               f7 += q8_unpack(yok1 && xok3 ? t_input[row1 + col3 + io] : pad_word) * m;
-#line 150
+#line 154
               f8 += q8_unpack(yok2 && xok0 ? t_input[row2 + col0 + io] : pad_word) * m;
-#line 150
+#line 154
               f9 += q8_unpack(yok2 && xok1 ? t_input[row2 + col1 + io] : pad_word) * m;
-#line 150
+#line 154
               f10 += q8_unpack(yok2 && xok2 ? t_input[row2 + col2 + io] : pad_word) * m;
-#line 150
+#line 154
               f11 += q8_unpack(yok2 && xok3 ? t_input[row2 + col3 + io] : pad_word) * m;
-#line 150
+#line 154
               f12 += q8_unpack(yok3 && xok0 ? t_input[row3 + col0 + io] : pad_word) * m;
-#line 150
+#line 154
               f13 += q8_unpack(yok3 && xok1 ? t_input[row3 + col1 + io] : pad_word) * m;
-#line 150
+#line 154
               f14 += q8_unpack(yok3 && xok2 ? t_input[row3 + col2 + io] : pad_word) * m;
-#line 150
+#line 154
               f15 += q8_unpack(yok3 && xok3 ? t_input[row3 + col3 + io] : pad_word) * m;
-#line 152
-            }
-#line 154
-            acc0 += ivec4(f0);
-#line 154
-            acc1 += ivec4(f1);
-#line 154
-            acc2 += ivec4(f2);
-#line 154
-            acc3 += ivec4(f3);
-#line 154
-            acc4 += ivec4(f4);
-#line 154
-            acc5 += ivec4(f5);
-#line 154
-            acc6 += ivec4(f6);
-#line 154
-            acc7 += ivec4(f7);
-#line 154
-            acc8 += ivec4(f8);
-#line 154
-            acc9 += ivec4(f9);
-#line 154
-            acc10 += ivec4(f10);
-#line 154
-            acc11 += ivec4(f11);
-#line 154
-            acc12 += ivec4(f12);
-#line 154
-            acc13 += ivec4(f13);
-#line 154
-            acc14 += ivec4(f14);
-#line 154
-            acc15 += ivec4(f15);
 #line 156
+            }
+#line 158
+            acc0 += ivec4(f0);
+#line 158
+            acc1 += ivec4(f1);
+#line 158
+            acc2 += ivec4(f2);
+#line 158
+            acc3 += ivec4(f3);
+#line 158
+            acc4 += ivec4(f4);
+#line 158
+            acc5 += ivec4(f5);
+#line 158
+            acc6 += ivec4(f6);
+#line 158
+            acc7 += ivec4(f7);
+#line 158
+            acc8 += ivec4(f8);
+#line 158
+            acc9 += ivec4(f9);
+#line 158
+            acc10 += ivec4(f10);
+#line 158
+            acc11 += ivec4(f11);
+#line 158
+            acc12 += ivec4(f12);
+#line 158
+            acc13 += ivec4(f13);
+#line 158
+            acc14 += ivec4(f14);
+#line 158
+            acc15 += ivec4(f15);
+#line 160
           }
 
-#line 75
+#line 79
         }
       }
-#line 158
+#line 162
     } else if (depthwise) {
-#line 60
+#line 64
       for (int ky = 0; ky < kh; ++ky) {
-#line 62
+#line 66
         int iy0 = origin.y + 0 * stride.y + ky * dil.y;
         bool yok0 = iy0 >= 0 && iy0 < is.y;
         int row0 = in_n + q8_word(ivec4(0, clamp(iy0, 0, is.y - 1), 0, 0), is, input_layout);
-#line 62
+#line 66
         int iy1 = origin.y + 1 * stride.y + ky * dil.y;
         bool yok1 = iy1 >= 0 && iy1 < is.y;
         int row1 = in_n + q8_word(ivec4(0, clamp(iy1, 0, is.y - 1), 0, 0), is, input_layout);
-#line 62
+#line 66
         int iy2 = origin.y + 2 * stride.y + ky * dil.y;
         bool yok2 = iy2 >= 0 && iy2 < is.y;
         int row2 = in_n + q8_word(ivec4(0, clamp(iy2, 0, is.y - 1), 0, 0), is, input_layout);
-#line 62
+#line 66
         int iy3 = origin.y + 3 * stride.y + ky * dil.y;
         bool yok3 = iy3 >= 0 && iy3 < is.y;
         int row3 = in_n + q8_word(ivec4(0, clamp(iy3, 0, is.y - 1), 0, 0), is, input_layout);
-#line 66
+#line 70
         int w_ky = q8_word(ivec4(0, ky, 0, 0), ws, weight_layout);
         for (int kx = 0; kx < kw; ++kx) {
-#line 69
+#line 73
           int ix0 = origin.x + 0 * stride.x + kx * dil.x;
           bool xok0 = ix0 >= 0 && ix0 < is.x;
           int col0 = q8_word(ivec4(clamp(ix0, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 69
+#line 73
           int ix1 = origin.x + 1 * stride.x + kx * dil.x;
           bool xok1 = ix1 >= 0 && ix1 < is.x;
           int col1 = q8_word(ivec4(clamp(ix1, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 69
+#line 73
           int ix2 = origin.x + 2 * stride.x + kx * dil.x;
           bool xok2 = ix2 >= 0 && ix2 < is.x;
           int col2 = q8_word(ivec4(clamp(ix2, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 69
+#line 73
           int ix3 = origin.x + 3 * stride.x + kx * dil.x;
           bool xok3 = ix3 >= 0 && ix3 < is.x;
           int col3 = q8_word(ivec4(clamp(ix3, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 73
+#line 77
           ivec4 wtap = wrow + w_ky + q8_word(ivec4(kx, 0, 0, 0), ws, weight_layout);
           // Output lane l reads input lane l of the same block: one word per position and tap.
           // (Lanes past C read padding 0 against a real weight; they are stored as 0.)
-#line 162
+#line 166
           ivec4 wv = ivec4(bitfieldExtract(t_weight[wtap.x], 0, 8), bitfieldExtract(t_weight[wtap.y], 0, 8),
                            bitfieldExtract(t_weight[wtap.z], 0, 8), bitfieldExtract(t_weight[wtap.w], 0, 8)) - wzp;
           wsum += wv;
-#line 166
+#line 170
           acc0 += q8_lanes(yok0 && xok0 ? t_input[row0 + col0] : pad_word) * wv;
-#line 166
+#line 170
           acc1 += q8_lanes(yok0 && xok1 ? t_input[row0 + col1] : pad_word) * wv;
-#line 166
+#line 170
           acc2 += q8_lanes(yok0 && xok2 ? t_input[row0 + col2] : pad_word) * wv;
-#line 166
+#line 170
           acc3 += q8_lanes(yok0 && xok3 ? t_input[row0 + col3] : pad_word) * wv;
-#line 166
+#line 170
           acc4 += q8_lanes(yok1 && xok0 ? t_input[row1 + col0] : pad_word) * wv;
-#line 166
+#line 170
           acc5 += q8_lanes(yok1 && xok1 ? t_input[row1 + col1] : pad_word) * wv;
-#line 166
+#line 170
           acc6 += q8_lanes(yok1 && xok2 ? t_input[row1 + col2] : pad_word) * wv;
-#line 166
+#line 170
           acc7 += q8_lanes(yok1 && xok3 ? t_input[row1 + col3] : pad_word) * wv;
-#line 166
+#line 170
           acc8 += q8_lanes(yok2 && xok0 ? t_input[row2 + col0] : pad_word) * wv;
-#line 166
+#line 170
           acc9 += q8_lanes(yok2 && xok1 ? t_input[row2 + col1] : pad_word) * wv;
-#line 166
+#line 170
           acc10 += q8_lanes(yok2 && xok2 ? t_input[row2 + col2] : pad_word) * wv;
-#line 166
+#line 170
           acc11 += q8_lanes(yok2 && xok3 ? t_input[row2 + col3] : pad_word) * wv;
-#line 166
+#line 170
           acc12 += q8_lanes(yok3 && xok0 ? t_input[row3 + col0] : pad_word) * wv;
-#line 166
+#line 170
           acc13 += q8_lanes(yok3 && xok1 ? t_input[row3 + col1] : pad_word) * wv;
-#line 166
+#line 170
           acc14 += q8_lanes(yok3 && xok2 ? t_input[row3 + col2] : pad_word) * wv;
-#line 166
+#line 170
           acc15 += q8_lanes(yok3 && xok3 ? t_input[row3 + col3] : pad_word) * wv;
 
-#line 75
+#line 79
         }
       }
-#line 169
+#line 173
     } else {
-#line 60
+#line 64
       for (int ky = 0; ky < kh; ++ky) {
-#line 62
+#line 66
         int iy0 = origin.y + 0 * stride.y + ky * dil.y;
         bool yok0 = iy0 >= 0 && iy0 < is.y;
         int row0 = in_n + q8_word(ivec4(0, clamp(iy0, 0, is.y - 1), 0, 0), is, input_layout);
-#line 62
+#line 66
         int iy1 = origin.y + 1 * stride.y + ky * dil.y;
         bool yok1 = iy1 >= 0 && iy1 < is.y;
         int row1 = in_n + q8_word(ivec4(0, clamp(iy1, 0, is.y - 1), 0, 0), is, input_layout);
-#line 62
+#line 66
         int iy2 = origin.y + 2 * stride.y + ky * dil.y;
         bool yok2 = iy2 >= 0 && iy2 < is.y;
         int row2 = in_n + q8_word(ivec4(0, clamp(iy2, 0, is.y - 1), 0, 0), is, input_layout);
-#line 62
+#line 66
         int iy3 = origin.y + 3 * stride.y + ky * dil.y;
         bool yok3 = iy3 >= 0 && iy3 < is.y;
         int row3 = in_n + q8_word(ivec4(0, clamp(iy3, 0, is.y - 1), 0, 0), is, input_layout);
-#line 66
+#line 70
         int w_ky = q8_word(ivec4(0, ky, 0, 0), ws, weight_layout);
         for (int kx = 0; kx < kw; ++kx) {
-#line 69
+#line 73
           int ix0 = origin.x + 0 * stride.x + kx * dil.x;
           bool xok0 = ix0 >= 0 && ix0 < is.x;
           int col0 = q8_word(ivec4(clamp(ix0, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 69
+#line 73
           int ix1 = origin.x + 1 * stride.x + kx * dil.x;
           bool xok1 = ix1 >= 0 && ix1 < is.x;
           int col1 = q8_word(ivec4(clamp(ix1, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 69
+#line 73
           int ix2 = origin.x + 2 * stride.x + kx * dil.x;
           bool xok2 = ix2 >= 0 && ix2 < is.x;
           int col2 = q8_word(ivec4(clamp(ix2, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 69
+#line 73
           int ix3 = origin.x + 3 * stride.x + kx * dil.x;
           bool xok3 = ix3 >= 0 && ix3 < is.x;
           int col3 = q8_word(ivec4(clamp(ix3, 0, is.x - 1), 0, 0, 0), is, input_layout);
-#line 73
+#line 77
           ivec4 wtap = wrow + w_ky + q8_word(ivec4(kx, 0, 0, 0), ws, weight_layout);
           // Each output lane walks its own group's input channels, one lane of a word at a time.
-#line 172
+#line 176
           for (int l = 0; l < 4; ++l) {
             ivec4 lane = ivec4(equal(ivec4(l), ivec4(0, 1, 2, 3)));
             int c0 = (co[l] / cout_g) * cin_g;  // the group's first input channel
-#line 176
+#line 180
             int s0 = 0;
-#line 176
+#line 180
             int s1 = 0;
-#line 176
+#line 180
             int s2 = 0;
-#line 176
+#line 180
             int s3 = 0;
-#line 176
+#line 180
             int s4 = 0;
-#line 176
+#line 180
             int s5 = 0;
-#line 176
+#line 180
             int s6 = 0;
-#line 176
+#line 180
             int s7 = 0;
-#line 176
+#line 180
             int s8 = 0;
-#line 176
+#line 180
             int s9 = 0;
-#line 176
+#line 180
             int s10 = 0;
-#line 176
+#line 180
             int s11 = 0;
-#line 176
+#line 180
             int s12 = 0;
-#line 176
+#line 180
             int s13 = 0;
-#line 176
+#line 180
             int s14 = 0;
-#line 176
+#line 180
             int s15 = 0;
-#line 178
+#line 182
             for (int ci = 0; ci < cin_g; ++ci) {
               int c = c0 + ci;
               int io = (c / 4) * in_cs;
               int sh = 8 * (c % 4);
               int wl = bitfieldExtract(t_weight[wtap[l] + (ci / 4) * w_cs], 8 * (ci % 4), 8) - wzp[l];
               wsum += lane * wl;
-#line 185
+#line 189
               s0 += bitfieldExtract(yok0 && xok0 ? t_input[row0 + col0 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s1 += bitfieldExtract(yok0 && xok1 ? t_input[row0 + col1 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s2 += bitfieldExtract(yok0 && xok2 ? t_input[row0 + col2 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s3 += bitfieldExtract(yok0 && xok3 ? t_input[row0 + col3 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s4 += bitfieldExtract(yok1 && xok0 ? t_input[row1 + col0 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s5 += bitfieldExtract(yok1 && xok1 ? t_input[row1 + col1 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s6 += bitfieldExtract(yok1 && xok2 ? t_input[row1 + col2 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s7 += bitfieldExtract(yok1 && xok3 ? t_input[row1 + col3 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s8 += bitfieldExtract(yok2 && xok0 ? t_input[row2 + col0 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s9 += bitfieldExtract(yok2 && xok1 ? t_input[row2 + col1 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s10 += bitfieldExtract(yok2 && xok2 ? t_input[row2 + col2 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s11 += bitfieldExtract(yok2 && xok3 ? t_input[row2 + col3 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s12 += bitfieldExtract(yok3 && xok0 ? t_input[row3 + col0 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s13 += bitfieldExtract(yok3 && xok1 ? t_input[row3 + col1 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s14 += bitfieldExtract(yok3 && xok2 ? t_input[row3 + col2 + io] : pad_word, sh, 8) * wl;
-#line 185
+#line 189
               s15 += bitfieldExtract(yok3 && xok3 ? t_input[row3 + col3 + io] : pad_word, sh, 8) * wl;
-#line 187
-            }
-#line 189
-            acc0 += lane * s0;
-#line 189
-            acc1 += lane * s1;
-#line 189
-            acc2 += lane * s2;
-#line 189
-            acc3 += lane * s3;
-#line 189
-            acc4 += lane * s4;
-#line 189
-            acc5 += lane * s5;
-#line 189
-            acc6 += lane * s6;
-#line 189
-            acc7 += lane * s7;
-#line 189
-            acc8 += lane * s8;
-#line 189
-            acc9 += lane * s9;
-#line 189
-            acc10 += lane * s10;
-#line 189
-            acc11 += lane * s11;
-#line 189
-            acc12 += lane * s12;
-#line 189
-            acc13 += lane * s13;
-#line 189
-            acc14 += lane * s14;
-#line 189
-            acc15 += lane * s15;
 #line 191
+            }
+#line 193
+            acc0 += lane * s0;
+#line 193
+            acc1 += lane * s1;
+#line 193
+            acc2 += lane * s2;
+#line 193
+            acc3 += lane * s3;
+#line 193
+            acc4 += lane * s4;
+#line 193
+            acc5 += lane * s5;
+#line 193
+            acc6 += lane * s6;
+#line 193
+            acc7 += lane * s7;
+#line 193
+            acc8 += lane * s8;
+#line 193
+            acc9 += lane * s9;
+#line 193
+            acc10 += lane * s10;
+#line 193
+            acc11 += lane * s11;
+#line 193
+            acc12 += lane * s12;
+#line 193
+            acc13 += lane * s13;
+#line 193
+            acc14 += lane * s14;
+#line 193
+            acc15 += lane * s15;
+#line 195
           }
 
-#line 75
+#line 79
         }
       }
-#line 193
+#line 197
     }
 
     ivec4 zp_term = xzp * wsum;
     Q8Channels ch = q8_channels(block * 4, cout);
     int out_n = q8_word(ivec4(0, 0, 0, n), os, out_layout) + block * out_cs;
-#line 199
+#line 203
     if (x0 + 0 < out_w && y0 + 0 < os.y) {
       int word = x0 + 0 < os.x ? q8_requantize(acc0 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 0, y0 + 0, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 1 < out_w && y0 + 0 < os.y) {
       int word = x0 + 1 < os.x ? q8_requantize(acc1 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 1, y0 + 0, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 2 < out_w && y0 + 0 < os.y) {
       int word = x0 + 2 < os.x ? q8_requantize(acc2 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 2, y0 + 0, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 3 < out_w && y0 + 0 < os.y) {
       int word = x0 + 3 < os.x ? q8_requantize(acc3 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 3, y0 + 0, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 0 < out_w && y0 + 1 < os.y) {
       int word = x0 + 0 < os.x ? q8_requantize(acc4 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 0, y0 + 1, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 1 < out_w && y0 + 1 < os.y) {
       int word = x0 + 1 < os.x ? q8_requantize(acc5 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 1, y0 + 1, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 2 < out_w && y0 + 1 < os.y) {
       int word = x0 + 2 < os.x ? q8_requantize(acc6 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 2, y0 + 1, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 3 < out_w && y0 + 1 < os.y) {
       int word = x0 + 3 < os.x ? q8_requantize(acc7 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 3, y0 + 1, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 0 < out_w && y0 + 2 < os.y) {
       int word = x0 + 0 < os.x ? q8_requantize(acc8 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 0, y0 + 2, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 1 < out_w && y0 + 2 < os.y) {
       int word = x0 + 1 < os.x ? q8_requantize(acc9 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 1, y0 + 2, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 2 < out_w && y0 + 2 < os.y) {
       int word = x0 + 2 < os.x ? q8_requantize(acc10 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 2, y0 + 2, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 3 < out_w && y0 + 2 < os.y) {
       int word = x0 + 3 < os.x ? q8_requantize(acc11 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 3, y0 + 2, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 0 < out_w && y0 + 3 < os.y) {
       int word = x0 + 0 < os.x ? q8_requantize(acc12 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 0, y0 + 3, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 1 < out_w && y0 + 3 < os.y) {
       int word = x0 + 1 < os.x ? q8_requantize(acc13 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 1, y0 + 3, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 2 < out_w && y0 + 3 < os.y) {
       int word = x0 + 2 < os.x ? q8_requantize(acc14 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 2, y0 + 3, 0, 0), os, out_layout)] = word;
     }
-#line 199
+#line 203
     if (x0 + 3 < out_w && y0 + 3 < os.y) {
       int word = x0 + 3 < os.x ? q8_requantize(acc15 - zp_term, ch) : 0;
       t_out[out_n + q8_word(ivec4(x0 + 3, y0 + 3, 0, 0), os, out_layout)] = word;
     }
-#line 204
+#line 208
   }
 }

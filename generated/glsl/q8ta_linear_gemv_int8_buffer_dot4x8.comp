@@ -61,6 +61,8 @@ layout(push_constant) uniform PushConstants {
 #line 27
   int int8_params;
 #line 27
+  int activation;
+#line 27
   float inv_out_scale;
 #line 29
 } pc;
@@ -100,8 +102,26 @@ int load_weight_zero_points(ivec4 idx) { return t_weight_zero_points[tf_buffer_w
 // ---- element access for 'bias' (buffer) ----
 #line 45
 float load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
-#line 8 "shaders/_q8ta_requantize.glsl.j2"
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 9) const int act = 0;  // activation_code
+#line 34 "shaders/q8ta_linear_gemv.glsl.j2"
+int q8_pushed_activation() { return pc.activation; }
+#line 9 "shaders/_q8ta_requantize.glsl.j2"
 int input_zero_point() { return bitfieldExtract(pc.int8_params, 0, 8); }
+
+// hardswish before the quantize, torch's x * min(max(x + 3, 0), 6) / 6, where the node's
+// activation is hardswish: the spec constant `act` (rule activation_code: 4), or where that is 0
+// (a dispatch without shape classes) the activation the including template pushes,
+// `q8_pushed_activation()`, an index in the ops' values [none, relu, hardswish]. relu needs
+// nothing here: it is the clamp's low end (int8_params).
+vec4 q8_activation(vec4 y) {
+  bool hardswish = act != 0 ? act == 4 : q8_pushed_activation() == 2;
+  if (hardswish) { y = y * clamp(y + 3.0, 0.0, 6.0) / 6.0; }
+  return y;
+}
 ivec4 four_cols(int n0, int N) { return min(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N - 1)); }
 
 // weight_zero_points of the four columns (0 when the weights are symmetric: the tensor is absent).
@@ -125,6 +145,7 @@ int requantize(ivec4 acc, int n0, int N) {
   vec4 scale = pc.input_scale * vec4(t_weight_scales[c.x], t_weight_scales[c.y], t_weight_scales[c.z], t_weight_scales[c.w]);
   vec4 y = vec4(acc) * scale;
   if (pc.has_bias != 0) { y += vec4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]); }
+  y = q8_activation(y);
   vec4 q = roundEven(y * pc.inv_out_scale) + float(bitfieldExtract(pc.int8_params, 8, 8));
   q = clamp(q, float(bitfieldExtract(pc.int8_params, 16, 8)), float(bitfieldExtract(pc.int8_params, 24, 8)));
   ivec4 inside = ivec4(lessThan(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N)));
@@ -143,7 +164,7 @@ ivec4 q8_dot4(int a, ivec4 b) { return ivec4(q8_dot(a, b.x), q8_dot(a, b.y), q8_
 ivec4 q8_lane_sums(ivec4 w) { return q8_dot4(0x01010101, w); }
 
 // The weight binding seen as ivec4: one 4H4W block (4 columns x 4 K) per element.
-#line 39 "shaders/q8ta_linear_gemv.glsl.j2"
+#line 42 "shaders/q8ta_linear_gemv.glsl.j2"
 layout(set = 0, binding = 2, std430) readonly buffer weight_blocks { ivec4 t4_weight[]; };
 
 shared ivec4 partial[gl_WorkGroupSize.x];  // each invocation's sums of its 4 columns
@@ -162,37 +183,37 @@ void main() {
   ivec4 wzp = cols_weight_zp(four_cols(idx.x, N));
   int xzp = input_zero_point();
   ivec4 acc = ivec4(0);
-#line 58
+#line 61
   ivec4 sw = ivec4(0);  // sum of w per column
   int sx = 0;  // sum of x
-#line 61
+#line 64
   if (real) {
     int x = ((idx.w * os.z + idx.z) * os.y + idx.y) * KB;  // the row's first input word
     int w = (idx.x >> 2) * KB;  // the columns' first weight block
     for (int kb = part; kb < KB; kb += 4) {
       int X = t_input[x + kb];
       ivec4 W = t4_weight[w + kb];
-#line 68
+#line 71
       acc += q8_dot4(X, W);
       sw += q8_lane_sums(W);
       sx += q8_dot(0x01010101, X);
-#line 76
+#line 79
     }
   }
   // this part's sum (x - xzp) * (w - wzp) but for its share of the K * xzp * wzp term, added once
   // below (padding lanes are 0 in x and w, so K counts only real lanes)
-#line 81
+#line 84
   acc -= xzp * sw + wzp * sx;
-#line 83
+#line 86
   partial[gl_LocalInvocationIndex] = acc;
   barrier();
   if (!live || part != 0) { return; }
   int packed = 0;
   if (real) {
     for (int p = 1; p < 4; ++p) { acc += partial[gl_LocalInvocationIndex + p]; }
-#line 90
+#line 93
     acc += K * xzp * wzp;
-#line 94
+#line 97
     packed = requantize(acc, idx.x, N);
   }
   t_out[word] = packed;

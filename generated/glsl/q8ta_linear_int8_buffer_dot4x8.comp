@@ -61,6 +61,8 @@ layout(push_constant) uniform PushConstants {
 #line 27
   int int8_params;
 #line 27
+  int activation;
+#line 27
   float inv_out_scale;
 #line 29
 } pc;
@@ -100,8 +102,26 @@ int load_weight_zero_points(ivec4 idx) { return t_weight_zero_points[tf_buffer_w
 // ---- element access for 'bias' (buffer) ----
 #line 45
 float load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
-#line 8 "shaders/_q8ta_requantize.glsl.j2"
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 9) const int act = 0;  // activation_code
+#line 43 "shaders/q8ta_linear.glsl.j2"
+int q8_pushed_activation() { return pc.activation; }
+#line 9 "shaders/_q8ta_requantize.glsl.j2"
 int input_zero_point() { return bitfieldExtract(pc.int8_params, 0, 8); }
+
+// hardswish before the quantize, torch's x * min(max(x + 3, 0), 6) / 6, where the node's
+// activation is hardswish: the spec constant `act` (rule activation_code: 4), or where that is 0
+// (a dispatch without shape classes) the activation the including template pushes,
+// `q8_pushed_activation()`, an index in the ops' values [none, relu, hardswish]. relu needs
+// nothing here: it is the clamp's low end (int8_params).
+vec4 q8_activation(vec4 y) {
+  bool hardswish = act != 0 ? act == 4 : q8_pushed_activation() == 2;
+  if (hardswish) { y = y * clamp(y + 3.0, 0.0, 6.0) / 6.0; }
+  return y;
+}
 ivec4 four_cols(int n0, int N) { return min(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N - 1)); }
 
 // weight_zero_points of the four columns (0 when the weights are symmetric: the tensor is absent).
@@ -125,6 +145,7 @@ int requantize(ivec4 acc, int n0, int N) {
   vec4 scale = pc.input_scale * vec4(t_weight_scales[c.x], t_weight_scales[c.y], t_weight_scales[c.z], t_weight_scales[c.w]);
   vec4 y = vec4(acc) * scale;
   if (pc.has_bias != 0) { y += vec4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]); }
+  y = q8_activation(y);
   vec4 q = roundEven(y * pc.inv_out_scale) + float(bitfieldExtract(pc.int8_params, 8, 8));
   q = clamp(q, float(bitfieldExtract(pc.int8_params, 16, 8)), float(bitfieldExtract(pc.int8_params, 24, 8)));
   ivec4 inside = ivec4(lessThan(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N)));
@@ -143,11 +164,11 @@ ivec4 q8_dot4(int a, ivec4 b) { return ivec4(q8_dot(a, b.x), q8_dot(a, b.y), q8_
 ivec4 q8_lane_sums(ivec4 w) { return q8_dot4(0x01010101, w); }
 
 // The same bindings seen as ivec4: one 4H4W block (4 words) per element.
-#line 52 "shaders/q8ta_linear.glsl.j2"
+#line 55 "shaders/q8ta_linear.glsl.j2"
 layout(set = 0, binding = 1, std430) readonly buffer input_blocks { ivec4 t4_input[]; };
-#line 52
+#line 55
 layout(set = 0, binding = 2, std430) readonly buffer weight_blocks { ivec4 t4_weight[]; };
-#line 54
+#line 57
 layout(set = 0, binding = 0, std430) writeonly buffer out_blocks { ivec4 t4_out[]; };
 
 void main() {
@@ -167,122 +188,122 @@ void main() {
   int mb0 = (rest % tiles_m) * 1;
   int first_block = rest / tiles_m * MB;  // this batch's first row block
   int xzp = input_zero_point();
-#line 74
-  int x0 = (first_block + min(mb0 + 0, MB - 1)) * KB;
 #line 77
+  int x0 = (first_block + min(mb0 + 0, MB - 1)) * KB;
+#line 80
   int w0 = min(nb0 + 0, NB - 1) * KB;
   ivec4 wzp0 = cols_weight_zp(four_cols(4 * (nb0 + 0), N));
-#line 77
+#line 80
   int w1 = min(nb0 + 1, NB - 1) * KB;
   ivec4 wzp1 = cols_weight_zp(four_cols(4 * (nb0 + 1), N));
-#line 81
+#line 84
   ivec4 sx0 = ivec4(0);  // sum of (x - xzp) per row (dot4x8: of x, corrected after the loop)
-#line 83
+#line 86
   ivec4 acc000 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc001 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc002 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc003 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc010 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc011 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc012 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc013 = ivec4(0);
-#line 87
-  ivec4 sw0 = ivec4(0);  // sum of w per column
-#line 87
-  ivec4 sw1 = ivec4(0);  // sum of w per column
 #line 90
+  ivec4 sw0 = ivec4(0);  // sum of w per column
+#line 90
+  ivec4 sw1 = ivec4(0);  // sum of w per column
+#line 93
   for (int kb = 0; kb < KB; ++kb) {
-#line 92
+#line 95
     ivec4 X0 = t4_input[x0 + kb];
-#line 95
+#line 98
     ivec4 W0 = t4_weight[w0 + kb];
-#line 95
+#line 98
     ivec4 W1 = t4_weight[w1 + kb];
-#line 99
+#line 102
     sx0 += q8_lane_sums(X0);
-#line 102
+#line 105
     sw0 += q8_lane_sums(W0);
-#line 102
+#line 105
     sw1 += q8_lane_sums(W1);
-#line 105
+#line 108
     acc000 += q8_dot4(X0[0], W0);
-#line 105
+#line 108
     acc001 += q8_dot4(X0[1], W0);
-#line 105
+#line 108
     acc002 += q8_dot4(X0[2], W0);
-#line 105
+#line 108
     acc003 += q8_dot4(X0[3], W0);
-#line 105
+#line 108
     acc010 += q8_dot4(X0[0], W1);
-#line 105
+#line 108
     acc011 += q8_dot4(X0[1], W1);
-#line 105
+#line 108
     acc012 += q8_dot4(X0[2], W1);
-#line 105
+#line 108
     acc013 += q8_dot4(X0[3], W1);
-#line 107
+#line 110
   }
   // acc holds sum x * w: take xzp * sum w off to get sum (x - xzp) * w; sx holds sum x.
-#line 110
-  acc000 -= xzp * sw0;
-#line 110
-  acc001 -= xzp * sw0;
-#line 110
-  acc002 -= xzp * sw0;
-#line 110
-  acc003 -= xzp * sw0;
-#line 110
-  acc010 -= xzp * sw1;
-#line 110
-  acc011 -= xzp * sw1;
-#line 110
-  acc012 -= xzp * sw1;
-#line 110
-  acc013 -= xzp * sw1;
 #line 113
+  acc000 -= xzp * sw0;
+#line 113
+  acc001 -= xzp * sw0;
+#line 113
+  acc002 -= xzp * sw0;
+#line 113
+  acc003 -= xzp * sw0;
+#line 113
+  acc010 -= xzp * sw1;
+#line 113
+  acc011 -= xzp * sw1;
+#line 113
+  acc012 -= xzp * sw1;
+#line 113
+  acc013 -= xzp * sw1;
+#line 116
   sx0 -= K * xzp;
-#line 137
+#line 140
   if (mb0 + 0 < MB) {
-#line 139
+#line 142
     if (nb0 + 0 < NB) {
       int n0 = 4 * (nb0 + 0);
       int h = 4 * (mb0 + 0);
       ivec4 words = ivec4(0);
-#line 144
+#line 147
       if (h + 0 < M) { words[0] = requantize(acc000 - wzp0 * sx0[0], n0, N); }
-#line 144
+#line 147
       if (h + 1 < M) { words[1] = requantize(acc001 - wzp0 * sx0[1], n0, N); }
-#line 144
+#line 147
       if (h + 2 < M) { words[2] = requantize(acc002 - wzp0 * sx0[2], n0, N); }
-#line 144
+#line 147
       if (h + 3 < M) { words[3] = requantize(acc003 - wzp0 * sx0[3], n0, N); }
-#line 146
+#line 149
       t4_out[(first_block + mb0 + 0) * NB + nb0 + 0] = words;
     }
-#line 139
+#line 142
     if (nb0 + 1 < NB) {
       int n0 = 4 * (nb0 + 1);
       int h = 4 * (mb0 + 0);
       ivec4 words = ivec4(0);
-#line 144
+#line 147
       if (h + 0 < M) { words[0] = requantize(acc010 - wzp1 * sx0[0], n0, N); }
-#line 144
+#line 147
       if (h + 1 < M) { words[1] = requantize(acc011 - wzp1 * sx0[1], n0, N); }
-#line 144
+#line 147
       if (h + 2 < M) { words[2] = requantize(acc012 - wzp1 * sx0[2], n0, N); }
-#line 144
+#line 147
       if (h + 3 < M) { words[3] = requantize(acc013 - wzp1 * sx0[3], n0, N); }
-#line 146
+#line 149
       t4_out[(first_block + mb0 + 0) * NB + nb0 + 1] = words;
     }
-#line 149
+#line 152
   }
-#line 151
+#line 154
 }

@@ -61,6 +61,8 @@ layout(push_constant) uniform PushConstants {
 #line 27
   int int8_params;
 #line 27
+  int activation;
+#line 27
   float inv_out_scale;
 #line 29
 } pc;
@@ -100,8 +102,26 @@ int load_weight_zero_points(ivec4 idx) { return t_weight_zero_points[tf_buffer_w
 // ---- element access for 'bias' (buffer) ----
 #line 45
 float load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
-#line 8 "shaders/_q8ta_requantize.glsl.j2"
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 9) const int act = 0;  // activation_code
+#line 43 "shaders/q8ta_linear.glsl.j2"
+int q8_pushed_activation() { return pc.activation; }
+#line 9 "shaders/_q8ta_requantize.glsl.j2"
 int input_zero_point() { return bitfieldExtract(pc.int8_params, 0, 8); }
+
+// hardswish before the quantize, torch's x * min(max(x + 3, 0), 6) / 6, where the node's
+// activation is hardswish: the spec constant `act` (rule activation_code: 4), or where that is 0
+// (a dispatch without shape classes) the activation the including template pushes,
+// `q8_pushed_activation()`, an index in the ops' values [none, relu, hardswish]. relu needs
+// nothing here: it is the clamp's low end (int8_params).
+vec4 q8_activation(vec4 y) {
+  bool hardswish = act != 0 ? act == 4 : q8_pushed_activation() == 2;
+  if (hardswish) { y = y * clamp(y + 3.0, 0.0, 6.0) / 6.0; }
+  return y;
+}
 ivec4 four_cols(int n0, int N) { return min(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N - 1)); }
 
 // weight_zero_points of the four columns (0 when the weights are symmetric: the tensor is absent).
@@ -125,6 +145,7 @@ int requantize(ivec4 acc, int n0, int N) {
   vec4 scale = pc.input_scale * vec4(t_weight_scales[c.x], t_weight_scales[c.y], t_weight_scales[c.z], t_weight_scales[c.w]);
   vec4 y = vec4(acc) * scale;
   if (pc.has_bias != 0) { y += vec4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]); }
+  y = q8_activation(y);
   vec4 q = roundEven(y * pc.inv_out_scale) + float(bitfieldExtract(pc.int8_params, 8, 8));
   q = clamp(q, float(bitfieldExtract(pc.int8_params, 16, 8)), float(bitfieldExtract(pc.int8_params, 24, 8)));
   ivec4 inside = ivec4(lessThan(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N)));
@@ -132,11 +153,11 @@ int requantize(ivec4 acc, int n0, int N) {
 }
 
 // The same bindings seen as ivec4: one 4H4W block (4 words) per element.
-#line 52 "shaders/q8ta_linear.glsl.j2"
+#line 55 "shaders/q8ta_linear.glsl.j2"
 layout(set = 0, binding = 1, std430) readonly buffer input_blocks { ivec4 t4_input[]; };
-#line 52
+#line 55
 layout(set = 0, binding = 2, std430) readonly buffer weight_blocks { ivec4 t4_weight[]; };
-#line 54
+#line 57
 layout(set = 0, binding = 0, std430) writeonly buffer out_blocks { ivec4 t4_out[]; };
 
 void main() {
@@ -156,122 +177,122 @@ void main() {
   int mb0 = (rest % tiles_m) * 1;
   int first_block = rest / tiles_m * MB;  // this batch's first row block
   int xzp = input_zero_point();
-#line 74
-  int x0 = (first_block + min(mb0 + 0, MB - 1)) * KB;
 #line 77
+  int x0 = (first_block + min(mb0 + 0, MB - 1)) * KB;
+#line 80
   int w0 = min(nb0 + 0, NB - 1) * KB;
   ivec4 wzp0 = cols_weight_zp(four_cols(4 * (nb0 + 0), N));
-#line 77
+#line 80
   int w1 = min(nb0 + 1, NB - 1) * KB;
   ivec4 wzp1 = cols_weight_zp(four_cols(4 * (nb0 + 1), N));
-#line 81
+#line 84
   ivec4 sx0 = ivec4(0);  // sum of (x - xzp) per row (dot4x8: of x, corrected after the loop)
-#line 83
+#line 86
   ivec4 acc000 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc001 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc002 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc003 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc010 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc011 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc012 = ivec4(0);
-#line 83
+#line 86
   ivec4 acc013 = ivec4(0);
-#line 90
+#line 93
   for (int kb = 0; kb < KB; ++kb) {
-#line 92
+#line 95
     ivec4 X0 = t4_input[x0 + kb];
-#line 95
+#line 98
     ivec4 W0 = t4_weight[w0 + kb];
-#line 95
+#line 98
     ivec4 W1 = t4_weight[w1 + kb];
-#line 118
+#line 121
     ivec4 a00 = bitfieldExtract(X0, 0, 8) - xzp;  // rows' K lane 0
-#line 121
+#line 124
     ivec4 b00 = bitfieldExtract(W0, 0, 8);  // columns' K lane 0
-#line 121
+#line 124
     ivec4 b10 = bitfieldExtract(W1, 0, 8);  // columns' K lane 0
-#line 118
+#line 121
     ivec4 a01 = bitfieldExtract(X0, 8, 8) - xzp;  // rows' K lane 1
-#line 121
+#line 124
     ivec4 b01 = bitfieldExtract(W0, 8, 8);  // columns' K lane 1
-#line 121
+#line 124
     ivec4 b11 = bitfieldExtract(W1, 8, 8);  // columns' K lane 1
-#line 118
+#line 121
     ivec4 a02 = bitfieldExtract(X0, 16, 8) - xzp;  // rows' K lane 2
-#line 121
+#line 124
     ivec4 b02 = bitfieldExtract(W0, 16, 8);  // columns' K lane 2
-#line 121
+#line 124
     ivec4 b12 = bitfieldExtract(W1, 16, 8);  // columns' K lane 2
-#line 118
+#line 121
     ivec4 a03 = bitfieldExtract(X0, 24, 8) - xzp;  // rows' K lane 3
-#line 121
+#line 124
     ivec4 b03 = bitfieldExtract(W0, 24, 8);  // columns' K lane 3
-#line 121
+#line 124
     ivec4 b13 = bitfieldExtract(W1, 24, 8);  // columns' K lane 3
-#line 125
+#line 128
     sx0 += (a00 + a01) + (a02 + a03);
-#line 128
+#line 131
     acc000 += a00[0] * b00 + a01[0] * b01 + a02[0] * b02 + a03[0] * b03;
-#line 128
+#line 131
     acc001 += a00[1] * b00 + a01[1] * b01 + a02[1] * b02 + a03[1] * b03;
-#line 128
+#line 131
     acc002 += a00[2] * b00 + a01[2] * b01 + a02[2] * b02 + a03[2] * b03;
-#line 128
+#line 131
     acc003 += a00[3] * b00 + a01[3] * b01 + a02[3] * b02 + a03[3] * b03;
-#line 128
+#line 131
     acc010 += a00[0] * b10 + a01[0] * b11 + a02[0] * b12 + a03[0] * b13;
-#line 128
+#line 131
     acc011 += a00[1] * b10 + a01[1] * b11 + a02[1] * b12 + a03[1] * b13;
-#line 128
+#line 131
     acc012 += a00[2] * b10 + a01[2] * b11 + a02[2] * b12 + a03[2] * b13;
-#line 128
+#line 131
     acc013 += a00[3] * b10 + a01[3] * b11 + a02[3] * b12 + a03[3] * b13;
-#line 130
+#line 133
   }
   int pad = 4 * KB - K;  // K lanes of padding: zeros in both operands, so (0 - xzp) in sx
-#line 133
+#line 136
   sx0 += pad * xzp;
-#line 137
+#line 140
   if (mb0 + 0 < MB) {
-#line 139
+#line 142
     if (nb0 + 0 < NB) {
       int n0 = 4 * (nb0 + 0);
       int h = 4 * (mb0 + 0);
       ivec4 words = ivec4(0);
-#line 144
+#line 147
       if (h + 0 < M) { words[0] = requantize(acc000 - wzp0 * sx0[0], n0, N); }
-#line 144
+#line 147
       if (h + 1 < M) { words[1] = requantize(acc001 - wzp0 * sx0[1], n0, N); }
-#line 144
+#line 147
       if (h + 2 < M) { words[2] = requantize(acc002 - wzp0 * sx0[2], n0, N); }
-#line 144
+#line 147
       if (h + 3 < M) { words[3] = requantize(acc003 - wzp0 * sx0[3], n0, N); }
-#line 146
+#line 149
       t4_out[(first_block + mb0 + 0) * NB + nb0 + 0] = words;
     }
-#line 139
+#line 142
     if (nb0 + 1 < NB) {
       int n0 = 4 * (nb0 + 1);
       int h = 4 * (mb0 + 0);
       ivec4 words = ivec4(0);
-#line 144
+#line 147
       if (h + 0 < M) { words[0] = requantize(acc010 - wzp1 * sx0[0], n0, N); }
-#line 144
+#line 147
       if (h + 1 < M) { words[1] = requantize(acc011 - wzp1 * sx0[1], n0, N); }
-#line 144
+#line 147
       if (h + 2 < M) { words[2] = requantize(acc012 - wzp1 * sx0[2], n0, N); }
-#line 144
+#line 147
       if (h + 3 < M) { words[3] = requantize(acc013 - wzp1 * sx0[3], n0, N); }
-#line 146
+#line 149
       t4_out[(first_block + mb0 + 0) * NB + nb0 + 1] = words;
     }
-#line 149
+#line 152
   }
-#line 151
+#line 154
 }

@@ -30,8 +30,8 @@ and before conv + batch norm / activation) rewrites, wherever the fused op runs 
     q(view(...(dq(x)))), the same parameters          =>  view(...(x)) on the int8 tensor
     dq(q(x)), the same parameters, left by the above  =>  quantize_dequantize(x), in float
 
-`act` is relu (the kernels' activation) or hardtanh / relu6, which become a narrower output
-range: quantizing is monotone, so quantize(clamp(y, lo, hi)) == clamp(quantize(y), quantize(lo),
+`act` is relu (the kernels' activation), hardswish after a conv or linear (applied in float
+before the quantize), or hardtanh / relu6, which become a narrower output range: quantizing is monotone, so quantize(clamp(y, lo, hi)) == clamp(quantize(y), quantize(lo),
 quantize(hi)) exactly. An input reached from a dequantize through identity ops (linear(view(dq(x)))) is read as the same
 identity ops applied to the int8 tensor. A dequantize left without readers is removed; one with
 other readers stays for them. Each fused node lists what it absorbed in `node.fused`.
@@ -299,8 +299,9 @@ def fuse_quantized(graph: PlanGraph, limits, facts=None) -> PlanGraph:
     for q in [n for n in graph.nodes if _is_quantize(n)]:
         if q.outputs[0][1].producer is q:  # (not yet absorbed by a chain fused before it)
             _fuse_at(graph, q, limits, conv_form)
+    made: dict = {}  # (the quantize, its parameters) -> the quantize_dequantize made for it
     for dq in [n for n in graph.nodes if _is_dequantize(n)]:
-        _round_trip(graph, dq, limits)
+        _round_trip(graph, dq, limits, made)
     for node in list(graph.nodes):
         if node.op is not None and node.op.name == "permute_copy":
             _transposed_weight(graph, node, limits)
@@ -308,17 +309,25 @@ def fuse_quantized(graph: PlanGraph, limits, facts=None) -> PlanGraph:
     return graph
 
 
-def _round_trip(graph: PlanGraph, dq: Node, limits) -> None:
+def _round_trip(graph: PlanGraph, dq: Node, limits, made: dict) -> None:
     """dq(q(x)) with the same scale and zero point (a float op's result quantized, then read by
     another float op: convs kept in float, int8_conv_form) becomes quantize_dequantize(x): one
     float pass in x's own representation instead of two dispatches through an int8 tensor. The
-    quantize stays where something else reads its int8 tensor (a q8ta add)."""
+    quantize stays where something else reads its int8 tensor (a q8ta add). PT2E gives each
+    reader of a quantized tensor its own dequantize: the second and later of them read the
+    quantize_dequantize made for the first (`made`), not one of their own."""
     t = dq.arg("input")
     q = t.producer
     if q is None or not _is_quantize(q) or not q.on_device or not dq.on_device:
         return
     qp, dp = _params(q), _params(dq)
     if (qp.scale, qp.zero_point) != (dp.scale, dp.zero_point):
+        return
+    key = (id(q), qp)
+    if key in made and dq.outputs[0][1] not in graph.outputs and dq.outputs[0][1].dtype == made[key].outputs[0][1].dtype:
+        _share_round_trip(graph, dq, made[key])
+        if not t.users and t not in graph.outputs:
+            _remove(graph, q)
         return
     op = OPS["quantize_dequantize"]
     args = [("self", q.arg("input")), ("scale", qp.scale), ("zero_point", qp.zero_point),
@@ -329,9 +338,26 @@ def _round_trip(graph: PlanGraph, dq: Node, limits) -> None:
     _replace(graph, dq, node)
     graph.fx_inputs.pop(node, None)  # (it never runs on the CPU)
     node.fused = [f"quantize '{q.name}'", f"dequantize '{dq.name}'"]
+    made[key] = node
     if not t.users and t not in graph.outputs:
         _remove(graph, q)
         node.fused[0] += " (its int8 tensor read by nothing else)"
+
+
+def _share_round_trip(graph: PlanGraph, dq: Node, shared: Node) -> None:
+    """`dq`'s readers read `shared`'s result instead (the same numbers); `dq` goes. `shared` took
+    the place of an earlier dequantize (fuse_quantized walks the graph in order), so it still
+    precedes every reader."""
+    old, new = dq.outputs[0][1], shared.outputs[0][1]
+    readers = list(dict.fromkeys(old.users))
+    for reader in readers:
+        reader.args = [(a, _swap(x, old, new)) for a, x in reader.args]
+        if reader in graph.fx_inputs:
+            graph.fx_inputs[reader] = [_swap(x, old, new) for x in graph.fx_inputs[reader]]
+        new.users += [reader] * old.users.count(reader)
+    old.users.clear()
+    _remove(graph, dq)
+    shared.fused.append(f"dequantize '{dq.name}' (another reader's)")
 
 
 def _transposed_weight(graph: PlanGraph, node: Node, limits) -> None:
@@ -412,10 +438,11 @@ def _fuse_at(graph: PlanGraph, q: Node, limits, conv_form: tuple[str, str | None
     src = q.arg("input")
     core = src.producer
     if core is not None and core.op is not None and _only_user(graph, src) is q:
-        if core.op.name in CLAMPS:
+        if core.op.name in CLAMPS + WEIGHTED_ACTIVATIONS:
             inner = core.arg("self")
             p = inner.producer if isinstance(inner, Value) else None
-            if p is not None and p.op is not None and p.op.name in TAKES_RELU and _only_user(graph, inner) is core:
+            takes = TAKES_RELU if core.op.name in CLAMPS else TAKES_WEIGHTED_ACTIVATIONS
+            if p is not None and p.op is not None and p.op.name in takes and _only_user(graph, inner) is core:
                 if PATTERNS[p.op.name](_Match(graph, limits, q, p, core, conv_form=conv_form)):
                     return
         build = PATTERNS.get(core.op.name)
@@ -547,9 +574,10 @@ class _Match:
                 ("quant_min", low), ("quant_max", high)]
 
     def activation(self) -> list[tuple[str, object]]:
-        """relu is the kernels' own activation; hardtanh and relu6 live in the output range."""
-        relu = self.act is not None and self.act.op.name == "relu"
-        return [("activation", "relu" if relu else "none")]
+        """relu and hardswish are the kernels' own activations; hardtanh and relu6 live in the
+        output range."""
+        name = self.act.op.name if self.act is not None else "none"
+        return [("activation", name if name in ("relu", "hardswish") else "none")]
 
     def fuse(self, op_names: list[str], args: list[tuple[str, object]]) -> Node | None:
         """The first of `op_names` whose node runs on Vulkan takes the chain's place; None (the
@@ -681,7 +709,7 @@ def clamped_range(out: QParams, act: Node | None) -> tuple[int, int]:
     """The output range of a fused op whose activation is `act`. Quantizing is monotone, so
     quantize(hardtanh(y, lo, hi)) == clamp(quantize(y), quantize(lo), quantize(hi)) exactly:
     hardtanh and relu6 become a narrower [quant_min, quant_max] (relu is the kernels' own)."""
-    if act is None or act.op.name == "relu":
+    if act is None or act.op.name not in ("relu6", "hardtanh"):
         return out.quant_min, out.quant_max
     lo, hi = (0.0, 6.0) if act.op.name == "relu6" else (act.value("min_val"), act.value("max_val"))
     return quantize_number(float(lo), out), quantize_number(float(hi), out)
@@ -700,6 +728,8 @@ PATTERNS = {"conv2d": _conv2d, "linear": _linear, "mm": _linear, "addmm": _linea
             "relu": _relu, "pixel_shuffle": _pixel_shuffle, "max_pool2d": _max_pool2d}
 TAKES_RELU = ("conv2d", "linear", "mm", "addmm", "add")  # their q8ta ops apply relu themselves
 CLAMPS = ("relu", "relu6", "hardtanh")  # activations a fused op applies (hardtanh, relu6: clamped_range)
+TAKES_WEIGHTED_ACTIVATIONS = ("conv2d", "linear", "mm", "addmm")  # their q8ta ops also apply ...
+WEIGHTED_ACTIVATIONS = ("hardswish",)  # ... these, in float before the quantize
 
 
 def _pair(v) -> list[int]:

@@ -22,6 +22,21 @@ MAX_STEPS = 2  # the most quantization steps of the output any element may diffe
 MIN_EXACT = 0.95  # the least fraction of elements that must match exactly
 
 
+class HardswishChain(nn.Module):
+    """MobileNetV3's activation after its convs and linears: conv + hardswish (im2col), depthwise
+    conv + hardswish, a mean, linear + hardswish; each fused op applies it before its quantize."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.fc = nn.Linear(8, 12)
+
+    def forward(self, x):
+        y = F.hardswish(self.dw(F.hardswish(self.conv(x))))
+        return F.hardswish(self.fc(y.mean((2, 3))))
+
+
 class Pipeline(nn.Module):
     """conv + relu (im2col), grouped conv, add + relu, pixel_shuffle, a view, two linears."""
 
@@ -76,13 +91,14 @@ def _case(name):
         "max_pool": lambda: (tf_quantize(ConvPoolConv(), r(2, 4, 9, 7, seed=30)), (r(2, 4, 9, 7, seed=30),)),
         "clamped_activations": lambda: (ClampedActivations(), (r(1, 8, 5, 6, seed=29) * 3,)),
         "unfolded_weights": lambda: (unfolded_quantize(Linear(16, 8), r(3, 16, seed=28)), (r(3, 16, seed=28),)),
+        "hardswish": lambda: (tf_quantize(HardswishChain(), r(1, 4, 9, 7, seed=31) * 3), (r(1, 4, 9, 7, seed=31) * 3,)),
     }
     return cases[name]()
 
 
 CASES = ["pipeline", "conv_general", "linear_gemv", "linear_tiled", "addmm_mm", "add_shuffle", "chained_linears",
          "chained_linears_asymmetric", "view_requantized", "view", "Q1", "Q3", "Q4", "x86_uint8", "uint8_round_trip",
-         "float_addmm", "uint8_weight", "broadcast_add", "per_tensor_weight", "float64_scales", "unfolded_weights", "clamped_activations", "max_pool"]
+         "float_addmm", "uint8_weight", "broadcast_add", "per_tensor_weight", "float64_scales", "unfolded_weights", "clamped_activations", "max_pool", "hardswish"]
 
 
 @pytest.mark.parametrize("conv_form", ["q8ta", "float"])
@@ -114,6 +130,23 @@ def test_the_q8ta_ops_run_in_one_submit(device, monkeypatch):
         assert prog.num_submits_per_call == 1
         kinds = set(prog.plan.dispatches)
     assert {"q8ta_conv2d_im2col", "q8ta_conv2d", "q8ta_add", "q8ta_pixel_shuffle", "q8ta_linear"} <= kinds
+
+
+def test_hardswish_runs_inside_the_q8ta_convs_and_linears(device, monkeypatch):
+    """No hardswish dispatch and no quantize between a conv or linear and its hardswish: q8ta form,
+    and in float form one float conv + hardswish (conv2d_pw_act / dw) before each quantize."""
+    model, inputs = _case("hardswish")
+    monkeypatch.setenv("TEXELFLOW_INT8_CONV", "q8ta")
+    with texelflow.compile(model, inputs, device=device) as prog:
+        kinds = prog.plan.dispatches
+        fused = {row[1]: row[4] for row in prog.plan.rows() if row[1].startswith("q8ta_")}
+    assert "hardswish" not in kinds, kinds
+    assert set(fused) == {"q8ta_conv2d_im2col", "q8ta_conv2d", "q8ta_linear_gemv"}, fused
+    assert all("hardswish '" in notes for notes in fused.values()), fused
+    monkeypatch.setenv("TEXELFLOW_INT8_CONV", "float")
+    with texelflow.compile(model, inputs, device=device) as prog:
+        kinds = prog.plan.dispatches
+    assert "hardswish" not in kinds and "q8ta_conv2d" not in kinds, kinds
 
 
 class Bfloat16Out(nn.Module):

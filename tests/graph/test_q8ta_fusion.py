@@ -426,6 +426,23 @@ def test_add_relu_relu_and_pixel_shuffle_fuse():
     assert (relu.arg("self_scale"), relu.arg("out_scale"), relu.arg("out_zero_point")) == (P3.scale, P4.scale, -128)
 
 
+class AddHardswish(nn.Module):
+    """A foreign quantizer's add -> hardswish -> quantize: q8ta_add applies relu only."""
+
+    def forward(self, x, y):
+        return dq(q(F.hardswish(qdq(x, P1) + qdq(y, P2)), P3), P3)
+
+
+def test_an_add_does_not_absorb_a_hardswish(device):
+    x, y = r(1, 8, 4, 4, seed=1), r(1, 8, 4, 4, seed=2)
+    model = AddHardswish()
+    plan = texelflow.plan(model, (x, y))
+    assert plan.fallbacks == [] and "q8ta_add" not in plan.dispatches and plan.dispatches["hardswish"] == 1
+    with texelflow.compile(model, (x, y), device=device) as prog:
+        got = prog(x, y)
+    torch.testing.assert_close(got, model(x, y), rtol=0, atol=P3.scale * 1.01)
+
+
 class BroadcastAdd(nn.Module):
     def forward(self, x, y):
         return torch.relu(x + y)
@@ -457,6 +474,34 @@ def test_a_dequantize_with_a_float_reader_becomes_a_round_trip_beside_the_q8ta_o
     (lin,), (trip,), (quant,) = fused(plan, "q8ta_linear"), fused(plan, "quantize_dequantize"), fused(plan, "quantize_per_tensor")
     assert lin.arg("input") is quant.outputs[0][1]  # the quantize stays for the q8ta linear
     assert trip.arg("self") is quant.arg("input") and [u.op.name for u in trip.outputs[0][1].users] == ["sigmoid"]
+
+
+class ThreeFloatReaders(nn.Module):
+    """One quantized tensor, each of its three float readers through a dequantize of its own (as
+    convert_pt2e leaves it), a reader between two of the dequantizes."""
+
+    def forward(self, x):
+        t = q(torch.tanh(x), P1)
+        s = torch.sigmoid(dq(t, P1)) * 2
+        a, b = dq(t, P1), dq(t, P1)
+        return s, torch.exp(a) + torch.sin(b)
+
+
+def test_round_trips_of_one_quantize_are_one_pass(device):
+    """The readers of one quantize's dequantizes share one quantize_dequantize."""
+    x = r(2, 3, 5, 7, seed=3)
+    model = ThreeFloatReaders()
+    plan = texelflow.plan(model, (x,))
+    assert plan.fallbacks == [] and plan.dispatches["quantize_dequantize"] == 1
+    assert "quantize_per_tensor" not in plan.dispatches and "dequantize_per_tensor" not in plan.dispatches
+    (trip,) = fused(plan, "quantize_dequantize")
+    assert sorted(u.op.name for u in trip.outputs[0][1].users) == ["exp", "sigmoid", "sin"]
+    order = [n.op.name for n in plan.graph.nodes]
+    assert order.index("quantize_dequantize") < min(order.index(k) for k in ("exp", "sigmoid", "sin"))
+    with texelflow.compile(model, (x,), device=device) as prog:
+        got = prog(x)
+    for g, w in zip(got, model(x)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
 # ---- identity ops keep int8 flowing -------------------------------------------------------------

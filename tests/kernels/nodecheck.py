@@ -442,10 +442,12 @@ def variant_at(op_name: str, **axes: str) -> str:
 
 
 def run_nodes(device, nodes: list[tuple[Node, dict]], slot_reprs: dict[str, TensorRepr], dtype: str,
-              expect_variant: str | None = None) -> list[list[Output]]:
+              expect_variant: str | None = None, general: bool = False) -> list[list[Output]]:
     """Lower every node with node_dispatches and run all their dispatches in one Program.
 
-    nodes: (node, {input or constant Value: array}). Returns each node's outputs."""
+    nodes: (node, {input or constant Value: array}). `general`: dispatch without the shape
+    classes lowering gives (every spec constant at its general default, right for any node).
+    Returns each node's outputs."""
     tensors: dict[Value, VkTensor] = {}
     ins, in_arrays, dispatches, every = [], [], [], []
     dummy = None
@@ -479,7 +481,7 @@ def run_nodes(device, nodes: list[tuple[Node, dict]], slot_reprs: dict[str, Tens
                             in_arrays.append(arrays[v])
                     bound[name] = t
                 dispatches.append(Dispatch(spec.variant, bound, spec.scalars, label=spec.label, units=spec.units,
-                                                spec=spec.spec))
+                                           spec={} if general else spec.spec))
         outs = [tensors[v] for node, _ in nodes for _, v in node.outputs]
         prog = Program(device, dispatches, ins, outs, timestamps=False)
         try:
@@ -650,8 +652,10 @@ def assert_padding_zero(out: Output, what: str) -> None:
     assert bad.size == 0, f"{what}: {bad.size} padding elements are not zero (first at {bad[:8].tolist()})"
 
 
-def check_variant(device, vname: str, combo: dict[str, TensorRepr], cases: list[SampleCase]) -> list[tuple[SampleCase, str]]:
+def check_variant(device, vname: str, combo: dict[str, TensorRepr], cases: list[SampleCase],
+                  general: bool = False) -> list[tuple[SampleCase, str]]:
     """Run the cases that fit `combo` on one variant (one Program); (case, message) per failure.
+    `general`: without shape classes (run_nodes).
 
     Raises when a case cannot be a Vulkan node at all (a bad sample) or when no case fits."""
     variant = VARIANTS[vname]
@@ -666,7 +670,8 @@ def check_variant(device, vname: str, combo: dict[str, TensorRepr], cases: list[
         assert problem is None, f"{op.name} {case.label} cannot run on Vulkan: {problem}"
         runs.append((case, node, arrays))
     assert runs, f"{where}: no sample of '{op.name}' fits these representations; add one to ops.yaml"
-    results = run_nodes(device, [(node, arrays) for _, node, arrays in runs], combo, dtype, expect_variant=vname)
+    results = run_nodes(device, [(node, arrays) for _, node, arrays in runs], combo, dtype, expect_variant=vname,
+                        general=general)
     failures = []
     for (case, _, _), outs in zip(runs, results):
         for spec, want, out in zip(op.outputs, case.want, outs):

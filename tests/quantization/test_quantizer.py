@@ -303,16 +303,42 @@ class ConvThen(nn.Module):
     (partial(F.hardtanh, min_val=0.0, max_val=6.0, inplace=True), aten.hardtanh_.default),
     (partial(F.hardtanh, min_val=0.0, max_val=6.0), aten.hardtanh.default),
     (partial(F.hardtanh, min_val=-1.0, max_val=1.0), aten.hardtanh.default),
-], ids=["relu", "relu6", "relu_", "hardtanh_(0,6)", "hardtanh(0,6)", "hardtanh(-1,1)"])
+    (F.hardswish, aten.hardswish.default),
+    (partial(F.hardswish, inplace=True), aten.hardswish_.default),
+], ids=["relu", "relu6", "relu_", "hardtanh_(0,6)", "hardtanh(0,6)", "hardtanh(-1,1)", "hardswish", "hardswish_"])
 def test_a_conv_and_its_activation_are_one_pattern(activation, fused):
-    """No quantize between a conv and its relu / relu6 / hardtanh (any bounds): the fused q8ta op
-    applies it (hardtanh as its output range)."""
+    """No quantize between a conv and its relu / relu6 / hardtanh (any bounds) / hardswish: the
+    fused q8ta op applies it (hardtanh as its output range, hardswish before its quantize)."""
     torch.manual_seed(0)
     model, inputs = ConvThen(activation).eval(), (torch.randn(1, 3, 6, 6),)
     qmodel = quantized(model, inputs)
     (conv,) = calls(qmodel, aten.conv2d.default)
     assert_weighted_op(qmodel, conv)
     assert only_user(conv).target is fused and quantized_output(only_user(conv))
+    assert relative_error(model, qmodel, inputs) < MAX_ERROR
+
+
+class LinearHardswishAddHardswish(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = F.hardswish(self.fc(x))
+        return F.hardswish(y + x)
+
+
+def test_hardswish_fuses_after_a_linear_but_not_after_an_add():
+    """q8ta_linear applies hardswish; q8ta_add does not, so an add's hardswish stays a float op
+    between the add's quantize and the next one."""
+    torch.manual_seed(0)
+    model, inputs = LinearHardswishAddHardswish().eval(), (torch.randn(4, 16),)
+    qmodel = quantized(model, inputs)
+    (fc,) = calls(qmodel, aten.linear.default)
+    assert_weighted_op(qmodel, fc)
+    assert only_user(fc).target is aten.hardswish.default and quantized_output(only_user(fc))
+    (add,) = calls(qmodel, aten.add.Tensor)
+    assert_op_then_quantize(qmodel, add)
     assert relative_error(model, qmodel, inputs) < MAX_ERROR
 
 
