@@ -95,9 +95,14 @@ T load_weight(ivec4 idx) {
 #line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
-#line 13 "shaders/_conv_activation.glsl.j2"
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 7) const int act = 0;  // activation_code
+
+#line 18 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
-  int a = pc.activation;
+  int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);
   float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);
   float hi = a == 2 ? pc.act_max : inf;
@@ -129,7 +134,7 @@ int conv_worker(int tiles) {
   return mine ? ((round * groups + k) * 8 + local % 8) : tiles;
 }
 
-#line 40 "shaders/conv2d_gemm.glsl.j2"
+#line 41 "shaders/conv2d_gemm.glsl.j2"
 void main() {
   ivec4 os = pc.out_sizes;
   ivec4 is = pc.input_sizes;
@@ -150,223 +155,223 @@ void main() {
     int n = tile / (tiles_x * os.y * ogroups);
     int ob0 = og * 2;
     ivec2 org = ivec2(x0, y) * stride - pc.conv_stride_pad.zw;
-#line 61
+#line 62
     int blk0 = min(ob0 + 0, cout4 - 1);
     VEC4 bias0 = VEC4(0);
     if (pc.has_bias != 0) {
       ivec4 ch = min(ivec4(blk0 * 4) + ivec4(0, 1, 2, 3), ivec4(cout - 1));
       bias0 = VEC4(t_bias[ch.x], t_bias[ch.y], t_bias[ch.z], t_bias[ch.w]);
     }
-#line 68
+#line 69
     VEC4 acc0_0 = bias0;
-#line 68
+#line 69
     VEC4 acc0_1 = bias0;
-#line 68
+#line 69
     VEC4 acc0_2 = bias0;
-#line 68
+#line 69
     VEC4 acc0_3 = bias0;
-#line 68
+#line 69
     VEC4 acc0_4 = bias0;
-#line 68
+#line 69
     VEC4 acc0_5 = bias0;
-#line 68
+#line 69
     VEC4 acc0_6 = bias0;
-#line 68
+#line 69
     VEC4 acc0_7 = bias0;
-#line 61
+#line 62
     int blk1 = min(ob0 + 1, cout4 - 1);
     VEC4 bias1 = VEC4(0);
     if (pc.has_bias != 0) {
       ivec4 ch = min(ivec4(blk1 * 4) + ivec4(0, 1, 2, 3), ivec4(cout - 1));
       bias1 = VEC4(t_bias[ch.x], t_bias[ch.y], t_bias[ch.z], t_bias[ch.w]);
     }
-#line 68
+#line 69
     VEC4 acc1_0 = bias1;
-#line 68
+#line 69
     VEC4 acc1_1 = bias1;
-#line 68
+#line 69
     VEC4 acc1_2 = bias1;
-#line 68
+#line 69
     VEC4 acc1_3 = bias1;
-#line 68
+#line 69
     VEC4 acc1_4 = bias1;
-#line 68
+#line 69
     VEC4 acc1_5 = bias1;
-#line 68
+#line 69
     VEC4 acc1_6 = bias1;
-#line 68
+#line 69
     VEC4 acc1_7 = bias1;
-#line 71
+#line 72
     for (int ky = 0; ky < kh; ++ky) {
       int iy = org.y + ky * dil.y;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
       for (int kx = 0; kx < kw; ++kx) {
         int tap = ky * kw + kx;
-#line 78
+#line 79
         int ix0 = org.x + 0 * stride.x + kx * dil.x;
         bool ok0 = yok && ix0 >= 0 && ix0 < is.x;
         int cx0 = clamp(ix0, 0, is.x - 1);
-#line 78
+#line 79
         int ix1 = org.x + 1 * stride.x + kx * dil.x;
         bool ok1 = yok && ix1 >= 0 && ix1 < is.x;
         int cx1 = clamp(ix1, 0, is.x - 1);
-#line 78
+#line 79
         int ix2 = org.x + 2 * stride.x + kx * dil.x;
         bool ok2 = yok && ix2 >= 0 && ix2 < is.x;
         int cx2 = clamp(ix2, 0, is.x - 1);
-#line 78
+#line 79
         int ix3 = org.x + 3 * stride.x + kx * dil.x;
         bool ok3 = yok && ix3 >= 0 && ix3 < is.x;
         int cx3 = clamp(ix3, 0, is.x - 1);
-#line 78
+#line 79
         int ix4 = org.x + 4 * stride.x + kx * dil.x;
         bool ok4 = yok && ix4 >= 0 && ix4 < is.x;
         int cx4 = clamp(ix4, 0, is.x - 1);
-#line 78
+#line 79
         int ix5 = org.x + 5 * stride.x + kx * dil.x;
         bool ok5 = yok && ix5 >= 0 && ix5 < is.x;
         int cx5 = clamp(ix5, 0, is.x - 1);
-#line 78
+#line 79
         int ix6 = org.x + 6 * stride.x + kx * dil.x;
         bool ok6 = yok && ix6 >= 0 && ix6 < is.x;
         int cx6 = clamp(ix6, 0, is.x - 1);
-#line 78
+#line 79
         int ix7 = org.x + 7 * stride.x + kx * dil.x;
         bool ok7 = yok && ix7 >= 0 && ix7 < is.x;
         int cx7 = clamp(ix7, 0, is.x - 1);
-#line 82
+#line 83
         for (int b = 0; b < cin4; ++b) {
           int z = n * cin4 + b;
-#line 85
+#line 86
           VEC4 w00 = imageLoad(t_weight, ivec3(blk0, 4 * b, tap));
           VEC4 w01 = imageLoad(t_weight, ivec3(blk0, 4 * b + 1, tap));
           VEC4 w02 = imageLoad(t_weight, ivec3(blk0, 4 * b + 2, tap));
           VEC4 w03 = imageLoad(t_weight, ivec3(blk0, 4 * b + 3, tap));
-#line 85
+#line 86
           VEC4 w10 = imageLoad(t_weight, ivec3(blk1, 4 * b, tap));
           VEC4 w11 = imageLoad(t_weight, ivec3(blk1, 4 * b + 1, tap));
           VEC4 w12 = imageLoad(t_weight, ivec3(blk1, 4 * b + 2, tap));
           VEC4 w13 = imageLoad(t_weight, ivec3(blk1, 4 * b + 3, tap));
-#line 91
+#line 92
           {
             VEC4 v = mix(VEC4(0), imageLoad(t_input, ivec3(cx0, cy, z)), bvec4(ok0));
-#line 94
+#line 95
             acc0_0 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 94
+#line 95
             acc1_0 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 96
+#line 97
           }
-#line 91
+#line 92
           {
             VEC4 v = mix(VEC4(0), imageLoad(t_input, ivec3(cx1, cy, z)), bvec4(ok1));
-#line 94
+#line 95
             acc0_1 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 94
+#line 95
             acc1_1 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 96
+#line 97
           }
-#line 91
+#line 92
           {
             VEC4 v = mix(VEC4(0), imageLoad(t_input, ivec3(cx2, cy, z)), bvec4(ok2));
-#line 94
+#line 95
             acc0_2 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 94
+#line 95
             acc1_2 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 96
+#line 97
           }
-#line 91
+#line 92
           {
             VEC4 v = mix(VEC4(0), imageLoad(t_input, ivec3(cx3, cy, z)), bvec4(ok3));
-#line 94
+#line 95
             acc0_3 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 94
+#line 95
             acc1_3 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 96
+#line 97
           }
-#line 91
+#line 92
           {
             VEC4 v = mix(VEC4(0), imageLoad(t_input, ivec3(cx4, cy, z)), bvec4(ok4));
-#line 94
+#line 95
             acc0_4 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 94
+#line 95
             acc1_4 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 96
+#line 97
           }
-#line 91
+#line 92
           {
             VEC4 v = mix(VEC4(0), imageLoad(t_input, ivec3(cx5, cy, z)), bvec4(ok5));
-#line 94
+#line 95
             acc0_5 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 94
+#line 95
             acc1_5 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 96
+#line 97
           }
-#line 91
+#line 92
           {
             VEC4 v = mix(VEC4(0), imageLoad(t_input, ivec3(cx6, cy, z)), bvec4(ok6));
-#line 94
+#line 95
             acc0_6 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 94
+#line 95
             acc1_6 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 96
+#line 97
           }
-#line 91
+#line 92
           {
             VEC4 v = mix(VEC4(0), imageLoad(t_input, ivec3(cx7, cy, z)), bvec4(ok7));
-#line 94
+#line 95
             acc0_7 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 94
+#line 95
             acc1_7 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 96
+#line 97
           }
-#line 98
+#line 99
         }
       }
     }
     int zout = n * tf_div_up(cout, 4);
-#line 103
+#line 104
     if (ob0 + 0 < cout4) {
       bvec4 real = lessThan(ivec4((ob0 + 0) * 4) + ivec4(0, 1, 2, 3), ivec4(cout));
-#line 106
+#line 107
       if (x0 + 0 < os.x) { store_texel_out(ivec3(x0 + 0, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_0), real)); }
-#line 106
+#line 107
       if (x0 + 1 < os.x) { store_texel_out(ivec3(x0 + 1, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_1), real)); }
-#line 106
+#line 107
       if (x0 + 2 < os.x) { store_texel_out(ivec3(x0 + 2, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_2), real)); }
-#line 106
+#line 107
       if (x0 + 3 < os.x) { store_texel_out(ivec3(x0 + 3, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_3), real)); }
-#line 106
+#line 107
       if (x0 + 4 < os.x) { store_texel_out(ivec3(x0 + 4, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_4), real)); }
-#line 106
+#line 107
       if (x0 + 5 < os.x) { store_texel_out(ivec3(x0 + 5, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_5), real)); }
-#line 106
+#line 107
       if (x0 + 6 < os.x) { store_texel_out(ivec3(x0 + 6, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_6), real)); }
-#line 106
+#line 107
       if (x0 + 7 < os.x) { store_texel_out(ivec3(x0 + 7, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_7), real)); }
-#line 108
+#line 109
     }
-#line 103
+#line 104
     if (ob0 + 1 < cout4) {
       bvec4 real = lessThan(ivec4((ob0 + 1) * 4) + ivec4(0, 1, 2, 3), ivec4(cout));
-#line 106
+#line 107
       if (x0 + 0 < os.x) { store_texel_out(ivec3(x0 + 0, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_0), real)); }
-#line 106
+#line 107
       if (x0 + 1 < os.x) { store_texel_out(ivec3(x0 + 1, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_1), real)); }
-#line 106
+#line 107
       if (x0 + 2 < os.x) { store_texel_out(ivec3(x0 + 2, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_2), real)); }
-#line 106
+#line 107
       if (x0 + 3 < os.x) { store_texel_out(ivec3(x0 + 3, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_3), real)); }
-#line 106
+#line 107
       if (x0 + 4 < os.x) { store_texel_out(ivec3(x0 + 4, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_4), real)); }
-#line 106
+#line 107
       if (x0 + 5 < os.x) { store_texel_out(ivec3(x0 + 5, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_5), real)); }
-#line 106
+#line 107
       if (x0 + 6 < os.x) { store_texel_out(ivec3(x0 + 6, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_6), real)); }
-#line 106
+#line 107
       if (x0 + 7 < os.x) { store_texel_out(ivec3(x0 + 7, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_7), real)); }
-#line 108
+#line 109
     }
-#line 110
+#line 111
   }
 }

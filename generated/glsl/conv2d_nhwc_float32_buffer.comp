@@ -77,9 +77,14 @@ T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_si
 #line 45
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
-#line 13 "shaders/_conv_activation.glsl.j2"
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 7) const int act = 0;  // activation_code
+
+#line 18 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
-  int a = pc.activation;
+  int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);
   float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);
   float hi = a == 2 ? pc.act_max : inf;
@@ -94,12 +99,12 @@ VEC4 conv_activation(VEC4 v) {
             : VEC4(1);
   return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
 }
-#line 44 "shaders/conv2d_nhwc.glsl.j2"
+#line 45 "shaders/conv2d_nhwc.glsl.j2"
 layout(set = 0, binding = 1, std430) readonly buffer input4_buf { vec4 t_input4[]; };
-#line 44
+#line 45
 layout(set = 0, binding = 2, std430) readonly buffer weight4_buf { vec4 t_weight4[]; };
 
-#line 47
+#line 48
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) {
@@ -127,52 +132,52 @@ void main() {
   int cin4 = cin / 4;
   int vec_blocks = cin % 4 == 0 ? cin4 : 0;  // input channels read as vec4
 
-#line 75
+#line 76
   ivec4 chan0 = min(ivec4(co0 + 0) + ivec4(0, 1, 2, 3), ivec4(cout - 1));
   VEC4 b0 = VEC4(0);
   if (pc.has_bias != 0) {
     b0 = VEC4(t_bias[chan0.x], t_bias[chan0.y], t_bias[chan0.z], t_bias[chan0.w]);
   }
-#line 81
+#line 82
   VEC4 acc0_0 = b0;
-#line 81
+#line 82
   VEC4 acc0_1 = b0;
-#line 81
+#line 82
   VEC4 acc0_2 = b0;
-#line 81
+#line 82
   VEC4 acc0_3 = b0;
-#line 81
+#line 82
   VEC4 acc0_4 = b0;
-#line 81
+#line 82
   VEC4 acc0_5 = b0;
-#line 81
+#line 82
   VEC4 acc0_6 = b0;
-#line 81
+#line 82
   VEC4 acc0_7 = b0;
-#line 75
+#line 76
   ivec4 chan1 = min(ivec4(co0 + 4) + ivec4(0, 1, 2, 3), ivec4(cout - 1));
   VEC4 b1 = VEC4(0);
   if (pc.has_bias != 0) {
     b1 = VEC4(t_bias[chan1.x], t_bias[chan1.y], t_bias[chan1.z], t_bias[chan1.w]);
   }
-#line 81
+#line 82
   VEC4 acc1_0 = b1;
-#line 81
+#line 82
   VEC4 acc1_1 = b1;
-#line 81
+#line 82
   VEC4 acc1_2 = b1;
-#line 81
+#line 82
   VEC4 acc1_3 = b1;
-#line 81
+#line 82
   VEC4 acc1_4 = b1;
-#line 81
+#line 82
   VEC4 acc1_5 = b1;
-#line 81
+#line 82
   VEC4 acc1_6 = b1;
-#line 81
+#line 82
   VEC4 acc1_7 = b1;
 
-#line 85
+#line 86
   for (int ky = 0; ky < kh; ++ky) {
     int iy = oy * stride.y - pad.y + ky * dil.y;
     if (iy < 0 || iy >= is.z) {
@@ -180,237 +185,237 @@ void main() {
     }
     int row = (n * is.z + iy) * is.y;  // input pixel index of (n, iy, 0)
     for (int kx = 0; kx < kw; ++kx) {
-#line 93
+#line 94
       int ix0 = (x0 + 0) * stride.x - pad.x + kx * dil.x;
       bool ok0 = ix0 >= 0 && ix0 < is.y && x0 + 0 < os.y;
       // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
       // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px0 = row + (ok0 ? ix0 : 0);
       bvec4 m0 = bvec4(ok0);
-#line 93
+#line 94
       int ix1 = (x0 + 1) * stride.x - pad.x + kx * dil.x;
       bool ok1 = ix1 >= 0 && ix1 < is.y && x0 + 1 < os.y;
       // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
       // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px1 = row + (ok1 ? ix1 : 0);
       bvec4 m1 = bvec4(ok1);
-#line 93
+#line 94
       int ix2 = (x0 + 2) * stride.x - pad.x + kx * dil.x;
       bool ok2 = ix2 >= 0 && ix2 < is.y && x0 + 2 < os.y;
       // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
       // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px2 = row + (ok2 ? ix2 : 0);
       bvec4 m2 = bvec4(ok2);
-#line 93
+#line 94
       int ix3 = (x0 + 3) * stride.x - pad.x + kx * dil.x;
       bool ok3 = ix3 >= 0 && ix3 < is.y && x0 + 3 < os.y;
       // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
       // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px3 = row + (ok3 ? ix3 : 0);
       bvec4 m3 = bvec4(ok3);
-#line 93
+#line 94
       int ix4 = (x0 + 4) * stride.x - pad.x + kx * dil.x;
       bool ok4 = ix4 >= 0 && ix4 < is.y && x0 + 4 < os.y;
       // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
       // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px4 = row + (ok4 ? ix4 : 0);
       bvec4 m4 = bvec4(ok4);
-#line 93
+#line 94
       int ix5 = (x0 + 5) * stride.x - pad.x + kx * dil.x;
       bool ok5 = ix5 >= 0 && ix5 < is.y && x0 + 5 < os.y;
       // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
       // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px5 = row + (ok5 ? ix5 : 0);
       bvec4 m5 = bvec4(ok5);
-#line 93
+#line 94
       int ix6 = (x0 + 6) * stride.x - pad.x + kx * dil.x;
       bool ok6 = ix6 >= 0 && ix6 < is.y && x0 + 6 < os.y;
       // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
       // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px6 = row + (ok6 ? ix6 : 0);
       bvec4 m6 = bvec4(ok6);
-#line 93
+#line 94
       int ix7 = (x0 + 7) * stride.x - pad.x + kx * dil.x;
       bool ok7 = ix7 >= 0 && ix7 < is.y && x0 + 7 < os.y;
       // taps outside the input read pixel 0 of the row and select 0 instead (a select, not a
       // product with 0, which would carry that pixel's NaN or Inf): no branch in the loops
       int px7 = row + (ok7 ? ix7 : 0);
       bvec4 m7 = bvec4(ok7);
-#line 100
+#line 101
       int wtap = (ky * kw + kx) * cin;  // weight row of (ky, kx, 0)
       for (int b = 0; b < vec_blocks; ++b) {
         int w = (wtap + b * 4) * cw4;
-#line 104
+#line 105
         VEC4 w00 = t_weight4[w + blk0];
         VEC4 w01 = t_weight4[w + cw4 + blk0];
         VEC4 w02 = t_weight4[w + 2 * cw4 + blk0];
         VEC4 w03 = t_weight4[w + 3 * cw4 + blk0];
-#line 104
+#line 105
         VEC4 w10 = t_weight4[w + blk1];
         VEC4 w11 = t_weight4[w + cw4 + blk1];
         VEC4 w12 = t_weight4[w + 2 * cw4 + blk1];
         VEC4 w13 = t_weight4[w + 3 * cw4 + blk1];
-#line 110
+#line 111
         {
           VEC4 v = mix(VEC4(0), VEC4(t_input4[px0 * cin4 + b]), m0);
-#line 113
+#line 114
           acc0_0 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 113
+#line 114
           acc1_0 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 115
+#line 116
         }
-#line 110
+#line 111
         {
           VEC4 v = mix(VEC4(0), VEC4(t_input4[px1 * cin4 + b]), m1);
-#line 113
+#line 114
           acc0_1 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 113
+#line 114
           acc1_1 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 115
+#line 116
         }
-#line 110
+#line 111
         {
           VEC4 v = mix(VEC4(0), VEC4(t_input4[px2 * cin4 + b]), m2);
-#line 113
+#line 114
           acc0_2 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 113
+#line 114
           acc1_2 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 115
+#line 116
         }
-#line 110
+#line 111
         {
           VEC4 v = mix(VEC4(0), VEC4(t_input4[px3 * cin4 + b]), m3);
-#line 113
+#line 114
           acc0_3 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 113
+#line 114
           acc1_3 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 115
+#line 116
         }
-#line 110
+#line 111
         {
           VEC4 v = mix(VEC4(0), VEC4(t_input4[px4 * cin4 + b]), m4);
-#line 113
+#line 114
           acc0_4 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 113
+#line 114
           acc1_4 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 115
+#line 116
         }
-#line 110
+#line 111
         {
           VEC4 v = mix(VEC4(0), VEC4(t_input4[px5 * cin4 + b]), m5);
-#line 113
+#line 114
           acc0_5 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 113
+#line 114
           acc1_5 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 115
+#line 116
         }
-#line 110
+#line 111
         {
           VEC4 v = mix(VEC4(0), VEC4(t_input4[px6 * cin4 + b]), m6);
-#line 113
+#line 114
           acc0_6 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 113
+#line 114
           acc1_6 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 115
+#line 116
         }
-#line 110
+#line 111
         {
           VEC4 v = mix(VEC4(0), VEC4(t_input4[px7 * cin4 + b]), m7);
-#line 113
+#line 114
           acc0_7 += w00 * v.x + w01 * v.y + w02 * v.z + w03 * v.w;
-#line 113
+#line 114
           acc1_7 += w10 * v.x + w11 * v.y + w12 * v.z + w13 * v.w;
-#line 115
+#line 116
         }
-#line 117
+#line 118
       }
       for (int c = vec_blocks * 4; c < cin; ++c) {
         int w = (wtap + c) * cw4;
-#line 121
+#line 122
         VEC4 wc0 = t_weight4[w + blk0];
-#line 121
+#line 122
         VEC4 wc1 = t_weight4[w + blk1];
-#line 124
+#line 125
         {
           T v = ok0 ? T(t_input[px0 * cin + c]) : T(0);
-#line 127
+#line 128
           acc0_0 += wc0 * v;
-#line 127
+#line 128
           acc1_0 += wc1 * v;
-#line 129
+#line 130
         }
-#line 124
+#line 125
         {
           T v = ok1 ? T(t_input[px1 * cin + c]) : T(0);
-#line 127
+#line 128
           acc0_1 += wc0 * v;
-#line 127
+#line 128
           acc1_1 += wc1 * v;
-#line 129
+#line 130
         }
-#line 124
+#line 125
         {
           T v = ok2 ? T(t_input[px2 * cin + c]) : T(0);
-#line 127
+#line 128
           acc0_2 += wc0 * v;
-#line 127
+#line 128
           acc1_2 += wc1 * v;
-#line 129
+#line 130
         }
-#line 124
+#line 125
         {
           T v = ok3 ? T(t_input[px3 * cin + c]) : T(0);
-#line 127
+#line 128
           acc0_3 += wc0 * v;
-#line 127
+#line 128
           acc1_3 += wc1 * v;
-#line 129
+#line 130
         }
-#line 124
+#line 125
         {
           T v = ok4 ? T(t_input[px4 * cin + c]) : T(0);
-#line 127
+#line 128
           acc0_4 += wc0 * v;
-#line 127
+#line 128
           acc1_4 += wc1 * v;
-#line 129
+#line 130
         }
-#line 124
+#line 125
         {
           T v = ok5 ? T(t_input[px5 * cin + c]) : T(0);
-#line 127
+#line 128
           acc0_5 += wc0 * v;
-#line 127
+#line 128
           acc1_5 += wc1 * v;
-#line 129
+#line 130
         }
-#line 124
+#line 125
         {
           T v = ok6 ? T(t_input[px6 * cin + c]) : T(0);
-#line 127
+#line 128
           acc0_6 += wc0 * v;
-#line 127
+#line 128
           acc1_6 += wc1 * v;
-#line 129
+#line 130
         }
-#line 124
+#line 125
         {
           T v = ok7 ? T(t_input[px7 * cin + c]) : T(0);
-#line 127
+#line 128
           acc0_7 += wc0 * v;
-#line 127
+#line 128
           acc1_7 += wc1 * v;
-#line 129
+#line 130
         }
-#line 131
+#line 132
       }
     }
   }
 
-#line 136
+#line 137
   if (x0 + 0 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 0) * cout + co0;
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc0_0);
       int lanes = min(4, cout - co0 - 0);
@@ -418,7 +423,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc1_0);
       int lanes = min(4, cout - co0 - 4);
@@ -426,12 +431,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 147
+#line 148
   }
-#line 136
+#line 137
   if (x0 + 1 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 1) * cout + co0;
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc0_1);
       int lanes = min(4, cout - co0 - 0);
@@ -439,7 +444,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc1_1);
       int lanes = min(4, cout - co0 - 4);
@@ -447,12 +452,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 147
+#line 148
   }
-#line 136
+#line 137
   if (x0 + 2 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 2) * cout + co0;
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc0_2);
       int lanes = min(4, cout - co0 - 0);
@@ -460,7 +465,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc1_2);
       int lanes = min(4, cout - co0 - 4);
@@ -468,12 +473,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 147
+#line 148
   }
-#line 136
+#line 137
   if (x0 + 3 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 3) * cout + co0;
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc0_3);
       int lanes = min(4, cout - co0 - 0);
@@ -481,7 +486,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc1_3);
       int lanes = min(4, cout - co0 - 4);
@@ -489,12 +494,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 147
+#line 148
   }
-#line 136
+#line 137
   if (x0 + 4 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 4) * cout + co0;
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc0_4);
       int lanes = min(4, cout - co0 - 0);
@@ -502,7 +507,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc1_4);
       int lanes = min(4, cout - co0 - 4);
@@ -510,12 +515,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 147
+#line 148
   }
-#line 136
+#line 137
   if (x0 + 5 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 5) * cout + co0;
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc0_5);
       int lanes = min(4, cout - co0 - 0);
@@ -523,7 +528,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc1_5);
       int lanes = min(4, cout - co0 - 4);
@@ -531,12 +536,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 147
+#line 148
   }
-#line 136
+#line 137
   if (x0 + 6 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 6) * cout + co0;
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc0_6);
       int lanes = min(4, cout - co0 - 0);
@@ -544,7 +549,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc1_6);
       int lanes = min(4, cout - co0 - 4);
@@ -552,12 +557,12 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 147
+#line 148
   }
-#line 136
+#line 137
   if (x0 + 7 < os.y) {
     int at = ((n * os.z + oy) * os.y + x0 + 7) * cout + co0;
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc0_7);
       int lanes = min(4, cout - co0 - 0);
@@ -565,7 +570,7 @@ void main() {
         t_out[at + 0 + l] = r[l];
       }
     }
-#line 139
+#line 140
     {
       VEC4 r = conv_activation(acc1_7);
       int lanes = min(4, cout - co0 - 4);
@@ -573,7 +578,7 @@ void main() {
         t_out[at + 4 + l] = r[l];
       }
     }
-#line 147
+#line 148
   }
-#line 149
+#line 150
 }

@@ -20,7 +20,7 @@ layout(constant_id = 6) const int weight_layout = 0;
 #line 13
 layout(constant_id = 7) const int bias_layout = 0;
 #line 13
-layout(constant_id = 9) const int texel_reads = 0;
+layout(constant_id = 10) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 21
@@ -99,6 +99,8 @@ T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, b
 // SPEC_RULES); each default is the general value, whose path is right for every node.
 #line 78
 layout(constant_id = 8) const int cout_ragged = 1;  // ragged
+#line 78
+layout(constant_id = 9) const int act = 0;  // activation_code
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
@@ -111,9 +113,9 @@ layout(set = 0, binding = 1, std430) readonly buffer m_buf4 { vec4 t4_m[]; };
 T read_m(int w) { return texel_reads != 0 ? T(texelFetch(tb_m, w >> 2)[w & 3]) : T(t_m[w]); }
 VEC4 read4_m(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_m, k)) : VEC4(t4_m[k]); }
 T load_m(ivec4 idx) { return read_m(tf_buffer_word_lane(idx, pc.m_sizes, m_layout).x); }
-#line 13 "shaders/_conv_activation.glsl.j2"
+#line 18 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
-  int a = pc.activation;
+  int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);
   float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);
   float hi = a == 2 ? pc.act_max : inf;

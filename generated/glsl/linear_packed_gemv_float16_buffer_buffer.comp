@@ -87,7 +87,7 @@ layout(constant_id = 7) const int k_ragged = 1;  // ragged
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
 #line 78
 layout(constant_id = 9) const int act = 0;  // activation_code
-#line 13 "shaders/_conv_activation.glsl.j2"
+#line 18 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
   int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);

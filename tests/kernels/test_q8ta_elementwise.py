@@ -23,20 +23,7 @@ from texelflow.runtime.lower_dispatch import node_dispatches
 from texelflow.runtime.vulkan.program import Dispatch, Program
 from texelflow.runtime.vulkan.tensor import VkTensor
 
-from texelflow.generated.samples import SAMPLES
-from texelflow.generated.variants import VARIANTS
-
-from .nodecheck import (
-    assert_matches,
-    assert_padding_zero,
-    build_node,
-    check_variant,
-    combo_id,
-    explicit_case,
-    run_nodes,
-    sample_case,
-    variant_cases,
-)
+from .nodecheck import assert_matches, assert_padding_zero, build_node, explicit_case, run_nodes
 
 
 def _int8(layout: Layout) -> TensorRepr:
@@ -272,23 +259,3 @@ def test_q8ta_pixel_shuffle_mixed_layouts(device, combo, requantize):
     if not requantize:
         assert exact == 1.0, f"{what}: a pure move must be exact"
 
-
-# ---- the int8 kernels' general paths ---------------------------------------------------------------
-# Ops whose kernels take int8 shape classes (int8_words, padded_words, quant_words, activation_code):
-# test_registry_ops runs their samples with the classes lowering gives; here every sample runs as a
-# bare dispatch too, each spec constant at its general default (hardswish from the pushed activation).
-GENERAL_OPS = ("quantize_per_tensor", "q8ta_add", "q8ta_relu", "q8ta_max_pool2d", "q8ta_conv2d", "q8ta_conv2d_im2col",
-               "q8ta_linear", "q8ta_linear_gemv")
-GENERAL_CASES = [(v, c) for v, c in variant_cases() if VARIANTS[v].op in GENERAL_OPS]
-
-
-@pytest.mark.parametrize("vname,combo", GENERAL_CASES,
-                         ids=[f"{v}-{combo_id(OPS[VARIANTS[v].op], c)}" for v, c in GENERAL_CASES])
-def test_int8_kernels_without_shape_classes(device, vname, combo):
-    op, dtype = OPS[VARIANTS[vname].op], VARIANTS[vname].dtype
-    lacking = set(VARIANTS[vname].features) - set(device.enabled_features)
-    if lacking:
-        pytest.skip(f"{vname} needs device features {sorted(lacking)}, which this device lacks")
-    cases = [sample_case(op.name, dtype, index) for index in range(len(SAMPLES[op.name]))]
-    failures = check_variant(device, vname, combo, cases, general=True)
-    assert not failures, f"{len(failures)} failures:\n\n" + "\n\n".join(msg for _, msg in failures)

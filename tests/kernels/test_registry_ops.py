@@ -124,3 +124,26 @@ def test_every_variant_was_dispatched(request, device):
         pytest.skip("only part of this module was selected")
     missing = sorted(runnable - DISPATCHED)
     assert not missing, f"generated variants no test dispatched: {missing}"
+
+
+# Ops whose kernels compile a push constant's work in or out by a shape class (the int8 word and
+# block paths: int8_words, padded_words, quant_words; a fused activation: activation_code). The test
+# above runs their samples with the classes lowering gives; this one runs them as bare dispatches,
+# each spec constant at its general default (the activation read from the push constant).
+GENERAL_OPS = ("quantize_per_tensor", "q8ta_add", "q8ta_relu", "q8ta_max_pool2d", "q8ta_conv2d", "q8ta_conv2d_im2col",
+               "q8ta_linear", "q8ta_linear_gemv", "conv2d_act", "conv2d_dw_act", "conv2d_dw3_s1", "conv2d_dw3_s2",
+               "conv2d_dw5_s1", "conv2d_dw5_s2", "conv2d_dw7_s1", "conv2d_pw_act", "conv2d_gemm", "conv2d_nhwc",
+               "conv2d_wino", "conv2d_wino_runs", "conv2d_wino4_output")
+GENERAL_CASES = [(v, c) for v, c in CASES if VARIANTS[v].op in GENERAL_OPS and VARIANTS[v].dtype != "float16"]
+
+
+@pytest.mark.parametrize("vname,combo", GENERAL_CASES,
+                         ids=[f"{v}-{combo_id(OPS[VARIANTS[v].op], c)}" for v, c in GENERAL_CASES])
+def test_variant_without_shape_classes(device, vname, combo):
+    op, dtype = OPS[VARIANTS[vname].op], VARIANTS[vname].dtype
+    lacking = set(VARIANTS[vname].features) - set(device.enabled_features)
+    if lacking:
+        pytest.skip(f"{vname} needs device features {sorted(lacking)}, which this device lacks")
+    cases = [sample_case(op.name, dtype, index) for index in range(len(SAMPLES[op.name]))]
+    failures = check_variant(device, vname, combo, cases, general=True)
+    assert not failures, f"{len(failures)} failures:\n\n" + "\n\n".join(msg for _, msg in failures)
