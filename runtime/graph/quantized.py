@@ -31,8 +31,8 @@ and before conv + batch norm / activation) rewrites, wherever the fused op runs 
     dq(q(x)), the same parameters, left by the above  =>  quantize_dequantize(x), in float
 
 `act` is relu (the kernels' activation), hardswish after a conv or linear (applied in float
-before the quantize), or hardtanh / relu6, which become a narrower output range: quantizing is monotone, so quantize(clamp(y, lo, hi)) == clamp(quantize(y), quantize(lo),
-quantize(hi)) exactly. An input reached from a dequantize through identity ops (linear(view(dq(x)))) is read as the same
+before the quantize), or hardtanh / relu6, which become a narrower output range: quantizing is
+monotone, so quantize(clamp(y, lo, hi)) == clamp(quantize(y), quantize(lo), quantize(hi)) exactly. An input reached from a dequantize through identity ops (linear(view(dq(x)))) is read as the same
 identity ops applied to the int8 tensor. A dequantize left without readers is removed; one with
 other readers stays for them. Each fused node lists what it absorbed in `node.fused`.
 """
@@ -348,7 +348,14 @@ def _share_round_trip(graph: PlanGraph, dq: Node, shared: Node) -> None:
     """`dq`'s readers read `shared`'s result instead (the same numbers); `dq` goes. `shared` took
     the place of an earlier dequantize (fuse_quantized walks the graph in order), so it still
     precedes every reader."""
-    old, new = dq.outputs[0][1], shared.outputs[0][1]
+    _redirect_readers(graph, dq.outputs[0][1], shared.outputs[0][1])
+    _remove(graph, dq)
+    shared.fused.append(f"dequantize '{dq.name}' (another reader's)")
+
+
+def _redirect_readers(graph: PlanGraph, old: Value, new: Value) -> list[Node]:
+    """Every reader of `old` reads `new` instead (its arguments and its CPU fallback's inputs);
+    returns the readers."""
     readers = list(dict.fromkeys(old.users))
     for reader in readers:
         reader.args = [(a, _swap(x, old, new)) for a, x in reader.args]
@@ -356,8 +363,7 @@ def _share_round_trip(graph: PlanGraph, dq: Node, shared: Node) -> None:
             graph.fx_inputs[reader] = [_swap(x, old, new) for x in graph.fx_inputs[reader]]
         new.users += [reader] * old.users.count(reader)
     old.users.clear()
-    _remove(graph, dq)
-    shared.fused.append(f"dequantize '{dq.name}' (another reader's)")
+    return readers
 
 
 def _transposed_weight(graph: PlanGraph, node: Node, limits) -> None:
@@ -369,13 +375,7 @@ def _transposed_weight(graph: PlanGraph, node: Node, limits) -> None:
     if _weight(src) is None or not transpose or out in graph.outputs:
         return
     const = graph.add_derived(out.name, out.shape, src.dtype, "transposed", (src,))
-    readers = list(dict.fromkeys(out.users))
-    for reader in readers:
-        reader.args = [(a, _swap(x, out, const)) for a, x in reader.args]
-        if reader in graph.fx_inputs:
-            graph.fx_inputs[reader] = [_swap(x, out, const) for x in graph.fx_inputs[reader]]
-        const.users += [reader] * out.users.count(reader)
-    out.users.clear()
+    readers = _redirect_readers(graph, out, const)
     _remove(graph, node)
     for reader in readers:
         if reader.fallback is not None and NOT_CONSTANT in reader.fallback and reader.op is not None:
