@@ -4684,7 +4684,7 @@ OPS: dict[str, OpEntry] = {
             Arg('out_zero_point', 'int', default=0),
             Arg('quant_min', 'int', default=-128),
             Arg('quant_max', 'int', default=127),
-            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardswish')),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardswish', 'gelu')),
         ),
         outputs=(
             Output('out', 'PACKED_INT8_CHANNELS_PACKED_BUFFER'),
@@ -4740,7 +4740,7 @@ OPS: dict[str, OpEntry] = {
             Arg('out_zero_point', 'int', default=0),
             Arg('quant_min', 'int', default=-128),
             Arg('quant_max', 'int', default=127),
-            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardswish')),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardswish', 'gelu')),
         ),
         outputs=(
             Output('out', 'PACKED_INT8_CHANNELS_PACKED_BUFFER'),
@@ -4795,7 +4795,7 @@ OPS: dict[str, OpEntry] = {
             Arg('out_zero_point', 'int', default=0),
             Arg('quant_min', 'int', default=-128),
             Arg('quant_max', 'int', default=127),
-            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardswish')),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardswish', 'gelu')),
         ),
         outputs=(
             Output('out', 'PACKED_INT8_4H4W_BUFFER'),
@@ -4812,7 +4812,7 @@ OPS: dict[str, OpEntry] = {
             Push('has_bias', 'int', 'present', (('present', 'bias'),)),
             Push('input_scale', 'float', 'arg', (('arg', 'input_scale'),)),
             Push('int8_params', 'int', 'hook', (('hook', 'q8ta_linear_int8_params'),)),
-            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardswish')))),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardswish', 'gelu')))),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
         ),
         checks=(
@@ -4844,7 +4844,7 @@ OPS: dict[str, OpEntry] = {
             Arg('out_zero_point', 'int', default=0),
             Arg('quant_min', 'int', default=-128),
             Arg('quant_max', 'int', default=127),
-            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardswish')),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardswish', 'gelu')),
         ),
         outputs=(
             Output('out', 'PACKED_INT8_WIDTH_PACKED_BUFFER'),
@@ -4861,7 +4861,7 @@ OPS: dict[str, OpEntry] = {
             Push('has_bias', 'int', 'present', (('present', 'bias'),)),
             Push('input_scale', 'float', 'arg', (('arg', 'input_scale'),)),
             Push('int8_params', 'int', 'hook', (('hook', 'q8ta_linear_int8_params'),)),
-            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardswish')))),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardswish', 'gelu')))),
             Push('inv_out_scale', 'float', 'hook', (('hook', 'reciprocal_out_scale'),)),
         ),
         checks=(

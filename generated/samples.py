@@ -1416,6 +1416,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'bias': None, 'input': (1, 16, 6, 6), 'input_scale': 0.05, 'input_zero_point': 0, 'out_scale': 0.84, 'out_zero_point': 0, 'stride': (3, 3), 'weight': (4, 16, 3, 3), 'weight_scales': (4,)},
         {'bias': (10,), 'groups': 2, 'input': (1, 6, 5, 5), 'input_scale': 0.05, 'input_zero_point': 9, 'out_scale': 0.36, 'out_zero_point': -20, 'padding': (1, 1), 'weight': (10, 3, 3, 3), 'weight_scales': (10,), 'weight_zero_points': (10,)},
         {'activation': 'hardswish', 'bias': None, 'input': (2, 5, 7, 7), 'input_scale': 0.04, 'input_zero_point': -10, 'out_scale': 0.4, 'out_zero_point': -100, 'padding': (1, 1), 'stride': (2, 2), 'weight': (7, 5, 3, 3), 'weight_scales': (7,), 'weight_zero_points': (7,)},
+        {'activation': 'gelu', 'bias': None, 'input': (2, 5, 7, 7), 'input_scale': 0.04, 'input_zero_point': -10, 'out_scale': 0.4, 'out_zero_point': -100, 'padding': (1, 1), 'stride': (2, 2), 'weight': (7, 5, 3, 3), 'weight_scales': (7,), 'weight_zero_points': (7,)},
     ),
     'q8ta_conv2d_im2col': (
         {'bias': (5,), 'input': (1, 4, 7, 5), 'input_scale': 0.05, 'input_zero_point': 3, 'out_scale': 0.42, 'out_zero_point': -5, 'padding': (1, 1), 'weight': (5, 4, 3, 3), 'weight_scales': (5,)},
@@ -1428,6 +1429,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'bias': None, 'input': (1, 16, 9, 9), 'input_scale': 0.05, 'input_zero_point': -128, 'out_scale': 0.84, 'out_zero_point': 3, 'padding': (1, 1), 'quant_max': 127, 'quant_min': -127, 'stride': (2, 2), 'weight': (8, 16, 3, 3), 'weight_scales': (8,)},
         {'bias': None, 'input': (2, 4, 3, 3), 'input_scale': 0.1, 'input_zero_point': 1, 'out_scale': 0.42, 'out_zero_point': 0, 'weight': (1, 4, 3, 3), 'weight_scales': (1,)},
         {'activation': 'hardswish', 'bias': None, 'input': (2, 8, 7, 7), 'input_scale': 0.04, 'input_zero_point': -10, 'out_scale': 0.5, 'out_zero_point': -100, 'padding': (1, 1), 'stride': (2, 2), 'weight': (7, 8, 3, 3), 'weight_scales': (7,), 'weight_zero_points': (7,)},
+        {'activation': 'gelu', 'bias': None, 'input': (2, 8, 7, 7), 'input_scale': 0.04, 'input_zero_point': -10, 'out_scale': 0.5, 'out_zero_point': -100, 'padding': (1, 1), 'stride': (2, 2), 'weight': (7, 8, 3, 3), 'weight_scales': (7,), 'weight_zero_points': (7,)},
     ),
     'q8ta_linear': (
         {'activation': 'none', 'bias': (1,), 'input': (1, 1), 'input_scale': 0.05, 'input_zero_point': 0, 'out_scale': 0.075, 'out_zero_point': 0, 'quant_max': 127, 'quant_min': -128, 'weight': (1, 1), 'weight_scales': (1,), 'weight_zero_points': None},
@@ -1445,6 +1447,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'none', 'bias': None, 'input': (1, 64), 'input_scale': 0.05, 'input_zero_point': 17, 'out_scale': 0.6, 'out_zero_point': 0, 'quant_max': 127, 'quant_min': -128, 'weight': (64, 64), 'weight_scales': (64,), 'weight_zero_points': (64,)},
         {'activation': 'relu', 'bias': (3,), 'input': (2, 1, 8, 7), 'input_scale': 0.05, 'input_zero_point': -6, 'out_scale': 0.1191, 'out_zero_point': -128, 'quant_max': 127, 'quant_min': -128, 'weight': (3, 7), 'weight_scales': (3,), 'weight_zero_points': (3,)},
         {'activation': 'hardswish', 'bias': (13,), 'input': (5, 7), 'input_scale': 0.05, 'input_zero_point': 12, 'out_scale': 0.1191, 'out_zero_point': -20, 'quant_max': 127, 'quant_min': -128, 'weight': (13, 7), 'weight_scales': (13,), 'weight_zero_points': (13,)},
+        {'activation': 'gelu', 'bias': (13,), 'input': (5, 7), 'input_scale': 0.05, 'input_zero_point': 12, 'out_scale': 0.1191, 'out_zero_point': -20, 'quant_max': 127, 'quant_min': -128, 'weight': (13, 7), 'weight_scales': (13,), 'weight_zero_points': (13,)},
     ),
     'q8ta_linear_gemv': (
         {'activation': 'none', 'bias': (17,), 'input': (64,), 'input_scale': 0.02, 'input_zero_point': -3, 'out_scale': 0.24, 'out_zero_point': 5, 'quant_max': 127, 'quant_min': -128, 'weight': (17, 64), 'weight_scales': (17,), 'weight_zero_points': None},
@@ -1456,6 +1459,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'none', 'bias': None, 'input': (1, 1, 17), 'input_scale': 0.05, 'input_zero_point': -128, 'out_scale': 0.3092, 'out_zero_point': 0, 'quant_max': 127, 'quant_min': -128, 'weight': (3, 17), 'weight_scales': (3,), 'weight_zero_points': None},
         {'activation': 'none', 'bias': (7,), 'input': (1, 5), 'input_scale': 0.05, 'input_zero_point': 6, 'out_scale': 0.1677, 'out_zero_point': 2, 'quant_max': 127, 'quant_min': -127, 'weight': (7, 5), 'weight_scales': (7,), 'weight_zero_points': (7,)},
         {'activation': 'hardswish', 'bias': None, 'input': (1, 70), 'input_scale': 0.05, 'input_zero_point': 12, 'out_scale': 0.3765, 'out_zero_point': -100, 'quant_max': 127, 'quant_min': -128, 'weight': (64, 70), 'weight_scales': (64,), 'weight_zero_points': (64,)},
+        {'activation': 'gelu', 'bias': None, 'input': (1, 70), 'input_scale': 0.05, 'input_zero_point': 12, 'out_scale': 0.3765, 'out_zero_point': -100, 'quant_max': 127, 'quant_min': -128, 'weight': (64, 70), 'weight_scales': (64,), 'weight_zero_points': (64,)},
     ),
     'q8ta_max_pool2d': (
         {'kernel_size': (3, 3), 'padding': (1, 1), 'self': (1, 3, 7, 5), 'stride': (2, 2)},

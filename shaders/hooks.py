@@ -291,13 +291,13 @@ def q8ta_conv_stride_pad(node: NodeFacts):
     return _q8ta_conv_bytes(node, [("stride_w", sw), ("stride_h", sh), ("pad_w", pw), ("pad_h", ph)])
 
 
-Q8TA_ACTIVATIONS = ("none", "relu", "hardswish")  # the q8ta convs' `activation` values, in ops.yaml's order
+Q8TA_ACTIVATIONS = ("none", "relu", "hardswish", "gelu")  # the q8ta convs' `activation` values, in ops.yaml's order
 
 
 @hook("int")
 def q8ta_conv_dilation_act(node: NodeFacts):
     """A q8ta conv2d's (dilation_w, dilation_h, activation) as the low bytes of one int (see
-    q8ta_conv_stride_pad); the activation as its index in the op's values [none, relu, hardswish]."""
+    q8ta_conv_stride_pad); the activation as its index in the op's values [none, relu, hardswish, gelu]."""
     from .node_rules import pair_wh
 
     dw, dh = pair_wh(node.value("dilation"), (1, 1))

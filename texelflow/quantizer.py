@@ -62,8 +62,9 @@ _RELUS = {aten.relu.default, aten.relu_.default}
 _RELU6S = {aten.relu6.default, aten.relu6_.default}
 _HARDTANHS = {aten.hardtanh.default, aten.hardtanh_.default}
 _HARDSWISHES = {aten.hardswish.default, aten.hardswish_.default}
+_GELUS = {aten.gelu.default}  # the exact (erf) form only: approximate="tanh" stays a float op
 _CLAMPS = _RELUS | _RELU6S | _HARDTANHS  # activations any fused q8ta op applies (as its output range)
-_WEIGHTED_ACTIVATIONS = _CLAMPS | _HARDSWISHES  # the q8ta convs and linears also apply hardswish
+_WEIGHTED_ACTIVATIONS = _CLAMPS | _HARDSWISHES | _GELUS  # the q8ta convs and linears also apply these
 # ops that only move values or pick among them: output quantized like the input, no new observer
 _SHARED = {
     aten.max_pool2d.default, aten.pixel_shuffle.default, aten.cat.default,
@@ -149,8 +150,8 @@ class Quantizer(_pt2e.Quantizer):
 
     def _with_activation(self, node: Node, inputs: dict, activations=_CLAMPS) -> None:
         """Annotate `node`'s inputs; its output is quantized after an activation in `activations`
-        (relu, relu6, hardtanh; hardswish after a conv or linear) that is its only user, so that
-        no quantize sits between the op and its activation."""
+        (relu, relu6, hardtanh; hardswish or gelu after a conv or linear) that is its only user, so
+        that no quantize sits between the op and its activation."""
         activation = _fused_activation(node, activations)
         if activation is None:
             _annotate(node, inputs, self.activation_spec)
@@ -229,13 +230,16 @@ def _feeds_quantized(node: Node) -> bool:
 
 
 def _fused_activation(node: Node, activations):
-    """The activation in `activations` (relu, relu6, hardtanh, hardswish; in place or not) that is
-    `node`'s only user, else None: the fused q8ta op applies it (hardtanh's bounds, whatever they
-    are, as its output range; hardswish in float before its quantize)."""
+    """The activation in `activations` (relu, relu6, hardtanh, hardswish, gelu's erf form; in place
+    or not) that is `node`'s only user, else None: the fused q8ta op applies it (hardtanh's
+    bounds, whatever they are, as its output range; hardswish and gelu in float before its
+    quantize)."""
     if len(node.users) != 1:
         return None
     user = next(iter(node.users))
     if user.op != "call_function" or _annotated(user) or user.args[0] is not node:
+        return None
+    if user.target in _GELUS and user.kwargs.get("approximate", user.args[1] if len(user.args) > 1 else "none") != "none":
         return None
     return user if user.target in activations else None
 

@@ -114,14 +114,17 @@ int q8_pushed_activation() { return (pc.conv_dilation_act >> 16) & 0xff; }
 #line 9 "shaders/_q8ta_requantize.glsl.j2"
 int input_zero_point() { return bitfieldExtract(pc.int8_params, 0, 8); }
 
-// hardswish before the quantize, torch's x * min(max(x + 3, 0), 6) / 6, where the node's
-// activation is hardswish: the spec constant `act` (rule activation_code: 4), or where that is 0
-// (a dispatch without shape classes) the activation the including template pushes,
-// `q8_pushed_activation()`, an index in the ops' values [none, relu, hardswish]. relu needs
-// nothing here: it is the clamp's low end (int8_params).
+// The node's activation before the quantize, where it is hardswish (torch's
+// x * min(max(x + 3, 0), 6) / 6) or gelu (erf form, tf_gelu_erf): the spec constant `act` (rule
+// activation_code: 4 hardswish, 6 gelu), or where that is 0 (a dispatch without shape classes)
+// the activation the including template pushes, `q8_pushed_activation()`, an index in the ops'
+// values [none, relu, hardswish, gelu]. relu needs nothing here: it is the clamp's low end
+// (int8_params).
 vec4 q8_activation(vec4 y) {
   bool hardswish = act != 0 ? act == 4 : q8_pushed_activation() == 2;
+  bool gelu = act != 0 ? act == 6 : q8_pushed_activation() == 3;
   if (hardswish) { y = y * clamp(y + 3.0, 0.0, 6.0) / 6.0; }
+  if (gelu) { y = tf_gelu_erf(y); }
   return y;
 }
 ivec4 four_cols(int n0, int N) { return min(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N - 1)); }

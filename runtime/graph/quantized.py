@@ -30,8 +30,8 @@ and before conv + batch norm / activation) rewrites, wherever the fused op runs 
     q(view(...(dq(x)))), the same parameters          =>  view(...(x)) on the int8 tensor
     dq(q(x)), the same parameters, left by the above  =>  quantize_dequantize(x), in float
 
-`act` is relu (the kernels' activation), hardswish after a conv or linear (applied in float
-before the quantize), or hardtanh / relu6, which become a narrower output range: quantizing is
+`act` is relu (the kernels' activation), hardswish or gelu (erf form) after a conv or linear
+(applied in float before the quantize), or hardtanh / relu6, which become a narrower output range: quantizing is
 monotone, so quantize(clamp(y, lo, hi)) == clamp(quantize(y), quantize(lo), quantize(hi)) exactly. An input reached from a dequantize through identity ops (linear(view(dq(x)))) is read as the same
 identity ops applied to the int8 tensor. A dequantize left without readers is removed; one with
 other readers stays for them. Each fused node lists what it absorbed in `node.fused`.
@@ -438,7 +438,7 @@ def _fuse_at(graph: PlanGraph, q: Node, limits, conv_form: tuple[str, str | None
     src = q.arg("input")
     core = src.producer
     if core is not None and core.op is not None and _only_user(graph, src) is q:
-        if core.op.name in CLAMPS + WEIGHTED_ACTIVATIONS:
+        if core.op.name in CLAMPS or _weighted_activation(core):
             inner = core.arg("self")
             p = inner.producer if isinstance(inner, Value) else None
             takes = TAKES_RELU if core.op.name in CLAMPS else TAKES_WEIGHTED_ACTIVATIONS
@@ -577,7 +577,7 @@ class _Match:
         """relu and hardswish are the kernels' own activations; hardtanh and relu6 live in the
         output range."""
         name = self.act.op.name if self.act is not None else "none"
-        return [("activation", name if name in ("relu", "hardswish") else "none")]
+        return [("activation", name if name in ("relu",) + WEIGHTED_ACTIVATIONS else "none")]
 
     def fuse(self, op_names: list[str], args: list[tuple[str, object]]) -> Node | None:
         """The first of `op_names` whose node runs on Vulkan takes the chain's place; None (the
@@ -729,7 +729,14 @@ PATTERNS = {"conv2d": _conv2d, "linear": _linear, "mm": _linear, "addmm": _linea
 TAKES_RELU = ("conv2d", "linear", "mm", "addmm", "add")  # their q8ta ops apply relu themselves
 CLAMPS = ("relu", "relu6", "hardtanh")  # activations a fused op applies (hardtanh, relu6: clamped_range)
 TAKES_WEIGHTED_ACTIVATIONS = ("conv2d", "linear", "mm", "addmm")  # their q8ta ops also apply ...
-WEIGHTED_ACTIVATIONS = ("hardswish",)  # ... these, in float before the quantize
+WEIGHTED_ACTIVATIONS = ("hardswish", "gelu")  # ... these, in float before the quantize (gelu: erf form)
+
+
+def _weighted_activation(node: Node) -> bool:
+    """Whether `node` is an activation the q8ta convs and linears apply themselves."""
+    if node.op.name == "gelu":
+        return node.value("approximate") == "none"
+    return node.op.name in WEIGHTED_ACTIVATIONS
 
 
 def _pair(v) -> list[int]:

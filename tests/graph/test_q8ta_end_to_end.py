@@ -37,6 +37,20 @@ class HardswishChain(nn.Module):
         return F.hardswish(self.fc(y.mean((2, 3))))
 
 
+class GeluMlp(nn.Module):
+    """A transformer MLP (linear + gelu, linear) after a conv + gelu: the exact gelu inside the q8ta
+    linear and conv, before their quantizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x):
+        y = F.gelu(self.conv(x)).flatten(2).transpose(1, 2)  # [1, 63, 8]: tokens
+        return self.fc2(F.gelu(self.fc1(y)))
+
+
 class Pipeline(nn.Module):
     """conv + relu (im2col), grouped conv, add + relu, pixel_shuffle, a view, two linears."""
 
@@ -92,13 +106,14 @@ def _case(name):
         "clamped_activations": lambda: (ClampedActivations(), (r(1, 8, 5, 6, seed=29) * 3,)),
         "unfolded_weights": lambda: (unfolded_quantize(Linear(16, 8), r(3, 16, seed=28)), (r(3, 16, seed=28),)),
         "hardswish": lambda: (tf_quantize(HardswishChain(), r(1, 4, 9, 7, seed=31) * 3), (r(1, 4, 9, 7, seed=31) * 3,)),
+        "gelu_mlp": lambda: (tf_quantize(GeluMlp(), r(1, 4, 9, 7, seed=32) * 2), (r(1, 4, 9, 7, seed=32) * 2,)),
     }
     return cases[name]()
 
 
 CASES = ["pipeline", "conv_general", "linear_gemv", "linear_tiled", "addmm_mm", "add_shuffle", "chained_linears",
          "chained_linears_asymmetric", "view_requantized", "view", "Q1", "Q3", "Q4", "x86_uint8", "uint8_round_trip",
-         "float_addmm", "uint8_weight", "broadcast_add", "per_tensor_weight", "float64_scales", "unfolded_weights", "clamped_activations", "max_pool", "hardswish"]
+         "float_addmm", "uint8_weight", "broadcast_add", "per_tensor_weight", "float64_scales", "unfolded_weights", "clamped_activations", "max_pool", "hardswish", "gelu_mlp"]
 
 
 @pytest.mark.parametrize("conv_form", ["q8ta", "float"])
@@ -147,6 +162,16 @@ def test_hardswish_runs_inside_the_q8ta_convs_and_linears(device, monkeypatch):
     with texelflow.compile(model, inputs, device=device) as prog:
         kinds = prog.plan.dispatches
     assert "hardswish" not in kinds and "q8ta_conv2d" not in kinds, kinds
+
+
+def test_gelu_runs_inside_the_q8ta_linears(device, monkeypatch):
+    monkeypatch.setenv("TEXELFLOW_INT8_CONV", "q8ta")
+    model, inputs = _case("gelu_mlp")
+    with texelflow.compile(model, inputs, device=device) as prog:
+        kinds = prog.plan.dispatches
+        fused = [row[4] for row in prog.plan.rows() if row[1] in ("q8ta_linear", "q8ta_conv2d_im2col")]
+    assert "gelu" not in kinds and kinds["q8ta_linear"] == 2, kinds
+    assert sum("gelu '" in notes for notes in fused) == 2, fused
 
 
 class Bfloat16Out(nn.Module):

@@ -36,6 +36,8 @@ def dequantize_weight(weight, weight_scales, weight_zero_points) -> torch.Tensor
 def _activation(y: torch.Tensor, activation: str) -> torch.Tensor:
     if activation == "hardswish":
         return torch.nn.functional.hardswish(y)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(y)
     return torch.relu(y) if activation == "relu" else y
 
 

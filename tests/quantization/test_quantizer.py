@@ -305,10 +305,13 @@ class ConvThen(nn.Module):
     (partial(F.hardtanh, min_val=-1.0, max_val=1.0), aten.hardtanh.default),
     (F.hardswish, aten.hardswish.default),
     (partial(F.hardswish, inplace=True), aten.hardswish_.default),
-], ids=["relu", "relu6", "relu_", "hardtanh_(0,6)", "hardtanh(0,6)", "hardtanh(-1,1)", "hardswish", "hardswish_"])
+    (F.gelu, aten.gelu.default),
+], ids=["relu", "relu6", "relu_", "hardtanh_(0,6)", "hardtanh(0,6)", "hardtanh(-1,1)", "hardswish", "hardswish_",
+        "gelu"])
 def test_a_conv_and_its_activation_are_one_pattern(activation, fused):
-    """No quantize between a conv and its relu / relu6 / hardtanh (any bounds) / hardswish: the
-    fused q8ta op applies it (hardtanh as its output range, hardswish before its quantize)."""
+    """No quantize between a conv and its relu / relu6 / hardtanh (any bounds) / hardswish / gelu:
+    the fused q8ta op applies it (hardtanh as its output range, hardswish and gelu before its
+    quantize)."""
     torch.manual_seed(0)
     model, inputs = ConvThen(activation).eval(), (torch.randn(1, 3, 6, 6),)
     qmodel = quantized(model, inputs)
@@ -339,6 +342,17 @@ def test_hardswish_fuses_after_a_linear_but_not_after_an_add():
     assert only_user(fc).target is aten.hardswish.default and quantized_output(only_user(fc))
     (add,) = calls(qmodel, aten.add.Tensor)
     assert_op_then_quantize(qmodel, add)
+    assert relative_error(model, qmodel, inputs) < MAX_ERROR
+
+
+def test_gelus_tanh_form_is_not_fused():
+    """The q8ta kernels apply gelu's exact (erf) form only: a conv's tanh-form gelu stays a float
+    op after the conv's own quantize."""
+    torch.manual_seed(0)
+    model, inputs = ConvThen(partial(F.gelu, approximate="tanh")).eval(), (torch.randn(1, 3, 6, 6),)
+    qmodel = quantized(model, inputs)
+    (conv,) = calls(qmodel, aten.conv2d.default)
+    assert_op_then_quantize(qmodel, conv)
     assert relative_error(model, qmodel, inputs) < MAX_ERROR
 
 
