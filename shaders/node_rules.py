@@ -441,15 +441,18 @@ QUANT_GENERAL, QUANT_WORDS, QUANT_BLOCKS = 0, 1, 2
 
 @_spec_rule("quant_words", QUANT_GENERAL, required=("of",), tensor_params=("quant_words", "of"))
 def _quant_words(facts: SpecFacts, p: dict) -> int:
-    """How a float tensor feeds the words of the int8 tensor `of` (a PACKED_INT8 buffer) of the
-    same WHCN sizes: 1 when it packs `of`'s packed dim (a texture, or a buffer of one element per
-    word whose packed size is a multiple of 4): a word's 4 lanes are one texel or 4 neighbouring
-    words of it; 2 when it is a texture packed along a dim q that `of` does not pack, with `of`'s
-    size along q a multiple of 4: 4 words neighbouring along q take the 4 texels along `of`'s
-    packed dim, each read once (quantize.glsl.j2); 0 otherwise (element by element)."""
+    """How a float tensor and an int8 tensor (a PACKED_INT8 buffer) of the same WHCN sizes meet,
+    either being `of`: 1 when the float one packs the int8 one's packed dim (a texture, or a
+    buffer of one element per word whose packed size is a multiple of 4): an int8 word's 4 lanes
+    are one texel or 4 neighbouring words of it; 2 when the float one is a texture packed along a
+    dim q that the int8 one does not pack, q's size a multiple of 4: 4 int8 words neighbouring
+    along q meet the 4 texels along the int8 packed dim, each read once (quantize.glsl.j2); 0
+    otherwise (element by element)."""
     from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
 
     a, b = p["quant_words"], p["of"]
+    if LAYOUT_INFO[facts.repr(a).layout].family != "float":
+        a, b = b, a  # a: the float tensor, b: the int8 one
     sizes = _whcn_of(facts, b)
     ra, rb = facts.repr(a), facts.repr(b)
     ia, ib = LAYOUT_INFO[ra.layout], LAYOUT_INFO[rb.layout]

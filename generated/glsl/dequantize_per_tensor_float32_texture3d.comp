@@ -58,6 +58,8 @@ int load_input(ivec4 idx) {
 // SPEC_RULES); each default is the general value, whose path is right for every node.
 #line 78
 layout(constant_id = 5) const int tail = 1;  // units_tail
+#line 78
+layout(constant_id = 6) const int words = 0;  // quant_words
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 84
@@ -93,13 +95,12 @@ ivec4 tf_quantize4(vec4 x, float inv_scale, int zero_point, int quant_min, int q
   return ivec4(mix(clamp(q, float(quant_min), float(quant_max)), vec4(zero_point), isnan(q)));
 }
 
-#line 25 "shaders/dequantize.glsl.j2"
+#line 29 "shaders/dequantize.glsl.j2"
 T compute_out(ivec4 idx) {
   return T(tf_dequantize(load_input(idx), pc.scale, pc.zero_point));
 }
 
 // The 4 signed int8 lanes of a word, dequantized as tf_dequantize does each.
-#line 33
 VEC4 dequantize_word(int word) {
   ivec4 q = ivec4(bitfieldExtract(word, 0, 8), bitfieldExtract(word, 8, 8), bitfieldExtract(word, 16, 8),
                   bitfieldExtract(word, 24, 8));
@@ -108,6 +109,7 @@ VEC4 dequantize_word(int word) {
 }
 
 // Element by element (any other pair of packed dims).
+#line 57
 void unit_texel(ivec3 pos) {
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
