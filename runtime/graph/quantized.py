@@ -22,7 +22,8 @@ and before conv + batch norm / activation) rewrites, wherever the fused op runs 
 
     dq(x), w -> conv2d [-> act] -> q                  =>  q8ta_conv2d (im2col: groups 1, Cin % 4 == 0),
                                                           where int8 convs pay (int8_conv_form)
-    dq(x), w -> linear / mm / addmm [-> act] -> q     =>  q8ta_linear (q8ta_linear_gemv: one row)
+    dq(x), w -> linear / mm / addmm [-> act] -> q     =>  q8ta_linear (q8ta_linear_gemv: one row),
+                                                          unless large where int8 convs do not pay
     dq(a), dq(b) -> add [-> act] -> q                 =>  q8ta_add
     dq(x) -> relu -> q                                =>  q8ta_relu
     dq(x) -> pixel_shuffle -> q                       =>  q8ta_pixel_shuffle
@@ -414,7 +415,8 @@ INT8_CONV_FORMS = ("auto", "q8ta", "float")
 
 
 def int8_conv_form(facts) -> tuple[str, str | None]:
-    """("q8ta" or "float", why) for the quantized conv chains dq(x), w -> conv2d [-> act] -> q.
+    """("q8ta" or "float", why) for the quantized conv chains dq(x), w -> conv2d [-> act] -> q, and
+    for the linear chains of at least FLOAT_LINEAR_MACS multiply-adds (smaller linears keep q8ta).
     "float" leaves the chain as it is: the conv runs on the float kernels (Winograd, im2col GEMM,
     depthwise) with the dequantized weight, between its input's dequantize and its output's
     quantize, so int8 tensors still flow between them and the numbers are the quantized graph's
@@ -626,9 +628,19 @@ def _conv2d(m: _Match) -> Node | None:
     return m.fuse(["q8ta_conv2d_im2col", "q8ta_conv2d"] if im2col else ["q8ta_conv2d"], args)
 
 
+# The least multiply-adds for which a quantized linear takes the device's float form
+# (int8_conv_form): on lavapipe linear_packed ran 1.4-1.9x faster than q8ta_linear at ViT-S/16's
+# shapes (197 rows, 29M-116M multiply-adds; int8 ViT-S/16 1.44x faster), but a small linear saves
+# less than its float form's added round trip costs (vit_tiny at 64 x 64, linears of 0.3M-2.5M:
+# 14% slower in float); bench/RESULTS.md, eighth 2026-11-27 session.
+FLOAT_LINEAR_MACS = 1 << 24
+
+
 def _linear(m: _Match) -> Node | None:
     """linear(x, w [N, K], bias), mm(x, w [K, N]) or addmm(bias, x, w [K, N]), the [K, N] weight a
-    transpose of a quantized [N, K] one or itself quantized along N."""
+    transpose of a quantized [N, K] one or itself quantized along N. In the device's float form
+    (int8_conv_form) a linear of at least FLOAT_LINEAR_MACS multiply-adds stays as it is, for the
+    float GEMM kernels."""
     node, kind = m.core, m.core.op.name
     if kind == "linear":
         x_v, bias = node.arg("input"), node.arg("bias")
@@ -647,6 +659,11 @@ def _linear(m: _Match) -> Node | None:
     if isinstance(bias, Value) and bias.shape == (1, n) and _float_constant(bias, 2):
         bias = m.graph.add_derived(f"{node.name}_bias", (n,), "float32", "reshaped", (bias,), size=(n,))
     if not _float_constant(bias, 1) or (bias is not None and bias.shape != (n,)):
+        return None
+    macs = x.value.numel // weight.shape[1] * weight.shape[0] * weight.shape[1]
+    if m.conv_form[0] == "float" and macs >= FLOAT_LINEAR_MACS:
+        node.fused.append(f"kept in float between dequantize and quantize, not q8ta_linear: {m.conv_form[1]} "
+                          f"({macs} multiply-adds)")
         return None
     args = [("input", x.value), ("weight", weight), ("weight_scales", scales), ("weight_zero_points", zero_points),
             ("bias", bias)] + m.io_args(x) + m.activation()

@@ -106,6 +106,7 @@ def _case(name):
         "clamped_activations": lambda: (ClampedActivations(), (r(1, 8, 5, 6, seed=29) * 3,)),
         "unfolded_weights": lambda: (unfolded_quantize(Linear(16, 8), r(3, 16, seed=28)), (r(3, 16, seed=28),)),
         "hardswish": lambda: (tf_quantize(HardswishChain(), r(1, 4, 9, 7, seed=31) * 3), (r(1, 4, 9, 7, seed=31) * 3,)),
+        "large_linear": lambda: (tf_quantize(Linear(384, 768, relu=True), r(64, 384, seed=33)), (r(64, 384, seed=33),)),
         "gelu_mlp": lambda: (tf_quantize(GeluMlp(), r(1, 4, 9, 7, seed=32) * 2), (r(1, 4, 9, 7, seed=32) * 2,)),
     }
     return cases[name]()
@@ -113,7 +114,7 @@ def _case(name):
 
 CASES = ["pipeline", "conv_general", "linear_gemv", "linear_tiled", "addmm_mm", "add_shuffle", "chained_linears",
          "chained_linears_asymmetric", "view_requantized", "view", "Q1", "Q3", "Q4", "x86_uint8", "uint8_round_trip",
-         "float_addmm", "uint8_weight", "broadcast_add", "per_tensor_weight", "float64_scales", "unfolded_weights", "clamped_activations", "max_pool", "hardswish", "gelu_mlp"]
+         "float_addmm", "uint8_weight", "broadcast_add", "per_tensor_weight", "float64_scales", "unfolded_weights", "clamped_activations", "max_pool", "hardswish", "gelu_mlp", "large_linear"]
 
 
 @pytest.mark.parametrize("conv_form", ["q8ta", "float"])
@@ -162,6 +163,22 @@ def test_hardswish_runs_inside_the_q8ta_convs_and_linears(device, monkeypatch):
     with texelflow.compile(model, inputs, device=device) as prog:
         kinds = prog.plan.dispatches
     assert "hardswish" not in kinds and "q8ta_conv2d" not in kinds, kinds
+
+
+def test_a_large_linear_takes_the_device_s_form(device, monkeypatch):
+    """In the float form a linear of at least FLOAT_LINEAR_MACS multiply-adds runs on the float
+    GEMM between its dequantize and quantize; a smaller one keeps q8ta_linear."""
+    from texelflow.runtime.graph.quantized import FLOAT_LINEAR_MACS
+
+    assert 64 * 384 * 768 >= FLOAT_LINEAR_MACS > 5 * 40 * 24
+    monkeypatch.setenv("TEXELFLOW_INT8_CONV", "float")
+    for name, form in (("large_linear", "linear_packed"), ("linear_tiled", "q8ta_linear")):
+        model, inputs = _case(name)
+        plan = texelflow.plan(model, inputs)
+        assert plan.dispatches[form] == 1, (name, plan.dispatches)
+        if form == "linear_packed":
+            (row,) = [row for row in plan.rows() if row[1] == "linear_packed"]
+            assert "kept in float between dequantize and quantize, not q8ta_linear" in row[4]
 
 
 def test_gelu_runs_inside_the_q8ta_linears(device, monkeypatch):
