@@ -99,12 +99,7 @@ T compute_out(ivec4 idx) {
 }
 
 // The 4 signed int8 lanes of a word, dequantized as tf_dequantize does each.
-VEC4 dequantize_word(int word) {
-  ivec4 q = ivec4(bitfieldExtract(word, 0, 8), bitfieldExtract(word, 8, 8), bitfieldExtract(word, 16, 8),
-                  bitfieldExtract(word, 24, 8));
-  precise vec4 x = (vec4(q) - float(pc.zero_point)) * pc.scale;
-  return VEC4(x);
-}
+VEC4 dequantize_word(int word) { return VEC4(tf_dequantize4(tf_unpack_int8(word), pc.scale, pc.zero_point)); }
 
 // vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
 // binding has its view, read_ and read4_ in _prologue.glsl.j2.
@@ -115,7 +110,7 @@ layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { ivec4 t4_input
 #line 15
 ivec4 read4_input(int k) { return ivec4(t4_input[k]); }
 int read_input(int w) { return int(t_input[w]); }
-#line 43 "shaders/dequantize.glsl.j2"
+#line 38 "shaders/dequantize.glsl.j2"
 const bool vec4_path = words == 1;
 
 // vec4 word k of out (elements 4k .. 4k + 3, along out's packed dim): one input word.

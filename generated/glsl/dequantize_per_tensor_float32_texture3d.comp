@@ -101,15 +101,10 @@ T compute_out(ivec4 idx) {
 }
 
 // The 4 signed int8 lanes of a word, dequantized as tf_dequantize does each.
-VEC4 dequantize_word(int word) {
-  ivec4 q = ivec4(bitfieldExtract(word, 0, 8), bitfieldExtract(word, 8, 8), bitfieldExtract(word, 16, 8),
-                  bitfieldExtract(word, 24, 8));
-  precise vec4 x = (vec4(q) - float(pc.zero_point)) * pc.scale;
-  return VEC4(x);
-}
+VEC4 dequantize_word(int word) { return VEC4(tf_dequantize4(tf_unpack_int8(word), pc.scale, pc.zero_point)); }
 
 // Element by element (any other pair of packed dims).
-#line 57
+#line 52
 void unit_texel(ivec3 pos) {
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);

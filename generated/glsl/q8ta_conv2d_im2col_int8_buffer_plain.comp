@@ -111,7 +111,37 @@ float load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_size
 layout(constant_id = 9) const int act = 0;  // activation_code
 #line 44 "shaders/q8ta_conv2d_im2col.glsl.j2"
 int q8_pushed_activation() { return (pc.conv_dilation_act >> 16) & 0xff; }
-#line 9 "shaders/_q8ta_requantize.glsl.j2"
+#line 6 "shaders/_quant.glsl.j2"
+float tf_dequantize(int q, float scale, int zero_point) {
+  precise float x = (float(q) - float(zero_point)) * scale;
+  return x;
+}
+
+// +Inf and -Inf clamp to quant_max and quant_min, as in torch. NaN has no int8 value (torch casts
+// NaN to an integer, which is undefined); it gives zero_point, which dequantizes to 0.
+int tf_quantize(float x, float inv_scale, int zero_point, int quant_min, int quant_max) {
+  precise float q = roundEven(x * inv_scale) + float(zero_point);
+  return isnan(q) ? zero_point : int(clamp(q, float(quant_min), float(quant_max)));
+}
+
+// The same on the 4 lanes of one int8 word at once (each lane's operations those of the scalar
+// functions above, so the results are the same bit for bit).
+ivec4 tf_unpack_int8(int word) { return (ivec4(word) << ivec4(24, 16, 8, 0)) >> 24; }  // sign-extended
+
+int tf_pack_int8(ivec4 q) {
+  return (q.x & 255) | ((q.y & 255) << 8) | ((q.z & 255) << 16) | ((q.w & 255) << 24);
+}
+
+vec4 tf_dequantize4(ivec4 q, float scale, int zero_point) {
+  precise vec4 x = (vec4(q) - float(zero_point)) * scale;
+  return x;
+}
+
+ivec4 tf_quantize4(vec4 x, float inv_scale, int zero_point, int quant_min, int quant_max) {
+  precise vec4 q = roundEven(x * inv_scale) + float(zero_point);
+  return ivec4(mix(clamp(q, float(quant_min), float(quant_max)), vec4(zero_point), isnan(q)));
+}
+#line 10 "shaders/_q8ta_requantize.glsl.j2"
 int input_zero_point() { return bitfieldExtract(pc.int8_params, 0, 8); }
 
 // The node's activation before the quantize, where it is hardswish (torch's
@@ -135,10 +165,6 @@ ivec4 cols_weight_zp(ivec4 c) {
   return ivec4(t_weight_zero_points[c.x], t_weight_zero_points[c.y], t_weight_zero_points[c.z], t_weight_zero_points[c.w]);
 }
 
-// A word of four quantized lanes, lane j in bits 8j .. 8j+7.
-int pack_int8x4(ivec4 q) {
-  return (q.x & 0xFF) | ((q.y & 0xFF) << 8) | ((q.z & 0xFF) << 16) | (q.w << 24);
-}
 
 // The output word of columns n0 .. n0+3 from their accumulators
 // acc = sum_k (x - input_zero_point) * (w - weight_zero_point): dequantized (input_scale *
@@ -154,7 +180,7 @@ int requantize(ivec4 acc, int n0, int N) {
   vec4 q = roundEven(y * pc.inv_out_scale) + float(bitfieldExtract(pc.int8_params, 8, 8));
   q = clamp(q, float(bitfieldExtract(pc.int8_params, 16, 8)), float(bitfieldExtract(pc.int8_params, 24, 8)));
   ivec4 inside = ivec4(lessThan(ivec4(n0) + ivec4(0, 1, 2, 3), ivec4(N)));
-  return pack_int8x4(ivec4(q) * inside);
+  return tf_pack_int8(ivec4(q) * inside);
 }
 #line 26 "shaders/_q8ta_conv.glsl.j2"
 const int Q8_FLUSH_BLOCKS = 128;   // sums of x * w'
@@ -167,8 +193,7 @@ int q8_word(ivec4 idx, ivec4 sizes, int lid) { return tf_buffer_word_lane(idx, s
 int q8_cstride(ivec4 sizes, int lid) { return q8_word(ivec4(0, 0, 4, 0), sizes, lid); }
 
 // The 4 signed int8 lanes of a word, as ints and as floats.
-ivec4 q8_lanes(int word) { return ivec4(word << 24, word << 16, word << 8, word) >> 24; }
-vec4 q8_unpack(int word) { return vec4(q8_lanes(word)); }
+vec4 q8_unpack(int word) { return vec4(tf_unpack_int8(word)); }
 
 // A word holding `v` in every lane (the padding value x_zp of out-of-bounds taps).
 int q8_splat(int v) { return (v & 0xff) * 0x01010101; }
@@ -221,7 +246,7 @@ int q8_requantize(ivec4 acc, Q8Channels ch) {
   vec4 y = q8_activation(vec4(acc) * ch.scale + ch.bias);
   vec4 q = roundEven(y * pc.inv_out_scale) + float(bitfieldExtract(pc.int8_params, 8, 8));
   q = clamp(q, float(bitfieldExtract(pc.int8_params, 16, 8)), float(bitfieldExtract(pc.int8_params, 24, 8)));
-  return pack_int8x4(ivec4(q) * ch.inside);
+  return tf_pack_int8(ivec4(q) * ch.inside);
 }
 
 #line 52 "shaders/q8ta_conv2d_im2col.glsl.j2"
