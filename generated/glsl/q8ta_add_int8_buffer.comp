@@ -118,6 +118,20 @@ ivec4 tf_quantize4(vec4 x, float inv_scale, int zero_point, int quant_min, int q
   return ivec4(mix(clamp(q, float(quant_min), float(quant_max)), vec4(zero_point), isnan(q)));
 }
 
+// out's word whose lane 0 is element `idx`, its lanes past out's sizes set to 0 (shape class
+// `padded`, rule padded_words: 0 when out has no such lanes, and nothing is checked).
+#line 39
+ivec4 tf_masked_word(ivec4 q, ivec4 idx) {
+  if (padded == 0) { return q; }
+  int pd = tf_packed_dim(out_layout);
+  for (int k = 0; k < 4; ++k) {
+    ivec4 e = idx;
+    e[pd] += k;
+    q[k] = tf_in_bounds(e, pc.out_sizes) ? q[k] : 0;
+  }
+  return q;
+}
+
 // The int8 value of `self` that out's element `idx` (lane `lane` of out's word `word`) reads.
 #line 35 "shaders/q8ta_elementwise.glsl.j2"
 int read_self(ivec4 idx, int word, int lane) {
@@ -165,15 +179,7 @@ void word_main(int u) {
   if (pc.activation == 1) { y = max(y, vec4(0.0)); }
 #line 73
   ivec4 q = tf_quantize4(y, pc.inv_out_scale, pc.out_zero_point, pc.quant_min, pc.quant_max);
-  if (padded != 0) {
-    int pd = tf_packed_dim(out_layout);
-    for (int k = 0; k < 4; ++k) {
-      ivec4 e = idx;
-      e[pd] += k;
-      q[k] = tf_in_bounds(e, pc.out_sizes) ? q[k] : 0;
-    }
-  }
-  t_out[u] = tf_pack_int8(q);
+  t_out[u] = tf_pack_int8(tf_masked_word(q, idx));
 }
 
 #line 10 "shaders/_int8_words.glsl.j2"

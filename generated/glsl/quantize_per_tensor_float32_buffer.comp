@@ -96,11 +96,10 @@ ivec4 tf_quantize4(vec4 x, float inv_scale, int zero_point, int quant_min, int q
   return ivec4(mix(clamp(q, float(quant_min), float(quant_max)), vec4(zero_point), isnan(q)));
 }
 
-#line 31 "shaders/quantize.glsl.j2"
-ivec4 quantize4(vec4 x) { return tf_quantize4(x, pc.inv_scale, pc.zero_point, pc.quant_min, pc.quant_max); }
-
-// Lanes of the word whose lane 0 is element `idx` that lie past out's sizes: 0.
-ivec4 masked(ivec4 q, ivec4 idx) {
+// out's word whose lane 0 is element `idx`, its lanes past out's sizes set to 0 (shape class
+// `padded`, rule padded_words: 0 when out has no such lanes, and nothing is checked).
+#line 39
+ivec4 tf_masked_word(ivec4 q, ivec4 idx) {
   if (padded == 0) { return q; }
   int pd = tf_packed_dim(out_layout);
   for (int k = 0; k < 4; ++k) {
@@ -111,19 +110,22 @@ ivec4 masked(ivec4 q, ivec4 idx) {
   return q;
 }
 
+#line 31 "shaders/quantize.glsl.j2"
+ivec4 quantize4(vec4 x) { return tf_quantize4(x, pc.inv_scale, pc.zero_point, pc.quant_min, pc.quant_max); }
+
 // The 4 input elements of the word whose lane 0 is `idx` (words 1): one texel, or 4 buffer words.
 vec4 input_word(ivec4 idx) {
   ivec4 at = min(idx, pc.out_sizes - 1);  // a padding word of out reads a real element, stores 0
-#line 51
+#line 39
   int w = tf_buffer_word_lane(at, pc.input_sizes, input_layout).x;
   return vec4(t_input[w], t_input[w + 1], t_input[w + 2], t_input[w + 3]);
-#line 54
+#line 42
 }
 
 void one_word(int u) {
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   if (words == 1) {
-    t_out[u] = tf_pack_int8(masked(quantize4(input_word(idx)), idx));
+    t_out[u] = tf_pack_int8(tf_masked_word(quantize4(input_word(idx)), idx));
     return;
   }
   int pd = tf_packed_dim(out_layout);
@@ -139,12 +141,12 @@ void one_word(int u) {
   t_out[u] = word;
 }
 
-#line 105
+#line 93
 void main() {
   int u = tf_unit_id();
   int first = u * tf_span;
   if (first >= pc.units) { return; }
-#line 112
+#line 100
   for (int k = 0; k < tf_span; ++k) {
     if (tail == 0 || first + k < pc.units) { one_word(first + k); }
   }

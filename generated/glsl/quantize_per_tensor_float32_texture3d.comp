@@ -100,11 +100,10 @@ ivec4 tf_quantize4(vec4 x, float inv_scale, int zero_point, int quant_min, int q
   return ivec4(mix(clamp(q, float(quant_min), float(quant_max)), vec4(zero_point), isnan(q)));
 }
 
-#line 31 "shaders/quantize.glsl.j2"
-ivec4 quantize4(vec4 x) { return tf_quantize4(x, pc.inv_scale, pc.zero_point, pc.quant_min, pc.quant_max); }
-
-// Lanes of the word whose lane 0 is element `idx` that lie past out's sizes: 0.
-ivec4 masked(ivec4 q, ivec4 idx) {
+// out's word whose lane 0 is element `idx`, its lanes past out's sizes set to 0 (shape class
+// `padded`, rule padded_words: 0 when out has no such lanes, and nothing is checked).
+#line 39
+ivec4 tf_masked_word(ivec4 q, ivec4 idx) {
   if (padded == 0) { return q; }
   int pd = tf_packed_dim(out_layout);
   for (int k = 0; k < 4; ++k) {
@@ -115,18 +114,21 @@ ivec4 masked(ivec4 q, ivec4 idx) {
   return q;
 }
 
+#line 31 "shaders/quantize.glsl.j2"
+ivec4 quantize4(vec4 x) { return tf_quantize4(x, pc.inv_scale, pc.zero_point, pc.quant_min, pc.quant_max); }
+
 // The 4 input elements of the word whose lane 0 is `idx` (words 1): one texel, or 4 buffer words.
 vec4 input_word(ivec4 idx) {
   ivec4 at = min(idx, pc.out_sizes - 1);  // a padding word of out reads a real element, stores 0
-#line 49
+#line 37
   return vec4(load_texel_input(tf_texel_pos_lane(at, pc.input_sizes, input_layout).xyz));
-#line 54
+#line 42
 }
 
 void one_word(int u) {
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   if (words == 1) {
-    t_out[u] = tf_pack_int8(masked(quantize4(input_word(idx)), idx));
+    t_out[u] = tf_pack_int8(tf_masked_word(quantize4(input_word(idx)), idx));
     return;
   }
   int pd = tf_packed_dim(out_layout);
@@ -144,7 +146,7 @@ void one_word(int u) {
 
 // words 2: block u of out's 4 x 4 element blocks (p fastest, then q, then the other two dims over
 // out's padded sizes, so the blocks cover every word once): words j = 0 .. 3 at q offset j.
-#line 78
+#line 66
 void block(int u) {
   int p = tf_packed_dim(out_layout);
   int q = tf_packed_dim(input_layout);
@@ -167,18 +169,18 @@ void block(int u) {
     ivec4 idx = base;
     idx[q] += j;
     int w = tf_buffer_word_lane(idx, pc.out_sizes, out_layout).x;
-    t_out[w] = tf_pack_int8(masked(quantize4(vec4(t[0][j], t[1][j], t[2][j], t[3][j])), idx));
+    t_out[w] = tf_pack_int8(tf_masked_word(quantize4(vec4(t[0][j], t[1][j], t[2][j], t[3][j])), idx));
   }
 }
 
-#line 105
+#line 93
 void main() {
   int u = tf_unit_id();
   int first = u * tf_span;
   if (first >= pc.units) { return; }
-#line 110
+#line 98
   if (words == 2) { block(u); return; }
-#line 112
+#line 100
   for (int k = 0; k < tf_span; ++k) {
     if (tail == 0 || first + k < pc.units) { one_word(first + k); }
   }
