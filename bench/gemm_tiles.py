@@ -7,11 +7,13 @@ the device at hand, with the other two forms that follow the tiling on a GPU. Ea
 compiled four times, each checked against eager PyTorch: register tiles (a CPU device's forms:
 Winograd and pointwise conv kernels, fused attention); workgroup tiles with those kept
 (TEXELFLOW_CONV=specialised, TEXELFLOW_ATTENTION=fused); then every groups=1 conv an im2col
-GEMM (TEXELFLOW_CONV=auto); then attention as bmm + softmax + bmm too (TEXELFLOW_ATTENTION=auto:
-a GPU's default). The programs are called in turn, `--reps` rounds. Per model and program it
+GEMM (TEXELFLOW_CONV=auto); then attention as bmm + softmax + bmm too (TEXELFLOW_ATTENTION=auto),
+each with split K off; then GEMMs of few blocks split along K (TEXELFLOW_SPLITK=auto: a GPU's
+default). `--configs` keeps some of them. The programs are called in turn, `--reps` rounds. Per model and program it
 prints the median GPU time of a call (GPU timestamps), the part of it spent in GEMM dispatches
 and their number, and the median wall time of a call without timestamps.
 Usage: python bench/gemm_tiles.py [--models resnet18,vit_s16] [--size 224] [--reps 10]
+       [--configs "+ attention as GEMMs,+ split K"]
 """
 
 from __future__ import annotations
@@ -26,18 +28,19 @@ import torch
 import texelflow
 from texelflow.models import ZOO
 from texelflow.runtime.graph.fusion import CONV_ENV
-from texelflow.runtime.graph.prepack_matmul import ATTENTION_ENV, GEMM_ENV
+from texelflow.runtime.graph.prepack_matmul import ATTENTION_ENV, GEMM_ENV, SPLITK_ENV
 from texelflow.runtime.vulkan.device import Device
 
 from machine import machine
 
 CONFIGS = {  # each step from a CPU device's forms to a GPU's, one change at a time
-    "register": {GEMM_ENV: "register", CONV_ENV: "auto", ATTENTION_ENV: "auto"},
-    "workgroup": {GEMM_ENV: "workgroup", CONV_ENV: "specialised", ATTENTION_ENV: "fused"},
-    "+ im2col convs": {GEMM_ENV: "workgroup", CONV_ENV: "auto", ATTENTION_ENV: "fused"},
-    "+ attention as GEMMs": {GEMM_ENV: "workgroup", CONV_ENV: "auto", ATTENTION_ENV: "auto"},
+    "register": {GEMM_ENV: "register", CONV_ENV: "auto", ATTENTION_ENV: "auto", SPLITK_ENV: "off"},
+    "workgroup": {GEMM_ENV: "workgroup", CONV_ENV: "specialised", ATTENTION_ENV: "fused", SPLITK_ENV: "off"},
+    "+ im2col convs": {GEMM_ENV: "workgroup", CONV_ENV: "auto", ATTENTION_ENV: "fused", SPLITK_ENV: "off"},
+    "+ attention as GEMMs": {GEMM_ENV: "workgroup", CONV_ENV: "auto", ATTENTION_ENV: "auto", SPLITK_ENV: "off"},
+    "+ split K": {GEMM_ENV: "workgroup", CONV_ENV: "auto", ATTENTION_ENV: "auto", SPLITK_ENV: "auto"},
 }
-GEMM_VARIANT_PREFIXES = ("linear_packed", "linear_wg", "mm_tiled", "mm_wg")
+GEMM_VARIANT_PREFIXES = ("linear_packed", "linear_wg", "linear_splitk", "mm_tiled", "mm_wg")
 
 
 def _compile(model, inputs, device, env: dict[str, str]):
@@ -78,16 +81,20 @@ def main(argv=None) -> None:
     ap.add_argument("--models", default="resnet18,mobilenet_v3_small,vit_s16,convnext_atto")
     ap.add_argument("--size", type=int, default=None, help="input image size (default: each model's own)")
     ap.add_argument("--reps", type=int, default=10, help="timed rounds; each calls every program once")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from: " + ", ".join(CONFIGS))
     args = ap.parse_args(argv)
+    names = args.configs.split(",")
+    unknown = [c for c in names if c not in CONFIGS]
+    if unknown:
+        ap.error(f"--configs: unknown {', '.join(map(repr, unknown))}; expected some of {', '.join(CONFIGS)}")
     with Device() as device:
         lim = device.limits
         print(f"# Whole models: a CPU device's kernel forms against a GPU's, one change at a time\n\n- device: {lim.name} "
               f"({lim.device_type}, subgroup {lim.subgroup_size}); machine: {machine()}\n"
               f"- median of {args.reps} alternated rounds; GPU ms from timestamps, wall ms from calls "
               "without them\n")
-        names = list(CONFIGS)
         print("| model | " + " | ".join(f"{c}: GPU ms (GEMMs) | wall ms" for c in names)
-              + " | GPU time / register's | max rel. error |")
+              + f" | GPU time / {names[0]}'s | max rel. error |")
         print("|---|" + "---:|---:|" * len(names) + "---|---|")
         for name in args.models.split(","):
             kwargs = {"image_size": args.size} if args.size else {}
@@ -106,7 +113,7 @@ def main(argv=None) -> None:
                     samples[c].append(_timed_call(progs[c], inputs, gemm[c]))
             med = {c: [statistics.median(s[i] for s in samples[c]) for i in range(3)] for c in names}
             cells = " | ".join(f"{med[c][0]:.2f} ({med[c][1]:.2f}, {len(gemm[c])}) | {med[c][2]:.2f}" for c in names)
-            ratios = " / ".join(f"{med[c][0] / med['register'][0]:.2f}x" for c in names[1:])
+            ratios = " / ".join(f"{med[c][0] / med[names[0]][0]:.2f}x" for c in names[1:])
             errs = " / ".join(f"{errors[c]:.1e}" for c in names)
             print(f"| {name} | {cells} | {ratios} | {errs} |", flush=True)
             for prog in progs.values():

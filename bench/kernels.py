@@ -310,19 +310,22 @@ def _copy_cases(quick: bool) -> list[Case]:
 
 @contextlib.contextmanager
 def _gemm_tiles(tiles: str | None):
-    """TEXELFLOW_GEMM set to `tiles` while a case compiles (None: the device's own choice)."""
-    from texelflow.runtime.graph.prepack_matmul import GEMM_ENV
+    """TEXELFLOW_GEMM set to `tiles` while a case compiles (None: the device's own choice);
+    "workgroup" keeps every linear whole (TEXELFLOW_SPLITK=off), "workgroup, split K" lets the
+    split-K pass cut the GEMMs of few blocks (its default)."""
+    from texelflow.runtime.graph.prepack_matmul import GEMM_ENV, SPLITK_ENV
 
-    old = os.environ.get(GEMM_ENV)
-    if tiles is not None:
-        os.environ[GEMM_ENV] = tiles
+    env = {} if tiles is None else {GEMM_ENV: tiles.split(",")[0], SPLITK_ENV: "auto" if "split" in tiles else "off"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop(GEMM_ENV, None)
-        else:
-            os.environ[GEMM_ENV] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _compute_cases(quick: bool) -> list[Case]:
@@ -352,9 +355,10 @@ def _compute_cases(quick: bool) -> list[Case]:
             lin.weight.numel() + m, (197, m))
     for k, m in ((384, 1152), (1536, 384)):
         lin = torch.nn.Linear(k, m)
-        for tiles in ("register", "workgroup"):
-            add(f"linear (ViT-S/16, {tiles} tiles)", f"197x{k} @ {k}x{m} + bias", lin, ((197, k),),
-                2 * 197 * k * m, lin.weight.numel() + m, (197, m), gemm=tiles)
+        for tiles in ("register", "workgroup", "workgroup, split K"):
+            add(f"linear (ViT-S/16, {tiles.replace(',', ' tiles,') if ',' in tiles else tiles + ' tiles'})",
+                f"197x{k} @ {k}x{m} + bias", lin, ((197, k),), 2 * 197 * k * m, lin.weight.numel() + m, (197, m),
+                gemm=tiles)
 
     def conv(name, cin, cout, k, stride, size, groups=1):
         c = torch.nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, groups=groups)

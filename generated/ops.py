@@ -3282,6 +3282,48 @@ OPS: dict[str, OpEntry] = {
             'linear_packed_gemv_float32_texture3d_texture3d',
         ),
     ),
+    'linear_splitk_sum': OpEntry(
+        name='linear_splitk_sum',
+        targets=(
+            'texelflow.linear_splitk_sum.default',
+        ),
+        args=(
+            Arg('partials', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('sizes', 'int_list'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('partials', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('bias',),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('partials', (3,)),)),)),
+        ),
+        grid=('per_tile', 'out', 4, 1, 0, 1),
+        template='linear_splitk_sum',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'linear_splitk_sum_float16_buffer',
+            'linear_splitk_sum_float16_texture3d',
+            'linear_splitk_sum_float32_buffer',
+            'linear_splitk_sum_float32_texture3d',
+        ),
+    ),
     'linear_wg': OpEntry(
         name='linear_wg',
         targets=(
@@ -3327,6 +3369,45 @@ OPS: dict[str, OpEntry] = {
             'linear_wg_float32_buffer_texture3d',
             'linear_wg_float32_texture3d_buffer',
             'linear_wg_float32_texture3d_texture3d',
+        ),
+    ),
+    'linear_wg_splitk': OpEntry(
+        name='linear_wg_splitk',
+        targets=(
+            'texelflow.linear_wg_splitk.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('out_features', 'int', default=1),
+            Arg('splits', 'int', default=2),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight',),
+        push=(),
+        checks=(
+            Check('rank', (('rank', (('out', (3,)), ('weight', (2,)))),)),
+        ),
+        grid=('per_tile', 'out', 64, 64, 0, 256),
+        template='linear_wg_splitk',
+        shader_axes=('dtype', 'storage', 'weight_storage'),
+        variants=(
+            'linear_wg_splitk_float16_buffer_buffer',
+            'linear_wg_splitk_float16_buffer_texture3d',
+            'linear_wg_splitk_float16_texture3d_buffer',
+            'linear_wg_splitk_float16_texture3d_texture3d',
+            'linear_wg_splitk_float32_buffer_buffer',
+            'linear_wg_splitk_float32_buffer_texture3d',
+            'linear_wg_splitk_float32_texture3d_buffer',
+            'linear_wg_splitk_float32_texture3d_texture3d',
         ),
     ),
     'log': OpEntry(
@@ -6779,7 +6860,9 @@ TARGETS: dict[str, str] = {
     'texelflow.conv_im2col.default': 'conv_im2col',
     'texelflow.linear_packed.default': 'linear_packed',
     'texelflow.linear_packed_gemv.default': 'linear_packed_gemv',
+    'texelflow.linear_splitk_sum.default': 'linear_splitk_sum',
     'texelflow.linear_wg.default': 'linear_wg',
+    'texelflow.linear_wg_splitk.default': 'linear_wg_splitk',
     'texelflow.mm_wg.default': 'mm_wg',
     'texelflow.q8ta_add.default': 'q8ta_add',
     'texelflow.q8ta_conv2d.default': 'q8ta_conv2d',

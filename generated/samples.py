@@ -951,6 +951,16 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'gelu', 'bias': (16,), 'input': (1, 8), 'out_features': 16, 'weight': (8, 16)},
         {'activation': 'relu', 'bias': (5,), 'input': (1, 7), 'out_features': 5, 'weight': (8, 16)},
     ),
+    'linear_splitk_sum': (
+        {'bias': (5,), 'partials': (2, 3, 5), 'sizes': (3, 5)},
+        {'partials': (1, 1, 1), 'sizes': (1, 1)},
+        {'activation': 'relu', 'bias': (67,), 'partials': (3, 70, 67), 'sizes': (70, 67)},
+        {'activation': 'gelu', 'bias': (130,), 'partials': (2, 30, 130), 'sizes': (2, 3, 5, 130)},
+        {'act_max': 1.0, 'act_min': -0.5, 'activation': 'hardtanh', 'bias': (3,), 'partials': (4, 5, 3), 'sizes': (5, 3)},
+        {'activation': 'hardswish', 'partials': (5, 6, 16), 'sizes': (2, 3, 16)},
+        {'activation': 'silu', 'bias': (9,), 'partials': (2, 7, 9), 'sizes': (7, 9)},
+        {'activation': 'gelu_tanh', 'bias': (13,), 'partials': (3, 4, 13), 'sizes': (4, 13)},
+    ),
     'linear_wg': (
         {'bias': (5,), 'input': (3, 7), 'out_features': 5, 'weight': (8, 16)},
         {'bias': (1,), 'input': (1, 1), 'out_features': 1, 'weight': (4, 16)},
@@ -963,6 +973,14 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'act_max': 1.0, 'act_min': -0.5, 'activation': 'hardtanh', 'input': (2, 3, 5), 'out_features': 7, 'weight': (8, 16)},
         {'activation': 'hardswish', 'bias': (13,), 'input': (4, 16), 'out_features': 13, 'weight': (16, 16)},
         {'activation': 'silu', 'bias': (9,), 'input': (3, 8), 'out_features': 9, 'weight': (8, 16)},
+    ),
+    'linear_wg_splitk': (
+        {'input': (3, 7), 'out_features': 5, 'splits': 2, 'weight': (8, 16)},
+        {'input': (1, 1), 'out_features': 1, 'splits': 3, 'weight': (4, 16)},
+        {'input': (70, 130), 'out_features': 67, 'splits': 3, 'weight': (132, 80)},
+        {'input': (2, 3, 5, 67), 'out_features': 130, 'splits': 2, 'weight': (68, 144)},
+        {'input': (5, 13), 'out_features': 3, 'splits': 4, 'weight': (16, 16)},
+        {'input': (129, 40), 'out_features': 16, 'splits': 5, 'weight': (40, 16)},
     ),
     'log': (
         {'self': ()},

@@ -104,32 +104,46 @@ VEC4 conv_activation(VEC4 v) {
             : VEC4(1);
   return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
 }
-
-// The fused activation, compiled out where the shape class `act` says none.
-#line 26 "shaders/linear_packed_gemv.glsl.j2"
-VEC4 activated(VEC4 v) { return act == 1 ? v : conv_activation(v); }
-#line 30
-layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { f16vec4 t4_input[]; };
-#line 33
-layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { f16vec4 t4_weight[]; };
-#line 36
+#line 9 "shaders/_linear_epilogue.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
 
-#line 39
+#line 12
+void finish_texel(int row, int n4, VEC4 v) {
+  int N = pc.out_sizes.x;
+  if (pc.has_bias != 0) {
+    ivec4 c = min(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N - 1));
+    v += VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
+  }
+  if (act != 1) { v = conv_activation(v); }
+#line 20
+  if (n_ragged == 0) {
+    t4_out[row * (N >> 2) + n4] = tf_to_float16(v);  // float16: rounds to nearest even
+  } else {
+    int o = row * N + 4 * n4;
+    for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
+  }
+#line 31
+}
+#line 26 "shaders/linear_packed_gemv.glsl.j2"
+layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { f16vec4 t4_input[]; };
+#line 29
+layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { f16vec4 t4_weight[]; };
+
+#line 32
 VEC4 input_texel(int row, int k4, int K) {
-#line 41
+#line 34
   if (k_ragged == 0) { return VEC4(t4_input[row * (K >> 2) + k4]); }
   int o = row * K + 4 * k4;
   int k = 4 * k4;
   return VEC4(t_input[o], k + 1 < K ? t_input[o + 1] : T(0), k + 2 < K ? t_input[o + 2] : T(0),
               k + 3 < K ? t_input[o + 3] : T(0));
-#line 50
+#line 43
 }
 
 VEC4 weight_texel(int n4, int k) {
-#line 54
+#line 47
   return VEC4(t4_weight[k * (pc.weight_sizes.x >> 2) + n4]);
-#line 58
+#line 51
 }
 
 void main() {
@@ -159,17 +173,5 @@ void main() {
           + a.z * weight_texel(n4, 4 * k4 + 2) + a.w * weight_texel(n4, 4 * k4 + 3);
   }
   VEC4 v = acc0 + acc1;
-  if (pc.has_bias != 0) {
-    ivec4 c = min(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N - 1));
-    v += VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
-  }
-  v = activated(v);
-#line 93
-  if (n_ragged == 0) {
-    t4_out[row * N4 + n4] = tf_to_float16(v);  // float16: rounds to nearest even
-  } else {
-    int o = row * N + 4 * n4;
-    for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
-  }
-#line 104
+  finish_texel(row, n4, v);
 }

@@ -105,24 +105,35 @@ VEC4 conv_activation(VEC4 v) {
   return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
 }
 
-// The fused activation, compiled out where the shape class `act` says none.
-#line 26 "shaders/linear_packed_gemv.glsl.j2"
-VEC4 activated(VEC4 v) { return act == 1 ? v : conv_activation(v); }
-#line 33
+#line 12 "shaders/_linear_epilogue.glsl.j2"
+void finish_texel(int row, int n4, VEC4 v) {
+  int N = pc.out_sizes.x;
+  if (pc.has_bias != 0) {
+    ivec4 c = min(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N - 1));
+    v += VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
+  }
+  if (act != 1) { v = conv_activation(v); }
+#line 27
+  int height = pc.out_sizes.y;
+  bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
+  store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
+#line 31
+}
+#line 29 "shaders/linear_packed_gemv.glsl.j2"
 layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 
-#line 39
+#line 32
 VEC4 input_texel(int row, int k4, int K) {
-#line 47
+#line 40
   int height = pc.input_sizes.y;
   return imageLoad(t_input, ivec3(k4, row % height, row / height));
-#line 50
+#line 43
 }
 
 VEC4 weight_texel(int n4, int k) {
-#line 54
+#line 47
   return VEC4(t4_weight[k * (pc.weight_sizes.x >> 2) + n4]);
-#line 58
+#line 51
 }
 
 void main() {
@@ -152,14 +163,5 @@ void main() {
           + a.z * weight_texel(n4, 4 * k4 + 2) + a.w * weight_texel(n4, 4 * k4 + 3);
   }
   VEC4 v = acc0 + acc1;
-  if (pc.has_bias != 0) {
-    ivec4 c = min(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N - 1));
-    v += VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
-  }
-  v = activated(v);
-#line 100
-  int height = pc.out_sizes.y;
-  bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
-  store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
-#line 104
+  finish_texel(row, n4, v);
 }

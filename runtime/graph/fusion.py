@@ -52,6 +52,10 @@ In order, in place on the graph:
 8. linear + activation: a linear_packed / linear_packed_gemv / linear_wg whose only user is relu, relu6 /
    hardtanh, hardswish, silu or gelu applies it at its store (its `activation` argument): a
    transformer MLP's linear + gelu, one dispatch.
+9. Split K (prepack_matmul.split_k; with `choose_kernels=False` the caller runs it after choosing
+   the conv kernels): a linear_wg whose 64 x 64 blocks would launch fewer than SPLITK_WORKGROUPS
+   workgroups becomes linear_wg_splitk (slices along K) + linear_splitk_sum (their sum, the bias
+   and the activation). Only a GPU takes linear_wg, so only a GPU's plans change.
 Each fused node lists what it absorbed in `node.fused`, which the plan shows.
 """
 
@@ -126,12 +130,14 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
             _fuse_activation(graph, node)
     if choose_kernels:
         choose_conv_kernels(graph, texture_limits, subgroup, gemm, costs)
-    from .prepack_matmul import PACKED_OPS, choose_matmul_kernels
+    from .prepack_matmul import PACKED_OPS, choose_matmul_kernels, split_k
 
     choose_matmul_kernels(graph, texture_limits, subgroup, gemm, costs)  # linear -> linear_packed (prepack_matmul.py)
     for node in list(graph.nodes):  # 8: the packed linears take their activation
         if node.on_device and node.op.name in PACKED_OPS:
             _fuse_activation(graph, node)
+    if choose_kernels:  # else the caller splits, after it has chosen the conv kernels
+        split_k(graph, texture_limits)  # 9: a GPU's GEMMs of few blocks, split along K
     return graph
 
 

@@ -286,6 +286,84 @@ def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMI
     return made
 
 
+SPLITK_ENV = "TEXELFLOW_SPLITK"
+SPLITK_FORMS = ("auto", "off")
+SPLITK_OP, SPLITK_SUM = "linear_wg_splitk", "linear_splitk_sum"
+WG_BLOCK = 64  # rows and columns of out per workgroup of linear_wg (its contract grid)
+# Split K until a linear_wg launches about this many workgroups: a large GPU's multiprocessors
+# (an H100 or H200 has 132). Fewer blocks leave most of them idle: ResNet-18's 7 x 7 stage has 8
+# blocks of 64 x 64 for K = 4,608, ViT-S/16's 384-wide linears 24.
+SPLITK_WORKGROUPS = 128
+SPLITK_MIN_STEPS = 4  # each slice at least 4 of _gemm_wg's steps of 16 along K
+SPLITK_MAX_BYTES = 32 << 20  # the slices' intermediate, float32 [S, rows, N]
+
+
+def splitk_texels(k4: int, splits: int) -> int:
+    """Texels along K per slice of a K of `k4` texels cut into `splits` (linear_wg_splitk's KS4):
+    rounded up to whole steps of 16 along K."""
+    return -(-(-(-k4 // splits)) // 4) * 4
+
+
+def split_count(rows: int, k: int, n: int) -> int:
+    """Slices along K for linear_wg on `rows` x `k` x `n`: 1 where its 64 x 64 blocks already
+    launch SPLITK_WORKGROUPS workgroups; else enough slices to launch them, each at least
+    SPLITK_MIN_STEPS steps long, none empty, the intermediate within SPLITK_MAX_BYTES."""
+    blocks = -(-rows // WG_BLOCK) * -(-n // WG_BLOCK)
+    k4 = -(-k // 4)
+    s = min(-(-SPLITK_WORKGROUPS // blocks), -(-k4 // 4) // SPLITK_MIN_STEPS,
+            SPLITK_MAX_BYTES // max(1, 4 * rows * n))
+    if s < 2:
+        return 1
+    while True:  # the slices that are not empty
+        used = -(-k4 // splitk_texels(k4, s))
+        if used == s:
+            return s if s >= 2 else 1
+        s = used
+
+
+def split_k(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS) -> list[Node]:
+    """Cut every linear_wg whose 64 x 64 blocks would launch too few workgroups (split_count) into
+    linear_wg_splitk (S slices along K, S times the workgroups) and linear_splitk_sum (the
+    slices added, the bias and the activation); returns the new nodes. linear_wg runs only
+    where GEMMs take workgroup tiles (a GPU), so lavapipe's plans never change. On an H200 it
+    took ResNet-18 from 10.1 to 2.7 ms of GPU time (bench/RESULTS.md). TEXELFLOW_SPLITK=off keeps
+    every linear_wg whole. A node already float16 here (a half model) is not split; with
+    precision="fp16", applied after planning, the slices are stored as float16 like the other
+    activations and summed in float32 (tests/kernels/test_linear_wg.py bounds the error)."""
+    from .fusion import _splice
+
+    if env_choice(SPLITK_ENV, SPLITK_FORMS) == "off":
+        return []
+    made = []
+    for node in list(graph.nodes):
+        if not node.on_device or node.op.name != PACKED_WG:
+            continue
+        x, out = node.arg("input"), node.outputs[0][1]
+        if out.dtype != "float32":  # a half model's linear: its slices would each round to float16
+            continue
+        rows, n = _rows(node), out.shape[-1]
+        splits = split_count(rows, x.shape[-1], n)
+        if splits < 2:
+            continue
+        part_op, sum_op = OPS[SPLITK_OP], OPS[SPLITK_SUM]
+        part = Node(f"{node.name}.slices", part_op.targets[0], part_op,
+                    [("input", x), ("weight", node.arg("weight")), ("out_features", n), ("splits", splits)], [])
+        slices = Value(part.name, (splits, rows, n), out.dtype, Role.NODE, producer=part)
+        part.outputs = [("out", slices)]
+        total = Node(node.name, sum_op.targets[0], sum_op,
+                     [("partials", slices), ("sizes", list(out.shape)), ("bias", node.arg("bias"))]
+                     + [(a, v) for a, v in node.args if a in ("activation", "act_min", "act_max")],
+                     [("out", out)])
+        if not _splice(graph, node, [part, total], [], limits):
+            continue
+        part.fused = list(node.fused) + [f"split along K into {splits} slices: {-(-rows // WG_BLOCK)} x "
+                                         f"{-(-n // WG_BLOCK)} blocks of 64 x 64 launch too few workgroups "
+                                         f"(under {SPLITK_WORKGROUPS})"]
+        total.fused = [f"sum of the {splits} slices of {node.name}, bias and activation"]
+        made += [part, total]
+    return made
+
+
 def _retarget_matmul(graph: PlanGraph, node: Node, op_name: str, args: list, note: str,
                      limits: Sequence[int]) -> Node | None:
     """mm / bmm as `op_name` (mm_wg on a GPU; the general `matmul`, which shuffles nothing, when
@@ -332,6 +410,32 @@ def linear_packed_reference(input, weight, bias=None, out_features=1, activation
 
     x = F.pad(input, (0, weight.shape[-2] - input.shape[-1]))
     y = x @ weight[..., :out_features]  # a batched weight [B, K4 * 4, N16 * 16]: batch by batch
+    return activation_reference(y + bias if bias is not None else y, activation, act_min, act_max)
+
+
+def linear_wg_splitk_reference(input, weight, out_features=1, splits=2):
+    """What linear_wg_splitk computes: slice s of out [splits, rows, N] is the input's flattened
+    rows, K texels s * KS4 .. s * KS4 + KS4 - 1 of them (splitk_texels; zero past K), times the
+    same rows of the prepacked weight (rows past 4 * K4 are not read)."""
+    import torch
+    import torch.nn.functional as F
+
+    k4 = -(-input.shape[-1] // 4)
+    ks = 4 * splitk_texels(k4, splits)
+    x = F.pad(input, (0, 4 * k4 - input.shape[-1])).reshape(-1, 4 * k4)
+    w = weight[:4 * k4, :out_features]
+    return torch.stack([x[:, s * ks:(s + 1) * ks] @ w[s * ks:(s + 1) * ks] for s in range(splits)])
+
+
+def linear_splitk_sum_reference(partials, sizes, bias=None, activation="none", act_min=0.0, act_max=0.0):
+    """What linear_splitk_sum computes: the slices of partials [S, rows, N] added in order, shaped
+    `sizes`, plus the bias, then the activation."""
+    from .fusion import activation_reference
+
+    y = partials[0]
+    for s in range(1, partials.shape[0]):
+        y = y + partials[s]
+    y = y.reshape(list(sizes))
     return activation_reference(y + bias if bias is not None else y, activation, act_min, act_max)
 
 

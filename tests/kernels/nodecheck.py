@@ -46,6 +46,7 @@ INJECT_TEMPLATES += ("reduce", "softmax", "adaptive_pool2d", "group_norm")
 INJECT_TEMPLATES += ("batch_norm",)  # elementwise per channel: NaN / Inf in input or statistics
 INJECT_TEMPLATES += ("matmul", "linear")  # a NaN or Inf spreads over its row and column of the product
 INJECT_TEMPLATES += ("linear_packed", "linear_packed_gemv", "linear_wg", "mm_tiled", "mm_wg")  # the same (linear_packed: padding rows included)
+INJECT_TEMPLATES += ("linear_wg_splitk", "linear_splitk_sum")  # the same per slice; then over the slices
 INJECT_TEMPLATES += ("permute", "slice", "select", "expand", "pad", "pixel_shuffle", "cat")  # moved bit for bit
 INJECT_TEMPLATES += ("layer_norm",)  # a NaN or an infinity spreads over its row
 INJECT_TEMPLATES += ("masked_fill", "roll", "embedding", "index_select")  # select or move elements bit for bit
@@ -235,6 +236,8 @@ NO_TORCH_TARGET = {
     "linear_packed_gemv": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "linear_wg": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "mm_wg": "texelflow.runtime.graph.prepack_matmul.mm_wg_reference",
+    "linear_wg_splitk": "texelflow.runtime.graph.prepack_matmul.linear_wg_splitk_reference",
+    "linear_splitk_sum": "texelflow.runtime.graph.prepack_matmul.linear_splitk_sum_reference",
     "conv2d_pw_act": "texelflow.runtime.graph.prepack_conv.conv2d_pw_reference",
     "conv2d_wino": "texelflow.runtime.graph.prepack_conv.conv2d_wino_reference",
     "conv2d_wino_runs": "texelflow.runtime.graph.prepack_conv.conv2d_wino_reference",
@@ -531,6 +534,8 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "linear_packed": (1e-4, 1e-5),  # dot products in another order (runtime/graph/prepack_matmul.py)
     "linear_packed_gemv": (1e-4, 1e-5),
     "linear_wg": (1e-4, 1e-5),
+    "linear_wg_splitk": (1e-4, 1e-5),
+    "linear_splitk_sum": (1e-4, 1e-5),  # the slices' sum, then exp / tanh / erf approximations
     "mm_wg": (1e-4, 1e-5),
     "mm_tiled": (1e-4, 1e-5),  # dot products accumulated in another order than torch's
     "conv2d": (1e-4, 1e-4),

@@ -16,7 +16,8 @@ import texelflow
 from texelflow.runtime.graph.fusion import CONV_ENV, fuse_patterns
 from texelflow.runtime.graph.importer import export_program
 from texelflow.runtime.graph.lowering import lower
-from texelflow.runtime.graph.prepack_matmul import GEMM_ENV, SubgroupFacts, gemm_tiles, subgroup_facts
+from texelflow.runtime.graph.prepack_matmul import (GEMM_ENV, SPLITK_ENV, SPLITK_MIN_STEPS, SubgroupFacts, gemm_tiles,
+                                                     split_count, splitk_texels, subgroup_facts)
 
 BUFFERS_ONLY = (0, 0, 0)  # texture limits no tensor fits: every representation is a buffer
 GPU = SubgroupFacts(32, True, "discrete")
@@ -79,7 +80,7 @@ def test_gpu_activation_fusion_and_im2col(monkeypatch):
     assert [n.op.name for n in nodes] == ["linear_wg"] and nodes[0].value("activation") == "gelu"
     stem = nn.Conv2d(3, 64, 7, stride=2, padding=3)
     names = [n.op.name for n in _ops(stem, [torch.randn(1, 3, 16, 16)], GPU)]
-    assert names == ["conv_im2col", "linear_wg", "permute_copy"]
+    assert names == ["conv_im2col", "linear_wg_splitk", "linear_splitk_sum", "permute_copy"]  # 1 block: split K
     assert [n.op.name for n in _ops(stem, [torch.randn(1, 3, 16, 16)], CPU)][1] == "linear_packed"
 
 
@@ -204,7 +205,7 @@ def test_im2col_conv_and_a_vit_linear(workgroup_tiles):
     stem = nn.Conv2d(3, 64, 7, stride=2, padding=3).eval()
     x = torch.randn(1, 3, 30, 30)
     got, plan = run(stem, (x,), "texture3d")
-    assert plan.dispatches["linear_wg"] == 1, plan.dispatches
+    assert plan.dispatches["linear_wg_splitk"] == 1, plan.dispatches  # 4 blocks of 64 x 64: 2 slices along K
     with torch.no_grad():
         assert_close(got, stem(x), rtol=1e-4, atol=2e-4)
     qkv = nn.Linear(384, 1152).eval()
@@ -228,6 +229,76 @@ def test_gpu_form_convs_against_torch(cin, cout, k, size, workgroup_tiles):
     assert plan.dispatches[gemm] == 1 and plan.dispatches["conv_im2col"] == 1, plan.dispatches
     with torch.no_grad():
         assert_close(got, conv(x))
+
+
+# ---- split K: linear_wg_splitk + linear_splitk_sum -------------------------------------------------------
+@pytest.mark.parametrize("rows,k,n,want", [
+    (49, 4608, 512, 16),  # ResNet-18's 7 x 7 stage as im2col: 8 blocks
+    (196, 2304, 256, 8),  # its 14 x 14 stage: 16 blocks
+    (3136, 576, 64, 3),  # its 56 x 56 stage: 49 blocks
+    (197, 1536, 384, 6),  # ViT-S/16's fc2: 24 blocks
+    (197, 384, 1152, 2),  # its qkv: 72 blocks
+    (1024, 1024, 1024, 1),  # 256 blocks: enough
+    (5, 60, 7, 1),  # K too short for 2 slices of 4 steps
+    (3, 1000, 129, 13),  # 15 slices asked, 13 of 20 texels cover K4 = 250: none empty
+    (100000, 4096, 64, 1),  # the slices would pass SPLITK_MAX_BYTES
+])
+def test_split_count(rows, k, n, want):
+    s = split_count(rows, k, n)
+    assert s == want
+    if s > 1:  # no slice empty, each at least SPLITK_MIN_STEPS steps of 16
+        k4, ks4 = -(-k // 4), splitk_texels(-(-k // 4), s)
+        assert (s - 1) * ks4 < k4 <= s * ks4 and ks4 >= 4 * SPLITK_MIN_STEPS
+
+
+@pytest.mark.parametrize("storage", ["texture3d", "buffer"])
+@pytest.mark.parametrize("shape,n,act", [((5, 300), 7, None), ((70, 257), 67, nn.GELU()), ((3, 1000), 129, nn.ReLU()),
+                                         ((2, 33, 301), 70, nn.Hardswish())], ids=str)
+def test_split_k_against_torch(shape, n, act, storage, workgroup_tiles, monkeypatch):
+    """Awkward K and N (off the 4 / 16 / 64 grids), batch dims, bias or none, fused activations,
+    NaN and Inf: the slices' sum is torch's product."""
+    monkeypatch.delenv(SPLITK_ENV, raising=False)
+    torch.manual_seed(shape[-1] + n)
+    layers = [nn.Linear(shape[-1], n, bias=n % 2 == 1)] + ([act] if act is not None else [])
+    model = nn.Sequential(*layers).eval()
+    x = torch.randn(*shape) * 2
+    x.view(-1, shape[-1])[0, 3] = float("nan")
+    if not isinstance(act, nn.GELU):  # torch's exact gelu of +Inf is NaN or +Inf by the tensor's size
+        x.view(-1, shape[-1])[-1, -1] = float("inf")
+    got, plan = run(model, (x,), storage)
+    assert plan.dispatches == {"linear_wg_splitk": 1, "linear_splitk_sum": 1}, plan.dispatches
+    part = next(node for node in plan.graph.device_nodes() if node.op.name == "linear_wg_splitk")
+    assert any("split along K into" in note for note in part.fused), part.fused
+    with torch.no_grad():
+        want = model(x)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert_close(got, want)
+
+
+def test_split_k_float16(workgroup_tiles, monkeypatch):
+    """float16 slices, summed in float32: within the float16 tolerance of docs/precision.md."""
+    monkeypatch.delenv(SPLITK_ENV, raising=False)
+    torch.manual_seed(6)
+    model = nn.Linear(500, 40).eval()
+    x = torch.randn(9, 500)
+    got, plan = run(model, (x,), "texture3d", precision="fp16")
+    assert plan.dispatches["linear_wg_splitk"] == 1, plan.dispatches
+    with torch.no_grad():
+        want = model(x)
+    assert_close(got, want, rtol=2e-3, atol=2e-3 * float(want.abs().max()))
+
+
+def test_split_k_is_a_gpu_choice_and_can_be_turned_off(monkeypatch):
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    monkeypatch.delenv(SPLITK_ENV, raising=False)
+    model, x = nn.Linear(300, 7), [torch.randn(5, 300)]
+    assert [n.op.name for n in _ops(model, x, GPU)] == ["linear_wg_splitk", "linear_splitk_sum"]
+    assert [n.op.name for n in _ops(model, x, CPU)] == ["linear_packed"]  # register tiles are never split
+    monkeypatch.setenv(SPLITK_ENV, "off")
+    assert [n.op.name for n in _ops(model, x, GPU)] == ["linear_wg"]
+    monkeypatch.setenv(SPLITK_ENV, "never")
+    with pytest.raises(ValueError, match=r"TEXELFLOW_SPLITK='never': expected one of auto, off"):
+        _ops(model, x, GPU)
 
 
 # ---- mm_wg: mm and bmm on a GPU -------------------------------------------------------------------------
