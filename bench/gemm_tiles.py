@@ -40,7 +40,7 @@ CONFIGS = {  # each step from a CPU device's forms to a GPU's, one change at a t
     "+ attention as GEMMs": {GEMM_ENV: "workgroup", CONV_ENV: "auto", ATTENTION_ENV: "auto", SPLITK_ENV: "off"},
     "+ split K": {GEMM_ENV: "workgroup", CONV_ENV: "auto", ATTENTION_ENV: "auto", SPLITK_ENV: "auto"},
 }
-GEMM_VARIANT_PREFIXES = ("linear_packed", "linear_wg", "linear_splitk", "mm_tiled", "mm_wg")
+GEMM_VARIANT_PREFIXES = ("linear_packed", "linear_wg", "linear_gemv", "linear_splitk", "mm_tiled", "mm_wg")
 
 
 def _compile(model, inputs, device, env: dict[str, str]):

@@ -360,6 +360,18 @@ def _compute_cases(quick: bool) -> list[Case]:
                 f"197x{k} @ {k}x{m} + bias", lin, ((197, k),), 2 * 197 * k * m, lin.weight.numel() + m, (197, m),
                 gemm=tiles)
 
+    for k, m in ((576, 144), (576, 1024)):  # one row: MobileNetV3-small's squeeze-excite, its classifier
+        lin = torch.nn.Linear(k, m)
+        for tiles in ("register", "workgroup"):
+            add(f"linear (one row, {tiles} tiles)", f"1x{k} @ {k}x{m} + bias", lin, ((1, k),), 2 * k * m,
+                lin.weight.numel() + m, (1, m), gemm=tiles)
+
+    pool = _module(lambda x: torch.nn.functional.adaptive_avg_pool2d(x, 1))
+    for shape in ((1, 96, 28, 28), (1, 576, 7, 7)):  # MobileNetV3-small's squeeze-excite and head pools
+        for tiles in ("register", "workgroup"):  # adaptive_pool2d, or global_avg_pool_wg where GEMMs take workgroup tiles
+            add(f"global average pool ({tiles} tiles' form)", "x".join(map(str, shape)), pool, (shape,),
+                int(np.prod(shape)), out_shape=shape[:2] + (1, 1), gemm=tiles)
+
     def conv(name, cin, cout, k, stride, size, groups=1):
         c = torch.nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, groups=groups)
         out = (size + 2 * (k // 2) - k) // stride + 1

@@ -2571,6 +2571,37 @@ OPS: dict[str, OpEntry] = {
             'gelu_float32_texture3d',
         ),
     ),
+    'global_avg_pool_wg': OpEntry(
+        name='global_avg_pool_wg',
+        targets=(
+            'texelflow.global_avg_pool_wg.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(),
+        checks=(
+            Check('rank', (('rank', (('self', (3, 4)),)),)),
+        ),
+        grid=('cooperative', 'out', 64),
+        template='global_avg_pool_wg',
+        shader_axes=('dtype', 'out_storage'),
+        variants=(
+            'global_avg_pool_wg_float16_buffer',
+            'global_avg_pool_wg_float16_texture3d',
+            'global_avg_pool_wg_float32_buffer',
+            'global_avg_pool_wg_float32_texture3d',
+        ),
+    ),
     'group_norm': OpEntry(
         name='group_norm',
         targets=(
@@ -3186,6 +3217,53 @@ OPS: dict[str, OpEntry] = {
             'linear_float16_texture3d',
             'linear_float32_buffer',
             'linear_float32_texture3d',
+        ),
+    ),
+    'linear_gemv_wg': OpEntry(
+        name='linear_gemv_wg',
+        targets=(
+            'texelflow.linear_gemv_wg.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('out_features', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('weight', (2,)),)),)),
+        ),
+        grid=('per_tile', 'out', 4, 1, 0, 64),
+        template='linear_gemv_wg',
+        shader_axes=('dtype', 'storage', 'weight_storage'),
+        variants=(
+            'linear_gemv_wg_float16_buffer_buffer',
+            'linear_gemv_wg_float16_buffer_texture3d',
+            'linear_gemv_wg_float16_texture3d_buffer',
+            'linear_gemv_wg_float16_texture3d_texture3d',
+            'linear_gemv_wg_float32_buffer_buffer',
+            'linear_gemv_wg_float32_buffer_texture3d',
+            'linear_gemv_wg_float32_texture3d_buffer',
+            'linear_gemv_wg_float32_texture3d_texture3d',
         ),
     ),
     'linear_packed': OpEntry(
@@ -6858,6 +6936,8 @@ TARGETS: dict[str, str] = {
     'texelflow.conv2d_wino4_output.default': 'conv2d_wino4_output',
     'texelflow.conv2d_wino_runs.default': 'conv2d_wino_runs',
     'texelflow.conv_im2col.default': 'conv_im2col',
+    'texelflow.global_avg_pool_wg.default': 'global_avg_pool_wg',
+    'texelflow.linear_gemv_wg.default': 'linear_gemv_wg',
     'texelflow.linear_packed.default': 'linear_packed',
     'texelflow.linear_packed_gemv.default': 'linear_packed_gemv',
     'texelflow.linear_splitk_sum.default': 'linear_splitk_sum',

@@ -720,6 +720,14 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'approximate': 'none', 'self': (2, 1, 3, 2, 5)},
         {'approximate': 'tanh', 'self': (2, 1, 3, 2, 5)},
     ),
+    'global_avg_pool_wg': (
+        {'self': (1, 5, 7, 7)},
+        {'self': (2, 3, 7, 5)},
+        {'self': (1, 576, 7, 7)},
+        {'self': (3, 1, 1)},
+        {'self': (1, 13, 56, 56)},
+        {'self': (2, 7, 1, 3)},
+    ),
     'group_norm': (
         {'bias': (6,), 'eps': 1e-05, 'input': (2, 6, 5, 7), 'num_groups': 3, 'weight': (6,)},
         {'input': (2, 6, 5, 7), 'num_groups': 1},
@@ -920,6 +928,16 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'bias': (8,), 'input': (1, 5, 16), 'weight': (8, 16)},
         {'bias': (20,), 'input': (2, 3, 4, 12), 'weight': (20, 12)},
         {'input': (9, 8), 'weight': (3, 8)},
+    ),
+    'linear_gemv_wg': (
+        {'bias': (5,), 'input': (1, 7), 'out_features': 5, 'weight': (8, 16)},
+        {'bias': (1,), 'input': (1,), 'out_features': 1, 'weight': (4, 16)},
+        {'bias': None, 'input': (1, 13), 'out_features': 33, 'weight': (16, 48)},
+        {'bias': (20,), 'input': (1, 1, 1, 577), 'out_features': 20, 'weight': (580, 32)},
+        {'bias': (7,), 'input': (3, 5), 'out_features': 7, 'weight': (8, 16)},
+        {'activation': 'hardswish', 'input': (1, 300), 'out_features': 130, 'weight': (300, 144)},
+        {'activation': 'gelu', 'bias': (20,), 'input': (1, 12), 'out_features': 20, 'weight': (12, 32)},
+        {'activation': 'relu', 'bias': (5,), 'input': (1, 7), 'out_features': 5, 'weight': (8, 16)},
     ),
     'linear_packed': (
         {'bias': (5,), 'input': (3, 7), 'out_features': 5, 'weight': (8, 16)},

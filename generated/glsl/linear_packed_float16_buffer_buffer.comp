@@ -129,7 +129,7 @@ VEC4 conv_activation(VEC4 v) {
 }
 
 // The fused activation, compiled out where the shape class `act` says none.
-#line 10 "shaders/_linear_packed_io.glsl.j2"
+#line 11 "shaders/_linear_packed_io.glsl.j2"
 VEC4 activated(VEC4 v) { return act == 1 ? v : conv_activation(v); }
 // vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
 // binding has its view, read_ and read4_ in _prologue.glsl.j2.
@@ -142,37 +142,37 @@ VEC4 read4_bias(int k) { return VEC4(t4_bias[k]); }
 T read_bias(int w) { return T(t_bias[w]); }
 
 // Texel k4 (elements 4 * k4 .. 4 * k4 + 3, zero past K) of input row `row`.
-#line 17 "shaders/_linear_packed_io.glsl.j2"
+#line 18 "shaders/_linear_packed_io.glsl.j2"
 VEC4 input_texel(int row, int k4, int K) {
-#line 19
+#line 20
   if (k_ragged == 0) { return read4_input(row * (K >> 2) + k4); }
   int o = row * K + 4 * k4;
   int k = 4 * k4;
   return VEC4(read_input(o), k + 1 < K ? read_input(o + 1) : T(0), k + 2 < K ? read_input(o + 2) : T(0),
               k + 3 < K ? read_input(o + 3) : T(0));
-#line 28
+#line 29
 }
 
 // Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k of matrix wz (0 but for a batched weight
 // [B, K4 * 4, N16 * 16], whose matrix b serves the input rows of batch b).
 VEC4 weight_texel(int n4, int k, int wz) {
-#line 34
+#line 35
   return read4_weight((wz * pc.weight_sizes.y + k) * (pc.weight_sizes.x >> 2) + n4);
-#line 38
+#line 39
 }
 VEC4 weight_texel(int n4, int k) { return weight_texel(n4, k, 0); }
 
 // Stores out's texel n4 (columns 4 * n4 .. 4 * n4 + 3) of row `row`: lanes past N are not
 // written (buffer) or written as 0 (texture padding).
 void store_out(int row, int n4, int N, VEC4 v) {
-#line 45
+#line 46
   if (n_ragged == 0) {
     t4_out[row * (N >> 2) + n4] = tf_to_float16(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
   }
-#line 56
+#line 57
 }
 
 #line 118 "shaders/linear_packed.glsl.j2"

@@ -91,6 +91,54 @@ layout(constant_id = 7) const int k_ragged = 1;  // ragged
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
 #line 78
 layout(constant_id = 9) const int act = 0;  // activation_code
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
+#line 12
+layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { f16vec4 t4_input[]; };
+#line 12
+layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { f16vec4 t4_bias[]; };
+#line 15
+VEC4 read4_input(int k) { return VEC4(t4_input[k]); }
+T read_input(int w) { return T(t_input[w]); }
+#line 15
+VEC4 read4_bias(int k) { return VEC4(t4_bias[k]); }
+T read_bias(int w) { return T(t_bias[w]); }
+
+// Texel k4 (elements 4 * k4 .. 4 * k4 + 3, zero past K) of input row `row`.
+#line 18 "shaders/_linear_packed_io.glsl.j2"
+VEC4 input_texel(int row, int k4, int K) {
+#line 20
+  if (k_ragged == 0) { return read4_input(row * (K >> 2) + k4); }
+  int o = row * K + 4 * k4;
+  int k = 4 * k4;
+  return VEC4(read_input(o), k + 1 < K ? read_input(o + 1) : T(0), k + 2 < K ? read_input(o + 2) : T(0),
+              k + 3 < K ? read_input(o + 3) : T(0));
+#line 29
+}
+
+// Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k of matrix wz (0 but for a batched weight
+// [B, K4 * 4, N16 * 16], whose matrix b serves the input rows of batch b).
+VEC4 weight_texel(int n4, int k, int wz) {
+#line 37
+  return imageLoad(t_weight, ivec3(n4, k, wz));
+#line 39
+}
+VEC4 weight_texel(int n4, int k) { return weight_texel(n4, k, 0); }
+
+// Stores out's texel n4 (columns 4 * n4 .. 4 * n4 + 3) of row `row`: lanes past N are not
+// written (buffer) or written as 0 (texture padding).
+void store_out(int row, int n4, int N, VEC4 v) {
+#line 46
+  if (n_ragged == 0) {
+    t4_out[row * (N >> 2) + n4] = tf_to_float16(v);  // float16: rounds to nearest even
+  } else {
+    int o = row * N + 4 * n4;
+    for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
+  }
+#line 57
+}
 #line 18 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
   int a = (act > 0 ? act - 1 : pc.activation);
@@ -108,10 +156,8 @@ VEC4 conv_activation(VEC4 v) {
             : VEC4(1);
   return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
 }
-#line 9 "shaders/_linear_epilogue.glsl.j2"
-layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
 
-#line 12
+#line 10 "shaders/_linear_epilogue.glsl.j2"
 void finish_texel(int row, int n4, VEC4 v) {
   int N = pc.out_sizes.x;
   if (pc.has_bias != 0) {
@@ -119,35 +165,17 @@ void finish_texel(int row, int n4, VEC4 v) {
     v += VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
   }
   if (act != 1) { v = conv_activation(v); }
-#line 20
+#line 18
   if (n_ragged == 0) {
     t4_out[row * (N >> 2) + n4] = tf_to_float16(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
   }
-#line 31
+#line 29
 }
+
 #line 26 "shaders/linear_packed_gemv.glsl.j2"
-layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { f16vec4 t4_input[]; };
-
-#line 32
-VEC4 input_texel(int row, int k4, int K) {
-#line 34
-  if (k_ragged == 0) { return VEC4(t4_input[row * (K >> 2) + k4]); }
-  int o = row * K + 4 * k4;
-  int k = 4 * k4;
-  return VEC4(t_input[o], k + 1 < K ? t_input[o + 1] : T(0), k + 2 < K ? t_input[o + 2] : T(0),
-              k + 3 < K ? t_input[o + 3] : T(0));
-#line 43
-}
-
-VEC4 weight_texel(int n4, int k) {
-#line 49
-  return imageLoad(t_weight, ivec3(n4, k, 0));
-#line 51
-}
-
 void main() {
   int u = tf_unit_id();
   int N = pc.out_sizes.x;

@@ -87,6 +87,46 @@ layout(constant_id = 7) const int k_ragged = 1;  // ragged
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
 #line 78
 layout(constant_id = 9) const int act = 0;  // activation_code
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
+#line 12
+layout(set = 0, binding = 3, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
+#line 15
+VEC4 read4_weight(int k) { return VEC4(t4_weight[k]); }
+T read_weight(int w) { return T(t_weight[w]); }
+#line 15
+VEC4 read4_bias(int k) { return VEC4(t4_bias[k]); }
+T read_bias(int w) { return T(t_bias[w]); }
+
+// Texel k4 (elements 4 * k4 .. 4 * k4 + 3, zero past K) of input row `row`.
+#line 18 "shaders/_linear_packed_io.glsl.j2"
+VEC4 input_texel(int row, int k4, int K) {
+#line 26
+  int height = pc.input_sizes.y;
+  return imageLoad(t_input, ivec3(k4, row % height, row / height));
+#line 29
+}
+
+// Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k of matrix wz (0 but for a batched weight
+// [B, K4 * 4, N16 * 16], whose matrix b serves the input rows of batch b).
+VEC4 weight_texel(int n4, int k, int wz) {
+#line 35
+  return read4_weight((wz * pc.weight_sizes.y + k) * (pc.weight_sizes.x >> 2) + n4);
+#line 39
+}
+VEC4 weight_texel(int n4, int k) { return weight_texel(n4, k, 0); }
+
+// Stores out's texel n4 (columns 4 * n4 .. 4 * n4 + 3) of row `row`: lanes past N are not
+// written (buffer) or written as 0 (texture padding).
+void store_out(int row, int n4, int N, VEC4 v) {
+#line 53
+  int height = pc.out_sizes.y;
+  bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
+  store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
+#line 57
+}
 #line 18 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
   int a = (act > 0 ? act - 1 : pc.activation);
@@ -105,7 +145,7 @@ VEC4 conv_activation(VEC4 v) {
   return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
 }
 
-#line 12 "shaders/_linear_epilogue.glsl.j2"
+#line 10 "shaders/_linear_epilogue.glsl.j2"
 void finish_texel(int row, int n4, VEC4 v) {
   int N = pc.out_sizes.x;
   if (pc.has_bias != 0) {
@@ -113,29 +153,14 @@ void finish_texel(int row, int n4, VEC4 v) {
     v += VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
   }
   if (act != 1) { v = conv_activation(v); }
-#line 27
+#line 25
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
   store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
-#line 31
-}
-#line 29 "shaders/linear_packed_gemv.glsl.j2"
-layout(set = 0, binding = 2, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
-
-#line 32
-VEC4 input_texel(int row, int k4, int K) {
-#line 40
-  int height = pc.input_sizes.y;
-  return imageLoad(t_input, ivec3(k4, row % height, row / height));
-#line 43
+#line 29
 }
 
-VEC4 weight_texel(int n4, int k) {
-#line 47
-  return VEC4(t4_weight[k * (pc.weight_sizes.x >> 2) + n4]);
-#line 51
-}
-
+#line 26 "shaders/linear_packed_gemv.glsl.j2"
 void main() {
   int u = tf_unit_id();
   int N = pc.out_sizes.x;

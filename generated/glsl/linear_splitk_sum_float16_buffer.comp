@@ -75,6 +75,20 @@ T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, b
 layout(constant_id = 6) const int n_ragged = 1;  // ragged
 #line 78
 layout(constant_id = 7) const int act = 0;  // activation_code
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
+#line 12
+layout(set = 0, binding = 1, std430) readonly buffer partials_buf4 { f16vec4 t4_partials[]; };
+#line 12
+layout(set = 0, binding = 2, std430) readonly buffer bias_buf4 { f16vec4 t4_bias[]; };
+#line 15
+VEC4 read4_partials(int k) { return VEC4(t4_partials[k]); }
+T read_partials(int w) { return T(t_partials[w]); }
+#line 15
+VEC4 read4_bias(int k) { return VEC4(t4_bias[k]); }
+T read_bias(int w) { return T(t_bias[w]); }
 #line 18 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
   int a = (act > 0 ? act - 1 : pc.activation);
@@ -92,10 +106,8 @@ VEC4 conv_activation(VEC4 v) {
             : VEC4(1);
   return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
 }
-#line 9 "shaders/_linear_epilogue.glsl.j2"
-layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
 
-#line 12
+#line 10 "shaders/_linear_epilogue.glsl.j2"
 void finish_texel(int row, int n4, VEC4 v) {
   int N = pc.out_sizes.x;
   if (pc.has_bias != 0) {
@@ -103,28 +115,26 @@ void finish_texel(int row, int n4, VEC4 v) {
     v += VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
   }
   if (act != 1) { v = conv_activation(v); }
-#line 20
+#line 18
   if (n_ragged == 0) {
     t4_out[row * (N >> 2) + n4] = tf_to_float16(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
   }
-#line 31
+#line 29
 }
-#line 18 "shaders/linear_splitk_sum.glsl.j2"
-layout(set = 0, binding = 1, std430) readonly buffer partials_buf4 { f16vec4 t4_partials[]; };
 
 // Texel n4 (columns 4 * n4 .. 4 * n4 + 3, zero past N) of flattened row `row` of the partials.
-#line 22
+#line 20 "shaders/linear_splitk_sum.glsl.j2"
 VEC4 partial_texel(int row, int n4, int N) {
-#line 24
+#line 22
   if (n_ragged == 0) { return VEC4(t4_partials[row * (N >> 2) + n4]); }
   int o = row * N + 4 * n4;
   int n = 4 * n4;
   return VEC4(t_partials[o], n + 1 < N ? t_partials[o + 1] : T(0), n + 2 < N ? t_partials[o + 2] : T(0),
               n + 3 < N ? t_partials[o + 3] : T(0));
-#line 33
+#line 31
 }
 
 void main() {

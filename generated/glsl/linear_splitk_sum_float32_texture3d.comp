@@ -75,6 +75,13 @@ T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, b
 layout(constant_id = 6) const int n_ragged = 1;  // ragged
 #line 78
 layout(constant_id = 7) const int act = 0;  // activation_code
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 2, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
+#line 15
+VEC4 read4_bias(int k) { return VEC4(t4_bias[k]); }
+T read_bias(int w) { return T(t_bias[w]); }
 #line 18 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
   int a = (act > 0 ? act - 1 : pc.activation);
@@ -93,7 +100,7 @@ VEC4 conv_activation(VEC4 v) {
   return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
 }
 
-#line 12 "shaders/_linear_epilogue.glsl.j2"
+#line 10 "shaders/_linear_epilogue.glsl.j2"
 void finish_texel(int row, int n4, VEC4 v) {
   int N = pc.out_sizes.x;
   if (pc.has_bias != 0) {
@@ -101,20 +108,20 @@ void finish_texel(int row, int n4, VEC4 v) {
     v += VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
   }
   if (act != 1) { v = conv_activation(v); }
-#line 27
+#line 25
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
   store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
-#line 31
+#line 29
 }
 
 // Texel n4 (columns 4 * n4 .. 4 * n4 + 3, zero past N) of flattened row `row` of the partials.
-#line 22 "shaders/linear_splitk_sum.glsl.j2"
+#line 20 "shaders/linear_splitk_sum.glsl.j2"
 VEC4 partial_texel(int row, int n4, int N) {
-#line 30
+#line 28
   int height = pc.partials_sizes.y;
   return imageLoad(t_partials, ivec3(n4, row % height, row / height));
-#line 33
+#line 31
 }
 
 void main() {

@@ -75,31 +75,31 @@ layout(constant_id = 7) const int n_ragged = 1;  // ragged
 // binding has its view, read_ and read4_ in _prologue.glsl.j2.
 
 // Texel k4 (elements 4 * k4 .. 4 * k4 + 3, zero past K) of input row `row`.
-#line 17 "shaders/_linear_packed_io.glsl.j2"
+#line 18 "shaders/_linear_packed_io.glsl.j2"
 VEC4 input_texel(int row, int k4, int K) {
-#line 25
+#line 26
   int height = pc.input_sizes.y;
   return imageLoad(t_input, ivec3(k4, row % height, row / height));
-#line 28
+#line 29
 }
 
 // Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k of matrix wz (0 but for a batched weight
 // [B, K4 * 4, N16 * 16], whose matrix b serves the input rows of batch b).
 VEC4 weight_texel(int n4, int k, int wz) {
-#line 36
+#line 37
   return imageLoad(t_weight, ivec3(n4, k, wz));
-#line 38
+#line 39
 }
 VEC4 weight_texel(int n4, int k) { return weight_texel(n4, k, 0); }
 
 // Stores out's texel n4 (columns 4 * n4 .. 4 * n4 + 3) of row `row`: lanes past N are not
 // written (buffer) or written as 0 (texture padding).
 void store_out(int row, int n4, int N, VEC4 v) {
-#line 52
+#line 53
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
   store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
-#line 56
+#line 57
 }
 
 #line 21 "shaders/linear_wg_splitk.glsl.j2"

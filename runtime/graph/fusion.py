@@ -48,10 +48,12 @@ In order, in place on the graph:
    IM2COL_MAX_BYTES.
 7. Matmul kernel choice (runtime/graph/prepack_matmul.py, always): a device linear with a constant
    float32 weight becomes linear_packed / linear_packed_gemv (linear_wg for several rows on a
-   GPU), its weight prepacked [K, N].
-8. linear + activation: a linear_packed / linear_packed_gemv / linear_wg whose only user is relu, relu6 /
+   GPU, linear_gemv_wg for one), its weight prepacked [K, N].
+8. linear + activation: a linear_packed / linear_packed_gemv / linear_wg / linear_gemv_wg whose only user is relu, relu6 /
    hardtanh, hardswish, silu or gelu applies it at its store (its `activation` argument): a
    transformer MLP's linear + gelu, one dispatch.
+8b. A global average pool (adaptive_avg_pool2d to 1 x 1) where GEMMs take workgroup tiles (a GPU)
+   becomes global_avg_pool_wg: 64 invocations share each texel of out.
 9. Split K (prepack_matmul.split_k; with `choose_kernels=False` the caller runs it after choosing
    the conv kernels): a linear_wg whose 64 x 64 blocks would launch fewer than SPLITK_WORKGROUPS
    workgroups becomes linear_wg_splitk (slices along K) + linear_splitk_sum (their sum, the bias
@@ -78,7 +80,7 @@ CONV_DW_TARGET = "texelflow.conv2d_dw.default"
 # conv or add op -> the op that also applies an activation (step 5)
 WITH_ACTIVATION = {"conv2d": "conv2d_act", "conv2d_dw": "conv2d_dw_act", "add": "add_act",
                    "linear_packed": "linear_packed", "linear_packed_gemv": "linear_packed_gemv",
-                   "linear_wg": "linear_wg"}
+                   "linear_wg": "linear_wg", "linear_gemv_wg": "linear_gemv_wg"}
 
 # activation target -> (the `activation` value of conv2d_act / conv2d_dw_act, act_min, act_max)
 ACTIVATIONS = {
@@ -136,6 +138,7 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
     for node in list(graph.nodes):  # 8: the packed linears take their activation
         if node.on_device and node.op.name in PACKED_OPS:
             _fuse_activation(graph, node)
+    _gpu_global_pools(graph, texture_limits, subgroup, gemm)  # 8b: a GPU's global average pools
     if choose_kernels:  # else the caller splits, after it has chosen the conv kernels
         split_k(graph, texture_limits)  # 9: a GPU's GEMMs of few blocks, split along K
     return graph
@@ -206,6 +209,25 @@ def _explicit_padding_conv(graph: PlanGraph, node: Node, limits) -> None:
     conv = Node(node.name, node.target, OPS[op_name], args, list(node.outputs), fx=node.fx)
     _replace(graph, node, conv)
     conv.fallback = partition_reason(conv, limits)
+
+
+def _gpu_global_pools(graph: PlanGraph, limits, subgroup, gemm: str | None) -> None:
+    """Step 8b: where GEMMs take workgroup tiles (a GPU: prepack_matmul.gemm_tiles), a device
+    adaptive_avg_pool2d to 1 x 1 becomes global_avg_pool_wg, 64 invocations per texel of out
+    (adaptive_pool2d walks all of H x W in one invocation per texel: a few hundred on a GPU)."""
+    from .prepack_matmul import gemm_tiles
+
+    pools = [n for n in graph.nodes if n.on_device and n.op.name == "adaptive_avg_pool2d"
+             and tuple(n.outputs[0][1].shape[-2:]) == (1, 1)]
+    if not pools or gemm_tiles(subgroup, gemm)[0] != "workgroup":
+        return
+    op = OPS["global_avg_pool_wg"]
+    for node in pools:
+        new = Node(node.name, op.targets[0], op, [("self", node.arg("self"))], list(node.outputs))
+        new.fused = list(node.fused) + ["global_avg_pool_wg kernel: 64 invocations per texel of out, "
+                                        "where GEMMs take workgroup tiles (a GPU)"]
+        if partition_reason(new, limits) is None:
+            _replace(graph, node, new)
 
 
 def _tiled_adaptive_max_pool(graph: PlanGraph, node: Node, limits) -> None:
@@ -733,6 +755,13 @@ def conv2d_act_reference(input, weight, bias=None, stride=(1, 1), padding=(0, 0)
 
     return activation_reference(F.conv2d(input, weight, bias, stride, padding, dilation, groups), activation,
                                 act_min, act_max)
+
+
+def global_avg_pool_reference(self):
+    """What global_avg_pool_wg computes: adaptive_avg_pool2d to 1 x 1."""
+    import torch
+
+    return torch.nn.functional.adaptive_avg_pool2d(self, 1)
 
 
 def activation_reference(y, activation="none", act_min=0.0, act_max=0.0):

@@ -26,7 +26,10 @@ takes `linear_wg` instead: the same arguments and prepacked weight, one workgrou
 invocations per 64 x 64 block staged in shared memory (shaders/linear_wg.glsl.j2), which needs
 no subgroup operations. linear_packed's few wide invocations suit lavapipe but leave a GPU
 nearly idle (an H100 ran ViT-S/16's linears at 2-6% of its FMA peak). For the same reason a GPU's
-mm and bmm become `mm_wg` (shaders/mm_wg.glsl.j2), the same tiling over two activations.
+mm and bmm become `mm_wg` (shaders/mm_wg.glsl.j2), the same tiling over two activations, and a
+linear of one row takes `linear_gemv_wg` (64 invocations share each output texel's K) rather
+than linear_packed_gemv (one invocation walks all of K). A linear_wg of too few blocks to fill
+the GPU is split along K afterwards (`split_k`).
 
 With a cost table that `texelflow tune` measured on the device (it times both tilings of every
 GEMM of its models), each node takes the tiling the table predicts faster for its own shapes,
@@ -48,7 +51,8 @@ from .ir import Node, PlanGraph, Role, Value
 PACKED_LINEAR = "linear_packed"
 PACKED_GEMV = "linear_packed_gemv"  # one row: one invocation per output texel (its own template)
 PACKED_WG = "linear_wg"  # several rows on a GPU: workgroup tiles in shared memory (its own template)
-PACKED_OPS = (PACKED_LINEAR, PACKED_GEMV, PACKED_WG)  # the ops on linear_weight_kn's prepacked weight
+GEMV_WG = "linear_gemv_wg"  # one row on a GPU: 64 invocations per output texel (its own template)
+PACKED_OPS = (PACKED_LINEAR, PACKED_GEMV, PACKED_WG, GEMV_WG)  # the ops on linear_weight_kn's prepacked weight
 MM_WG = "mm_wg"  # mm / bmm on a GPU
 GEMM_ENV = "TEXELFLOW_GEMM"
 GEMM_TILES = ("auto", "workgroup", "register")
@@ -173,11 +177,13 @@ def packed_gemm_op(rows: int, facts: SubgroupFacts | None, gemm: str | None = No
                    args: list | None = None, outputs: list | None = None,
                    limits: Sequence[int] = TEXTURE_LIMITS) -> tuple[str, str]:
     """(op name, why) of the kernel that multiplies `rows` rows by a linear_weight_kn weight:
-    linear_packed_gemv for one row, else linear_wg or linear_packed: the forced tiling, else the
+    for one row linear_gemv_wg where GEMMs take workgroup tiles (gemm_tiles), else
+    linear_packed_gemv; else linear_wg or linear_packed: the forced tiling, else the
     one a measured cost table predicts faster for the node (`args`, `outputs`), else by
     gemm_tiles."""
-    if rows == 1:
-        return PACKED_GEMV, "one row"
+    if rows == 1:  # a GEMV: where GEMMs take workgroup tiles, K is shared by 64 invocations too
+        tiles, why = gemm_tiles(facts, gemm)
+        return (GEMV_WG, f"one row, workgroup tiles: {why}") if tiles == "workgroup" else (PACKED_GEMV, "one row")
     if forced_tiles(gemm) is None and args is not None:
         priced = priced_choice((PACKED_LINEAR, PACKED_WG), args, outputs, costs, limits)
         if priced is not None:

@@ -42,11 +42,11 @@ DEFAULT_FLOAT_RANGE = (-3.0, 3.0)  # uniform float inputs where the op declares 
 SPECIALS = ("nan", "inf", "-inf")
 INJECT_TEMPLATES = ("unary", "binary", "copy", "where")
 # Reductions, softmax, pooling and norms: a NaN or an infinity spreads over what it is reduced with.
-INJECT_TEMPLATES += ("reduce", "softmax", "adaptive_pool2d", "group_norm")
+INJECT_TEMPLATES += ("reduce", "softmax", "adaptive_pool2d", "global_avg_pool_wg", "group_norm")
 INJECT_TEMPLATES += ("batch_norm",)  # elementwise per channel: NaN / Inf in input or statistics
 INJECT_TEMPLATES += ("matmul", "linear")  # a NaN or Inf spreads over its row and column of the product
 INJECT_TEMPLATES += ("linear_packed", "linear_packed_gemv", "linear_wg", "mm_tiled", "mm_wg")  # the same (linear_packed: padding rows included)
-INJECT_TEMPLATES += ("linear_wg_splitk", "linear_splitk_sum")  # the same per slice; then over the slices
+INJECT_TEMPLATES += ("linear_gemv_wg", "linear_wg_splitk", "linear_splitk_sum")  # the same per slice; then over the slices
 INJECT_TEMPLATES += ("permute", "slice", "select", "expand", "pad", "pixel_shuffle", "cat")  # moved bit for bit
 INJECT_TEMPLATES += ("layer_norm",)  # a NaN or an infinity spreads over its row
 INJECT_TEMPLATES += ("masked_fill", "roll", "embedding", "index_select")  # select or move elements bit for bit
@@ -236,6 +236,8 @@ NO_TORCH_TARGET = {
     "linear_packed_gemv": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "linear_wg": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "mm_wg": "texelflow.runtime.graph.prepack_matmul.mm_wg_reference",
+    "linear_gemv_wg": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
+    "global_avg_pool_wg": "texelflow.runtime.graph.fusion.global_avg_pool_reference",
     "linear_wg_splitk": "texelflow.runtime.graph.prepack_matmul.linear_wg_splitk_reference",
     "linear_splitk_sum": "texelflow.runtime.graph.prepack_matmul.linear_splitk_sum_reference",
     "conv2d_pw_act": "texelflow.runtime.graph.prepack_conv.conv2d_pw_reference",
@@ -534,6 +536,7 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "linear_packed": (1e-4, 1e-5),  # dot products in another order (runtime/graph/prepack_matmul.py)
     "linear_packed_gemv": (1e-4, 1e-5),
     "linear_wg": (1e-4, 1e-5),
+    "linear_gemv_wg": (1e-4, 1e-5),
     "linear_wg_splitk": (1e-4, 1e-5),
     "linear_splitk_sum": (1e-4, 1e-5),  # the slices' sum, then exp / tanh / erf approximations
     "mm_wg": (1e-4, 1e-5),
@@ -561,6 +564,7 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "amin": None,
     "softmax": (1e-5, 1e-6),  # exp and log approximations, a sum in another order
     "adaptive_pool2d": (1e-5, 1e-5),  # a sum of up to 49 elements, then a division
+    "global_avg_pool_wg": (1e-5, 1e-5),  # the same sums in 64 parts, then a division
     "group_norm": (1e-4, 1e-4),  # mean and variance reductions, rsqrt
 }
 

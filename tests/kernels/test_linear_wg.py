@@ -2,8 +2,10 @@
 devices choose them (runtime/graph/prepack_matmul.py gemm_tiles), and their numbers against torch,
 run here on lavapipe with TEXELFLOW_GEMM=workgroup: awkward sizes (1, 3, 5, 7, 13; K and N off the
 4 / 16 / 64 grids; several 64 x 64 blocks; batch dims), NaN and Inf, fused activations, float16,
-the im2col GEMM of a dense conv, mm and bmm. The generic test_registry_ops.py runs every variant
-on its ops.yaml samples besides.
+the im2col GEMM of a dense conv, mm and bmm. Also a GPU's other workgroup forms: split K
+(linear_wg_splitk + linear_splitk_sum), the one-row GEMV (linear_gemv_wg) and the global
+average pool (global_avg_pool_wg). The generic test_registry_ops.py runs every variant on its
+ops.yaml samples besides.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ def test_gpus_take_workgroup_tiles(facts, want, monkeypatch):
     nodes = _ops(nn.Linear(7, 5), [torch.randn(3, 7)], facts)
     assert [n.op.name for n in nodes] == [want]
     assert any(want in note and "weight prepacked" in note for note in nodes[0].fused), nodes[0].fused
-    # one row keeps the GEMV kernel on every device
-    assert [n.op.name for n in _ops(nn.Linear(7, 5), [torch.randn(1, 7)], facts)] == ["linear_packed_gemv"]
+    # one row takes a GEMV kernel: K shared by 64 invocations where GEMMs take workgroup tiles
+    gemv = "linear_gemv_wg" if want == "linear_wg" else "linear_packed_gemv"
+    assert [n.op.name for n in _ops(nn.Linear(7, 5), [torch.randn(1, 7)], facts)] == [gemv]
 
 
 def test_environment_overrides_the_device(monkeypatch):
@@ -225,10 +228,93 @@ def test_gpu_form_convs_against_torch(cin, cout, k, size, workgroup_tiles):
     x[0, 0, 0, 0] = float("nan")
     x[0, -1, -1, -1] = float("inf")
     got, plan = run(conv, (x,), "texture3d")
-    gemm = "linear_packed_gemv" if size == 1 else "linear_wg"  # one output pixel: one row
+    gemm = "linear_gemv_wg" if size == 1 else "linear_wg"  # one output pixel: one row
     assert plan.dispatches[gemm] == 1 and plan.dispatches["conv_im2col"] == 1, plan.dispatches
     with torch.no_grad():
         assert_close(got, conv(x))
+
+
+# ---- linear_gemv_wg: one row on a GPU -------------------------------------------------------------------
+@pytest.mark.parametrize("storage", ["texture3d", "buffer"])
+@pytest.mark.parametrize("k,n,act", [(1, 1, None), (5, 7, nn.ReLU()), (13, 130, nn.Hardswish()), (577, 144, None),
+                                     (576, 1000, nn.GELU()), (64, 3, nn.SiLU())], ids=str)
+def test_gemv_wg_against_torch(k, n, act, storage, workgroup_tiles):
+    """K of 1 to 577 (under, at and past 2 x 64 texels: several per invocation), N off the 4 / 16
+    grids, bias or none, fused activations, NaN and Inf."""
+    torch.manual_seed(k * 10 + n)
+    layers = [nn.Linear(k, n, bias=n % 2 == 0)] + ([act] if act is not None else [])
+    model = nn.Sequential(*layers).eval()
+    x = torch.randn(1, k) * 2
+    x[0, 0] = float("nan") if k > 3 else x[0, 0]
+    if k > 5 and not isinstance(act, nn.GELU):  # torch's exact gelu of +Inf is NaN or +Inf by size
+        x[0, -1] = float("inf")
+    got, plan = run(model, (x,), storage)
+    assert plan.dispatches == {"linear_gemv_wg": 1}, plan.dispatches
+    with torch.no_grad():
+        want = model(x)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert_close(got, want)
+
+
+def test_gemv_wg_float16_and_a_squeeze_excite_block(workgroup_tiles):
+    """MobileNetV3's squeeze-excite: a global pool, then two 1 x 1 convs of one pixel each, which
+    take the GEMV; and the same in float16 storage."""
+    torch.manual_seed(7)
+
+    class SqueezeExcite(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Conv2d(96, 24, 1), nn.Conv2d(24, 96, 1)
+
+        def forward(self, x):
+            s = torch.nn.functional.adaptive_avg_pool2d(x, 1)
+            return x * torch.nn.functional.hardsigmoid(self.fc2(torch.relu(self.fc1(s))))
+
+    model, x = SqueezeExcite().eval(), torch.randn(1, 96, 7, 7)
+    got, plan = run(model, (x,), "texture3d")
+    assert plan.dispatches["linear_gemv_wg"] == 2 and plan.dispatches["global_avg_pool_wg"] == 1, plan.dispatches
+    with torch.no_grad():
+        want = model(x)
+    assert_close(got, want)
+    got, plan = run(model, (x,), "texture3d", precision="fp16")
+    assert plan.dispatches["linear_gemv_wg"] == 2, plan.dispatches
+    assert_close(got, want, rtol=2e-3, atol=2e-3 * float(want.abs().max()))
+
+
+# ---- global_avg_pool_wg: a GPU's global average pool ----------------------------------------------------
+class GlobalPool(nn.Module):
+    def __init__(self, size=1):
+        super().__init__()
+        self.size = size
+
+    def forward(self, x):
+        return torch.nn.functional.adaptive_avg_pool2d(x, self.size) * 2
+
+
+def test_gpus_take_the_cooperative_global_pool(monkeypatch):
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    x = [torch.randn(1, 5, 7, 7)]
+    names = [n.op.name for n in _ops(GlobalPool(), x, GPU)]
+    assert names == ["global_avg_pool_wg", "mul"], names
+    assert [n.op.name for n in _ops(GlobalPool(), x, CPU)] == ["adaptive_avg_pool2d", "mul"]
+    # an output other than 1 x 1 keeps adaptive_pool2d everywhere
+    assert [n.op.name for n in _ops(GlobalPool(2), x, GPU)] == ["adaptive_avg_pool2d", "mul"]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 3, 7, 7), (2, 5, 1, 9), (1, 13, 57, 3), (3, 8, 8)], ids=str)
+def test_global_pool_against_torch(shape, workgroup_tiles):
+    """Channels off the multiple of 4 (padding lanes), H x W under, at and past 64 positions
+    (several per invocation), a batch of 2, rank 3, NaN and Inf."""
+    torch.manual_seed(sum(shape))
+    x = torch.randn(*shape)
+    x.view(-1)[0] = float("nan")
+    if x.numel() > 2:
+        x.view(-1)[-1] = float("inf")
+    got, plan = run(GlobalPool(), (x,), "texture3d")
+    assert plan.dispatches["global_avg_pool_wg"] == 1, plan.dispatches
+    want = GlobalPool()(x)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 # ---- split K: linear_wg_splitk + linear_splitk_sum -------------------------------------------------------
@@ -362,7 +448,8 @@ def test_notes_name_each_nodes_own_kernel(monkeypatch):
             return torch.mm(self.fc(x[:1]), y)
 
     nodes = {n.op.name: n for n in _ops(LinearThenMm(), [torch.randn(3, 5), torch.randn(5, 4)], GPU)}
-    assert any("linear_packed_gemv kernel (one row)" in note for note in nodes["linear_packed_gemv"].fused)
+    assert any("linear_gemv_wg kernel (one row, workgroup tiles: a discrete GPU)" in note
+               for note in nodes["linear_gemv_wg"].fused), nodes["linear_gemv_wg"].fused
     assert "mm_wg kernel (from mm): workgroup tiles, a discrete GPU" in nodes["mm_wg"].fused
 
 
