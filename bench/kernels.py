@@ -366,6 +366,10 @@ def _compute_cases(quick: bool) -> list[Case]:
             add(f"linear (one row, {tiles} tiles)", f"1x{k} @ {k}x{m} + bias", lin, ((1, k),), 2 * k * m,
                 lin.weight.numel() + m, (1, m), gemm=tiles)
 
+    se = torch.nn.Conv2d(576, 144, 1)  # a squeeze-excite conv of one pixel: conv2d_pw, or conv2d_pw_gemv_wg on a GPU
+    for tiles in ("register", "workgroup"):
+        add(f"conv2d one pixel 1x1 ({tiles} tiles' form)", "576->144 @1", se, ((1, 576, 1, 1),), 2 * 576 * 144,
+            se.weight.numel() + 144, (1, 144, 1, 1), gemm=tiles)
     pool = _module(lambda x: torch.nn.functional.adaptive_avg_pool2d(x, 1))
     for shape in ((1, 96, 28, 28), (1, 576, 7, 7)):  # MobileNetV3-small's squeeze-excite and head pools
         for tiles in ("register", "workgroup"):  # adaptive_pool2d, or global_avg_pool_wg where GEMMs take workgroup tiles

@@ -1610,6 +1610,49 @@ OPS: dict[str, OpEntry] = {
             'conv2d_pw_act_float32_texture3d',
         ),
     ),
+    'conv2d_pw_gemv_wg': OpEntry(
+        name='conv2d_pw_gemv_wg',
+        targets=(
+            'texelflow.conv2d_pw_gemv_wg.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('out_channels', 'int', default=1),
+            Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
+            Arg('act_min', 'float', default=0.0),
+            Arg('act_max', 'float', default=0.0),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
+            Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
+            Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (2,)))),)),
+        ),
+        grid=('cooperative', 'out', 64),
+        template='conv2d_pw_gemv_wg',
+        shader_axes=('dtype', 'weight_storage'),
+        variants=(
+            'conv2d_pw_gemv_wg_float16_buffer',
+            'conv2d_pw_gemv_wg_float16_texture3d',
+            'conv2d_pw_gemv_wg_float32_buffer',
+            'conv2d_pw_gemv_wg_float32_texture3d',
+        ),
+    ),
     'conv2d_wino': OpEntry(
         name='conv2d_wino',
         targets=(
@@ -6931,6 +6974,7 @@ TARGETS: dict[str, str] = {
     'texelflow.conv2d_nhwc.default': 'conv2d_nhwc',
     'texelflow.conv2d_pw.default': 'conv2d_pw',
     'texelflow.conv2d_pw_act.default': 'conv2d_pw_act',
+    'texelflow.conv2d_pw_gemv_wg.default': 'conv2d_pw_gemv_wg',
     'texelflow.conv2d_wino.default': 'conv2d_wino',
     'texelflow.conv2d_wino4_input.default': 'conv2d_wino4_input',
     'texelflow.conv2d_wino4_output.default': 'conv2d_wino4_output',

@@ -439,6 +439,14 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'gelu_tanh', 'bias': (3,), 'input': (2, 1, 5, 1), 'out_channels': 3, 'weight': (4, 4)},
         {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'bias': (20,), 'input': (1, 12, 9, 8), 'out_channels': 20, 'weight': (12, 20)},
     ),
+    'conv2d_pw_gemv_wg': (
+        {'bias': (7,), 'input': (1, 5, 1, 1), 'out_channels': 7, 'weight': (8, 16)},
+        {'bias': (1,), 'input': (1, 1, 1, 1), 'out_channels': 1, 'weight': (4, 16)},
+        {'activation': 'relu', 'input': (2, 13, 1, 1), 'out_channels': 30, 'weight': (16, 32)},
+        {'activation': 'hardswish', 'bias': (144,), 'input': (1, 576, 1, 1), 'out_channels': 144, 'weight': (576, 144)},
+        {'activation': 'gelu', 'bias': (9,), 'input': (3, 258, 1, 1), 'out_channels': 9, 'weight': (260, 16)},
+        {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'bias': (96,), 'input': (1, 24, 1, 1), 'out_channels': 96, 'weight': (24, 96)},
+    ),
     'conv2d_wino': (
         {'bias': (5,), 'input': (1, 3, 7, 5), 'out_channels': 5, 'padding': (1, 1), 'weight': (2, 1, 256)},
         {'activation': 'relu', 'bias': None, 'input': (2, 5, 9, 11), 'out_channels': 7, 'padding': (1, 1), 'weight': (2, 2, 256)},

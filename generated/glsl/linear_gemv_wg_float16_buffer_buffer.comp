@@ -158,43 +158,45 @@ VEC4 conv_activation(VEC4 v) {
   return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
 }
 
-#line 10 "shaders/_linear_epilogue.glsl.j2"
-void finish_texel(int row, int n4, VEC4 v) {
-  int N = pc.out_sizes.x;
+// Columns 4 * n4 .. 4 * n4 + 3 of out (N of them) finished: plus the bias, through the activation.
+#line 12 "shaders/_linear_epilogue.glsl.j2"
+VEC4 finished(int n4, int N, VEC4 v) {
   if (pc.has_bias != 0) {
     ivec4 c = min(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N - 1));
     v += VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
   }
-  if (act != 1) { v = conv_activation(v); }
-#line 18
+  return act == 1 ? v : conv_activation(v);
+}
+
+void finish_texel(int row, int n4, VEC4 v) {
+  int N = pc.out_sizes.x;
+  v = finished(n4, N, v);
+#line 24
   if (n_ragged == 0) {
     t4_out[row * (N >> 2) + n4] = tf_to_float16(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = tf_to_float16(v[j]); }
   }
-#line 29
+#line 35
 }
 
-#line 25 "shaders/linear_gemv_wg.glsl.j2"
+#line 23 "shaders/linear_gemv_wg.glsl.j2"
+VEC4 gemv_input(int row, int k4) { return input_texel(row, k4, pc.input_sizes.x); }
+void gemv_store(int row, int n4, VEC4 sum) { finish_texel(row, n4, sum); }
+#line 10 "shaders/_gemv_wg.glsl.j2"
 shared VEC4 parts[gl_WorkGroupSize.x];  // each invocation's partial sum of its K texels
 
-void main() {
-  int u = tf_unit_id();
+void gemv_wg(int rows, int K4, int N4) {
   int lid = int(gl_LocalInvocationIndex);
   int part = lid & 63;  // this invocation's share of K; parts[lid - part ..] are its texel's 64
-  int tile = u >> 6;
-  int N = pc.out_sizes.x;
-  int N4 = (N + 3) >> 2;
-  int rows = pc.out_sizes.y * pc.out_sizes.z * pc.out_sizes.w;
+  int tile = tf_unit_id() >> 6;
   bool live = tile < N4 * rows;
   int n4 = live ? tile % N4 : 0;
   int row = live ? tile / N4 : 0;
-  int K = pc.input_sizes.x;
-  int K4 = (K + 3) >> 2;
   VEC4 acc = VEC4(0);
   for (int k4 = part; k4 < K4; k4 += 64) {
-    VEC4 a = input_texel(row, k4, K);
+    VEC4 a = gemv_input(row, k4);
     acc += a.x * weight_texel(n4, 4 * k4) + a.y * weight_texel(n4, 4 * k4 + 1)
          + a.z * weight_texel(n4, 4 * k4 + 2) + a.w * weight_texel(n4, 4 * k4 + 3);
   }
@@ -204,5 +206,10 @@ void main() {
     if (part < half_) { parts[lid] += parts[lid + half_]; }
     barrier();
   }
-  if (live && part == 0) { finish_texel(row, n4, parts[lid]); }
+  if (live && part == 0) { gemv_store(row, n4, parts[lid]); }
+}
+
+#line 27 "shaders/linear_gemv_wg.glsl.j2"
+void main() {
+  gemv_wg(pc.out_sizes.y * pc.out_sizes.z * pc.out_sizes.w, (pc.input_sizes.x + 3) >> 2, (pc.out_sizes.x + 3) >> 2);
 }

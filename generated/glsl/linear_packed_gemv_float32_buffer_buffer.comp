@@ -152,22 +152,27 @@ VEC4 conv_activation(VEC4 v) {
   return tf_clamp(v, VEC4(lo), VEC4(hi)) * gate;
 }
 
-#line 10 "shaders/_linear_epilogue.glsl.j2"
-void finish_texel(int row, int n4, VEC4 v) {
-  int N = pc.out_sizes.x;
+// Columns 4 * n4 .. 4 * n4 + 3 of out (N of them) finished: plus the bias, through the activation.
+#line 12 "shaders/_linear_epilogue.glsl.j2"
+VEC4 finished(int n4, int N, VEC4 v) {
   if (pc.has_bias != 0) {
     ivec4 c = min(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N - 1));
     v += VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
   }
-  if (act != 1) { v = conv_activation(v); }
-#line 18
+  return act == 1 ? v : conv_activation(v);
+}
+
+void finish_texel(int row, int n4, VEC4 v) {
+  int N = pc.out_sizes.x;
+  v = finished(n4, N, v);
+#line 24
   if (n_ragged == 0) {
     t4_out[row * (N >> 2) + n4] = vec4(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = v[j]; }
   }
-#line 29
+#line 35
 }
 
 #line 26 "shaders/linear_packed_gemv.glsl.j2"

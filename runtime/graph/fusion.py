@@ -41,6 +41,8 @@ In order, in place on the graph:
    narrower than 4 (conv1d runs as [N, C, L, 1]: the specialised kernels tile along W, the
    general one 4 x 8) stay on the general conv2d / conv2d_act (conv2d_dw / conv2d_dw_act). The
    decision is made here, once, so no kernel pays at run time for a path it does not take.
+   Where every conv takes the im2col form (a GPU), a pointwise conv of one output pixel (a
+   squeeze-excite block's) takes conv2d_pw_gemv_wg instead: a GEMV on channels-packed texels.
    The im2col form (ResNet's stem and strided convs, ViT's patch embedding) builds the column
    matrix [N, OH, OW, Cin * KH * KW] and multiplies it by the weight on linear_packed (or
    linear_wg, as step 7 chooses), whose output [N, OH, OW, Cout] a permute takes back to NCHW; it
@@ -498,6 +500,11 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
         if not node.on_device or node.op.name not in SPECIALISED:
             continue
         kernel = conv_kernel_class(node)
+        if every_im2col and kernel == "pointwise" and tuple(node.outputs[0][1].shape[-2:]) == (1, 1):
+            gemv = _pixel_gemv(graph, node, limits)  # a squeeze-excite conv: no im2col, no layout change
+            if gemv is not None:
+                made.append(gemv)
+                continue
         im2col_wanted = kernel == "dense" or (every_im2col and _dense_weight(node))
         if im2col_wanted and _im2col_fits(node, subgroup, gemm, every_im2col):
             why = None if kernel == "dense" else (f"a {kernel} conv in im2col form: " + (
@@ -528,6 +535,26 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
         if retarget(graph, node, new, packed, limits):
             made.append(new)
     return made
+
+
+def _pixel_gemv(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> Node | None:
+    """A pointwise conv of one output pixel as conv2d_pw_gemv_wg (a GPU's GEMV on channels-packed
+    texels, the weight prepacked as for the im2col form), or None where that op would not take
+    it. The im2col form would copy the pixel into a width-packed row, multiply, and view the
+    result back through a buffer: 4 transitions per conv in MobileNetV3-small's GPU plan."""
+    from .prepack_matmul import TILE_N, padded
+
+    w = conv.arg("weight")
+    cout, cin = w.shape[:2]
+    packed = graph.add_derived(f"{w.name}.im2col_kn", (padded(cin, 4), padded(cout, TILE_N)), w.dtype,
+                               "conv_im2col_weight_kn", (w,))
+    op = OPS["conv2d_pw_gemv_wg"]
+    new = Node(conv.name, op.targets[0], op,
+               [("input", conv.arg("input")), ("weight", packed), ("bias", conv.arg("bias")), ("out_channels", cout)]
+               + [(a, v) for a, v in conv.args if a in ("activation", "act_min", "act_max")], list(conv.outputs))
+    new.fused = list(conv.fused) + [f"conv2d_pw_gemv_wg kernel (from {conv.op.name}): a pointwise conv of one "
+                                    "output pixel, where GEMMs take workgroup tiles; weight prepacked [Cin, Cout]"]
+    return new if retarget(graph, conv, new, packed, limits) else None
 
 
 # A dense conv takes the im2col form when it has at least this many output channels and its

@@ -419,6 +419,16 @@ def linear_packed_reference(input, weight, bias=None, out_features=1, activation
     return activation_reference(y + bias if bias is not None else y, activation, act_min, act_max)
 
 
+def conv2d_pw_gemv_reference(input, weight, bias=None, out_channels=1, activation="none", act_min=0.0,
+                             act_max=0.0):
+    """What conv2d_pw_gemv_wg computes: a pointwise conv of one pixel, [N, Cin, 1, 1] -> [N, Cout,
+    1, 1], as linear_packed on the channels."""
+    assert input.shape[-2:] == (1, 1), input.shape
+    y = linear_packed_reference(input.reshape(input.shape[0], -1), weight, bias, out_channels, activation,
+                                act_min, act_max)
+    return y.reshape(input.shape[0], out_channels, 1, 1)
+
+
 def linear_wg_splitk_reference(input, weight, out_features=1, splits=2):
     """What linear_wg_splitk computes: slice s of out [splits, rows, N] is the input's flattened
     rows, K texels s * KS4 .. s * KS4 + KS4 - 1 of them (splitk_texels; zero past K), times the

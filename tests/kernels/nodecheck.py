@@ -46,7 +46,7 @@ INJECT_TEMPLATES += ("reduce", "softmax", "adaptive_pool2d", "global_avg_pool_wg
 INJECT_TEMPLATES += ("batch_norm",)  # elementwise per channel: NaN / Inf in input or statistics
 INJECT_TEMPLATES += ("matmul", "linear")  # a NaN or Inf spreads over its row and column of the product
 INJECT_TEMPLATES += ("linear_packed", "linear_packed_gemv", "linear_wg", "mm_tiled", "mm_wg")  # the same (linear_packed: padding rows included)
-INJECT_TEMPLATES += ("linear_gemv_wg", "linear_wg_splitk", "linear_splitk_sum")  # the same per slice; then over the slices
+INJECT_TEMPLATES += ("linear_gemv_wg", "conv2d_pw_gemv_wg", "linear_wg_splitk", "linear_splitk_sum")  # the same per slice; then over the slices
 INJECT_TEMPLATES += ("permute", "slice", "select", "expand", "pad", "pixel_shuffle", "cat")  # moved bit for bit
 INJECT_TEMPLATES += ("layer_norm",)  # a NaN or an infinity spreads over its row
 INJECT_TEMPLATES += ("masked_fill", "roll", "embedding", "index_select")  # select or move elements bit for bit
@@ -237,6 +237,7 @@ NO_TORCH_TARGET = {
     "linear_wg": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "mm_wg": "texelflow.runtime.graph.prepack_matmul.mm_wg_reference",
     "linear_gemv_wg": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
+    "conv2d_pw_gemv_wg": "texelflow.runtime.graph.prepack_matmul.conv2d_pw_gemv_reference",
     "global_avg_pool_wg": "texelflow.runtime.graph.fusion.global_avg_pool_reference",
     "linear_wg_splitk": "texelflow.runtime.graph.prepack_matmul.linear_wg_splitk_reference",
     "linear_splitk_sum": "texelflow.runtime.graph.prepack_matmul.linear_splitk_sum_reference",
@@ -537,6 +538,7 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "linear_packed_gemv": (1e-4, 1e-5),
     "linear_wg": (1e-4, 1e-5),
     "linear_gemv_wg": (1e-4, 1e-5),
+    "conv2d_pw_gemv_wg": (1e-4, 1e-4),  # as conv2d: sums of up to 576 products in 64 parts
     "linear_wg_splitk": (1e-4, 1e-5),
     "linear_splitk_sum": (1e-4, 1e-5),  # the slices' sum, then exp / tanh / erf approximations
     "mm_wg": (1e-4, 1e-5),

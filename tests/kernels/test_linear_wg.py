@@ -190,13 +190,16 @@ def test_fused_activations(act, workgroup_tiles):
         assert_close(got, model(x))
 
 
-def test_float16(workgroup_tiles):
-    """float16 storage, float32 accumulation, one rounding at the store (docs/precision.md)."""
+@pytest.mark.parametrize("k,n,rows,kernel", [(45, 66, 70, "linear_wg"), (500, 40, 9, "linear_wg_splitk")])
+def test_float16(k, n, rows, kernel, workgroup_tiles, monkeypatch):
+    """float16 storage, float32 accumulation, one rounding at the store (docs/precision.md); split
+    K's float16 slices, summed in float32, within the same tolerance."""
+    monkeypatch.delenv(SPLITK_ENV, raising=False)
     torch.manual_seed(4)
-    model = nn.Linear(45, 66, bias=True).eval()
-    x = torch.randn(70, 45)
+    model = nn.Linear(k, n, bias=True).eval()
+    x = torch.randn(rows, k)
     got, plan = run(model, (x,), "texture3d", precision="fp16")
-    assert plan.dispatches["linear_wg"] == 1, plan.dispatches
+    assert plan.dispatches[kernel] == 1, plan.dispatches
     with torch.no_grad():
         want = model(x)
     assert_close(got, want, rtol=2e-3, atol=2e-3 * float(want.abs().max()))
@@ -228,8 +231,11 @@ def test_gpu_form_convs_against_torch(cin, cout, k, size, workgroup_tiles):
     x[0, 0, 0, 0] = float("nan")
     x[0, -1, -1, -1] = float("inf")
     got, plan = run(conv, (x,), "texture3d")
-    gemm = "linear_gemv_wg" if size == 1 else "linear_wg"  # one output pixel: one row
-    assert plan.dispatches[gemm] == 1 and plan.dispatches["conv_im2col"] == 1, plan.dispatches
+    if size == 1 and k == 1:  # a pointwise conv of one output pixel: a GEMV on channels-packed texels
+        assert plan.dispatches == {"conv2d_pw_gemv_wg": 1}, plan.dispatches
+    else:
+        gemm = "linear_gemv_wg" if size == 1 else "linear_wg"  # one output pixel: one row
+        assert plan.dispatches[gemm] == 1 and plan.dispatches["conv_im2col"] == 1, plan.dispatches
     with torch.no_grad():
         assert_close(got, conv(x))
 
@@ -258,7 +264,7 @@ def test_gemv_wg_against_torch(k, n, act, storage, workgroup_tiles):
 
 def test_gemv_wg_float16_and_a_squeeze_excite_block(workgroup_tiles):
     """MobileNetV3's squeeze-excite: a global pool, then two 1 x 1 convs of one pixel each, which
-    take the GEMV; and the same in float16 storage."""
+    take conv2d_pw_gemv_wg on channels-packed textures; and the same in float16 storage."""
     torch.manual_seed(7)
 
     class SqueezeExcite(nn.Module):
@@ -272,13 +278,35 @@ def test_gemv_wg_float16_and_a_squeeze_excite_block(workgroup_tiles):
 
     model, x = SqueezeExcite().eval(), torch.randn(1, 96, 7, 7)
     got, plan = run(model, (x,), "texture3d")
-    assert plan.dispatches["linear_gemv_wg"] == 2 and plan.dispatches["global_avg_pool_wg"] == 1, plan.dispatches
+    assert plan.dispatches["conv2d_pw_gemv_wg"] == 2 and plan.dispatches["global_avg_pool_wg"] == 1, plan.dispatches
+    assert not plan.transitions, plan.transitions  # channels-packed throughout: no im2col row, no views
     with torch.no_grad():
         want = model(x)
     assert_close(got, want)
     got, plan = run(model, (x,), "texture3d", precision="fp16")
-    assert plan.dispatches["linear_gemv_wg"] == 2, plan.dispatches
+    assert plan.dispatches["conv2d_pw_gemv_wg"] == 2, plan.dispatches
     assert_close(got, want, rtol=2e-3, atol=2e-3 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("cin,cout,batch,act", [(2, 1, 1, None), (5, 7, 2, nn.ReLU()), (13, 130, 1, nn.Hardswish()),
+                                               (577, 24, 3, nn.ReLU6()), (96, 576, 1, nn.GELU())], ids=str)
+def test_one_pixel_pointwise_conv_against_torch(cin, cout, batch, act, workgroup_tiles):
+    """conv2d_pw_gemv_wg: channels off the multiple of 4 (padding lanes in and out), Cin past
+    2 x 64 texels, a batch, bias or none, fused activations, NaN and Inf. (One channel in and out
+    is a depthwise conv, which keeps its own form.)"""
+    torch.manual_seed(cin + cout)
+    conv = nn.Conv2d(cin, cout, 1, bias=cout % 2 == 0)
+    model = nn.Sequential(conv, act).eval() if act is not None else conv.eval()
+    x = torch.randn(batch, cin, 1, 1) * 2
+    x[0, 0, 0, 0] = float("nan")
+    if cin > 3 and not isinstance(act, nn.GELU):  # torch's exact gelu of +Inf is NaN or +Inf by size
+        x[-1, -1, 0, 0] = float("inf")
+    got, plan = run(model, (x,), "texture3d")
+    assert plan.dispatches == {"conv2d_pw_gemv_wg": 1}, plan.dispatches
+    with torch.no_grad():
+        want = model(x)
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    assert_close(got, want)
 
 
 # ---- global_avg_pool_wg: a GPU's global average pool ----------------------------------------------------
@@ -359,19 +387,6 @@ def test_split_k_against_torch(shape, n, act, storage, workgroup_tiles, monkeypa
         want = model(x)
     assert torch.equal(torch.isnan(got), torch.isnan(want))
     assert_close(got, want)
-
-
-def test_split_k_float16(workgroup_tiles, monkeypatch):
-    """float16 slices, summed in float32: within the float16 tolerance of docs/precision.md."""
-    monkeypatch.delenv(SPLITK_ENV, raising=False)
-    torch.manual_seed(6)
-    model = nn.Linear(500, 40).eval()
-    x = torch.randn(9, 500)
-    got, plan = run(model, (x,), "texture3d", precision="fp16")
-    assert plan.dispatches["linear_wg_splitk"] == 1, plan.dispatches
-    with torch.no_grad():
-        want = model(x)
-    assert_close(got, want, rtol=2e-3, atol=2e-3 * float(want.abs().max()))
 
 
 def test_split_k_is_a_gpu_choice_and_can_be_turned_off(monkeypatch):
