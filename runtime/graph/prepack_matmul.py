@@ -307,7 +307,7 @@ SPLITK_MAX_BYTES = 32 << 20  # the slices' intermediate, float32 [S, rows, N]
 def splitk_texels(k4: int, splits: int) -> int:
     """Texels along K per slice of a K of `k4` texels cut into `splits` (linear_wg_splitk's KS4):
     rounded up to whole steps of 16 along K."""
-    return -(-(-(-k4 // splits)) // 4) * 4
+    return padded(-(-k4 // splits), 4)
 
 
 def split_count(rows: int, k: int, n: int) -> int:
