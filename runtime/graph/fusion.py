@@ -55,7 +55,7 @@ In order, in place on the graph:
    hardtanh, hardswish, silu or gelu applies it at its store (its `activation` argument): a
    transformer MLP's linear + gelu, one dispatch.
 8b. A global average pool (adaptive_avg_pool2d to 1 x 1) where GEMMs take workgroup tiles (a GPU)
-   becomes global_avg_pool_wg: 64 invocations share each texel of out.
+   becomes global_avg_pool_wg: 64 invocations share each unit of out.
 9. Split K (prepack_matmul.split_k; with `choose_kernels=False` the caller runs it after choosing
    the conv kernels): a linear_wg whose 64 x 64 blocks would launch fewer than SPLITK_WORKGROUPS
    workgroups becomes linear_wg_splitk (slices along K) + linear_splitk_sum (their sum, the bias
@@ -215,7 +215,7 @@ def _explicit_padding_conv(graph: PlanGraph, node: Node, limits) -> None:
 
 def _gpu_global_pools(graph: PlanGraph, limits, subgroup, gemm: str | None) -> None:
     """Step 8b: where GEMMs take workgroup tiles (a GPU: prepack_matmul.gemm_tiles), a device
-    adaptive_avg_pool2d to 1 x 1 becomes global_avg_pool_wg, 64 invocations per texel of out
+    adaptive_avg_pool2d to 1 x 1 becomes global_avg_pool_wg, 64 invocations per unit of out
     (adaptive_pool2d walks all of H x W in one invocation per texel: a few hundred on a GPU)."""
     from .prepack_matmul import gemm_tiles
 
@@ -226,7 +226,7 @@ def _gpu_global_pools(graph: PlanGraph, limits, subgroup, gemm: str | None) -> N
     op = OPS["global_avg_pool_wg"]
     for node in pools:
         new = Node(node.name, op.targets[0], op, [("self", node.arg("self"))], list(node.outputs))
-        new.fused = list(node.fused) + ["global_avg_pool_wg kernel: 64 invocations per texel of out, "
+        new.fused = list(node.fused) + ["global_avg_pool_wg kernel: 64 invocations per unit of out, "
                                         "where GEMMs take workgroup tiles (a GPU)"]
         if partition_reason(new, limits) is None:
             _replace(graph, node, new)
