@@ -2003,6 +2003,40 @@ OPS: dict[str, OpEntry] = {
             'cos_float32_texture3d',
         ),
     ),
+    'cumsum': OpEntry(
+        name='cumsum',
+        targets=(
+            'aten.cumsum.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int'),
+            Arg('dtype', 'any', optional=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('scan_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='scan',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'cumsum_float16_buffer',
+            'cumsum_float16_texture3d',
+            'cumsum_float32_buffer',
+            'cumsum_float32_texture3d',
+        ),
+    ),
     'dequantize_per_tensor': OpEntry(
         name='dequantize_per_tensor',
         targets=(
@@ -6832,6 +6866,7 @@ TARGETS: dict[str, str] = {
     'aten.conv_transpose2d.input': 'conv_transpose2d',
     'aten.convolution.default': 'convolution',
     'aten.cos.default': 'cos',
+    'aten.cumsum.default': 'cumsum',
     'aten.detach.default': 'detach',
     'aten.div.Scalar': 'div_scalar',
     'aten.div.Tensor': 'div',

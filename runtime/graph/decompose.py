@@ -11,6 +11,7 @@ blocks trace each distinct node once), so a second plan of the same model traces
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 _CACHE: dict = {}
@@ -46,23 +47,40 @@ def decomposition_of(target):
     return _core_table().get(target)
 
 
-def decompose(node, target=None):
-    """A GraphModule computing fx `node` (as `target`, default its own) from its tensor inputs
-    (placeholders in the order of `node.all_input_nodes`) with the ops its decomposition calls,
-    or None when torch has no decomposition, the trace fails, or the pieces would mutate."""
+def _second_decomposition(target, first):
+    """torch's full decomposition table's entry for `target` where it differs from `first`: the
+    reference decompositions inductor uses. A composite RNN op's own kernel either cannot be traced
+    over fake tensors (`aten.gru.input`) or calls a fused CPU kernel (`aten.lstm.input`:
+    `mkldnn_rnn_layer`); the table's entry unrolls its loop into linear ops."""
+    import torch._decomp
+
+    fn = torch._decomp.decomposition_table.get(target)
+    return None if fn is None or fn is first else fn
+
+
+def decompose(node, target=None) -> tuple:
+    """GraphModules, each computing fx `node` (as `target`, default its own) from its tensor
+    inputs (placeholders in the order of `node.all_input_nodes`) with the ops a decomposition of
+    it calls: texelflow's own, the composite kernel's or core ATen's first, then torch's full
+    table's where it differs (lowering takes the first whose pieces all run on Vulkan). Empty
+    when torch has no decomposition, the traces fail, or the pieces would mutate."""
     target = target or node.target
     fn = decomposition_of(target)
     if fn is None:
-        return None
+        return ()
     inputs = node.all_input_nodes
     key = _signature(node, target, inputs)
     if key is None:
-        return None
+        return ()
     with _LOCK:
         if key not in _CACHE:
             if len(_CACHE) >= _CACHE_LIMIT:
                 _CACHE.clear()
-            _CACHE[key] = _trace(fn, node, inputs)
+            second = _second_decomposition(target, fn)
+            second = _trace(second, node, inputs) if second is not None else None
+            if second is not None and _random(second):
+                second = None  # dropout's pieces are random too (native_dropout): its reason stays its own
+            _CACHE[key] = tuple(gm for gm in (_trace(fn, node, inputs), second) if gm is not None)
         return _CACHE[key]
 
 
@@ -85,6 +103,28 @@ def _signature(node, target, inputs):
     return (str(target), tuple(metas), repr(shape))
 
 
+def _random(gm) -> bool:
+    """Whether a traced decomposition draws random numbers."""
+    import torch
+
+    return any(n.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
+               for n in gm.graph.nodes)
+
+
+@contextlib.contextmanager
+def _onednn_off(torch):
+    """oneDNN off for one trace, only that flag touched (torch.backends.mkldnn.flags() also resets
+    TF32 and determinism, and warns about TF32 on every call). Traces hold _LOCK; the flag is
+    process-wide, so an eager CPU op on another thread meanwhile runs torch's own kernels: slower
+    for those milliseconds, the same values."""
+    enabled = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(enabled)
+
+
 def _trace(fn, node, inputs):
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -101,7 +141,10 @@ def _trace(fn, node, inputs):
         return fn(*args, **kwargs)
 
     try:
-        with mode:  # tensors the decomposition makes from numbers (arange, full) are fake too
+        # Fake tensors in (tensors the decomposition makes from numbers, arange or full, are fake
+        # too), and oneDNN off: with it on, torch's LSTM decomposition picks its fused CPU kernel
+        # (mkldnn_rnn_layer) rather than the unrolled linear ops a device can run.
+        with mode, _onednn_off(torch):
             gm = make_fx(call, tracing_mode="real")(*fakes)
     except Exception:  # a decomposition that cannot run on these arguments: the node stays whole
         return None

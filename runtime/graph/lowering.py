@@ -249,16 +249,24 @@ class _Lowering:
         start = time.perf_counter()
         from .decompose import decompose
 
-        pieces = decompose(node, target)
+        decompositions = decompose(node, target)
         self.decompose_seconds += time.perf_counter() - start
-        if pieces is None:
+        if not decompositions:
             return self._result(node, ir_node)
         _truncate(graph, *mark)
-        try:
-            result, why = self._lower_pieces(pieces, name, ins, depth + 1)
-        except Exception as exc:  # a piece texelflow cannot lower: the node stays whole
-            result, why = None, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-            self.last_cause = why
+        causes = []
+        for pieces in decompositions:  # the first whose pieces all run on Vulkan
+            try:
+                result, why = self._lower_pieces(pieces, name, ins, depth + 1)
+            except Exception as exc:  # a piece texelflow cannot lower: the node stays whole
+                result, why = None, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+                self.last_cause = why
+            if why is None:
+                break
+            _truncate(graph, *mark)
+            causes.append(self.last_cause)
+        else:
+            self.last_cause = causes[0]  # the first decomposition's reason: the one torch itself uses
         if why is None:
             self.last_fallback = None
             if faster is not None and len(graph.nodes) > mark[0]:
@@ -299,11 +307,12 @@ class _Lowering:
                 piece_ins = [env[a.name] for a in n.all_input_nodes]
                 mark = (len(self.graph.nodes), len(self.graph.constants))
                 env[n.name] = self.lower_call(n, piece, piece_ins, depth)
-                if self.last_fallback is not None:
+                if self.last_fallback is not None or self._of_constants(n, piece_ins):
                     folded = self._fold_piece(n, piece, piece_ins, mark)
-                    if folded is None:
+                    if folded is None and self.last_fallback is not None:
                         return None, self.last_fallback
-                    env[n.name], self.last_fallback = folded, None
+                    if folded is not None:
+                        env[n.name], self.last_fallback = folded, None
             elif n.op == "output":
                 conv = self.torch.fx.node.map_arg(n.args[0], lambda a: env[a.name])
                 outs = list(conv) if isinstance(conv, (tuple, list)) else [conv]
@@ -313,6 +322,17 @@ class _Lowering:
                 return (outs if isinstance(conv, (tuple, list)) else conv), None
         self.last_cause = "a decomposition without an output"
         return None, self.last_cause
+
+    def _of_constants(self, n, ins: list) -> bool:
+        """A piece computed from constants alone and no larger than they are: folded at lowering
+        even where the device could run it, so that a weight the decomposition reshapes (an RNN's
+        `weight.t()` into addmm, its two biases summed) stays a constant for the ops that prepack
+        it, and the work is done once rather than every call."""
+        val = n.meta.get("val")
+        if self.folder is None or not ins or not isinstance(val, self.torch.Tensor):
+            return False
+        return (val.numel() <= sum(v.numel for v in ins if isinstance(v, Value))
+                and self.folder.candidate(n, ins))
 
     def _fold_piece(self, n, piece: str, ins: list, mark: tuple):
         """A piece bound for the CPU that computes a constant (numbers and constants in: the

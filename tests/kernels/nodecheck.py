@@ -52,6 +52,7 @@ INJECT_TEMPLATES += ("layer_norm",)  # a NaN or an infinity spreads over its row
 INJECT_TEMPLATES += ("masked_fill", "roll", "embedding", "index_select")  # select or move elements bit for bit
 INJECT_TEMPLATES += ("conv_im2col",)  # moves input elements bit for bit
 INJECT_TEMPLATES += ("pad_mode", "max_pool1d", "pool2d")  # move or select elements bit for bit (pool2d: max and sums)
+INJECT_TEMPLATES += ("scan",)  # a NaN or an infinity spreads along the rest of its line
 INJECT_TEMPLATES += ("quantize",)  # +Inf / -Inf clamp to quant_max / quant_min (NaN: test_registry_ops.NOT_INJECTED)
 
 
@@ -568,6 +569,7 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "adaptive_pool2d": (1e-5, 1e-5),  # a sum of up to 49 elements, then a division
     "global_avg_pool_wg": (1e-5, 1e-5),  # the same sums in 64 parts, then a division
     "group_norm": (1e-4, 1e-4),  # mean and variance reductions, rsqrt
+    "scan": (1e-5, 1e-4),  # running float32 sums of up to 1000 terms (torch adds float32 in float64)
 }
 
 # Shape ops move elements (bit-exact); bilinear upsampling mixes four with torch's float32 weights.

@@ -683,3 +683,22 @@ def test_gpt2_with_int64_token_ids_runs_whole(device):
     ids = token_ids(2, 7, 29, dtype=torch.int64)
     prog = runs_whole_and_matches(GPT2LM(), (ids,), device)
     assert prog.plan.dispatches["embedding"] == 1
+
+
+class RunningMeanMixer(nn.Module):
+    """A causal token mixer that averages every prefix (x.cumsum(1) / position), the running
+    mean some linear-attention and sequence models use instead of softmax attention."""
+
+    def __init__(self, dim: int = 12):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        positions = torch.arange(1, x.shape[1] + 1, dtype=x.dtype).unsqueeze(-1)
+        return x + self.proj(self.norm(x).cumsum(dim=1) / positions)
+
+
+def test_running_mean_mixer_runs_its_cumsum_on_the_device(device):
+    prog = runs_whole_and_matches(RunningMeanMixer(), (tokens(2, 7, 12),), device)
+    assert prog.plan.dispatches["cumsum"] == 1
