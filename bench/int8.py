@@ -13,6 +13,9 @@ programs are planned without a device, so their convs take the q8ta kernels what
 Last, whole zoo models: the float program beside the quantized one as the device's conv form takes
 it and the quantized one with the q8ta conv kernels forced (latency per call, best of --reps), with
 the dispatches of each and the quantized programs' error against the quantized graph in PyTorch.
+Then dynamically quantized models (XNNPACKQuantizer's dynamic config): the float program, the
+quantized one with its dynamic round trips on the device, and the same with them on the CPU
+(`--only dynamic` runs this part alone).
 Usage: python bench/int8.py [--reps N] [--only TEXT] [--no-models]
 Prints markdown tables for bench/RESULTS.md.
 """
@@ -190,6 +193,48 @@ def zoo_models(device, reps: int) -> list[tuple]:
     return rows
 
 
+DYNAMIC_MODELS = {"vit_tiny": 32, "vit_s16": 224}  # model -> input size
+
+
+def dynamic_models(device, reps: int) -> list[tuple]:
+    """Per model, dynamically quantized by XNNPACKQuantizer's dynamic config (each linear's input
+    quantized with parameters computed at run time): the float program, the quantized one as the
+    fusion makes it (dynamic_quantize_dequantize on the device) and the quantized one with that
+    step off (choose_qparams, quantize and dequantize on the CPU, a host round trip per linear);
+    wall ms per call, best of `reps`, the three interleaved."""
+    import warnings
+
+    import texelflow
+    from texelflow.models import ZOO
+    from texelflow.runtime.graph import quantized as quantized_module
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "XNNPACKQuantizer is deprecated"
+        from torchao.testing.pt2e._xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
+    rows = []
+    for name, size in DYNAMIC_MODELS.items():
+        model, inputs = ZOO[name](image_size=size)
+        quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True,
+                                                                                    is_dynamic=True))
+        prepared = prepare_pt2e(torch.export.export(model, inputs).module(), quantizer)
+        prepared(*inputs)
+        qmodel = convert_pt2e(prepared)
+        progs = [texelflow.compile(model, inputs, device=device), texelflow.compile(qmodel, inputs, device=device)]
+        with mock.patch.object(quantized_module, "_dynamic_round_trips", lambda *a: None):
+            progs.append(texelflow.compile(qmodel, inputs, device=device))
+        try:
+            ms = best_call_ms(progs, inputs, reps)
+            want = qmodel(*inputs)
+            errs = [(p(*inputs) - want).abs().max().item() / want.abs().max().item() for p in progs[1:]]
+            rows.append((name, size, [sum(p.plan.dispatches.values()) for p in progs],
+                         [len(p.plan.fallbacks) for p in progs], ms, errs))
+        finally:
+            for p in progs:
+                p.close()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
@@ -204,8 +249,9 @@ def main() -> None:
     start = time.perf_counter()
     keep = lambda cases: [c for c in cases if args.only in c[0]]  # noqa: E731
     rows = float_vs_int8(keep(LINEARS) + keep(CONVS), device, args.reps)
-    print("| case | float op | float32 ms | int8 op | int8 ms | float / int8 |")
-    print("|---|---|---|---|---|---|")
+    if rows:
+        print("| case | float op | float32 ms | int8 op | int8 ms | float / int8 |")
+        print("|---|---|---|---|---|---|")
     for name, fop, f_us, qop, q_us in rows:
         print(f"| {name} | {fop} | {f_us / 1e3:.2f} | {qop} | {q_us / 1e3:.2f} | {f_us / q_us:.2f}x |")
     conv_rows = im2col_vs_general(device, args.reps) if any(args.only in c[0] for c in CONVS) else []
@@ -223,6 +269,14 @@ def main() -> None:
         for name, size, (fd, qd, kd), (f_ms, q_ms, k_ms), fallbacks, err in zoo_models(device, args.reps):
             print(f"| {name} ({size}) | {fd}, {f_ms:.1f} | {qd}, {q_ms:.1f} | {f_ms / q_ms:.2f}x | {kd}, {k_ms:.1f} "
                   f"| {f_ms / k_ms:.2f}x | {fallbacks} | {err:.2g} |")
+    if not args.no_models and (not args.only or args.only == "dynamic"):
+        print("\n| model (input size), dynamic int8 (XNNPACK) | float32: dispatches, ms / call | dynamic round trips on "
+              "the device: dispatches, ms | on the CPU: dispatches, CPU nodes, ms | CPU / device | relative error "
+              "vs quantized graph (device, CPU) |")
+        print("|---|---|---|---|---:|---|")
+        for name, size, (fd, qd, cd), (_, _, cpu_nodes), (f_ms, q_ms, c_ms), errs in dynamic_models(device, args.reps):
+            print(f"| {name} ({size}) | {fd}, {f_ms:.1f} | {qd}, {q_ms:.1f} | {cd}, {cpu_nodes}, {c_ms:.1f} "
+                  f"| {c_ms / q_ms:.2f}x | {errs[0]:.1e}, {errs[1]:.1e} |")
     print(f"\n({time.perf_counter() - start:.0f} s)")
 
 

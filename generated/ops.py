@@ -2172,6 +2172,43 @@ OPS: dict[str, OpEntry] = {
             'div_scalar_float32_texture3d',
         ),
     ),
+    'dynamic_quantize_dequantize': OpEntry(
+        name='dynamic_quantize_dequantize',
+        targets=(
+            'texelflow.dynamic_quantize_dequantize.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('observed_min', 'tensor', repset='ANY_STORAGE'),
+            Arg('observed_max', 'tensor', repset='ANY_STORAGE'),
+            Arg('quant_min', 'int', default=-128),
+            Arg('quant_max', 'int', default=127),
+            Arg('eps', 'float', default=0.000244140625),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('quant_min', 'int', 'arg', (('arg', 'quant_min'),)),
+            Push('quant_max', 'int', 'arg', (('arg', 'quant_max'),)),
+            Push('eps', 'float', 'arg', (('arg', 'eps'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'dynamic_quantize_dequantize_float32_buffer',
+            'dynamic_quantize_dequantize_float32_texture3d',
+        ),
+    ),
     'elu': OpEntry(
         name='elu',
         targets=(
@@ -7015,6 +7052,7 @@ TARGETS: dict[str, str] = {
     'texelflow.conv2d_wino4_output.default': 'conv2d_wino4_output',
     'texelflow.conv2d_wino_runs.default': 'conv2d_wino_runs',
     'texelflow.conv_im2col.default': 'conv_im2col',
+    'texelflow.dynamic_quantize_dequantize.default': 'dynamic_quantize_dequantize',
     'texelflow.global_avg_pool_wg.default': 'global_avg_pool_wg',
     'texelflow.linear_gemv_wg.default': 'linear_gemv_wg',
     'texelflow.linear_packed.default': 'linear_packed',

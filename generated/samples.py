@@ -589,6 +589,15 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'other': 3.0, 'self': (5, 1, 6, 3)},
         {'other': 0.001, 'self': (2, 1, 3, 2, 5)},
     ),
+    'dynamic_quantize_dequantize': (
+        {'observed_max': (), 'observed_min': (), 'self': ()},
+        {'observed_max': (), 'observed_min': (), 'quant_max': 255, 'quant_min': 0, 'self': (7,)},
+        {'eps': 0.5, 'observed_max': (), 'observed_min': (), 'self': (3, 5)},
+        {'observed_max': (), 'observed_min': (), 'quant_max': 127, 'quant_min': -127, 'self': (1, 3, 5)},
+        {'observed_max': (), 'observed_min': (), 'self': (2, 5, 3, 7)},
+        {'eps': 1e-07, 'observed_max': (), 'observed_min': (), 'quant_max': 255, 'quant_min': 0, 'self': (5, 1, 6, 3)},
+        {'observed_max': (), 'observed_min': (), 'self': (2, 1, 3, 2, 5)},
+    ),
     'elu': (
         {'self': (2, 5, 3, 7)},
         {'alpha': 0.5, 'self': (7,)},
@@ -2038,6 +2047,7 @@ VALUE_RANGES: dict[str, dict[str, tuple[float, float]]] = {
     'cast_to_float16': {'self': (-70000.0, 70000.0)},
     'cos': {'self': (-7.0, 7.0)},
     'div': {'other': (0.25, 4.0)},
+    'dynamic_quantize_dequantize': {'observed_max': (0.75, 7.0), 'observed_min': (-6.0, 0.5), 'self': (-8.0, 8.0)},
     'embedding': {'indices': (0.0, 4.0)},
     'group_norm': {'input': (-2.0, 4.0)},
     'index_select': {'index': (0.0, 2.0)},

@@ -15,7 +15,8 @@ Lowering (`lower_quantized`, called by lowering.py for every quantized_decompose
 - makes a quantize / dequantize of a constant (a frozen weight) a derived constant: the float
   weight a float op reads, whose derivation still names the int8 weight, scales and zero points,
   which the fusion takes back. A float op left unfused runs on Vulkan with that float weight;
-- sends what computes its parameters at run time (dynamic quantization) to the CPU, with a reason.
+- sends what computes its parameters at run time (dynamic quantization) to the CPU, with a reason
+  (the fusion below then takes dynamic quantization's round trips back onto the device).
 
 The q8ta fusion (`fuse_quantized`, run by fusion.fuse_patterns after the canonical conv2d rewrite
 and before conv + batch norm / activation) rewrites, wherever the fused op runs on Vulkan:
@@ -30,6 +31,8 @@ and before conv + batch norm / activation) rewrites, wherever the fused op runs 
     dq(x) -> max_pool2d -> q, the same parameters     =>  q8ta_max_pool2d (the max of the integers)
     q(view(...(dq(x)))), the same parameters          =>  view(...(x)) on the int8 tensor
     dq(q(x)), the same parameters, left by the above  =>  quantize_dequantize(x), in float
+    choose_qparams(x) -> (s, zp); dq(q(y, s, zp))      =>  dynamic_quantize_dequantize(y, amin(x), amax(x)),
+                                                          in float (dynamic quantization; first)
 
 `act` is relu (the kernels' activation), hardswish or gelu (erf form) after a conv or linear
 (applied in float before the quantize), or hardtanh / relu6, which become a narrower output range: quantizing is
@@ -53,6 +56,10 @@ from .lowering import dtype_name, partition_reason, target_name
 
 QUANTIZE = "quantized_decomposed.quantize_per_tensor.default"
 DEQUANTIZE = "quantized_decomposed.dequantize_per_tensor.default"
+CHOOSE_QPARAMS = "quantized_decomposed.choose_qparams.tensor"  # dynamic quantization's parameters
+STAGED_REDUCTION_UNITS = 4096  # dynamic quantization's amin / amax reduce rows until this many are left
+QUANTIZE_TENSOR = "quantized_decomposed.quantize_per_tensor.tensor"
+DEQUANTIZE_TENSOR = "quantized_decomposed.dequantize_per_tensor.tensor"
 PER_TENSOR = {f"{NAMESPACE}{kind}_per_tensor.{overload}": kind
               for kind in ("quantize", "dequantize") for overload in ("default", "tensor", "tensor2")}
 PER_CHANNEL = {f"{NAMESPACE}quantize_per_channel.default": "quantize",
@@ -156,7 +163,7 @@ def lower_quantized(ctx, node, name: str, ins: list):
         return _lower_per_channel(ctx, node, name, ins, given, by_fx, PER_CHANNEL[target])
     if target in PER_TENSOR:
         return _lower_per_tensor(ctx, node, name, ins, given, by_fx, PER_TENSOR[target])
-    return _on_cpu(ctx, node, name, ins, None)  # choose_qparams, ...: dynamic quantization, in PyTorch
+    return _on_cpu(ctx, node, name, ins, None)  # choose_qparams, ...: on the CPU unless fuse_quantized takes it
 
 
 def _arguments(node) -> dict:
@@ -297,6 +304,8 @@ def fuse_quantized(graph: PlanGraph, limits, facts=None) -> PlanGraph:
     `facts` (prepack_matmul.SubgroupFacts of the device, None without one) decide whether conv
     chains take the int8 kernels (int8_conv_form)."""
     conv_form = int8_conv_form(facts)
+    for chooser in [n for n in graph.nodes if n.target == CHOOSE_QPARAMS]:
+        _dynamic_round_trips(graph, chooser, limits)
     for q in [n for n in graph.nodes if _is_quantize(n)]:
         if q.outputs[0][1].producer is q:  # (not yet absorbed by a chain fused before it)
             _fuse_at(graph, q, limits, conv_form)
@@ -343,6 +352,84 @@ def _round_trip(graph: PlanGraph, dq: Node, limits, made: dict) -> None:
     if not t.users and t not in graph.outputs:
         _remove(graph, q)
         node.fused[0] += " (its int8 tensor read by nothing else)"
+
+
+def _dynamic_round_trips(graph: PlanGraph, chooser: Node, limits) -> None:
+    """Dynamic quantization (XNNPACK's and x86's dynamic configs): choose_qparams.tensor(x) gives
+    a scale and a zero point at run time, read by quantize_per_tensor.tensor(y, scale, zp) ->
+    dequantize_per_tensor.tensor pairs (y is x). Each pair becomes one float pass,
+    dynamic_quantize_dequantize(y, amin(x), amax(x)), which computes torch's parameters from the
+    two reductions, and the three CPU nodes (and the host round trip between them) go. Only where
+    nothing else reads the parameters or an int8 tensor, and every new node runs on Vulkan."""
+    scale, zero_point = (v for _, v in chooser.outputs)
+    readers = list(dict.fromkeys(scale.users + zero_point.users))
+    quantizes = [n for n in readers if n.target == QUANTIZE_TENSOR]
+    x = chooser.arg("input")
+    if (not isinstance(x, Value) or x.dtype != "float32" or scale in graph.outputs or zero_point in graph.outputs
+            or not quantizes):
+        return
+    pairs = []  # (quantize, its dequantizes)
+    for q in quantizes:
+        t = q.outputs[0][1]
+        dqs = list(dict.fromkeys(t.users))
+        if t in graph.outputs or not dqs or not all(_reads_parameters(n, scale, zero_point) for n in [q] + dqs):
+            return
+        if any(n.target != DEQUANTIZE_TENSOR or n.arg("input") is not t or n.outputs[0][1].dtype != "float32"
+               or (n.arg("quant_min"), n.arg("quant_max")) != (q.arg("quant_min"), q.arg("quant_max")) for n in dqs):
+            return
+        pairs.append((q, dqs))
+    if sum(1 + len(dqs) for _, dqs in pairs) != len(readers):
+        return  # something else reads the parameters
+    lows, highs = (_reduction(chooser, x, kind) for kind in ("amin", "amax"))
+    low, high = lows[-1], highs[-1]
+    trips = [_dynamic_trip(chooser, q, dqs[0], low, high) for q, dqs in pairs]
+    if any(partition_reason(n, limits) is not None for n in lows + highs + trips):
+        return
+    at = graph.nodes.index(chooser)
+    _remove(graph, chooser)
+    for node in lows + highs:
+        graph.nodes.insert(at, node)
+        at += 1
+        for _, v in node.tensor_args():
+            v.users.append(node)
+    for (q, dqs), trip in zip(pairs, trips):
+        _replace(graph, dqs[0], trip)
+        graph.fx_inputs.pop(trip, None)  # (it never runs on the CPU)
+        for dq in dqs[1:]:
+            _share_round_trip(graph, dq, trip)
+        _remove(graph, q)
+        trip.fused = [f"choose_qparams '{chooser.name}' (as {low.name}, {high.name})", f"quantize '{q.name}'",
+                      f"dequantize '{dqs[0].name}'"] + trip.fused
+
+
+def _reads_parameters(node: Node, scale: Value, zero_point: Value) -> bool:
+    return node.arg("scale") is scale and node.arg("zero_point") is zero_point
+
+
+def _reduction(chooser: Node, x: Value, kind: str) -> list[Node]:
+    """amin / amax of every element of x into a 0-d float32 value (choose_qparams's aminmax), in
+    stages: the reduce kernel gives each unit of its output one invocation, so one reduction of
+    everything runs on one lane (ViT-S/16's 75,648-element activations took 1.4 ms each on
+    lavapipe). While more than STAGED_REDUCTION_UNITS values are left, a stage reduces the last dim
+    alone, one invocation per row, then the last stage reduces what is left."""
+    op = OPS[kind]
+    nodes, v, shape = [], x, tuple(x.shape)
+    while len(shape) > 1 and math.prod(shape) > STAGED_REDUCTION_UNITS:
+        shape = shape[:-1]
+        nodes.append(Node(f"{chooser.name}.{kind}_rows{len(nodes) or ''}", op.targets[0], op,
+                          [("self", v), ("dim", [-1]), ("keepdim", False)], []))
+        v = Value(nodes[-1].name, shape, "float32", Role.NODE, producer=nodes[-1])
+        nodes[-1].outputs.append(("out", v))
+    nodes.append(Node(f"{chooser.name}.{kind}", op.targets[0], op, [("self", v), ("dim", []), ("keepdim", False)], []))
+    nodes[-1].outputs.append(("out", Value(nodes[-1].name, (), "float32", Role.NODE, producer=nodes[-1])))
+    return nodes
+
+
+def _dynamic_trip(chooser: Node, q: Node, dq: Node, low: Node, high: Node) -> Node:
+    op = OPS["dynamic_quantize_dequantize"]
+    args = [("self", q.arg("input")), ("observed_min", low.outputs[0][1]), ("observed_max", high.outputs[0][1]),
+            ("quant_min", q.arg("quant_min")), ("quant_max", q.arg("quant_max")), ("eps", chooser.arg("eps"))]
+    return Node(dq.name, op.targets[0], op, args, [("out", dq.outputs[0][1])])
 
 
 def _share_round_trip(graph: PlanGraph, dq: Node, shared: Node) -> None:

@@ -260,7 +260,7 @@ NO_TORCH_TARGET.update({name: f"texelflow.runtime.graph.precision.{name}_referen
                         for name in ("cast_to_float16", "cast_to_float32")})
 # q8ta ops: dequantize, the float op, quantize (tests/kernels/q8ta_reference.py)
 NO_TORCH_TARGET.update({name: f"tests.kernels.q8ta_reference.{name}" for name in (
-    "quantize_dequantize", "q8ta_add", "q8ta_relu", "q8ta_pixel_shuffle", "q8ta_max_pool2d", "q8ta_linear", "q8ta_linear_gemv", "q8ta_conv2d",
+    "quantize_dequantize", "dynamic_quantize_dequantize", "q8ta_add", "q8ta_relu", "q8ta_pixel_shuffle", "q8ta_max_pool2d", "q8ta_linear", "q8ta_linear_gemv", "q8ta_conv2d",
     "q8ta_conv2d_im2col")})
 
 

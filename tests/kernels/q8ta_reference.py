@@ -26,6 +26,19 @@ def quantize_dequantize(self, scale, zero_point, quant_min=-128, quant_max=127):
                                                                          torch.int8)
 
 
+def dynamic_quantize_dequantize(self, observed_min, observed_max, quant_min=-128, quant_max=127,
+                                eps=0.000244140625):
+    """The dynamic_quantize_dequantize op: torch's choose_qparams.tensor of a tensor whose minimum
+    and maximum are the observed ones, then quantize_per_tensor.tensor and dequantize_per_tensor.tensor
+    with the parameters it gives, as a dynamically quantized PT2E graph computes them."""
+    dtype = torch.uint8 if quant_max > 127 else torch.int8
+    observed = torch.stack([observed_min.float().reshape(()), observed_max.float().reshape(())])
+    ops = torch.ops.quantized_decomposed
+    scale, zero_point = ops.choose_qparams.tensor(observed, quant_min, quant_max, eps, dtype)
+    q = ops.quantize_per_tensor.tensor(self.float(), scale, zero_point, quant_min, quant_max, dtype)
+    return ops.dequantize_per_tensor.tensor(q, scale, zero_point, quant_min, quant_max, dtype)
+
+
 def dequantize_weight(weight, weight_scales, weight_zero_points) -> torch.Tensor:
     """Per-channel dequantization along dim 0 (zero points 0 when absent)."""
     zp = weight_zero_points if weight_zero_points is not None else torch.zeros(weight.shape[0], dtype=torch.int64)
