@@ -78,8 +78,9 @@ def decompose(node, target=None) -> tuple:
                 _CACHE.clear()
             second = _second_decomposition(target, fn)
             second = _trace(second, node, inputs) if second is not None else None
-            if second is not None and _random(second):
-                second = None  # dropout's pieces are random too (native_dropout): its reason stays its own
+            if second is not None and (_random(second) or _primitive(second)):
+                second = None  # dropout's pieces are random too (native_dropout), and torch's references
+                # of elementwise ops reach prims no kernel runs: the node's reason stays its own
             _CACHE[key] = tuple(gm for gm in (_trace(fn, node, inputs), second) if gm is not None)
         return _CACHE[key]
 
@@ -101,6 +102,11 @@ def _signature(node, target, inputs):
     except Exception:
         return None
     return (str(target), tuple(metas), repr(shape))
+
+
+def _primitive(gm) -> bool:
+    """Whether a traced decomposition calls torch's prims (the reference implementations)."""
+    return any(n.op == "call_function" and str(getattr(n.target, "namespace", "")) == "prims" for n in gm.graph.nodes)
 
 
 def _random(gm) -> bool:
@@ -128,7 +134,6 @@ def _onednn_off(torch):
 def _trace(fn, node, inputs):
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
 
     mode = FakeTensorMode()
     with mode:
@@ -140,6 +145,46 @@ def _trace(fn, node, inputs):
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: by_node[a])
         return fn(*args, **kwargs)
 
+    gm = _make_fx(torch, mode, call, fakes)
+    if gm is not None and _mutates(gm):
+        _functional_intermediates(torch, gm)
+    if gm is None or _mutates(gm):  # (a decomposition that writes one of its inputs stays whole)
+        return None
+    for n in gm.graph.nodes:
+        if n.op in ("call_module", "call_method", "get_attr"):
+            return None
+    return gm
+
+
+def _functional_intermediates(torch, gm) -> None:
+    """An in-place op on a value the decomposition made itself (rms_norm's `mean(x^2).add_(eps)`)
+    becomes its functional form, and the readers of that value after it read its result: the
+    same numbers, with no write. In-place ops on the inputs stay (the trace is then refused)."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for n in list(gm.graph.nodes):
+        schema = getattr(n.target, "_schema", None)
+        if n.op != "call_function" or schema is None or not schema.is_mutable or not n.args:
+            continue
+        written = n.args[0]
+        if not isinstance(written, torch.fx.Node) or written.op != "call_function":
+            continue
+        if not schema.arguments[0].alias_info or not schema.arguments[0].alias_info.is_write:
+            continue
+        packet = getattr(torch.ops.aten, schema.name.split("::")[-1].rstrip("_"), None)
+        functional = getattr(packet, n.target._overloadname, None) if packet is not None else None
+        if functional is None or functional._schema.is_mutable:
+            continue
+        for user in list(written.users):
+            if user is not n and order[user] > order[n]:
+                user.replace_input_with(written, n)
+        n.target = functional
+    gm.recompile()
+
+
+def _make_fx(torch, mode, call, fakes):
+    """The traced GraphModule of `call` over `fakes`, dead code removed; None when it fails."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
     try:
         # Fake tensors in (tensors the decomposition makes from numbers, arange or full, are fake
         # too), and oneDNN off: with it on, torch's LSTM decomposition picks its fused CPU kernel
@@ -149,9 +194,9 @@ def _trace(fn, node, inputs):
     except Exception:  # a decomposition that cannot run on these arguments: the node stays whole
         return None
     gm.graph.eliminate_dead_code()
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and getattr(getattr(n.target, "_schema", None), "is_mutable", False):
-            return None
-        if n.op in ("call_module", "call_method", "get_attr"):
-            return None
     return gm
+
+
+def _mutates(gm) -> bool:
+    return any(n.op == "call_function" and getattr(getattr(n.target, "_schema", None), "is_mutable", False)
+               for n in gm.graph.nodes)

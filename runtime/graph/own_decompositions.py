@@ -11,7 +11,8 @@ Ops torch keeps whole: `any` (and so `all`, which torch decomposes through it) a
 values; `bitwise_not`; `clamp` with tensor bounds; `index` with one index tensor, as index_select;
 `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
 least of them, in int32, widened by a cast the device holds narrowed. `_safe_softmax` (in torch's
-attention decomposition) as a softmax and a where on the row max.
+attention decomposition) as a softmax and a where on the row max. `cumsum` with a dtype as a cast
+and a cumsum; `number ** tensor` as a tensor pow.
 """
 
 from __future__ import annotations
@@ -194,7 +195,29 @@ def safe_softmax(self, dim, dtype=None):
     return aten.where.ScalarSelf(masked, 0.0, out)
 
 
+def cumsum(self, dim, dtype=None):
+    """cumsum with a `dtype` (DETR's `(~mask).cumsum(1, dtype=torch.float32)` position encoding):
+    the input cast to it, then a cumsum that keeps its dtype. torch's kernel adds in that dtype too."""
+    import torch
+
+    if dtype is None or dtype == self.dtype or dtype not in (torch.float32, torch.float16):
+        raise ValueError("only a cast to a float dtype the device sums in helps")  # (the trace fails: no pieces)
+    return torch.ops.aten.cumsum.default(torch.ops.aten._to_copy.default(self, dtype=dtype), dim)
+
+
+def pow_scalar(self, exponent):
+    """number ** tensor (`10000 ** (2 * i / d)` of sinusoidal position encodings) as the tensor
+    pow of a one-element constant: torch computes pow(self, exponent) per element either way."""
+    import torch
+
+    aten = torch.ops.aten
+    base = aten.full.default([], self, dtype=exponent.dtype, device=exponent.device)
+    return aten.pow.Tensor_Tensor(base, exponent)
+
+
 OWN_DECOMPOSITIONS = {
+    "aten.cumsum.default": cumsum,
+    "aten.pow.Scalar": pow_scalar,
     "aten._safe_softmax.default": safe_softmax,
     "aten.argmax.default": argmax,
     "aten.argmin.default": argmin,

@@ -641,15 +641,19 @@ def test_tensor_overloads_with_constant_parameters_become_the_registry_ops():
 
 
 def test_parameters_computed_at_run_time_run_on_the_cpu_with_a_reason():
+    """Dynamic quantization's round trip runs on the device (tests/quantization/
+    test_dynamic_quantization.py), but not an int8 tensor or parameters read elsewhere."""
     class Dynamic(nn.Module):
         def forward(self, x):
             scale, zero_point = qd.choose_qparams.tensor(x, -128, 127, 1e-5, torch.int8)
             y = qd.quantize_per_tensor.tensor(x, scale, zero_point, -128, 127, torch.int8)
-            return qd.dequantize_per_tensor.tensor(y, scale, zero_point, -128, 127, torch.int8)
+            return qd.dequantize_per_tensor.tensor(y, scale, zero_point, -128, 127, torch.int8), y
 
-    reasons = dict(texelflow.plan(Dynamic(), (r(4, 16),)).fallbacks)
+    plan = texelflow.plan(Dynamic(), (r(4, 16),))
+    reasons = dict(plan.fallbacks)
     assert "computed at run time" in reasons["quantize_per_tensor"]
     assert "computed at run time" in reasons["dequantize_per_tensor"]
+    assert "dynamic_quantize_dequantize" not in plan.dispatches
 
 
 def test_per_channel_dequantize_of_a_computed_tensor_runs_on_the_cpu_with_a_reason():

@@ -702,3 +702,77 @@ class RunningMeanMixer(nn.Module):
 def test_running_mean_mixer_runs_its_cumsum_on_the_device(device):
     prog = runs_whole_and_matches(RunningMeanMixer(), (tokens(2, 7, 12),), device)
     assert prog.plan.dispatches["cumsum"] == 1
+
+
+class LlamaBlock(nn.Module):
+    """A LLaMA-style decoder block as Meta's and HF's code write it: nn.RMSNorm (torch's own,
+    aten.rms_norm), rotary position embeddings applied with rotate_half, grouped-query attention
+    (repeat_interleave of the key / value heads), causal SDPA, and a SiLU-gated MLP."""
+
+    def __init__(self, dim: int = 24, heads: int = 4, kv_heads: int = 2, length: int = 7):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.kv = nn.Linear(dim, 2 * kv_heads * self.head_dim, bias=False)
+        self.o = nn.Linear(dim, dim, bias=False)
+        self.norm1, self.norm2 = nn.RMSNorm(dim, eps=1e-5), nn.RMSNorm(dim)
+        self.gate, self.up, self.down = nn.Linear(dim, 40, bias=False), nn.Linear(dim, 40, bias=False), nn.Linear(40, dim, bias=False)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
+        freqs = torch.outer(torch.arange(length).float(), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    @staticmethod
+    def rotate_half(x):
+        x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+        return torch.cat((-x2, x1), dim=-1)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = self.norm1(x)
+        q = self.q(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(h).view(b, t, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q = q * self.cos + self.rotate_half(q) * self.sin
+        k = k * self.cos + self.rotate_half(k) * self.sin
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.o(attn)
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+def test_llama_block_with_torch_rmsnorm_rotary_and_grouped_query_attention(device):
+    prog = runs_whole_and_matches(LlamaBlock(), (tokens(2, 7, 24),), device)
+    assert not any(n.target == "aten.rms_norm.default" for n in prog.plan.graph.nodes)  # decomposed
+
+
+class DetrSinePosition(nn.Module):
+    """DETR's PositionEmbeddingSine: cumulative sums of the unmasked pixels (a bool mask summed as
+    float32), normalised, divided by 10000 ** (2 (i // 2) / d), sin and cos interleaved."""
+
+    def __init__(self, features: int = 8):
+        super().__init__()
+        self.features = features
+
+    def forward(self, x, mask):
+        not_mask = ~mask
+        y = not_mask.cumsum(1, dtype=torch.float32)
+        xx = not_mask.cumsum(2, dtype=torch.float32)
+        y = y / (y[:, -1:, :] + 1e-6) * 2 * math.pi
+        xx = xx / (xx[:, :, -1:] + 1e-6) * 2 * math.pi
+        dim_t = torch.arange(self.features, dtype=torch.float32)
+        dim_t = 10000 ** (2 * (dim_t // 2) / self.features)
+        px, py = xx[:, :, :, None] / dim_t, y[:, :, :, None] / dim_t
+        px = torch.stack((px[:, :, :, 0::2].sin(), px[:, :, :, 1::2].cos()), dim=4).flatten(3)
+        py = torch.stack((py[:, :, :, 0::2].sin(), py[:, :, :, 1::2].cos()), dim=4).flatten(3)
+        return x + torch.cat((py, px), dim=3).permute(0, 3, 1, 2)
+
+
+def test_detr_sine_position_embedding(device):
+    mask = torch.zeros(2, 5, 6, dtype=torch.bool)
+    mask[1, :, 4:] = True  # the second image padded on the right
+    x = torch.randn(2, 16, 5, 6, generator=torch.Generator().manual_seed(2))
+    prog = runs_whole_and_matches(DetrSinePosition(), (x, mask), device)
+    assert prog.plan.dispatches["cumsum"] == 2
