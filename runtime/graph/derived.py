@@ -88,8 +88,9 @@ def _as_float32(x: float) -> float:
 
 
 @recipe
-def dequantized_per_channel(weight, scales, zero_points, *, axis: int):
-    """(w - zero_points[c]) * scales[c] along `axis` (zero points 0 when absent)."""
+def dequantized_per_channel(weight, scales, zero_points, *, axis: int, float_zero_points: bool = False):
+    """(w - zero_points[c]) * scales[c] along `axis` (zero points 0 when absent). Integer zero
+    points, or float ones (`float_zero_points`: per_channel_affine_float_qparams), as torch does."""
     zp = _along(zero_points, axis, weight.dim()) if zero_points is not None else 0.0
     return (weight - zp) * _along(scales, axis, weight.dim())
 

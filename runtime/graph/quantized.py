@@ -285,12 +285,20 @@ def _lower_per_channel(ctx, node, name: str, ins: list, given: dict, by_fx: dict
     if not -len(x.shape) <= axis < len(x.shape):
         raise _refuse(node.name, f"axis {axis} is outside the {len(x.shape)}-d input")
     axis %= len(x.shape)
-    check_channels(node.name, scales, zps, x.shape[axis], quant_min, quant_max)
+    # Float zero points (per_channel_affine_float_qparams: torchao's EmbeddingQuantizer, zero point
+    # -min / scale per row) are dequantized as they are, (w - zp[c]) * s[c], like torch does; the
+    # q8ta fusion never takes such a weight back as int8 (_weight).
+    float_zps = (kind == "dequantize" and zps is not None and zps.is_floating_point()
+                 and bool((zps != zps.round()).any()))
+    if float_zps and not bool(zps.isfinite().all()):
+        raise _refuse(node.name, "zero_points must be finite")
+    check_channels(node.name, scales, None if float_zps else zps, x.shape[axis], quant_min, quant_max)
     zp_source = zps_v if zps is not None and bool((zps != 0).any()) else None  # all 0: symmetric, no zero points
     val = node.meta["val"]
     if kind == "dequantize":
+        extra = {"float_zero_points": True} if float_zps else {}
         return ctx.graph.add_derived(name, x.shape, dtype_name(val.dtype), "dequantized_per_channel",
-                                     (x, scales_v, zp_source), axis=axis), None
+                                     (x, scales_v, zp_source), axis=axis, **extra), None
     return ctx.graph.add_derived(name, x.shape, dtype_name(val.dtype), "quantized_per_channel",
                                  (x, scales_v, zp_source), axis=axis, quant_min=quant_min, quant_max=quant_max,
                                  scale_dtype=dtype_name(scales.dtype)), None
@@ -915,6 +923,8 @@ def _weight(v) -> _Weight | None:
     if int8.dtype not in DTYPE_RANGES:
         return None
     if d.recipe == "dequantized_per_channel":
+        if params.get("float_zero_points"):
+            return None  # not an int8 weight with integer zero points: it stays float
         return _Weight(int8, d.sources[1], d.sources[2], params["axis"])
     return _Weight(int8, params["scale"], params["zero_point"] or None, None)
 
