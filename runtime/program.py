@@ -332,7 +332,9 @@ class CompiledProgram:
         return self._state[v.source]
 
     # ---- running ----------------------------------------------------------------------------------
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs:
+            args = self._positional(args, kwargs)
         fast = self._fast if self.fast_path else None
         if fast is not None:  # the common case, planned at build (runtime/call_fast.py)
             if fast.accepts(args):
@@ -402,6 +404,26 @@ class CompiledProgram:
         specs = getattr(self.plan.graph, "output_specs", None)
         self._user_outputs = ([v for kind, _, v in specs if kind == "user"] if specs is not None
                               else list(self.plan.graph.outputs))
+
+    def _positional(self, args: tuple, kwargs: dict) -> tuple:
+        """Inputs passed by name (`prog(x, mask=m)`) in their places: the names are the exported
+        program's input names, forward's parameter names for a model of plain tensor arguments."""
+        from texelflow.runtime.errors import InputTypeError
+
+        names = [getattr(s, "name", None) for s in self._input_specs]
+        if not self._flat_model:
+            raise InputTypeError("keyword arguments need a model whose inputs are plain tensors; pass them by position")
+        twice = sorted(k for k in kwargs if k in names[:len(args)])
+        unknown = sorted(k for k in kwargs if k not in names)
+        if twice or unknown:
+            what = f"input {twice[0]!r} given by position and by name" if twice else f"no input named {unknown[0]!r}"
+            raise InputTypeError(f"{what}; the program's inputs are {', '.join(str(n) for n in names)}")
+        out = list(args)
+        for i in range(len(args), len(names)):
+            if names[i] not in kwargs:
+                raise InputTypeError(f"input {i} ({names[i]}) is missing: the program takes {len(names)} inputs")
+            out.append(kwargs[names[i]])
+        return tuple(out)
 
     def _flat_args(self, args: tuple) -> list:
         """The call's arguments, one per flattened input of the exported signature: positional

@@ -171,3 +171,25 @@ def test_0d_values_between_device_and_cpu(device):
     for g, w in zip(got, want):
         assert g.shape == w.shape == () and g.dtype == w.dtype
         torch.testing.assert_close(g, w)
+
+
+class _Masked(torch.nn.Module):
+    def forward(self, x, mask):
+        return x * mask + 1.0
+
+
+def test_inputs_may_be_passed_by_name(device):
+    """prog(x, mask=m) and prog(mask=m, x=x) as the model's forward takes them; a wrong name, a
+    name given twice or a missing input is one InputTypeError naming the inputs."""
+    x, m = torch.randn(2, 3), torch.rand(2, 3)
+    want = _Masked()(x, m)
+    with texelflow.compile(_Masked(), (x, m), device=device) as prog:
+        assert torch.equal(prog(x, mask=m), want)
+        assert torch.equal(prog(mask=m, x=x), want)
+        cases = [((x,), {"y": m}, "no input named 'y'; the program's inputs are x, mask"),
+                 ((x,), {"x": x}, "input 'x' given by position and by name; the program's inputs are x, mask"),
+                 ((), {"mask": m}, "input 0 (x) is missing: the program takes 2 inputs")]
+        for args, kwargs, message in cases:
+            with pytest.raises(InputTypeError) as info:
+                prog(*args, **kwargs)
+            assert str(info.value) == message
