@@ -164,10 +164,12 @@ def best_call_ms(progs: list, inputs, reps: int) -> list[float]:
 def zoo_models(device, reps: int) -> list[tuple]:
     """Per model: the float program, the quantized one as the device's conv form takes it
     (quantized.int8_conv_form: on a CPU device without int8 dot products the convs run on the
-    float kernels between their dequantize and quantize) and the quantized one with the q8ta conv
-    kernels forced; wall ms per call, best of `reps`, the three interleaved."""
+    float kernels between their dequantize and quantize), the quantized one with the q8ta conv
+    kernels forced, and the device's form with its round trips left as passes of their own
+    (quantized.fold_round_trips off); wall ms per call, best of `reps`, the four interleaved."""
     import texelflow
     from texelflow.models import ZOO
+    from texelflow.runtime.graph import quantized as quantized_module
     from texelflow.runtime.graph.quantized import INT8_CONV_ENV
 
     rows = []
@@ -181,6 +183,9 @@ def zoo_models(device, reps: int) -> list[tuple]:
             progs = [texelflow.compile(model, inputs, device=device), texelflow.compile(qmodel, inputs, device=device)]
             os.environ[INT8_CONV_ENV] = "q8ta"
             progs.append(texelflow.compile(qmodel, inputs, device=device))
+            os.environ.pop(INT8_CONV_ENV, None)
+            with mock.patch.object(quantized_module, "fold_round_trips", lambda *a: 0):  # the round trips unfolded
+                progs.append(texelflow.compile(qmodel, inputs, device=device))
         try:
             ms = best_call_ms(progs, inputs, reps)
             want = qmodel(*inputs)
@@ -263,12 +268,12 @@ def main() -> None:
                   f"{'yes' if same else 'NO'} |")
     if not args.no_models and not args.only:
         print("\n| model (input size) | float32: dispatches, ms / call | int8, the device's conv form: dispatches, ms "
-              "| float / int8 | int8, q8ta convs forced: dispatches, ms | float / int8 | int8 fallbacks "
-              "| max error vs quantized graph |")
-        print("|---|---|---|---:|---|---:|---|---|")
-        for name, size, (fd, qd, kd), (f_ms, q_ms, k_ms), fallbacks, err in zoo_models(device, args.reps):
+              "| float / int8 | int8, q8ta convs forced: dispatches, ms | float / int8 | int8, round trips not folded "
+              "into the convs: dispatches, ms | int8 fallbacks | max error vs quantized graph |")
+        print("|---|---|---|---:|---|---:|---|---|---|")
+        for name, size, (fd, qd, kd, ud), (f_ms, q_ms, k_ms, u_ms), fallbacks, err in zoo_models(device, args.reps):
             print(f"| {name} ({size}) | {fd}, {f_ms:.1f} | {qd}, {q_ms:.1f} | {f_ms / q_ms:.2f}x | {kd}, {k_ms:.1f} "
-                  f"| {f_ms / k_ms:.2f}x | {fallbacks} | {err:.2g} |")
+                  f"| {f_ms / k_ms:.2f}x | {ud}, {u_ms:.1f} | {fallbacks} | {err:.2g} |")
     if not args.no_models and (not args.only or args.only == "dynamic"):
         print("\n| model (input size), dynamic int8 (XNNPACK) | float32: dispatches, ms / call | dynamic round trips on "
               "the device: dispatches, ms | on the CPU: dispatches, CPU nodes, ms | CPU / device | relative error "

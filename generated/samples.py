@@ -359,6 +359,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'hardswish', 'bias': (7,), 'input': (1, 7, 3, 3), 'weight': (9, 8)},
         {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'bias': (12,), 'input': (2, 12, 6, 17), 'padding': (2, 0), 'weight': (9, 12)},
         {'activation': 'gelu_tanh', 'bias': None, 'input': (1, 4, 7, 1), 'padding': (1, 1), 'weight': (9, 4)},
+        {'activation': 'relu', 'bias': (7,), 'input': (1, 7, 3, 3), 'padding': (1, 1), 'rt_scale': 0.05, 'rt_zero_point': -128, 'weight': (9, 8)},
     ),
     'conv2d_dw3_s2': (
         {'bias': (3,), 'input': (1, 3, 7, 5), 'padding': (1, 1), 'weight': (9, 4)},
@@ -367,6 +368,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'hardswish', 'bias': (7,), 'input': (1, 7, 3, 3), 'weight': (9, 8)},
         {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'bias': (12,), 'input': (2, 12, 6, 17), 'padding': (2, 0), 'weight': (9, 12)},
         {'activation': 'gelu_tanh', 'bias': None, 'input': (1, 4, 8, 10), 'padding': (1, 1), 'weight': (9, 4)},
+        {'activation': 'hardswish', 'bias': (5,), 'input': (1, 5, 9, 7), 'padding': (1, 1), 'rt_scale': 0.05, 'rt_zero_point': 0, 'weight': (9, 8)},
     ),
     'conv2d_dw5_s1': (
         {'activation': 'relu', 'bias': None, 'input': (2, 5, 9, 19), 'padding': (2, 2), 'weight': (25, 8)},
@@ -375,6 +377,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'hardswish', 'bias': (6,), 'input': (1, 6, 13, 11), 'padding': (2, 2), 'weight': (25, 8)},
         {'activation': 'gelu', 'bias': (9,), 'input': (2, 9, 3, 7), 'padding': (1, 3), 'weight': (25, 12)},
         {'act_max': 0.5, 'act_min': -1.0, 'activation': 'hardtanh', 'bias': None, 'input': (1, 4, 7, 1), 'padding': (2, 2), 'weight': (25, 4)},
+        {'activation': 'hardswish', 'bias': (6,), 'input': (1, 6, 13, 11), 'padding': (2, 2), 'rt_scale': 0.05, 'rt_zero_point': 7, 'weight': (25, 8)},
     ),
     'conv2d_dw5_s2': (
         {'activation': 'relu', 'bias': None, 'input': (2, 5, 9, 19), 'padding': (2, 2), 'weight': (25, 8)},
@@ -382,6 +385,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'silu', 'bias': (7,), 'input': (1, 7, 5, 5), 'weight': (25, 8)},
         {'activation': 'hardswish', 'bias': (6,), 'input': (1, 6, 13, 11), 'padding': (2, 2), 'weight': (25, 8)},
         {'activation': 'gelu', 'bias': (9,), 'input': (2, 9, 3, 7), 'padding': (1, 3), 'weight': (25, 12)},
+        {'activation': 'relu', 'bias': (6,), 'input': (1, 6, 11, 9), 'padding': (2, 2), 'rt_scale': 0.05, 'rt_zero_point': -128, 'weight': (25, 8)},
     ),
     'conv2d_dw7_s1': (
         {'bias': (5,), 'input': (1, 5, 9, 11), 'padding': (3, 3), 'weight': (49, 8)},
@@ -389,6 +393,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'bias': (1,), 'input': (1, 1, 1, 1), 'padding': (3, 3), 'weight': (49, 4)},
         {'activation': 'relu', 'bias': (6,), 'input': (1, 6, 7, 13), 'weight': (49, 8)},
         {'act_max': 0.5, 'act_min': -1.0, 'activation': 'hardtanh', 'bias': (9,), 'input': (1, 9, 5, 3), 'padding': (1, 3), 'weight': (49, 12)},
+        {'bias': (5,), 'input': (1, 5, 9, 11), 'padding': (3, 3), 'rt_min': -127, 'rt_scale': 0.37, 'rt_zero_point': -1, 'weight': (49, 8)},
     ),
     'conv2d_dw_act': (
         {'activation': 'relu', 'bias': (7,), 'groups': 7, 'input': (2, 7, 6, 5), 'padding': (1, 1), 'stride': (2, 2), 'weight': (7, 1, 3, 3)},
@@ -438,6 +443,8 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'gelu', 'bias': (13,), 'input': (1, 6, 11, 13), 'out_channels': 13, 'weight': (8, 16)},
         {'activation': 'gelu_tanh', 'bias': (3,), 'input': (2, 1, 5, 1), 'out_channels': 3, 'weight': (4, 4)},
         {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'bias': (20,), 'input': (1, 12, 9, 8), 'out_channels': 20, 'weight': (12, 20)},
+        {'activation': 'hardswish', 'bias': (24,), 'input': (1, 9, 5, 7), 'out_channels': 24, 'rt_scale': 0.05, 'rt_zero_point': -3, 'weight': (12, 24)},
+        {'bias': (7,), 'input': (2, 5, 7, 7), 'out_channels': 7, 'rt_max': 90, 'rt_min': -100, 'rt_scale': 0.37, 'rt_zero_point': 5, 'weight': (8, 8)},
     ),
     'conv2d_pw_gemv_wg': (
         {'bias': (7,), 'input': (1, 5, 1, 1), 'out_channels': 7, 'weight': (8, 16)},

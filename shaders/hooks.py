@@ -246,6 +246,26 @@ def reciprocal_scale(node: NodeFacts):
 
 
 @hook("float")
+def reciprocal_rt_scale(node: NodeFacts):
+    """A folded round trip's `1 / rt_scale`, rounded to float32 like quantize's (reciprocal_scale);
+    0 when the node has none."""
+    scale = node.value("rt_scale") or 0.0
+    return _f32(1.0 / scale) if scale > 0.0 else 0.0
+
+
+@hook("int")
+def round_trip_qparams(node: NodeFacts):
+    """A folded round trip's zero point, quant_min and quant_max as int8 lanes 0, 1, 2 of one word
+    (lane j in bits 8j .. 8j + 7): the conv kernels' push constants hold 128 bytes. The fusion
+    folds only int8 parameters."""
+    lanes = [node.value("rt_zero_point") or 0, node.value("rt_min"), node.value("rt_max")]
+    lanes = [-128 if v is None else v for v in lanes[:2]] + [127 if lanes[2] is None else lanes[2]]
+    assert all(-128 <= v <= 127 for v in lanes), lanes
+    word = sum((v & 255) << (8 * j) for j, v in enumerate(lanes))
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+@hook("float")
 def reciprocal_out_scale(node: NodeFacts):
     """A q8ta op's `1 / out_scale`, rounded to float32 like quantize's (reciprocal_scale)."""
     return _f32(1.0 / node.value("out_scale"))

@@ -398,6 +398,14 @@ def _activation_code(facts: SpecFacts, p: dict) -> int:
     return 1 + ACTIVATION_CODES.index(facts.value("activation"))
 
 
+@_spec_rule("round_trip_code", 0, tensor_params=("round_trip_code",))
+def _round_trip_code(facts: SpecFacts, p: dict) -> int:
+    """2 when the node rounds its result to an int8 grid as it stores it (a quantize_dequantize the
+    fusion folded in: `rt_scale` > 0), 1 when it does not, so that the pipeline compiles only
+    what the node does; 0 (general) decides by the push constant `rt_scale`."""
+    return 2 if (facts.value("rt_scale") or 0.0) > 0.0 else 1
+
+
 @_spec_rule("ragged", 1, tensor_params=("ragged",))
 def _ragged(facts: SpecFacts, p: dict) -> int:
     """1 when the tensor's packed dim (in its planned layout) is not a multiple of 4: its last

@@ -53,6 +53,7 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     from texelflow.runtime.graph.plan import plan_graph
     from texelflow.runtime.graph.precision import apply_precision
     from texelflow.runtime.graph.prepack_matmul import split_k
+    from texelflow.runtime.graph.quantized import fold_round_trips
 
     timings: dict[str, float] = {}
     ep = export_program(model, example_inputs, timings)
@@ -65,6 +66,7 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     graph = apply_dim_orders(graph, conv_dim_order, limits)  # explicit permutes, before they are optimised
     choose_conv_kernels(graph, limits, subgroup, costs=costs)  # after dim orders: a conv taken to conv2d_nhwc keeps that kernel
     split_k(graph, limits)  # after the conv kernels: an im2col conv's GEMM may be split too
+    fold_round_trips(graph, limits)  # after the conv kernels: a quantize_dequantize joins its conv's store
     graph = optimize_permutes(graph, PERMUTES if permutes is None else permutes, limits)
     timings["permutes"] = time.perf_counter() - start
     result = plan_graph(graph, planner, limits, time_limit, costs)

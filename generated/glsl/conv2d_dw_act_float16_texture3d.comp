@@ -96,8 +96,9 @@ T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, b
 #line 78
 layout(constant_id = 7) const int act = 0;  // activation_code
 
-#line 18 "shaders/_conv_activation.glsl.j2"
+#line 38 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
+#line 40
   int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);
   float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);

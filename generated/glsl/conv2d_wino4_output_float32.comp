@@ -113,8 +113,9 @@ layout(set = 0, binding = 1, std430) readonly buffer m_buf4 { vec4 t4_m[]; };
 T read_m(int w) { return texel_reads != 0 ? T(texelFetch(tb_m, w >> 2)[w & 3]) : T(t_m[w]); }
 VEC4 read4_m(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_m, k)) : VEC4(t4_m[k]); }
 T load_m(ivec4 idx) { return read_m(tf_buffer_word_lane(idx, pc.m_sizes, m_layout).x); }
-#line 18 "shaders/_conv_activation.glsl.j2"
+#line 38 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
+#line 40
   int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);
   float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);

@@ -135,8 +135,9 @@ void store_out(int row, int n4, int N, VEC4 v) {
   store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
 #line 57
 }
-#line 18 "shaders/_conv_activation.glsl.j2"
+#line 38 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
+#line 40
   int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);
   float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);

@@ -108,8 +108,9 @@ T load_input(ivec4 idx) { return read_input(tf_buffer_word_lane(idx, pc.input_si
 #line 55 "shaders/linear_packed.glsl.j2"
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-#line 18 "shaders/_conv_activation.glsl.j2"
+#line 38 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
+#line 40
   int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);
   float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);

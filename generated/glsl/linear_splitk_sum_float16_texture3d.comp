@@ -90,8 +90,9 @@ layout(set = 0, binding = 2, std430) readonly buffer bias_buf4 { f16vec4 t4_bias
 #line 15
 VEC4 read4_bias(int k) { return VEC4(t4_bias[k]); }
 T read_bias(int w) { return T(t_bias[w]); }
-#line 18 "shaders/_conv_activation.glsl.j2"
+#line 38 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
+#line 40
   int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);
   float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);

@@ -112,7 +112,7 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
             _explicit_padding_conv(graph, node, texture_limits)
         elif node.target == ADAPTIVE_MAX_POOL:
             _tiled_adaptive_max_pool(graph, node, texture_limits)
-    from .quantized import fuse_quantized  # (it imports this module's graph surgery)
+    from .quantized import fold_round_trips, fuse_quantized  # (it imports this module's graph surgery)
 
     fuse_quantized(graph, texture_limits, subgroup)  # before float fusion takes a quantized chain's conv or relu
     for node in list(graph.nodes):
@@ -141,8 +141,9 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
         if node.on_device and node.op.name in PACKED_OPS:
             _fuse_activation(graph, node)
     _gpu_global_pools(graph, texture_limits, subgroup, gemm)  # 8b: a GPU's global average pools
-    if choose_kernels:  # else the caller splits, after it has chosen the conv kernels
+    if choose_kernels:  # else the caller splits and folds, after it has chosen the conv kernels
         split_k(graph, texture_limits)  # 9: a GPU's GEMMs of few blocks, split along K
+        fold_round_trips(graph, texture_limits)  # 10: round trips into the conv kernels' stores
     return graph
 
 
@@ -782,6 +783,20 @@ def conv2d_act_reference(input, weight, bias=None, stride=(1, 1), padding=(0, 0)
 
     return activation_reference(F.conv2d(input, weight, bias, stride, padding, dilation, groups), activation,
                                 act_min, act_max)
+
+
+def round_trip_reference(y, rt_scale=0.0, rt_zero_point=0, rt_min=-128, rt_max=127):
+    """A folded quantize_dequantize (`rt_scale` > 0) applied to `y`, in torchao's float32 operations:
+    clamp(round(y * (1 / scale)) + zero_point, min, max), then (q - zero_point) * scale. NaN gives
+    0 (the zero point), as the kernels do; torch leaves it undefined."""
+    import torch
+
+    if not rt_scale:
+        return y
+    inv = float(torch.tensor(1.0 / rt_scale, dtype=torch.float32))
+    q = torch.clamp(torch.round(y * inv) + rt_zero_point, rt_min, rt_max)
+    q = torch.where(torch.isnan(q), torch.full_like(q, rt_zero_point), q)
+    return (q - rt_zero_point) * rt_scale
 
 
 def global_avg_pool_reference(self):

@@ -137,14 +137,17 @@ def winograd_f2_planes(packed):
 
 
 # ---- torch references (the kernel tests' and the generic registry test's) ---------------------------
-def conv2d_pw_reference(input, weight, bias=None, out_channels=1, activation="none", act_min=0.0, act_max=0.0):
+def conv2d_pw_reference(input, weight, bias=None, out_channels=1, activation="none", act_min=0.0, act_max=0.0,
+                        **round_trip):
     """What conv2d_pw / conv2d_pw_act compute: the 1x1 convolution whose weight is the prepacked
-    [Cin4 * 4, Cout4 * 4] one's first Cin rows and `out_channels` columns, then the activation."""
-    from .fusion import conv2d_act_reference
+    [Cin4 * 4, Cout4 * 4] one's first Cin rows and `out_channels` columns, then the activation,
+    then a folded round trip (rt_scale, rt_zero_point, rt_min, rt_max: fusion.round_trip_reference)."""
+    from .fusion import conv2d_act_reference, round_trip_reference
 
     cin = input.shape[1]
     w = weight[:cin, :out_channels].t().reshape(out_channels, cin, 1, 1)
-    return conv2d_act_reference(input, w, bias, activation=activation, act_min=act_min, act_max=act_max)
+    return round_trip_reference(conv2d_act_reference(input, w, bias, activation=activation, act_min=act_min,
+                                                     act_max=act_max), **round_trip)
 
 
 def conv2d_gemm_reference(input, weight, bias=None, kernel_size=(1, 1), stride=(1, 1), padding=(0, 0), dilation=(1, 1),
@@ -174,25 +177,27 @@ def conv_im2col_reference(input, kernel_size=(1, 1), stride=(1, 1), padding=(0, 
 
 
 def conv2d_dw_s1_reference(input, weight, bias=None, padding=(0, 0), activation="none", act_min=0.0,
-                           act_max=0.0):
+                           act_max=0.0, **round_trip):
     """What conv2d_dw3_s1 / _dw5_s1 / _dw7_s1 compute: the stride-1 K x K depthwise convolution whose
-    weight is the prepacked [K * K, C4 * 4] one's first C columns, then the activation."""
-    return _depthwise_reference(input, weight, bias, 1, padding, activation, act_min, act_max)
+    weight is the prepacked [K * K, C4 * 4] one's first C columns, then the activation, then a
+    folded round trip (fusion.round_trip_reference)."""
+    return _depthwise_reference(input, weight, bias, 1, padding, activation, act_min, act_max, round_trip)
 
 
 def conv2d_dw_s2_reference(input, weight, bias=None, padding=(0, 0), activation="none", act_min=0.0,
-                           act_max=0.0):
+                           act_max=0.0, **round_trip):
     """What conv2d_dw3_s2 / _dw5_s2 compute: as conv2d_dw_s1_reference, at stride 2."""
-    return _depthwise_reference(input, weight, bias, 2, padding, activation, act_min, act_max)
+    return _depthwise_reference(input, weight, bias, 2, padding, activation, act_min, act_max, round_trip)
 
 
-def _depthwise_reference(input, weight, bias, stride: int, padding, activation, act_min, act_max):
-    from .fusion import conv2d_act_reference
+def _depthwise_reference(input, weight, bias, stride: int, padding, activation, act_min, act_max, round_trip):
+    from .fusion import conv2d_act_reference, round_trip_reference
 
     c, k = input.shape[1], round(weight.shape[0] ** 0.5)
     w = weight[:, :c].t().reshape(c, 1, k, k)
-    return conv2d_act_reference(input, w, bias, stride=(stride, stride), padding=tuple(padding), groups=c,
-                                activation=activation, act_min=act_min, act_max=act_max)
+    return round_trip_reference(conv2d_act_reference(input, w, bias, stride=(stride, stride), padding=tuple(padding),
+                                                     groups=c, activation=activation, act_min=act_min,
+                                                     act_max=act_max), **round_trip)
 
 
 def _bias_activation(y, bias, activation, act_min, act_max):

@@ -440,6 +440,45 @@ def _dynamic_trip(chooser: Node, q: Node, dq: Node, low: Node, high: Node) -> No
     return Node(dq.name, op.targets[0], op, args, [("out", dq.outputs[0][1])])
 
 
+# Conv kernels that can round their result to an int8 grid as they store it (the shape class
+# `rt` of their templates: shaders/_conv_activation.glsl.j2); conv2d_pw becomes conv2d_pw_act.
+ROUND_TRIP_HOSTS = frozenset({"conv2d_pw_act", "conv2d_dw3_s1", "conv2d_dw5_s1", "conv2d_dw7_s1", "conv2d_dw3_s2",
+                              "conv2d_dw5_s2"})
+INT8_LANE = (-128, 127)  # the folded parameters travel as int8 lanes of one push constant
+
+
+def fold_round_trips(graph: PlanGraph, limits) -> int:
+    """Each quantize_dequantize that alone reads a conv kernel's result (a float conv between its
+    int8 neighbours: MobileNetV3's pointwise and depthwise convs, int8_conv_form "float") becomes
+    part of that conv's store: the conv rounds its activated value to the int8 grid as it writes
+    it (rt_scale, rt_zero_point, rt_min, rt_max), the same float32 operations, one memory pass
+    fewer. Run after the conv kernels are chosen; returns how many were folded."""
+    folded = 0
+    for trip in [n for n in graph.nodes if n.on_device and n.op.name == "quantize_dequantize"]:
+        x = trip.arg("self")
+        host = x.producer
+        if (host is None or not host.on_device or x in graph.outputs or any(u is not trip for u in x.users)
+                or x.dtype != "float32"):
+            continue
+        name = "conv2d_pw_act" if host.op.name == "conv2d_pw" else host.op.name
+        if name not in ROUND_TRIP_HOSTS or host.arg("rt_scale"):
+            continue
+        params = [trip.value(k) for k in ("zero_point", "quant_min", "quant_max")]
+        if not all(INT8_LANE[0] <= v <= INT8_LANE[1] for v in params):
+            continue
+        op = OPS[name]
+        rt_args = [("rt_scale", trip.arg("scale")), ("rt_zero_point", params[0]), ("rt_min", params[1]),
+                   ("rt_max", params[2])]
+        node = Node(host.name, op.targets[0], op, list(host.args) + rt_args, [("out", trip.outputs[0][1])],
+                    fx=host.fx, fused=list(host.fused) + [f"quantize_dequantize '{trip.name}' (rounded as it stores)"])
+        if partition_reason(node, limits) is not None:
+            continue
+        _remove(graph, trip)
+        _replace(graph, host, node)
+        folded += 1
+    return folded
+
+
 def _share_round_trip(graph: PlanGraph, dq: Node, shared: Node) -> None:
     """`dq`'s readers read `shared`'s result instead (the same numbers); `dq` goes. `shared` took
     the place of an earlier dequantize (fuse_quantized walks the graph in order), so it still

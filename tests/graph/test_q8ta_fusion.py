@@ -331,13 +331,50 @@ def test_a_quantize_read_only_by_a_dequantize_becomes_one_float_pass(monkeypatch
     x = r(1, 4, 8, 8)
     plan = texelflow.plan(tf_quantize(TwoConvs(), x), (x,))
     assert plan.fallbacks == [] and plan.num_transitions == 0
-    assert plan.dispatches == {"quantize_dequantize": 3, "conv2d_wino": 1, "conv2d_pw": 1}, plan.dispatches
+    # (the pointwise conv's own round trip is folded into its store: test_round_trips_fold_into_conv_stores)
+    assert plan.dispatches == {"quantize_dequantize": 2, "conv2d_wino": 1, "conv2d_pw_act": 1}, plan.dispatches
     trips = fused(plan, "quantize_dequantize")
     assert all(n.arg("self").dtype == "float32" and n.outputs[0][1].dtype == "float32" for n in trips)
     assert all("read by nothing else" in n.fused[0] for n in trips)
     x8 = r(1, 8, 8, 8)
     plan = texelflow.plan(ConvBlock(), (x8,))  # c1's int8 output: read by q8ta_add and by c2's dequantize
     assert plan.dispatches["quantize_dequantize"] == 1 and plan.dispatches["q8ta_add"] == 1, plan.dispatches
+
+
+class MobileBlock(nn.Module):
+    """MobileNetV3's inverted residual without squeeze-excite: pointwise expand + hardswish,
+    depthwise 5x5 stride 2 + hardswish, pointwise project (no activation), then a depthwise 3x3."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = nn.Conv2d(8, 20, 1)
+        self.dw = nn.Conv2d(20, 20, 5, stride=2, padding=2, groups=20)
+        self.project = nn.Conv2d(20, 12, 1)
+        self.dw2 = nn.Conv2d(12, 12, 3, padding=1, groups=12)
+
+    def forward(self, x):
+        y = F.hardswish(self.dw(F.hardswish(self.expand(x))))
+        return torch.relu(self.dw2(self.project(y)))
+
+
+def test_round_trips_fold_into_conv_stores(monkeypatch, device):
+    """Convs kept in float between int8 neighbours: the quantize_dequantize after each pointwise and
+    depthwise conv becomes part of that conv's store (rt_scale, ...), one pass fewer each, and the
+    program still gives the quantized graph's answer exactly."""
+    monkeypatch.setenv(INT8_CONV_ENV, "float")
+    x = r(1, 8, 11, 13)
+    quantized = tf_quantize(MobileBlock(), x)
+    with texelflow.compile(quantized, (x,), device=device) as prog:
+        plan = prog.plan
+        assert plan.fallbacks == []
+        hosts = [n for n in plan.graph.nodes if n.op is not None and n.arg("rt_scale")]
+        assert sorted(n.op.name for n in hosts) == ["conv2d_dw3_s1", "conv2d_dw5_s2", "conv2d_pw_act",
+                                                    "conv2d_pw_act"], plan.dispatches
+        assert all(any("rounded as it stores" in f for f in n.fused) for n in hosts)
+        assert plan.dispatches["quantize_dequantize"] == 1  # the input's: no conv makes it
+        got = prog(x)
+    with torch.no_grad():
+        assert torch.equal(got, quantized(x))
 
 
 def test_a_round_trip_with_other_parameters_stays():
