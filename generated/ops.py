@@ -1709,6 +1709,10 @@ OPS: dict[str, OpEntry] = {
             Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
             Arg('act_min', 'float', default=0.0),
             Arg('act_max', 'float', default=0.0),
+            Arg('rt_scale', 'float', default=0.0),
+            Arg('rt_zero_point', 'int', default=0),
+            Arg('rt_min', 'int', default=-128),
+            Arg('rt_max', 'int', default=127),
         ),
         outputs=(
             Output('out', 'CHANNELS_PACKED_TEXTURE'),
@@ -1726,6 +1730,9 @@ OPS: dict[str, OpEntry] = {
             Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
             Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
             Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+            Push('rt_scale', 'float', 'arg', (('arg', 'rt_scale'),)),
+            Push('rt_inv_scale', 'float', 'hook', (('hook', 'reciprocal_rt_scale'),)),
+            Push('rt_qparams', 'int', 'hook', (('hook', 'round_trip_qparams'),)),
         ),
         checks=(
             Check('rank', (('rank', (('input', (4,)), ('weight', (3,)))),)),
@@ -1826,6 +1833,10 @@ OPS: dict[str, OpEntry] = {
             Arg('activation', 'enum', default='none', values=('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')),
             Arg('act_min', 'float', default=0.0),
             Arg('act_max', 'float', default=0.0),
+            Arg('rt_scale', 'float', default=0.0),
+            Arg('rt_zero_point', 'int', default=0),
+            Arg('rt_min', 'int', default=-128),
+            Arg('rt_max', 'int', default=127),
         ),
         outputs=(
             Output('out', 'CHANNELS_PACKED_TEXTURE'),
@@ -1843,6 +1854,9 @@ OPS: dict[str, OpEntry] = {
             Push('activation', 'int', 'arg', (('arg', 'activation'), ('values', ('none', 'relu', 'hardtanh', 'hardswish', 'silu', 'gelu', 'gelu_tanh')))),
             Push('act_min', 'float', 'arg', (('arg', 'act_min'),)),
             Push('act_max', 'float', 'arg', (('arg', 'act_max'),)),
+            Push('rt_scale', 'float', 'arg', (('arg', 'rt_scale'),)),
+            Push('rt_inv_scale', 'float', 'hook', (('hook', 'reciprocal_rt_scale'),)),
+            Push('rt_qparams', 'int', 'hook', (('hook', 'round_trip_qparams'),)),
         ),
         checks=(
             Check('rank', (('rank', (('input', (4,)), ('weight', (3,)))),)),

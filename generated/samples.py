@@ -465,6 +465,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'gelu', 'bias': (3,), 'input': (1, 7, 7, 7), 'out_channels': 3, 'padding': (1, 1), 'weight': (1, 2, 256)},
         {'activation': 'gelu_tanh', 'bias': None, 'input': (1, 4, 5, 9), 'out_channels': 6, 'padding': (1, 1), 'weight': (2, 1, 256)},
         {'bias': (60,), 'input': (2, 5, 3, 7), 'out_channels': 60, 'padding': (1, 0), 'weight': (15, 2, 256)},
+        {'activation': 'relu', 'bias': (6,), 'input': (1, 6, 9, 7), 'out_channels': 6, 'padding': (1, 1), 'rt_scale': 0.37, 'rt_zero_point': -5, 'weight': (2, 2, 256)},
     ),
     'conv2d_wino4_input': (
         {'input': (1, 3, 7, 5), 'padding': (1, 1)},
@@ -497,6 +498,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'gelu', 'bias': (3,), 'input': (1, 7, 7, 7), 'out_channels': 3, 'padding': (1, 1), 'weight': (1, 2, 256)},
         {'activation': 'gelu_tanh', 'bias': None, 'input': (1, 4, 5, 9), 'out_channels': 6, 'padding': (1, 1), 'weight': (2, 1, 256)},
         {'bias': (60,), 'input': (2, 5, 3, 7), 'out_channels': 60, 'padding': (1, 0), 'weight': (15, 2, 256)},
+        {'activation': 'relu', 'bias': (6,), 'input': (1, 6, 9, 7), 'out_channels': 6, 'padding': (1, 1), 'rt_scale': 0.37, 'rt_zero_point': -5, 'weight': (2, 2, 256)},
     ),
     'conv_im2col': (
         {'input': (1, 3, 15, 13), 'kernel_size': (7, 7), 'padding': (3, 3), 'stride': (2, 2)},

@@ -54,6 +54,12 @@ layout(push_constant) uniform PushConstants {
   float act_min;
 #line 27
   float act_max;
+#line 27
+  float rt_scale;
+#line 27
+  float rt_inv_scale;
+#line 27
+  int rt_qparams;
 #line 29
 } pc;
 
@@ -97,12 +103,25 @@ T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, b
 // SPEC_RULES); each default is the general value, whose path is right for every node.
 #line 78
 layout(constant_id = 7) const int act = 0;  // activation_code
+#line 78
+layout(constant_id = 8) const int rt = 0;  // round_trip_code
 #line 5 "shaders/_conv2d_wino_main.glsl.j2"
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 
-#line 38 "shaders/_conv_activation.glsl.j2"
+#line 25 "shaders/_conv_activation.glsl.j2"
+VEC4 conv_activation_only(VEC4 v);
+
 VEC4 conv_activation(VEC4 v) {
+  VEC4 y = conv_activation_only(v);
+  if (rt == 2 || (rt == 0 && pc.rt_scale > 0.0)) {
+    ivec3 q = (ivec3(pc.rt_qparams) << ivec3(24, 16, 8)) >> 24;  // zero point, quant_min, quant_max
+    y = VEC4(tf_quantize_dequantize(vec4(y), pc.rt_inv_scale, pc.rt_scale, q.x, q.y, q.z));
+  }
+  return y;
+}
+
+VEC4 conv_activation_only(VEC4 v) {
 #line 40
   int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);

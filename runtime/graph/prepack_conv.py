@@ -254,11 +254,11 @@ def conv2d_wino4_output_reference(m, input, weight, bias=None, padding=(0, 0), o
 
 
 def conv2d_wino_reference(input, weight, bias=None, padding=(0, 0), out_channels=1, activation="none", act_min=0.0,
-                          act_max=0.0):
+                          act_max=0.0, **round_trip):
     """What conv2d_wino computes, for any prepacked weight [Cout4, Cin4, 256] (U, see
     winograd_f2_weight; the generic test draws it at random, so this is Winograd's formula, not
-    F.conv2d): per 2x2 output tile, A^T [sum_ci (B^T d B) (.) U] A, plus bias, then the activation.
-    In float64."""
+    F.conv2d): per 2x2 output tile, A^T [sum_ci (B^T d B) (.) U] A, plus bias, then the activation,
+    in float64; then a folded round trip (fusion.round_trip_reference) on the result in input's dtype."""
     import torch
     import torch.nn.functional as F
 
@@ -276,4 +276,6 @@ def conv2d_wino_reference(input, weight, bias=None, padding=(0, 0), out_channels
     m = torch.einsum("ncyxab,abco->noyxab", v, u)
     y = at @ m @ at.t()  # [N, Cout, th, tw, 2, 2]
     y = y.permute(0, 1, 2, 4, 3, 5).reshape(n, out_channels, 2 * th, 2 * tw)[:, :, :oh, :ow]
-    return _bias_activation(y, bias, activation, act_min, act_max).to(input.dtype)
+    from .fusion import round_trip_reference  # (a folded round trip: on the float32 result, as the kernel)
+
+    return round_trip_reference(_bias_activation(y, bias, activation, act_min, act_max).to(input.dtype), **round_trip)

@@ -443,7 +443,7 @@ def _dynamic_trip(chooser: Node, q: Node, dq: Node, low: Node, high: Node) -> No
 # Conv kernels that can round their result to an int8 grid as they store it (the shape class
 # `rt` of their templates: shaders/_conv_activation.glsl.j2); conv2d_pw becomes conv2d_pw_act.
 ROUND_TRIP_HOSTS = frozenset({"conv2d_pw_act", "conv2d_dw3_s1", "conv2d_dw5_s1", "conv2d_dw7_s1", "conv2d_dw3_s2",
-                              "conv2d_dw5_s2"})
+                              "conv2d_dw5_s2", "conv2d_wino", "conv2d_wino_runs"})
 INT8_LANE = (-128, 127)  # the folded parameters travel as int8 lanes of one push constant
 
 
