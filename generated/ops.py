@@ -2245,7 +2245,7 @@ OPS: dict[str, OpEntry] = {
             Output('out', 'ANY_STORAGE'),
         ),
         sync=(
-            ('self', 'out'),
+            ('self', 'observed_min', 'observed_max', 'out'),
         ),
         dtypes=('float32',),
         dtype_of=(),

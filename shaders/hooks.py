@@ -258,8 +258,7 @@ def round_trip_qparams(node: NodeFacts):
     """A folded round trip's zero point, quant_min and quant_max as int8 lanes 0, 1, 2 of one word
     (lane j in bits 8j .. 8j + 7): the conv kernels' push constants hold 128 bytes. The fusion
     folds only int8 parameters."""
-    lanes = [node.value("rt_zero_point") or 0, node.value("rt_min"), node.value("rt_max")]
-    lanes = [-128 if v is None else v for v in lanes[:2]] + [127 if lanes[2] is None else lanes[2]]
+    lanes = [node.value("rt_zero_point"), node.value("rt_min"), node.value("rt_max")]  # (schema defaults: 0, -128, 127)
     assert all(-128 <= v <= 127 for v in lanes), lanes
     word = sum((v & 255) << (8 * j) for j, v in enumerate(lanes))
     return word - (1 << 32) if word >= 1 << 31 else word

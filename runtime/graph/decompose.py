@@ -58,30 +58,35 @@ def _second_decomposition(target, first):
     return None if fn is None or fn is first else fn
 
 
-def decompose(node, target=None) -> tuple:
-    """GraphModules, each computing fx `node` (as `target`, default its own) from its tensor
-    inputs (placeholders in the order of `node.all_input_nodes`) with the ops a decomposition of
-    it calls: texelflow's own, the composite kernel's or core ATen's first, then torch's full
-    table's where it differs (lowering takes the first whose pieces all run on Vulkan). Empty
-    when torch has no decomposition, the traces fail, or the pieces would mutate."""
+def decompose(node, target=None, alternative: bool = False):
+    """A GraphModule computing fx `node` (as `target`, default its own) from its tensor inputs
+    (placeholders in the order of `node.all_input_nodes`) with the ops a decomposition of it
+    calls: texelflow's own, the composite kernel's or core ATen's; with `alternative`, torch's full
+    table's where it differs (lowering asks for it when the first's pieces do not all run on
+    Vulkan). None when there is no such decomposition, the trace fails, or the pieces would
+    mutate (or, for the alternative, draw random numbers or call prims)."""
     target = target or node.target
     fn = decomposition_of(target)
     if fn is None:
-        return ()
+        return None
+    if alternative:
+        fn = _second_decomposition(target, fn)
+        if fn is None:
+            return None
     inputs = node.all_input_nodes
     key = _signature(node, target, inputs)
     if key is None:
-        return ()
+        return None
+    key = key + (alternative,)
     with _LOCK:
         if key not in _CACHE:
             if len(_CACHE) >= _CACHE_LIMIT:
                 _CACHE.clear()
-            second = _second_decomposition(target, fn)
-            second = _trace(second, node, inputs) if second is not None else None
-            if second is not None and (_random(second) or _primitive(second)):
-                second = None  # dropout's pieces are random too (native_dropout), and torch's references
+            gm = _trace(fn, node, inputs)
+            if gm is not None and alternative and (_random(gm) or _primitive(gm)):
+                gm = None  # dropout's pieces are random too (native_dropout), and torch's references
                 # of elementwise ops reach prims no kernel runs: the node's reason stays its own
-            _CACHE[key] = tuple(gm for gm in (_trace(fn, node, inputs), second) if gm is not None)
+            _CACHE[key] = gm
         return _CACHE[key]
 
 
@@ -169,6 +174,8 @@ def _functional_intermediates(torch, gm) -> None:
         if not isinstance(written, torch.fx.Node) or written.op != "call_function":
             continue
         if not schema.arguments[0].alias_info or not schema.arguments[0].alias_info.is_write:
+            continue
+        if not schema.name.startswith("aten::"):
             continue
         packet = getattr(torch.ops.aten, schema.name.split("::")[-1].rstrip("_"), None)
         functional = getattr(packet, n.target._overloadname, None) if packet is not None else None

@@ -249,24 +249,25 @@ class _Lowering:
         start = time.perf_counter()
         from .decompose import decompose
 
-        decompositions = decompose(node, target)
+        pieces = decompose(node, target)
+        alternative = pieces is None  # (torch's full table may still have one: an RNN's composite kernel fails to trace)
+        if alternative:
+            pieces = decompose(node, target, alternative=True)
         self.decompose_seconds += time.perf_counter() - start
-        if not decompositions:
+        if pieces is None:
             return self._result(node, ir_node)
         _truncate(graph, *mark)
-        causes = []
-        for pieces in decompositions:  # the first whose pieces all run on Vulkan
-            try:
-                result, why = self._lower_pieces(pieces, name, ins, depth + 1)
-            except Exception as exc:  # a piece texelflow cannot lower: the node stays whole
-                result, why = None, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-                self.last_cause = why
-            if why is None:
-                break
-            _truncate(graph, *mark)
-            causes.append(self.last_cause)
-        else:
-            self.last_cause = causes[0]  # the first decomposition's reason: the one torch itself uses
+        result, why = self._lowered_pieces(pieces, name, ins, depth)
+        if why is not None and not alternative:  # the first's pieces need the CPU: torch's full table's, if any
+            cause = self.last_cause
+            start = time.perf_counter()
+            pieces = decompose(node, target, alternative=True)
+            self.decompose_seconds += time.perf_counter() - start
+            if pieces is not None:
+                _truncate(graph, *mark)
+                result, why = self._lowered_pieces(pieces, name, ins, depth)
+            if why is not None:
+                self.last_cause = cause  # the first decomposition's reason: the one torch itself uses
         if why is None:
             self.last_fallback = None
             if faster is not None and len(graph.nodes) > mark[0]:
@@ -281,6 +282,14 @@ class _Lowering:
         ir_node.fallback = f"{ir_node.fallback}; its decomposition needs the CPU for {self.last_cause}"
         self.last_fallback = ir_node.fallback
         return self._result(node, ir_node)
+
+    def _lowered_pieces(self, pieces, name: str, ins: list, depth: int):
+        """_lower_pieces one level deeper, an exception as the reason."""
+        try:
+            return self._lower_pieces(pieces, name, ins, depth + 1)
+        except Exception as exc:  # a piece texelflow cannot lower: the node stays whole
+            self.last_cause = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+            return None, self.last_cause
 
     def _lower_pieces(self, gm, name: str, ins: list, depth: int):
         """Lower a decomposition's graph; (its output value(s), None) when every piece runs on

@@ -53,13 +53,35 @@ INJECT_TEMPLATES += ("masked_fill", "roll", "embedding", "index_select")  # sele
 INJECT_TEMPLATES += ("conv_im2col",)  # moves input elements bit for bit
 INJECT_TEMPLATES += ("pad_mode", "max_pool1d", "pool2d")  # move or select elements bit for bit (pool2d: max and sums)
 INJECT_TEMPLATES += ("scan",)  # a NaN or an infinity spreads along the rest of its line
-INJECT_TEMPLATES += ("quantize",)  # +Inf / -Inf clamp to quant_max / quant_min (NaN: test_registry_ops.NOT_INJECTED)
+INJECT_TEMPLATES += ("quantize",)  # +Inf / -Inf clamp to quant_max / quant_min (NaN: NOT_INJECTED)
+
+# Special values not injected into an op's inputs, where torch and the kernel legitimately differ.
+NOT_INJECTED = {
+    # torch's own exact gelu is inconsistent at +Inf: its vectorized CPU kernel returns NaN (a
+    # 16-element tensor), its scalar path +Inf (a 1-element one; the limit, which the kernel returns).
+    "gelu": (("inf",), "torch.nn.functional.gelu(+inf) is NaN or +inf depending on the tensor size"),
+    # torch casts a NaN to int8 (undefined: 0 on x86); the kernel gives zero_point (docs/quantization.md)
+    "quantize_per_tensor": (("nan",), "quantizing NaN is undefined in torch (a float -> int cast)"),
+    "quantize_dequantize": (("nan",), "quantizing NaN is undefined in torch (a float -> int cast)"),
+    # An infinite observed minimum or maximum makes the scale infinite, so torch quantizes NaN too
+    # (x * 1 / inf); tests/kernels/test_dynamic_quantize.py injects them into `self` alone.
+    "dynamic_quantize_dequantize": (("nan", "inf", "-inf"), "quantizing NaN is undefined in torch (a float -> int cast)"),
+}
+
 
 
 # ---- the registry, queried ---------------------------------------------------------------------
 def template_of(op_name: str) -> str:
     """The shader template of an op (shaders/TEMPLATE.glsl.j2)."""
     return OPS[op_name].template
+
+def injected_specials(op_name: str, dtype: str) -> tuple[str, ...]:
+    """The special values injected into the op's inputs: none unless a float op whose template is
+    in INJECT_TEMPLATES, less those NOT_INJECTED names for it."""
+    if dtype not in ("float32", "float16") or template_of(op_name) not in INJECT_TEMPLATES:
+        return ()
+    skipped = NOT_INJECTED.get(op_name, ((), ""))[0]
+    return tuple(v for v in SPECIALS if v not in skipped)
 
 
 def ops_with_variants() -> list[str]:

@@ -25,10 +25,9 @@ from texelflow.generated.variants import VARIANTS
 from .nodecheck import (
     DISPATCHED,
     EVERY_COMBO_ENV,
-    INJECT_TEMPLATES,
-    SPECIALS,
     check_variant,
     combo_id,
+    injected_specials,
     ops_with_variants,
     repr_combos,
     sample_case,
@@ -39,31 +38,10 @@ from .nodecheck import (
 
 CASES = variant_cases()
 
-# Special values not injected into an op's inputs, where torch and the kernel legitimately differ.
-NOT_INJECTED = {
-    # torch's own exact gelu is inconsistent at +Inf: its vectorized CPU kernel returns NaN (a
-    # 16-element tensor), its scalar path +Inf (a 1-element one; the limit, which the kernel returns).
-    "gelu": (("inf",), "torch.nn.functional.gelu(+inf) is NaN or +inf depending on the tensor size"),
-    # torch casts a NaN to int8 (undefined: 0 on x86); the kernel gives zero_point (docs/quantization.md)
-    "quantize_per_tensor": (("nan",), "quantizing NaN is undefined in torch (a float -> int cast)"),
-    "quantize_dequantize": (("nan",), "quantizing NaN is undefined in torch (a float -> int cast)"),
-    # An infinite observed minimum or maximum makes the scale infinite, so torch quantizes NaN too
-    # (x * 1 / inf); tests/kernels/test_dynamic_quantize.py injects them into `self` alone.
-    "dynamic_quantize_dequantize": (("nan", "inf", "-inf"), "quantizing NaN is undefined in torch (a float -> int cast)"),
-}
-
 # Real disagreements with torch on special values, reported and not yet fixed in the shaders.
 # The variant's test xfails (with the number of failing NaN/Inf cases) when everything else of it
 # passes; it fails on any other mismatch, and once these cases pass (then delete the entry).
 KNOWN_DEVIATIONS: dict[str, str] = {}  # op -> why it may differ from torch on NaN/Inf samples
-
-
-def _specials(op, dtype) -> tuple[str, ...]:
-    """The special values injected into the op's inputs: none unless a float elementwise op."""
-    if dtype not in ("float32", "float16") or template_of(op.name) not in INJECT_TEMPLATES:
-        return ()
-    skipped = NOT_INJECTED.get(op.name, ((), ""))[0]
-    return tuple(v for v in SPECIALS if v not in skipped)
 
 
 @pytest.mark.parametrize("vname,combo", CASES, ids=[f"{v}-{combo_id(OPS[VARIANTS[v].op], c)}" for v, c in CASES])
@@ -73,7 +51,7 @@ def test_variant_matches_torch(device, vname, combo):
     lacking = set(VARIANTS[vname].features) - set(device.enabled_features)
     if lacking:
         pytest.skip(f"{vname} needs device features {sorted(lacking)}, which this device lacks")
-    specials = _specials(op, dtype)
+    specials = injected_specials(op.name, dtype)
     cases = [sample_case(op.name, dtype, index, values) for index in range(len(SAMPLES[op.name]))
              for values in (((), specials) if specials else ((),))]
     failures = check_variant(device, vname, combo, cases)

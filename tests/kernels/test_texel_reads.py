@@ -24,7 +24,7 @@ from texelflow.generated.variants import VARIANTS
 from texelflow.runtime.vulkan.program import TEXEL_DESCRIPTOR, TEXEL_READS, TEXEL_READS_ENV, Dispatch, texel_reads
 from texelflow.runtime.vulkan.tensor import VkTensor
 
-from .nodecheck import INJECT_TEMPLATES, SPECIALS, check_variant, combo_id, repr_combos, sample_case, template_of
+from .nodecheck import check_variant, combo_id, injected_specials, repr_combos, sample_case, template_of
 
 TEXEL_VARIANTS = sorted(name for name, v in VARIANTS.items()
                         if v.dtype == "float32" and any(b.descriptor == TEXEL_DESCRIPTOR for b in v.bindings))
@@ -128,12 +128,10 @@ def test_storage_buffer_path_matches_torch(device, monkeypatch, vname):
     infinities injected where its template takes them (the texel path: test_registry_ops)."""
     monkeypatch.setenv(TEXEL_READS_ENV, "storage")
     op = OPS[VARIANTS[vname].op]
-    specials = SPECIALS if template_of(op.name) in INJECT_TEMPLATES else ()
+    specials = injected_specials(op.name, "float32")  # (less nodecheck.NOT_INJECTED's: gelu(+inf), ...)
     cases = [sample_case(op.name, "float32", index, values) for index in range(len(SAMPLES[op.name]))
              for values in (((), specials) if specials else ((),))]
     combo = _buffer_combo(vname)
     failures = check_variant(device, vname, combo, cases)
-    if op.name == "gelu":  # torch's own exact gelu(+inf) is NaN or +inf by tensor size (test_registry_ops)
-        failures = [(case, msg) for case, msg in failures if "inf" not in case.specials]
     assert not failures, f"{vname} {combo_id(op, combo)}: {len(failures)} failures:\n\n" + \
         "\n\n".join(msg for _, msg in failures)
