@@ -393,13 +393,8 @@ def _dynamic_round_trips(graph: PlanGraph, chooser: Node, limits) -> None:
     trips = [_dynamic_trip(chooser, q, dqs[0], low, high) for q, dqs in pairs]
     if any(partition_reason(n, limits) is not None for n in lows + highs + trips):
         return
-    at = graph.nodes.index(chooser)
+    _insert_views(graph, chooser, lows + highs, limits)
     _remove(graph, chooser)
-    for node in lows + highs:
-        graph.nodes.insert(at, node)
-        at += 1
-        for _, v in node.tensor_args():
-            v.users.append(node)
     for (q, dqs), trip in zip(pairs, trips):
         _replace(graph, dqs[0], trip)
         graph.fx_inputs.pop(trip, None)  # (it never runs on the CPU)
@@ -653,7 +648,8 @@ def _int8_identity(graph: PlanGraph, q: Node, limits) -> None:
 
 
 def _insert_views(graph: PlanGraph, before: Node, views: list[Node], limits) -> None:
-    """Insert int8 identity nodes ahead of `before`, in order. A CPU fallback of one runs its float
+    """Insert new nodes (int8 identity nodes, dynamic quantization's reductions) ahead of `before`,
+    in order, each counted as a user of its inputs. A CPU fallback of an int8 view runs its float
     node's fx on the int8 tensor (`graph.fx_inputs`)."""
     at = graph.nodes.index(before)
     for view in views:
