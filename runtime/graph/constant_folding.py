@@ -10,7 +10,9 @@ prepacks like any weight: the call runs no CPU node for it. Only ATen ops are fo
 weights keep their dequantize nodes for the q8ta fusion), never random ones, never in-place ones,
 never a buffer that forward mutates, and never a result larger than MAX_FOLDED_ELEMENTS. Views
 of constants (free on the device anyway) are folded too, so that a constant stays one through
-reshapes; a constant that broadcasts inside WHCN's N is widened over it (`widening`).
+reshapes; a constant that broadcasts inside WHCN's N is widened over it (`widening`). A folded
+int64 constant whose values fit int32 is held narrowed (narrowing.py), so that `arange(T) <
+lengths[:, None]` compares on the device; a node of constants alone that reads one is folded on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from texelflow.generated.ops import op_for_target
 
 from .derived import recipe
 from .ir import PlanGraph, Role, Value
+from .narrowing import device_input_dtype, fits_narrowed
 
 RECIPE = "folded_constant"
 MAX_FOLDED_ELEMENTS = 1 << 22  # 16 MiB of float32: a folded constant is prepacked, so it costs memory
@@ -68,6 +71,14 @@ class ConstantFolder:
         op = op_for_target(str(node.target))
         return op is not None and op.is_identity and bool(ins) and self.candidate(node, ins)
 
+    def reads_narrowed_fold(self, graph: PlanGraph, node, ins: list) -> bool:
+        """A node of constants alone, one of them a folded int64 constant held narrowed (`arange`
+        position ids): folded on, as it was when such a constant stayed int64 and sent its readers
+        to the CPU (GPT-2's position embedding of arange's ids becomes one constant, not a
+        dispatch per call). A reader that also takes a call input runs on the device."""
+        return any(isinstance(v, Value) and v.derive is not None and v.derive.recipe == RECIPE and
+                   v.name in graph.input_host_dtypes for v in ins) and self.candidate(node, ins)
+
     def compute(self, node, ins: list):
         """`node`'s result as torch tensors (a list, one per output), or None when it cannot be
         computed here (too large, not tensors, an op that fails on these inputs)."""
@@ -105,8 +116,10 @@ class ConstantFolder:
         outs = []
         for i, r in enumerate(results):
             vname = name if len(results) == 1 else f"{name}.{i}"
-            outs.append(graph.add_derived(vname, tuple(r.shape), str(r.dtype).replace("torch.", ""), RECIPE, (),
-                                          data=r))
+            dtype = str(r.dtype).replace("torch.", "")
+            if fits_narrowed(r, dtype, self.torch):  # int64 position ids from arange: held as int32
+                dtype = device_input_dtype(graph, vname, dtype)
+            outs.append(graph.add_derived(vname, tuple(r.shape), dtype, RECIPE, (), data=r))
         return outs if isinstance(node.meta.get("val"), (tuple, list)) else outs[0]
 
     def tensor(self, v: Value):

@@ -15,6 +15,9 @@ import contextlib
 import threading
 
 _CACHE: dict = {}
+# Trace key -> why texelflow's own decomposition refused those arguments (its NotImplementedError:
+# `topk with k = 17 above 16`), for the node's fallback reason (`refusal`).
+_REFUSALS: dict = {}
 _CACHE_LIMIT = 2048
 _LOCK = threading.Lock()  # make_fx and fake modes are process-wide state: one trace at a time
 _CORE: list = []  # torch's core-ATen decomposition table, loaded once
@@ -82,12 +85,24 @@ def decompose(node, target=None, alternative: bool = False):
         if key not in _CACHE:
             if len(_CACHE) >= _CACHE_LIMIT:
                 _CACHE.clear()
+                _REFUSALS.clear()
             gm = _trace(fn, node, inputs)
+            if isinstance(gm, str):
+                _REFUSALS[key] = gm
+                gm = None
             if gm is not None and alternative and (_random(gm) or _primitive(gm)):
                 gm = None  # dropout's pieces are random too (native_dropout), and torch's references
                 # of elementwise ops reach prims no kernel runs: the node's reason stays its own
             _CACHE[key] = gm
         return _CACHE[key]
+
+
+def refusal(node, target=None) -> str | None:
+    """Why texelflow's own decomposition of fx `node` refused its arguments, when it did (after
+    `decompose` tried it); None otherwise."""
+    key = _signature(node, target or node.target, node.all_input_nodes)
+    with _LOCK:
+        return None if key is None else _REFUSALS.get(key + (False,))
 
 
 def _signature(node, target, inputs):
@@ -151,6 +166,8 @@ def _trace(fn, node, inputs):
         return fn(*args, **kwargs)
 
     gm = _make_fx(torch, mode, call, fakes)
+    if isinstance(gm, str):
+        return gm
     if gm is not None and _mutates(gm):
         _functional_intermediates(torch, gm)
     if gm is None or _mutates(gm):  # (a decomposition that writes one of its inputs stays whole)
@@ -189,7 +206,8 @@ def _functional_intermediates(torch, gm) -> None:
 
 
 def _make_fx(torch, mode, call, fakes):
-    """The traced GraphModule of `call` over `fakes`, dead code removed; None when it fails."""
+    """The traced GraphModule of `call` over `fakes`, dead code removed; None when it fails, or
+    the reason texelflow's own decomposition gave for refusing (its NotImplementedError)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     try:
@@ -198,10 +216,21 @@ def _make_fx(torch, mode, call, fakes):
         # (mkldnn_rnn_layer) rather than the unrolled linear ops a device can run.
         with mode, _onednn_off(torch):
             gm = make_fx(call, tracing_mode="real")(*fakes)
+    except NotImplementedError as exc:  # own_decompositions' refusal, or torch's: the node stays whole
+        first = (str(exc).splitlines() or [""])[0]
+        return first if _own_refusal(exc) else None
     except Exception:  # a decomposition that cannot run on these arguments: the node stays whole
         return None
     gm.graph.eliminate_dead_code()
     return gm
+
+
+def _own_refusal(exc) -> bool:
+    """Whether `exc` was raised by texelflow's own decompositions (own_decompositions.py)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.endswith("own_decompositions.py")
 
 
 def _mutates(gm) -> bool:

@@ -107,7 +107,8 @@ def _lower(ep, texture_limits, timings, decompose_first) -> PlanGraph:
             functional = inplace.get(node.name)
             mark = (len(graph.nodes), len(graph.constants))
             values[node.name] = ctx.lower_call(node, node.name, ins, target=functional)
-            if functional is None and (ctx.last_fallback is not None or folder.free_view(node, ins)):
+            if functional is None and (ctx.last_fallback is not None or folder.free_view(node, ins) or
+                                       folder.reads_narrowed_fold(graph, node, ins)):
                 values[node.name] = _constant_rescue(ctx, folder, node, ins, mark) or values[node.name]
             if functional is not None:  # every later use of the written tensor reads the result
                 names = written.setdefault(node.args[0].name, [node.args[0].name])
@@ -179,8 +180,16 @@ def _unchanged(node, ins) -> bool:
 
 def _unchanged_or_widened(node, ins) -> bool:
     """_unchanged, or an int32 -> int64 cast: the device holds its result as the int32 it
-    already is (narrowing.narrow_widening)."""
-    return is_widening_cast(node) or _unchanged(node, ins)
+    already is (narrowing.narrow_widening), or a cast to the dtype the device already holds its
+    input in (`ids.int()` of int64 ids held as int32, whose values the call checked fit)."""
+    return is_widening_cast(node) or _unchanged(node, ins) or _held_as_cast(node, ins)
+
+
+def _held_as_cast(node, ins) -> bool:
+    out = node.meta.get("val")
+    src = node.args[0].meta.get("val") if node.args and hasattr(node.args[0], "meta") else None
+    return out is not None and src is not None and dtype_name(out.dtype) == ins[0].dtype and \
+        dtype_name(src.dtype) != ins[0].dtype and tuple(out.shape) == tuple(src.shape)
 
 
 IDENTITY_RULES = {
@@ -255,6 +264,11 @@ class _Lowering:
             pieces = decompose(node, target, alternative=True)
         self.decompose_seconds += time.perf_counter() - start
         if pieces is None:
+            from .decompose import refusal
+
+            why = refusal(node, target) if ir_node.fallback is not None else None
+            if why:  # own_decompositions' limit (`topk with k = 17 above 16`)
+                ir_node.fallback = self.last_fallback = f"{ir_node.fallback}; its decomposition refuses {why}"
             return self._result(node, ir_node)
         _truncate(graph, *mark)
         result, why = self._lowered_pieces(pieces, name, ins, depth)

@@ -35,16 +35,27 @@ def device_input_dtype(graph: PlanGraph, name: str, dtype: str) -> str:
 # Templates whose output holds only elements of their tensor inputs, moved bit for bit: a move
 # of narrowed values is narrowed as they are (`ids[:, 1:]`, `ids.flip(-1)`, `torch.cat([a, b])`).
 MOVE_TEMPLATES = frozenset({"copy", "slice", "select", "permute", "expand", "cat", "flip", "roll"})
+# Ops whose output holds only elements of the tensor arguments named here (their other tensors
+# choose, but are not moved): the extremes of narrowed values (argmax's decomposition of token
+# ids), a choice between them, a gather of them. A number beside them must fit the narrow dtype
+# (narrowed_scalar_reason).
+MOVE_OPS = {
+    "amax": ("self",), "amin": ("self",), "maximum": ("self", "other"), "minimum": ("self", "other"),
+    "where": ("self", "other"), "where_scalar_other": ("self",), "where_scalar_self": ("other",),
+    "index_select": ("self",),
+}
 
 
 def narrow_view(graph: PlanGraph, node: Node) -> bool:
     """Narrow the output of a view-like op (the registry's identity ops: view, reshape, squeeze,
-    ...) or a move (MOVE_TEMPLATES) of narrowed values, as its inputs: it moves the same, already
+    ...) or a move (MOVE_TEMPLATES, MOVE_OPS) of narrowed values, as its inputs: it moves the same, already
     checked values (`input_ids.view(-1, T)` before an embedding). True when it did."""
     narrowed = graph.input_host_dtypes
-    read = [v for _, v in node.tensor_args()]
+    moved = MOVE_OPS.get(node.op.name)
+    read = [v for k, v in node.tensor_args() if moved is None or k in moved]
     out = node.outputs[0][1] if len(node.outputs) == 1 else None
-    if not read or out is None or not (node.op.is_identity and len(read) == 1 or node.op.template in MOVE_TEMPLATES):
+    if not read or out is None or not (node.op.is_identity and len(read) == 1 or node.op.template in MOVE_TEMPLATES
+                                       or moved is not None):
         return False
     hosts = {narrowed.get(v.name) for v in read}
     host = hosts.pop() if len(hosts) == 1 else None

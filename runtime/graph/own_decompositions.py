@@ -8,7 +8,12 @@ node, so a split runs as one dispatch per piece and each piece gets its own plan
 representation. `repeat` (and `tile`, which torch decomposes to it) becomes one expand and a view.
 Norms: `instance_norm` as a group norm, or elementwise with running statistics.
 Ops torch keeps whole: `any` (and so `all`, which torch decomposes through it) as a max of truth
-values; `bitwise_not`; `clamp` with tensor bounds; `index` with one index tensor, as index_select;
+values; `bitwise_not`; `clamp` with tensor bounds; `index` with integer index tensors, as one
+index_select of a flat (for several tensors, linear) index;
+`topk` (k <= 16) as k rounds of an extreme and its first untaken position; `gather` and
+`take_along_dim` as index, `Tensor.unfold` by its windows' positions;
+circular `pad` as a cat of wrapped ends; `max()` and `min()` of a whole tensor as amax and amin;
+binary ops of tensors of two dtypes (float times bool) with casts to the promoted dtype first;
 `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
 least of them, in int32, widened by a cast the device holds narrowed. `_safe_softmax` (in torch's
 attention decomposition) as a softmax and a where on the row max. `cumsum` with a dtype as a cast
@@ -16,6 +21,8 @@ and a cumsum; `number ** tensor` as a tensor pow.
 """
 
 from __future__ import annotations
+
+import math
 
 
 def split_with_sizes(self, split_sizes, dim=0):
@@ -118,24 +125,224 @@ def clamp_tensor(self, min=None, max=None):
     return out if max is None else aten.minimum.default(out, max)
 
 
+def _wrapped_int32(t, size: int):
+    """Index tensor `t` as int32 (the device holds int64 ids so), negative entries counted from
+    the end of a dim of `size`."""
+    import torch
+
+    aten = torch.ops.aten
+    if t.dtype != torch.int32:
+        t = aten._to_copy.default(t, dtype=torch.int32)
+    return aten.where.self(aten.lt.Scalar(t, 0), aten.add.Scalar(t, size), t)
+
+
 def index(self, indices):
-    """self[..., idx, ...] with one integer index tensor (`x[idx]`, `x[:, idx]`, any shape of idx)
-    as index_select of the flattened index, reshaped: the index's dims replace the indexed dim.
-    A negative entry counts from the end, as in x[idx]: torch's index_select refuses one, but the
-    pieces of a decomposition run on the device or not at all, and the kernel takes it (its
-    template says so). Several index tensors, or a bool mask, are not this (the node stays whole)."""
+    """self[..., idx, ...] with integer index tensors (`x[idx]`, `x[:, idx]`, CLIP's
+    `x[torch.arange(B), ids.argmax(-1)]`) as one index_select of a flat index, reshaped. One
+    tensor indexes its dim as it is; several (broadcast together) index the dims they name merged
+    into one, by the linear index sum(i_j * stride_j) computed in int32 (the device holds int64
+    ids as int32), each i_j wrapped from the end first where negative. As in torch, the index's
+    dims replace the indexed ones where those are adjacent, and lead otherwise (self is then
+    permuted to bring them first). A negative entry of a single index counts from the end: torch's
+    index_select refuses one, but the pieces of a decomposition run on the device or not at all,
+    and the kernel takes it (its template says so). A bool mask (a data-dependent shape) is not
+    this (the node stays whole)."""
     import torch
 
     aten = torch.ops.aten
     tensors = [(k, t) for k, t in enumerate(indices) if t is not None]
-    if len(tensors) != 1 or tensors[0][1].dtype == torch.bool:
-        raise NotImplementedError("index with several index tensors or a mask")
-    k, idx = tensors[0]
-    flat = idx if idx.dim() == 1 else aten.reshape.default(idx, [-1])
-    out = aten.index_select.default(self, k, flat)
-    if idx.dim() == 1:
-        return out
-    return aten.reshape.default(out, list(self.shape[:k]) + list(idx.shape) + list(self.shape[k + 1:]))
+    if not tensors or any(t.dtype in (torch.bool, torch.uint8) for _, t in tensors):
+        raise NotImplementedError("index with a mask")
+    dims = [k for k, _ in tensors]
+    if len(tensors) == 1:
+        k, idx = tensors[0]
+        flat = idx if idx.dim() == 1 else aten.reshape.default(idx, [-1])
+        out = aten.index_select.default(self, k, flat)
+        if idx.dim() == 1:
+            return out
+        return aten.reshape.default(out, list(self.shape[:k]) + list(idx.shape) + list(self.shape[k + 1:]))
+    if dims != list(range(dims[0], dims[0] + len(dims))):  # not adjacent: their dims lead
+        rest = [d for d in range(self.dim()) if d not in dims]
+        self = aten.permute.default(self, dims + rest)
+        dims = list(range(len(dims)))
+    first, sizes = dims[0], [self.shape[d] for d in dims]
+    shape = list(torch.broadcast_shapes(*(t.shape for _, t in tensors)))
+    linear = None
+    for j, (_, t) in enumerate(tensors):
+        t = _wrapped_int32(t, sizes[j])
+        stride = math.prod(sizes[j + 1:])
+        term = t if stride == 1 else aten.mul.Scalar(t, stride)
+        linear = term if linear is None else aten.add.Tensor(linear, term)
+    linear = aten.expand.default(linear, shape) if list(linear.shape) != shape else linear
+    merged = aten.reshape.default(self, list(self.shape[:first]) + [math.prod(sizes)] +
+                                  list(self.shape[first + len(dims):]))
+    out = aten.index_select.default(merged, first, aten.reshape.default(linear, [-1]))
+    return aten.reshape.default(out, list(self.shape[:first]) + shape + list(self.shape[first + len(dims):]))
+
+
+def gather(self, dim, index, sparse_grad=False):
+    """torch.gather as one index_select of the flattened self: element e of the result reads
+    self at e's coordinates with the one along `dim` taken from index. The linear index is a
+    constant (the other coordinates times self's strides, folded at lowering) plus index times
+    the stride of `dim`, in int32 on the device."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dim() == 0 or index.dim() == 0:
+        raise NotImplementedError("gather of a 0-d tensor")
+    d = dim % self.dim()
+    strides = [math.prod(self.shape[k + 1:]) for k in range(self.dim())]
+    base = None
+    for k, n in enumerate(index.shape):
+        if k == d or n == 1:
+            continue
+        shape = [1] * index.dim()
+        shape[k] = n
+        coord = aten.reshape.default(aten.arange.start_step(0, n * strides[k], strides[k], dtype=torch.int32), shape)
+        base = coord if base is None else aten.add.Tensor(base, coord)
+    picked = _wrapped_int32(index, self.shape[d])
+    linear = picked if strides[d] == 1 else aten.mul.Scalar(picked, strides[d])
+    if base is not None:
+        linear = aten.add.Tensor(linear, base)
+    flat = aten.index_select.default(aten.reshape.default(self, [-1]), 0, aten.reshape.default(linear, [-1]))
+    return aten.reshape.default(flat, list(index.shape))
+
+
+def take_along_dim(self, indices, dim=None):
+    """torch.take_along_dim: self and indices broadcast but along `dim`, then gather (negative
+    entries count from the end); with no dim, both flattened."""
+    import torch
+
+    aten = torch.ops.aten
+    if dim is None:
+        return gather(aten.reshape.default(self, [-1]), 0, aten.reshape.default(indices, [-1]))
+    d = dim % max(self.dim(), 1)
+    if self.dim() != indices.dim():
+        raise NotImplementedError("take_along_dim of tensors of different ranks")
+    rest = list(torch.broadcast_shapes(*(tuple(1 if k == d else n for k, n in enumerate(t.shape))
+                                          for t in (self, indices))))
+    sized = [list(rest[:d]) + [t.shape[d]] + list(rest[d + 1:]) for t in (self, indices)]
+    self = self if list(self.shape) == sized[0] else aten.expand.default(self, sized[0])
+    indices = indices if list(indices.shape) == sized[1] else aten.expand.default(indices, sized[1])
+    return gather(self, d, indices)
+
+
+# topk decomposes into k rounds of about ten small dispatches each; past this k the node runs
+# whole on the CPU, with its reason (a DETR-style top-100 would be a thousand dispatches).
+TOPK_MAX_K = 16
+
+
+def topk(self, k, dim=-1, largest=True, sorted=True):
+    """torch.topk for k <= TOPK_MAX_K as k rounds of an extreme, the first position holding it
+    among those not yet taken, and that position marked taken; values and int32 positions are
+    concatenated along dim, the positions widened to int64 by a cast the device holds narrowed.
+    torch's order: NaN counts as the largest (first with largest, last without). Among equal
+    values (NaNs included) the earliest position comes first, where torch leaves the order
+    unspecified; the result is sorted whatever `sorted` asks (torch's unsorted order is
+    unspecified too)."""
+    import torch
+
+    aten = torch.ops.aten
+    if k > TOPK_MAX_K:
+        raise NotImplementedError(f"topk with k = {k}, above {TOPK_MAX_K} rounds")
+    x = aten.reshape.default(self, [1]) if self.dim() == 0 else self
+    d = dim % x.dim()
+    n = x.shape[d]
+    if k == 0 or k > n:
+        raise NotImplementedError("topk of no elements")
+    shape = [1] * x.dim()
+    shape[d] = n
+    positions = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), shape)
+    floating = x.dtype.is_floating_point
+    if floating:
+        far = float("-inf") if largest else float("inf")
+    else:
+        info = torch.iinfo(torch.int32)  # int64 ids run as int32 (narrowing.py); taken ones never hit
+        far = info.min if largest else info.max
+    nan = aten.ne.Tensor(x, x) if floating else None
+    values, picks, taken = [], [], None
+    for _ in range(k):
+        hidden = taken if nan is None or largest else (nan if taken is None else aten.logical_or.default(taken, nan))
+        cand = x if hidden is None else aten.where.ScalarSelf(hidden, far, x)
+        ext = (aten.amax if largest else aten.amin).default(cand, [d], True)
+        hit = aten.eq.Tensor(cand, ext)
+        if floating and largest:  # a NaN left: amax is NaN, and the first NaN is the pick
+            hit = aten.logical_or.default(hit, aten.ne.Tensor(cand, cand))
+        if hidden is not None:
+            hit = aten.logical_and.default(hit, aten.logical_not.default(hidden))
+        pos = aten.amin.default(aten.where.ScalarOther(hit, positions, n), [d], True)
+        if floating and not largest:  # nothing but NaN left: the first of those, its value NaN
+            left = nan if taken is None else aten.logical_and.default(nan, aten.logical_not.default(taken))
+            first_nan = aten.amin.default(aten.where.ScalarOther(left, positions, n), [d], True)
+            none = aten.eq.Scalar(pos, n)
+            pos = aten.where.self(none, first_nan, pos)
+            ext = aten.where.ScalarSelf(none, float("nan"), ext)
+        values.append(ext)
+        picks.append(pos)
+        mine = aten.eq.Tensor(positions, pos)
+        taken = mine if taken is None else aten.logical_or.default(taken, mine)
+    out_values = values[0] if k == 1 else aten.cat.default(values, d)
+    out_indices = aten._to_copy.default(picks[0] if k == 1 else aten.cat.default(picks, d), dtype=torch.int64)
+    if self.dim() == 0:
+        return aten.reshape.default(out_values, []), aten.reshape.default(out_indices, [])
+    return out_values, out_indices
+
+
+def unfold(self, dimension, size, step):
+    """Tensor.unfold (sliding windows along a dim, the window last) as one index_select of the
+    windows' positions, a constant folded at lowering, then a permute of the window dim to the end."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dim() == 0:
+        raise NotImplementedError("unfold of a 0-d tensor")
+    d = dimension % self.dim()
+    windows = (self.shape[d] - size) // step + 1
+    starts = aten.mul.Scalar(aten.arange.start_step(0, windows, 1, dtype=torch.int32), step)
+    positions = aten.add.Tensor(aten.reshape.default(starts, [windows, 1]),
+                                aten.reshape.default(aten.arange.start_step(0, size, 1, dtype=torch.int32), [1, size]))
+    out = aten.index_select.default(self, d, aten.reshape.default(positions, [-1]))
+    out = aten.reshape.default(out, list(self.shape[:d]) + [windows, size] + list(self.shape[d + 1:]))
+    order = list(range(d + 1)) + list(range(d + 2, self.dim() + 1)) + [d + 1]
+    return out if d == self.dim() - 1 else aten.permute.default(out, order)
+
+
+def pad(self, pad, mode="constant", value=None):
+    """F.pad: the circular mode as a cat of each padded dim's wrapped ends and itself (torch's
+    composite builds it in an uninitialised tensor, which no kernel fills); the other modes as
+    torch's composite kernel (constant_pad_nd, reflection_pad*, replication_pad*)."""
+    import torch
+
+    aten = torch.ops.aten
+    if mode != "circular":
+        return aten.pad.default(self, pad, mode, value)
+    if any(p < 0 for p in pad) or len(pad) % 2 or len(pad) // 2 > self.dim():
+        raise NotImplementedError("circular pad that crops")
+    out = self
+    for j in range(len(pad) // 2):
+        d, (left, right) = self.dim() - 1 - j, pad[2 * j:2 * j + 2]
+        n = out.shape[d]
+        if left > n or right > n:
+            raise NotImplementedError("circular pad wider than the dim")
+        pieces = ([aten.slice.Tensor(out, d, n - left, n)] if left else []) + [out] + \
+                 ([aten.slice.Tensor(out, d, 0, right)] if right else [])
+        out = out if len(pieces) == 1 else aten.cat.default(pieces, d)
+    return out
+
+
+def max_all(self):
+    """x.max() / x.min() with no dim: the amax (amin) over every dim, NaN propagating as torch's."""
+    import torch
+
+    aten = torch.ops.aten
+    return aten.amax.default(self, list(range(self.dim()))) if self.dim() else aten.clone.default(self)
+
+
+def min_all(self):
+    import torch
+
+    aten = torch.ops.aten
+    return aten.amin.default(self, list(range(self.dim()))) if self.dim() else aten.clone.default(self)
 
 
 def _arg_extreme(self, dim, keepdim: bool, largest: bool):
@@ -215,6 +422,29 @@ def pow_scalar(self, exponent):
     return aten.pow.Tensor_Tensor(base, exponent)
 
 
+def _promoted(name: str, overload: str = "Tensor"):
+    """A binary op of tensors of different dtypes (`weights * (ids == e)`, float times bool) as
+    torch computes it: each tensor cast to the promoted dtype first (a bool or int32 to float is
+    exact), then the op on equal dtypes. Consulted only for a node that cannot run whole (the
+    kernels take one dtype); equal dtypes are not this (the node's reason stays its own)."""
+
+    def decomposition(self, other, *args, **kwargs):
+        import torch
+
+        if not (isinstance(self, torch.Tensor) and isinstance(other, torch.Tensor)) or self.dtype == other.dtype:
+            raise NotImplementedError("no dtypes to promote")
+        common = torch.result_type(self, other)
+        a = self if self.dtype == common else torch.ops.aten._to_copy.default(self, dtype=common)
+        b = other if other.dtype == common else torch.ops.aten._to_copy.default(other, dtype=common)
+        return getattr(getattr(torch.ops.aten, name), overload)(a, b, *args, **kwargs)
+
+    decomposition.__name__ = f"promoted_{name}"
+    return decomposition
+
+
+PROMOTED_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge")
+
+
 OWN_DECOMPOSITIONS = {
     "aten.cumsum.default": cumsum,
     "aten.pow.Scalar": pow_scalar,
@@ -229,6 +459,15 @@ OWN_DECOMPOSITIONS = {
     "aten.bitwise_not.default": bitwise_not,
     "aten.clamp.Tensor": clamp_tensor,
     "aten.index.Tensor": index,
+    "aten.gather.default": gather,
+    **{f"aten.{n}.{'default' if n in ('maximum', 'minimum') else 'Tensor'}":
+       _promoted(n, "default" if n in ("maximum", "minimum") else "Tensor") for n in PROMOTED_BINARY},
+    "aten.unfold.default": unfold,
+    "aten.topk.default": topk,
+    "aten.pad.default": pad,
+    "aten.max.default": max_all,
+    "aten.min.default": min_all,
+    "aten.take_along_dim.default": take_along_dim,
     "aten.instance_norm.default": instance_norm,
     "aten.repeat.default": repeat,
     "aten.split_with_sizes.default": split_with_sizes,

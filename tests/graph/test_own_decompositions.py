@@ -8,8 +8,9 @@ import torch
 
 from texelflow.generated.ops import op_for_target
 from texelflow.runtime.graph.own_decompositions import (OWN_DECOMPOSITIONS, any_, argmax, argmin, bitwise_not,
-                                                        clamp_tensor, index, max_dim, min_dim, repeat,
-                                                        split_with_sizes, unbind)
+                                                        clamp_tensor, gather, index, max_all, max_dim, min_all,
+                                                        min_dim, pad, repeat, split_with_sizes, take_along_dim, topk,
+                                                        unbind, unfold)
 
 
 @pytest.mark.parametrize("shape, repeats", [
@@ -68,9 +69,87 @@ def test_index_with_one_index_tensor():
     i, j = torch.tensor([4, 1, 0, 2]), torch.tensor([[3, 1, 0], [2, 2, 1]])
     for indices in ([i], [None, j], [None, None, i], [None, None, j], [j]):
         torch.testing.assert_close(index(x, indices), torch.ops.aten.index.Tensor(x, indices), rtol=0, atol=0)
-    for refused in ([i, i[:1]], [x > 0]):  # several index tensors, a mask: the node stays whole
-        with pytest.raises(NotImplementedError):
-            index(x, refused)
+    with pytest.raises(NotImplementedError):  # a mask: a data-dependent shape, the node stays whole
+        index(x, [x > 0])
+
+
+def test_index_with_several_index_tensors():
+    """Several index tensors: adjacent ones keep their place, separated ones lead; they broadcast
+    together; negative entries count from the end (each wrapped before the linear index)."""
+    x = torch.randn(5, 4, 6, 3)
+    b, c = torch.tensor([4, -1, 0]), torch.tensor([[3], [-4]])  # broadcast to [2, 3]
+    cases = ([b, torch.tensor([-1, 3, 0])], [None, c, torch.tensor([5, 0, -6])], [b, None, torch.tensor([1, 2, -1])],
+             [None, c, None, torch.tensor([2, 0, -3])], [b, c % 4, torch.tensor([0, 5, 1])],
+             [torch.tensor(2), None, torch.tensor([[1, 0]])], [b.int(), b.int() % 4])
+    for indices in cases:
+        torch.testing.assert_close(index(x, indices), torch.ops.aten.index.Tensor(x, indices), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_gather_and_take_along_dim(dim):
+    """gather with an index smaller than self on the other dims; take_along_dim broadcasting
+    both ways, negative entries from the end, and flattened (no dim)."""
+    x = torch.randn(4, 5, 6)
+    g = torch.Generator().manual_seed(dim + 5)
+    shape = [3, 4, 2]
+    shape[dim] = 7
+    idx = torch.randint(0, x.shape[dim], shape, generator=g)
+    torch.testing.assert_close(gather(x, dim, idx), torch.gather(x, dim, idx), rtol=0, atol=0)
+    lim = x.shape[dim]
+    small = torch.randint(-lim, lim, [1 if k != dim % 3 else 3 for k in range(3)], generator=g)
+    wide = small.expand([4, 5, 6][:dim % 3] + [3] + [4, 5, 6][dim % 3 + 1:]).contiguous()
+    thin = x.narrow((dim + 1) % 3, 0, 1)  # broadcast against the index along another dim
+    for t, i in ((x, small), (x, wide), (thin, wide), (thin, small)):
+        torch.testing.assert_close(take_along_dim(t, i, dim), torch.take_along_dim(t, i, dim), rtol=0, atol=0)
+    flat = torch.tensor([0, 3, 119, 7])  # flattened, torch refuses negative entries
+    torch.testing.assert_close(take_along_dim(x, flat), torch.take_along_dim(x, flat), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dim, size, step", [(0, 2, 1), (1, 3, 2), (-1, 7, 1), (2, 1, 3), (-2, 5, 5)])
+def test_unfold(dim, size, step):
+    x = torch.randn(3, 5, 7)
+    torch.testing.assert_close(unfold(x, dim, size, step), x.unfold(dim, size, step), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("widths", [(1, 2, 3, 0), (0, 3, 2, 0), (5, 5, 1, 1), (2, 0, 0, 0, 1, 1)])
+def test_circular_pad(widths):
+    x = torch.randn(2, 3, 4, 5)
+    torch.testing.assert_close(pad(x, widths, "circular"), torch.nn.functional.pad(x, widths, mode="circular"),
+                               rtol=0, atol=0)
+    if len(widths) <= 4 and max(widths) < 4:  # other modes: torch's composite, as before
+        torch.testing.assert_close(pad(x, widths, "reflect"), torch.nn.functional.pad(x, widths, mode="reflect"),
+                                   rtol=0, atol=0)
+
+
+def test_max_min_of_a_whole_tensor():
+    x = _ties_and_nans()
+    for t in (x, x[1:, 2:, 1:], torch.tensor(3.5), torch.randint(-5, 5, (4, 3), dtype=torch.int32)):
+        torch.testing.assert_close(max_all(t), t.max(), equal_nan=True, rtol=0, atol=0)
+        torch.testing.assert_close(min_all(t), t.min(), equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("dim, k", [(-1, 1), (-1, 3), (1, 5), (0, 3), (2, 7)])
+def test_topk(largest, dim, k):
+    """Values as torch's, NaN counting as the largest; indices as torch's where no values tie,
+    and among ties the earliest first (torch leaves that order unspecified)."""
+    x = _ties_and_nans()
+    v, i = topk(x, k, dim, largest)
+    wv, wi = torch.topk(x, k, dim, largest)
+    torch.testing.assert_close(v, wv, equal_nan=True, rtol=0, atol=0)
+    assert i.dtype == torch.int64
+    torch.testing.assert_close(x.gather(dim, i), wv, equal_nan=True, rtol=0, atol=0)
+    distinct = torch.randperm(3 * 5 * 7, generator=torch.Generator().manual_seed(k)).reshape(3, 5, 7).float()
+    assert torch.equal(topk(distinct, k, dim, largest)[1], torch.topk(distinct, k, dim, largest)[1])
+    ints = torch.randint(-4, 4, (3, 5, 7), dtype=torch.int32)
+    assert torch.equal(topk(ints, k, dim, largest)[0], torch.topk(ints, k, dim, largest)[0])
+    tied = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0]])
+    assert topk(tied, 3, -1, largest)[1].tolist() == ([[1, 2, 4]] if largest else [[3, 0, 1]])
+
+
+def test_topk_of_many_stays_whole():
+    with pytest.raises(NotImplementedError):
+        topk(torch.randn(2, 40), 17)
 
 
 def _ties_and_nans():
@@ -111,7 +190,12 @@ def test_pieces_are_registry_ops():
     calls = [lambda t: repeat(t, [2, 1, 3, 1]), lambda t: split_with_sizes(t, [1, 2], 1), lambda t: unbind(t, 1),
              lambda t: any_(t, [1, 2], True), lambda t: bitwise_not(t > 0), lambda t: bitwise_not(t.int()),
              lambda t: max_dim(t, 1, False), lambda t: clamp_tensor(t, t[:1], t[:, :, :1]),
-             lambda t: index(t, [None, torch.tensor([[2, 0], [1, 1]])])]
+             lambda t: index(t, [None, torch.tensor([[2, 0], [1, 1]])]),
+             lambda t: index(t, [torch.tensor([1, 0]), None, torch.tensor([[-1], [4]])]),
+             lambda t: gather(t, 2, torch.tensor([[[[1, 0]]]]).expand(2, 3, 2, 2)),
+             lambda t: take_along_dim(t, torch.tensor([[[[-1]]]]), 3), lambda t: unfold(t, 2, 2, 1),
+             lambda t: pad(t, [1, 2, 0, 3], "circular"), lambda t: max_all(t), lambda t: topk(t, 2, 1),
+             lambda t: topk(t, 2, -1, False)]
     ignored = {"aten.arange.start_step", "aten.scalar_tensor.default"}  # constants, folded at lowering
     for call in calls:
         gm = make_fx(call)(x)

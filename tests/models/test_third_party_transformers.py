@@ -776,3 +776,60 @@ def test_detr_sine_position_embedding(device):
     x = torch.randn(2, 16, 5, 6, generator=torch.Generator().manual_seed(2))
     prog = runs_whole_and_matches(DetrSinePosition(), (x, mask), device)
     assert prog.plan.dispatches["cumsum"] == 2
+
+
+class ClipTextEncoder(nn.Module):
+    """CLIP's text tower as open_clip writes it: token and learned position embeddings, causal
+    pre-norm blocks, a final LayerNorm, the features of each text's end token (the largest id,
+    `x[torch.arange(B), text.argmax(-1)]`) projected by a matrix."""
+
+    def __init__(self, vocab: int = 40, width: int = 16, length: int = 7):
+        super().__init__()
+        self.token_embedding = nn.Embedding(vocab, width)
+        self.positional_embedding = nn.Parameter(torch.randn(length, width) * 0.1)
+        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(width, 2, 4 * width, dropout=0.0, activation="gelu",
+                                                               batch_first=True, norm_first=True) for _ in range(2))
+        self.ln_final = nn.LayerNorm(width)
+        self.text_projection = nn.Parameter(torch.randn(width, 8) * width ** -0.5)
+        self.register_buffer("attn_mask", torch.full((length, length), float("-inf")).triu(1), persistent=False)
+
+    def forward(self, text):
+        x = self.token_embedding(text) + self.positional_embedding
+        for block in self.blocks:  # (nn.TransformerEncoder inspects the mask's values: no export)
+            x = block(x, src_mask=self.attn_mask)
+        x = self.ln_final(x)
+        return x[torch.arange(x.shape[0]), text.argmax(dim=-1)] @ self.text_projection
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_clip_text_encoder_pools_its_end_tokens_on_the_device(dtype, device):
+    """The argmax of the (narrowed) ids and the two-tensor index run on the device: one gather."""
+    text = token_ids(3, 7, 39, dtype=dtype, seed=8)
+    text[:, -1] = 39  # the end token, the largest id, at a different place in each text
+    text[1, 4:] = torch.tensor([39, 0, 0], dtype=dtype)
+    prog = runs_whole_and_matches(ClipTextEncoder(), (text,), device)
+    assert prog.plan.dispatches["index_select"] == 1
+
+
+class TopTwoMoE(nn.Module):
+    """A mixture-of-experts feed-forward as Mixtral routes it: top-2 of the router's logits,
+    softmax over the two, every expert run densely and weighted by its gate (zero where not chosen)."""
+
+    def __init__(self, dim: int = 12, experts: int = 4):
+        super().__init__()
+        self.router = nn.Linear(dim, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(dim, 2 * dim), nn.SiLU(), nn.Linear(2 * dim, dim))
+                                     for _ in range(experts))
+
+    def forward(self, x):
+        weights, chosen = self.router(x).topk(2, dim=-1)
+        weights = weights.softmax(dim=-1)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            gate = (weights * (chosen == e)).sum(dim=-1, keepdim=True)
+            out = out + gate * expert(x)
+        return out
+
+
+def test_top_two_mixture_of_experts_routes_on_the_device(device):
+    runs_whole_and_matches(TopTwoMoE(), (tokens(2, 5, 12),), device)

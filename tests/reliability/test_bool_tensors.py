@@ -105,15 +105,26 @@ def test_logic_of_mixed_dtypes_falls_back_with_its_reason(device):
     _same(got, want)
 
 
-def test_mixed_dtype_comparison_falls_back_with_its_reason(device):
+def test_mixed_dtype_comparison_promotes_on_the_device(device):
+    """float < int32: the int32 side cast to float first, as torch promotes (own_decompositions'
+    `_promoted`), so the compare runs on the device; int32 < bool stays a CPU node whose reason
+    names the bool and the cast its decomposition lacks (bool to int32 has no kernel)."""
     x = torch.randn(3, 4)
     y = torch.randint(-2, 3, (3, 4), dtype=torch.int32)
     with torch.no_grad():
         prog = texelflow.compile(Call(lambda a, b: a < b), (x, y), device=device)
     try:
-        reasons = [str(f) for f in prog.plan.fallbacks]
-        assert len(reasons) == 1 and "mixed dtypes" in reasons[0], reasons
+        assert prog.plan.fallbacks == []
         _same(prog(x, y), x < y)
+    finally:
+        prog.close()
+    m = x > 0
+    with torch.no_grad():
+        prog = texelflow.compile(Call(lambda a, b: a < b), (y, m), device=device)
+    try:
+        reasons = [str(f) for f in prog.plan.fallbacks]
+        assert len(reasons) == 1 and "dtype bool" in reasons[0] and "decomposition needs the CPU" in reasons[0], reasons
+        _same(prog(y, m), y < m)
     finally:
         prog.close()
 

@@ -217,3 +217,122 @@ def test_indexing_with_one_index_tensor_runs_on_the_device(device):
     got, want = _run(device, fn, x, i, j)
     for g, w in zip(got, want, strict=True):
         _same_bits(g, w)
+
+
+def test_indexing_with_several_index_tensors_runs_on_the_device(device):
+    """x[rows, cols] (CLIP's pooling `x[torch.arange(B), ids.argmax(-1)]`), separated index
+    tensors (their dims lead), broadcasting and negative entries: one gather of a linear index
+    computed in int32 on the device, the int64 inputs and argmax held narrowed; NaN and Inf moved
+    bit for bit."""
+    x = _special((5, 7)).reshape(5, 7, 1).expand(5, 7, 3).contiguous()
+    ids = torch.tensor([[3, 9, 1, 0, 2, 7, 9], [5, 5, 2, 8, 0, 1, 4], [0, 0, 0, 0, 0, 0, 6],
+                        [1, 2, 3, 4, 5, 6, 7], [9, 1, 1, 1, 1, 1, 1]])
+    rows, cols = torch.tensor([[4], [-1], [0]]), torch.tensor([6, -7, 2, 2])  # broadcast to [3, 4]
+
+    def fn(a, t, r, c):
+        pooled = a[torch.arange(a.shape[0]), t.argmax(dim=-1)]
+        return (pooled, a[r, c], a[r, :, torch.tensor([0, 2, -1, 1])], a[:, c, torch.tensor([[2], [-1]])],
+                a[:, t.argmax(-1), torch.tensor([0, 1, 2, 0, -1])])
+
+    got, want = _run(device, fn, x, ids, rows, cols)
+    for g, w in zip(got, want, strict=True):
+        _same_bits(g, w)
+
+
+def test_gather_and_take_along_dim_run_on_the_device(device):
+    """torch.gather (an index smaller than self on the other dims), take_along_dim broadcasting
+    and counting negative entries from the end, and a top-1 pick `x.gather(-1, x.argmax(-1,
+    keepdim=True))`: one gather of a linear index on the device; NaN and Inf moved bit for bit."""
+    x = _special((5, 7)).reshape(5, 7, 1).expand(5, 7, 3).contiguous()
+    g = torch.Generator().manual_seed(4)
+    idx = torch.randint(0, 7, (4, 6, 2), generator=g)
+    along = torch.tensor([[[-1], [3], [0], [-7]]])  # [1, 4, 1]: broadcast over dims 0 and 2
+
+    def fn(a, i, j):
+        top = a.abs().nan_to_num().gather(1, a.abs().nan_to_num().argmax(1, keepdim=True))
+        return torch.gather(a, 1, i), torch.take_along_dim(a, j, dim=1), top, torch.gather(a, -1, torch.tensor([[[2], [0]]]).expand(5, 2, 1))
+
+    got, want = _run(device, fn, x, idx, along)
+    for gv, wv in zip(got, want, strict=True):
+        _same_bits(gv, wv)
+
+
+def test_windows_and_wrapped_pads_run_on_the_device(device):
+    """Tensor.unfold, F.unfold (im2col: an index by two index tensors), circular F.pad, bicubic
+    upsampling (torch's decomposition indexes by several tensors) and a whole tensor's max() and
+    min(): no fallback, torch's result (NaN and Inf moved bit for bit where the op only moves)."""
+    x = _special((5, 7)).reshape(1, 5, 7, 1).expand(1, 5, 7, 3).permute(0, 3, 1, 2).contiguous()  # [1, 3, 5, 7]
+
+    def moves(a):
+        return (a.unfold(3, 3, 2), F.unfold(a, (2, 3), stride=(1, 2)), F.pad(a, (2, 1, 0, 3), mode="circular"),
+                a.max(), a.min())
+
+    got, want = _run(device, moves, x)
+    for g, w in zip(got[:3], want[:3], strict=True):
+        _same_bits(g, w)
+    for g, w in zip(got[3:], want[3:], strict=True):  # NaN, whose sign bit a reduction does not define
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+    smooth = _random(1, 3, 5, 7, seed=6)
+    got, want = _run(device, lambda a: (F.interpolate(a, scale_factor=2, mode="bicubic", align_corners=False),
+                                        a.max(), a.min()), smooth)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+
+
+def test_topk_runs_on_the_device(device):
+    """A mixture-of-experts router (top-2 of the logits, softmax over them, the experts' ids),
+    the smallest k, NaN and Inf among the values: values as torch's, ids torch's where no values
+    tie; a k past the decomposition's rounds runs on the CPU with its reason."""
+    logits = _random(6, 8, seed=7)
+    special = _special((5, 7))
+
+    def route(a, b):
+        top, ids = a.topk(2, dim=-1)
+        low, low_ids = torch.topk(b, 3, dim=0, largest=False)
+        return torch.softmax(top, -1), ids, low, b.topk(4, dim=1)[0], b.gather(0, low_ids)
+
+    got, want = _run(device, route, logits, special)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-6, atol=1e-7)
+    assert got[1].dtype == torch.int64 and torch.equal(got[1], want[1])
+    for g, w in zip(got[2:], want[2:], strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+    with texelflow.compile(Call(lambda a: a.topk(17, dim=-1)[0] * 2), (_random(2, 20),), device=device) as prog:
+        (name, why), = prog.plan.fallbacks
+        assert name == "topk" and "\n" not in why and "k = 17, above 16" in why, why
+
+
+def test_binary_ops_of_two_dtypes_promote_on_the_device(device):
+    """float x bool (a gate times a routing mask), float + int32, a float compared with an int32
+    and the max of the two: each tensor cast to torch's promoted dtype, then the op; NaN, Inf and
+    signed zeros as torch's (a bool is exactly 0 or 1, an int32 this small exactly a float)."""
+    x = _special((5, 7))
+    m = _random(5, 7, seed=8) > 0
+    i = torch.arange(-17, 18, dtype=torch.int32).reshape(5, 7)
+
+    def fn(a, b, c):
+        return a * b, b * a, a + c, c - a, a > c, torch.maximum(a, c), a / c
+
+    got, want = _run(device, fn, x, m, i)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype
+        if w.dtype == torch.bool:
+            assert torch.equal(g, w)
+        else:  # a NaN's sign bit is not defined
+            torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+            assert torch.equal(torch.signbit(g)[~w.isnan()], torch.signbit(w)[~w.isnan()])
+
+
+def test_position_ids_from_arange_compare_on_the_device(device):
+    """A length mask `arange(T) < lengths[:, None]`: the folded arange is an int64 constant whose
+    values fit int32, held narrowed like the int64 input it meets, so the compare runs on the
+    device; a returned arange comes back as torch's int64."""
+
+    def fn(x, lengths):
+        pos = torch.arange(x.shape[1])
+        keep = pos[None, :] < lengths[:, None]
+        return x.masked_fill(~keep[:, :, None], 0.0).sum(1), pos.unsqueeze(0).expand(x.shape[0], -1)
+
+    x, lengths = _random(3, 6, 4, seed=3), torch.tensor([6, 0, 4])
+    got, want = _run(device, fn, x, lengths)
+    _same_bits(got[0], want[0])
+    assert got[1].dtype == torch.int64 and torch.equal(got[1], want[1])
