@@ -2075,7 +2075,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'float16'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -2091,6 +2091,8 @@ OPS: dict[str, OpEntry] = {
             'cumsum_float16_texture3d',
             'cumsum_float32_buffer',
             'cumsum_float32_texture3d',
+            'cumsum_int32_buffer',
+            'cumsum_int32_texture3d',
         ),
     ),
     'dequantize_per_tensor': OpEntry(
@@ -6394,7 +6396,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'float16'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -6410,6 +6412,8 @@ OPS: dict[str, OpEntry] = {
             'sum_float16_texture3d',
             'sum_float32_buffer',
             'sum_float32_texture3d',
+            'sum_int32_buffer',
+            'sum_int32_texture3d',
         ),
     ),
     'tanh': OpEntry(

@@ -230,7 +230,10 @@ def _own_refusal(exc) -> bool:
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_code.co_filename.endswith("own_decompositions.py")
+    from .own_decompositions import NotApplicable
+
+    return tb is not None and tb.tb_frame.f_code.co_filename.endswith("own_decompositions.py") and \
+        not isinstance(exc, NotApplicable)
 
 
 def _mutates(gm) -> bool:

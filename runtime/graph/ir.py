@@ -136,6 +136,8 @@ class PlanGraph:
     # value name -> the dtype the host holds where the device holds int32: an int64 user input the
     # caller passes, a narrowed int64 constant, or a view of either (lowering's `_device_input_dtype`)
     input_host_dtypes: dict = field(default_factory=dict)
+    # value name -> (least, greatest) element of an integer value lowering bounded (int_ranges.py)
+    int_ranges: dict = field(default_factory=dict)
 
     def add_input(self, name: str, shape, dtype: str = "float32") -> Value:
         v = Value(name, tuple(shape), dtype, Role.INPUT)

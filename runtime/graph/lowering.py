@@ -18,6 +18,7 @@ from texelflow.generated.layouts import DTYPES, TEXTURE_LIMITS
 from texelflow.generated.ops import OpEntry, op_for_target
 from texelflow.shaders.node_rules import run_checks
 
+from . import int_ranges
 from .constant_folding import MAX_FOLDED_ELEMENTS, RECIPE, ConstantFolder, drop_unread
 from .inplace import local_functionals
 from .ir import Node, PlanGraph, Role, Value
@@ -410,14 +411,20 @@ class _Lowering:
             if rule is not None and ir_node.op is None:
                 ir_node.fallback = NOT_IDENTITY_REASONS.get(target_name(target), ir_node.fallback)
         self.graph.fx_inputs[ir_node] = ins
+        if ir_node.op is not None:
+            int_ranges.record(self.graph, ir_node, self.folder.tensor)
         if ir_node.op is not None and (narrow_view(self.graph, ir_node) or
-                                       ir_node.op.is_identity and narrow_widening(self.graph, ir_node)):
+                                       ir_node.op.is_identity and narrow_widening(self.graph, ir_node) or
+                                       int_ranges.narrow_bounded(self.graph, ir_node)):
             ir_node.fallback = partition_reason(ir_node, self.limits, self.fits)
         if ir_node.fallback is None and any(v.role is Role.CONST and v.source in self.mutated
                                             for _, v in ir_node.tensor_args()):
             ir_node.fallback = "reads a buffer that forward mutates (it runs on the CPU, on the live buffer)"
         if ir_node.fallback is None:
             ir_node.fallback = narrowed_scalar_reason(self.graph, ir_node)
+        elif ir_node.op is not None:
+            note = int_ranges.unbounded_note(self.graph, ir_node)
+            ir_node.fallback = ir_node.fallback if note is None else f"{ir_node.fallback}: {note}"
         return ir_node
 
     @staticmethod

@@ -14,6 +14,7 @@ index_select of a flat (for several tensors, linear) index;
 `take_along_dim` as index, `Tensor.unfold` by its windows' positions;
 circular `pad` as a cat of wrapped ends; `max()` and `min()` of a whole tensor as amax and amin;
 binary ops of tensors of two dtypes (float times bool) with casts to the promoted dtype first;
+a bool cast to int32 or int64 as a where between 1 and 0, and a sum of bools as a sum of that;
 `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
 least of them, in int32, widened by a cast the device holds narrowed. `_safe_softmax` (in torch's
 attention decomposition) as a softmax and a where on the row max. `cumsum` with a dtype as a cast
@@ -422,6 +423,34 @@ def pow_scalar(self, exponent):
     return aten.pow.Tensor_Tensor(base, exponent)
 
 
+class NotApplicable(NotImplementedError):
+    """A decomposition that does not apply to these arguments at all (equal dtypes for a
+    promotion): the node keeps its own reason, with nothing added (decompose._own_refusal)."""
+
+
+def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
+    """A bool cast to an integer dtype (`mask.int()`, `mask.long()`) as where(mask, 1, 0): the
+    ones a constant folded at lowering (int64 ones held narrowed), the choice an int32 where."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dtype != torch.bool or dtype not in (torch.int32, torch.int64):
+        raise NotApplicable("not a bool to integer cast")
+    return aten.where.ScalarOther(self, aten.full_like.default(self, 1, dtype=dtype), 0)
+
+
+def sum_of_bools(self, dim=None, keepdim=False, dtype=None):
+    """A count of true elements (`mask.sum(-1)`, int64 in torch) as the sum of the mask cast to
+    int32: lowering bounds the count by the elements summed and runs it in int32 (int_ranges.py)."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dtype != torch.bool or dtype is not None:
+        raise NotApplicable("not a sum of bools")
+    ints = to_copy(self, dtype=torch.int32)
+    return aten.sum.dim_IntList(ints, dim, keepdim) if dim is not None else aten.sum.default(ints)
+
+
 def _promoted(name: str, overload: str = "Tensor"):
     """A binary op of tensors of different dtypes (`weights * (ids == e)`, float times bool) as
     torch computes it: each tensor cast to the promoted dtype first (a bool or int32 to float is
@@ -432,7 +461,7 @@ def _promoted(name: str, overload: str = "Tensor"):
         import torch
 
         if not (isinstance(self, torch.Tensor) and isinstance(other, torch.Tensor)) or self.dtype == other.dtype:
-            raise NotImplementedError("no dtypes to promote")
+            raise NotApplicable("no dtypes to promote")
         common = torch.result_type(self, other)
         a = self if self.dtype == common else torch.ops.aten._to_copy.default(self, dtype=common)
         b = other if other.dtype == common else torch.ops.aten._to_copy.default(other, dtype=common)
@@ -463,6 +492,9 @@ OWN_DECOMPOSITIONS = {
     **{f"aten.{n}.{'default' if n in ('maximum', 'minimum') else 'Tensor'}":
        _promoted(n, "default" if n in ("maximum", "minimum") else "Tensor") for n in PROMOTED_BINARY},
     "aten.unfold.default": unfold,
+    "aten._to_copy.default": to_copy,
+    "aten.sum.dim_IntList": sum_of_bools,
+    "aten.sum.default": sum_of_bools,
     "aten.topk.default": topk,
     "aten.pad.default": pad,
     "aten.max.default": max_all,

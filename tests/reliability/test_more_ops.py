@@ -250,7 +250,8 @@ def test_gather_and_take_along_dim_run_on_the_device(device):
 
     def fn(a, i, j):
         top = a.abs().nan_to_num().gather(1, a.abs().nan_to_num().argmax(1, keepdim=True))
-        return torch.gather(a, 1, i), torch.take_along_dim(a, j, dim=1), top, torch.gather(a, -1, torch.tensor([[[2], [0]]]).expand(5, 2, 1))
+        fixed = torch.tensor([[[2], [0]]]).expand(5, 2, 1)
+        return torch.gather(a, 1, i), torch.take_along_dim(a, j, dim=1), top, torch.gather(a, -1, fixed)
 
     got, want = _run(device, fn, x, idx, along)
     for gv, wv in zip(got, want, strict=True):
