@@ -323,8 +323,11 @@ class _Lowering:
                                                    dtype_name(val.dtype), literal=self._constant_piece(n))
             elif n.op == "call_function" and self._factory_piece(n):
                 data = n.target(*n.args, **n.kwargs).contiguous()  # numbers in, a real tensor out
-                env[n.name] = self.graph.add_derived(self._piece_name(name, n.name), tuple(data.shape),
-                                                     dtype_name(data.dtype), RECIPE, (), data=data)
+                if self.folder is not None:  # (int64 positions that fit are held narrowed)
+                    env[n.name] = self.folder.add(self.graph, n, self._piece_name(name, n.name), [data])
+                else:
+                    env[n.name] = self.graph.add_derived(self._piece_name(name, n.name), tuple(data.shape),
+                                                         dtype_name(data.dtype), RECIPE, (), data=data)
             elif n.op == "call_function":
                 _check_static(n, n.meta.get("val"), self.torch)
                 piece = self._piece_name(name, n.name)

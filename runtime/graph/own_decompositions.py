@@ -6,7 +6,8 @@ views, which no Vulkan kernel computes, and `unbind` into a slice and a squeeze 
 copies where a texture's squeeze moves texels). Here each output is one `slice` or one `select`
 node, so a split runs as one dispatch per piece and each piece gets its own planned
 representation. `repeat` (and `tile`, which torch decomposes to it) becomes one expand and a view.
-Norms: `instance_norm` as a group norm, or elementwise with running statistics.
+Norms: `instance_norm` as a group norm, or elementwise with running statistics; `layer_norm` over
+several trailing dims as one over their product; `std_mean` as var_mean and a square root.
 Ops torch keeps whole: `any` (and so `all`, which torch decomposes through it) as a max of truth
 values; `bitwise_not`; `clamp` with tensor bounds; `index` with integer index tensors, as one
 index_select of a flat (for several tensors, linear) index;
@@ -15,6 +16,7 @@ index_select of a flat (for several tensors, linear) index;
 circular `pad` as a cat of wrapped ends; `max()` and `min()` of a whole tensor as amax and amin;
 binary ops of tensors of two dtypes (float times bool) with casts to the promoted dtype first;
 a bool cast to int32 or int64 as a where between 1 and 0, and a sum of bools as a sum of that;
+RReLU in inference as a leaky ReLU;
 `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
 least of them, in int32, widened by a cast the device holds narrowed. `_safe_softmax` (in torch's
 attention decomposition) as a softmax and a where on the row max. `cumsum` with a dtype as a cast
@@ -451,6 +453,42 @@ def sum_of_bools(self, dim=None, keepdim=False, dtype=None):
     return aten.sum.dim_IntList(ints, dim, keepdim) if dim is not None else aten.sum.default(ints)
 
 
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    """A LayerNorm over several trailing dims (`nn.LayerNorm([C, H, W])`) as one over their
+    product: the input, weight and bias reshaped (the latter two are constants, folded), the
+    kernel's last-dim norm, the result reshaped back."""
+    import torch
+
+    aten = torch.ops.aten
+    dims = list(normalized_shape)
+    if len(dims) <= 1:
+        raise NotApplicable("a norm over the last dim")
+    lead, flat = list(input.shape[:input.dim() - len(dims)]), math.prod(dims)
+    x = aten.reshape.default(input, lead + [flat])
+    w = None if weight is None else aten.reshape.default(weight, [flat])
+    b = None if bias is None else aten.reshape.default(bias, [flat])
+    return aten.reshape.default(aten.layer_norm.default(x, [flat], w, b, eps), list(input.shape))
+
+
+def std_mean(self, dim=None, *, correction=None, keepdim=False):
+    """torch.std_mean as var_mean (one kernel) and a square root."""
+    import torch
+
+    aten = torch.ops.aten
+    var, mean = aten.var_mean.correction(self, dim, correction=correction, keepdim=keepdim)
+    return aten.sqrt.default(var), mean
+
+
+def rrelu(self, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    """RReLU in inference: a leaky ReLU whose slope is the mean of lower and upper (training
+    draws random slopes: not this)."""
+    import torch
+
+    if training:
+        raise NotImplementedError("rrelu in training (random slopes)")
+    return torch.ops.aten.leaky_relu.default(self, (lower + upper) / 2)
+
+
 def _promoted(name: str, overload: str = "Tensor"):
     """A binary op of tensors of different dtypes (`weights * (ids == e)`, float times bool) as
     torch computes it: each tensor cast to the promoted dtype first (a bool or int32 to float is
@@ -493,6 +531,9 @@ OWN_DECOMPOSITIONS = {
        _promoted(n, "default" if n in ("maximum", "minimum") else "Tensor") for n in PROMOTED_BINARY},
     "aten.unfold.default": unfold,
     "aten._to_copy.default": to_copy,
+    "aten.layer_norm.default": layer_norm,
+    "aten.std_mean.correction": std_mean,
+    "aten.rrelu.default": rrelu,
     "aten.sum.dim_IntList": sum_of_bools,
     "aten.sum.default": sum_of_bools,
     "aten.topk.default": topk,

@@ -8,9 +8,9 @@ import torch
 
 from texelflow.generated.ops import op_for_target
 from texelflow.runtime.graph.own_decompositions import (OWN_DECOMPOSITIONS, any_, argmax, argmin, bitwise_not,
-                                                        clamp_tensor, gather, index, max_all, max_dim, min_all,
-                                                        min_dim, pad, repeat, split_with_sizes, take_along_dim, topk,
-                                                        unbind, unfold)
+                                                        clamp_tensor, gather, index, layer_norm, max_all, max_dim,
+                                                        min_all, min_dim, pad, repeat, rrelu, split_with_sizes,
+                                                        std_mean, take_along_dim, topk, unbind, unfold)
 
 
 @pytest.mark.parametrize("shape, repeats", [
@@ -150,6 +150,22 @@ def test_topk(largest, dim, k):
 def test_topk_of_many_stays_whole():
     with pytest.raises(NotImplementedError):
         topk(torch.randn(2, 40), 17)
+
+
+def test_layer_norm_over_several_dims_std_mean_and_rrelu():
+    x = torch.randn(2, 3, 4, 5)
+    w, b = torch.randn(4, 5), torch.randn(4, 5)
+    for shape, weight, bias in (([4, 5], w, b), ([3, 4, 5], None, None), ([4, 5], w, None)):
+        want = torch.nn.functional.layer_norm(x, shape, weight if weight is None else weight.expand(shape),
+                                              bias if bias is None else bias.expand(shape))
+        got = layer_norm(x, shape, weight if weight is None else weight.expand(shape),
+                         bias if bias is None else bias.expand(shape))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for dim, correction in ((None, None), ([1, 2], 0), (3, 1)):
+        got, want = std_mean(x, dim, correction=correction), torch.std_mean(x, dim, correction=correction)
+        torch.testing.assert_close(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1])
+    torch.testing.assert_close(rrelu(x, 0.1, 0.3), torch.nn.functional.rrelu(x, 0.1, 0.3, training=False))
 
 
 def _ties_and_nans():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 import texelflow
@@ -321,6 +322,26 @@ def test_binary_ops_of_two_dtypes_promote_on_the_device(device):
         else:  # a NaN's sign bit is not defined
             torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
             assert torch.equal(torch.signbit(g)[~w.isnan()], torch.signbit(w)[~w.isnan()])
+
+
+def test_norms_over_several_dims_one_hot_and_rrelu_run_on_the_device(device):
+    """nn.LayerNorm([C, H, W]) (affine) and F.layer_norm over two dims, std_mean, F.one_hot of
+    int64 ids (torch's decomposition compares them with an arange) and RReLU in inference."""
+    norm = nn.LayerNorm([6, 5, 7])
+    with torch.no_grad():
+        norm.weight.copy_(_random(6, 5, 7, seed=9))
+        norm.bias.copy_(_random(6, 5, 7, seed=10))
+    x = _random(2, 6, 5, 7, seed=11)
+    ids = torch.tensor([[0, 5, 2, 2], [4, 1, 3, 0]])
+    rrelu = nn.RReLU(0.1, 0.3).eval()
+
+    def fn(a, i):
+        std, mean = torch.std_mean(a, dim=(2, 3))
+        return norm(a), F.layer_norm(a, (5, 7)), std, mean, F.one_hot(i, num_classes=6).float() * 2, rrelu(a)
+
+    got, want = _run(device, fn, x, ids)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-6)
 
 
 def test_position_ids_from_arange_compare_on_the_device(device):
