@@ -5562,6 +5562,37 @@ OPS: dict[str, OpEntry] = {
             'relu6_float32_texture3d',
         ),
     ),
+    'remainder_scalar': OpEntry(
+        name='remainder_scalar',
+        targets=(
+            'aten.remainder.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('int32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'remainder_scalar_int32_buffer',
+            'remainder_scalar_int32_texture3d',
+        ),
+    ),
     'replication_pad1d': OpEntry(
         name='replication_pad1d',
         targets=(
@@ -7042,6 +7073,7 @@ TARGETS: dict[str, str] = {
     'aten.reflection_pad2d.default': 'reflection_pad2d',
     'aten.relu.default': 'relu',
     'aten.relu6.default': 'relu6',
+    'aten.remainder.Scalar': 'remainder_scalar',
     'aten.replication_pad1d.default': 'replication_pad1d',
     'aten.replication_pad2d.default': 'replication_pad2d',
     'aten.reshape.default': 'reshape',

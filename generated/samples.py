@@ -1628,6 +1628,16 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'self': (5, 1, 6, 3)},
         {'self': (2, 1, 3, 2, 5)},
     ),
+    'remainder_scalar': (
+        {'other': 2, 'self': ()},
+        {'other': -3, 'self': (1,)},
+        {'other': 1, 'self': (7,)},
+        {'other': 7, 'self': (3, 5)},
+        {'other': -1, 'self': (1, 3, 5)},
+        {'other': 5, 'self': (2, 5, 3, 7)},
+        {'other': -6, 'self': (5, 1, 6, 3)},
+        {'other': 1000, 'self': (2, 1, 3, 2, 5)},
+    ),
     'replication_pad1d': (
         {'padding': (3, 9), 'self': (2, 3, 7)},
         {'padding': (2, 0), 'self': (5, 1)},

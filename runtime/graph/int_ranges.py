@@ -10,7 +10,7 @@ lowers, the interval its elements lie in (`graph.int_ranges`), from:
 - a node of the rules below: from its inputs' intervals (interval arithmetic).
 A node whose torch result is int64 runs on the device in int32 (`narrow_bounded`) when its op is
 exact in int32 wherever the result fits (sums, differences and products of integers, running
-sums and sums, choices and moves of values) and its interval lies inside int32: every partial
+sums and sums, Python's remainder, choices and moves of values) and its interval lies inside int32: every partial
 result of those ops lies inside the interval too, so no step wraps. The result is held narrowed,
 as an int64 input is (narrowing.py): the host widens it where a CPU node reads it or it is
 returned. RoBERTa's position ids (`cumsum(ids.ne(pad).int()) * mask + pad`) run so.
@@ -105,6 +105,8 @@ def node_range(graph: PlanGraph, node: Node, ranges: dict) -> tuple[int, int] | 
         return _mul(r("self"), r("other"))
     if name == "mul_scalar" and r("self") and scalar is not None:
         return _scale(r("self"), scalar)
+    if name == "remainder_scalar" and scalar:  # Python's remainder: the sign of the divisor
+        return (0, scalar - 1) if scalar > 0 else (scalar + 1, 0)
     if name == "cumsum" and r("self"):
         src = node.arg("self")
         return _sum_of(r("self"), src.shape[node.arg("dim") % len(src.shape)] if src.shape else 1)
@@ -123,7 +125,8 @@ def node_range(graph: PlanGraph, node: Node, ranges: dict) -> tuple[int, int] | 
 
 # Ops exact in int32 wherever their result (and so, for these, every partial result) fits int32.
 EXACT_IN_INT32 = frozenset({"add", "sub", "rsub", "add_scalar", "sub_scalar", "rsub_scalar", "mul", "mul_scalar",
-                            "cumsum", "sum", "where_scalar_other", "where_scalar_self"}) | frozenset(MOVE_OPS)
+                            "remainder_scalar", "cumsum", "sum", "where_scalar_other",
+                            "where_scalar_self"}) | frozenset(MOVE_OPS)
 
 
 def record(graph: PlanGraph, node: Node, constant_data) -> None:

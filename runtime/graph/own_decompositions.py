@@ -16,7 +16,10 @@ index_select of a flat (for several tensors, linear) index;
 circular `pad` as a cat of wrapped ends; `max()` and `min()` of a whole tensor as amax and amin;
 binary ops of tensors of two dtypes (float times bool) with casts to the promoted dtype first;
 a bool cast to int32 or int64 as a where between 1 and 0, and a sum of bools as a sum of that;
-RReLU in inference as a leaky ReLU;
+RReLU in inference as a leaky ReLU; `copy` (a functionalized whole-tensor `copy_`) as a cast or
+expand of its source; `slice_scatter` (`y[:, a:b] = src`) as a cat; `index_put`
+with a bool mask and one value as a where, with one 1-D index as a where of gathered values (or,
+accumulating, a one-hot product);
 `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
 least of them, in int32, widened by a cast the device holds narrowed. `_safe_softmax` (in torch's
 attention decomposition) as a softmax and a where on the row max. `cumsum` with a dtype as a cast
@@ -489,6 +492,82 @@ def rrelu(self, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
     return torch.ops.aten.leaky_relu.default(self, (lower + upper) / 2)
 
 
+def copy(self, src, non_blocking=False):
+    """aten.copy (a functionalized `dst.copy_(src)` or `dst[...] = src` over the whole of dst:
+    transformers' causal-mask update) as src in dst's dtype and shape: a cast where the dtypes
+    differ, an expand where src broadcasts, else src itself."""
+    import torch
+
+    aten = torch.ops.aten
+    out = src if src.dtype == self.dtype else aten._to_copy.default(src, dtype=self.dtype)
+    if list(out.shape) != list(self.shape):
+        return aten.expand.default(out, list(self.shape))
+    return aten.alias.default(out)
+
+
+def slice_scatter(self, src, dim=0, start=None, end=None, step=1):
+    """`y[:, a:b] = src` (functionalized) as a cat of self's part before the slice, src and
+    self's part after it."""
+    import torch
+
+    aten = torch.ops.aten
+    d = dim % self.dim()
+    taken = range(self.shape[d])[slice(start, end, step)]
+    if step != 1 or len(taken) != src.shape[d]:
+        raise NotImplementedError("slice_scatter with a step")
+    if not len(taken):
+        return aten.alias.default(self)
+    first, last = taken[0], taken[-1] + 1
+    pieces = ([aten.slice.Tensor(self, d, 0, first)] if first else []) + [src] + \
+             ([aten.slice.Tensor(self, d, last, self.shape[d])] if last < self.shape[d] else [])
+    return aten.cat.default(pieces, d) if len(pieces) > 1 else aten.alias.default(src)
+
+
+def index_put(self, indices, values, accumulate=False):
+    """`y[mask] = v` and `y[mask] += v` with a bool mask and a value that broadcasts (one
+    element: no data-dependent shape) as a where; `y[:, idx] = v` (`+= v` with accumulate) with one
+    1-D integer index tensor as a where of the gathered values at the positions idx names (the
+    last k naming a position wins, as torch's kernel does for duplicates) or their sum (a one-hot
+    matrix product). Negative entries count from the end."""
+    import torch
+
+    aten = torch.ops.aten
+    tensors = [(k, t) for k, t in enumerate(indices) if t is not None]
+    if len(tensors) != 1:
+        raise NotImplementedError("index_put with several index tensors")
+    d, idx = tensors[0]
+    if idx.dtype == torch.bool:
+        if values.numel() != 1 or d != 0 or list(idx.shape) != list(self.shape[:idx.dim()]):
+            raise NotImplementedError("index_put of a mask with more than one value")
+        mask = idx if idx.dim() == self.dim() else aten.reshape.default(
+            idx, list(idx.shape) + [1] * (self.dim() - idx.dim()))
+        value = aten.reshape.default(values, [])
+        new = aten.add.Tensor(self, value) if accumulate else value
+        return aten.where.self(mask, new, self)
+    if idx.dim() != 1 or self.dim() == 0:
+        raise NotImplementedError("index_put with a multi-dim index")
+    n, count = self.shape[d], idx.shape[0]
+    shape = list(self.shape)
+    shape[d] = count
+    if list(values.shape) != shape:
+        values = aten.expand.default(values, shape)
+    ks = aten.reshape.default(aten.arange.start_step(0, count, dtype=torch.int32), [count, 1])
+    positions = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), [1, n])
+    hits = aten.eq.Tensor(aten.reshape.default(_wrapped_int32(idx, n), [count, 1]), positions)  # [count, n]
+    if accumulate:
+        moved = aten.movedim.int(values, d, -1) if d != self.dim() - 1 else values
+        onehot = aten.where.ScalarOther(hits, aten.full_like.default(hits, 1.0, dtype=values.dtype), 0.0)
+        added = aten.matmul.default(moved, onehot)  # [..., n]: each position's sum
+        added = aten.movedim.int(added, -1, d) if d != self.dim() - 1 else added
+        return aten.add.Tensor(self, added)
+    last = aten.amax.default(aten.where.ScalarOther(hits, ks, -1), [0])  # [n]: the last k per position
+    along = [1] * self.dim()
+    along[d] = n
+    named = aten.ge.Scalar(last, 0)
+    picked = aten.index_select.default(values, d, aten.where.ScalarOther(named, last, 0))
+    return aten.where.self(aten.reshape.default(named, along), picked, self)
+
+
 def _promoted(name: str, overload: str = "Tensor"):
     """A binary op of tensors of different dtypes (`weights * (ids == e)`, float times bool) as
     torch computes it: each tensor cast to the promoted dtype first (a bool or int32 to float is
@@ -531,6 +610,9 @@ OWN_DECOMPOSITIONS = {
        _promoted(n, "default" if n in ("maximum", "minimum") else "Tensor") for n in PROMOTED_BINARY},
     "aten.unfold.default": unfold,
     "aten._to_copy.default": to_copy,
+    "aten.copy.default": copy,
+    "aten.slice_scatter.default": slice_scatter,
+    "aten.index_put.default": index_put,
     "aten.layer_norm.default": layer_norm,
     "aten.std_mean.correction": std_mean,
     "aten.rrelu.default": rrelu,

@@ -8,9 +8,10 @@ import torch
 
 from texelflow.generated.ops import op_for_target
 from texelflow.runtime.graph.own_decompositions import (OWN_DECOMPOSITIONS, any_, argmax, argmin, bitwise_not,
-                                                        clamp_tensor, gather, index, layer_norm, max_all, max_dim,
-                                                        min_all, min_dim, pad, repeat, rrelu, split_with_sizes,
-                                                        std_mean, take_along_dim, topk, unbind, unfold)
+                                                        clamp_tensor, copy, gather, index, index_put, layer_norm,
+                                                        max_all, max_dim, min_all, min_dim, pad, repeat, rrelu,
+                                                        slice_scatter, split_with_sizes, std_mean, take_along_dim,
+                                                        topk, unbind, unfold)
 
 
 @pytest.mark.parametrize("shape, repeats", [
@@ -166,6 +167,31 @@ def test_layer_norm_over_several_dims_std_mean_and_rrelu():
         torch.testing.assert_close(got[0], want[0])
         torch.testing.assert_close(got[1], want[1])
     torch.testing.assert_close(rrelu(x, 0.1, 0.3), torch.nn.functional.rrelu(x, 0.1, 0.3, training=False))
+
+
+def test_copy_slice_scatter_and_index_put():
+    x, src = torch.randn(4, 6, 3), torch.randn(4, 2, 3)
+    aten = torch.ops.aten
+    torch.testing.assert_close(copy(x, src[:, :1]), aten.copy.default(x, src[:, :1]), rtol=0, atol=0)
+    torch.testing.assert_close(copy(x, torch.ones(6, 3, dtype=torch.int32)),
+                               aten.copy.default(x, torch.ones(6, 3, dtype=torch.int32)), rtol=0, atol=0)
+    for start, end in ((0, 2), (2, 4), (4, 6), (-2, None)):
+        want = aten.slice_scatter.default(x, src, 1, start, end)
+        torch.testing.assert_close(slice_scatter(x, src, 1, start, end), want, rtol=0, atol=0)
+    with pytest.raises(NotImplementedError):
+        slice_scatter(x, src, 1, 0, 4, 2)
+    mask, one = x > 0, torch.tensor(2.5)
+    for acc in (False, True):
+        torch.testing.assert_close(index_put(x, [mask], one, acc), aten.index_put.default(x, [mask], one, acc))
+        rows = torch.tensor([1, -1])
+        want = aten.index_put.default(x, [None, rows], src, acc)
+        torch.testing.assert_close(index_put(x, [None, rows], src, acc), want)
+        two = torch.randn(2, 6, 3)
+        torch.testing.assert_close(index_put(x, [rows], two, acc), aten.index_put.default(x, [rows], two, acc))
+        torch.testing.assert_close(index_put(x, [None, None, torch.tensor([2])], one, acc),
+                                   aten.index_put.default(x, [None, None, torch.tensor([2])], one, acc))
+    dup, three = torch.tensor([0, 3, 0]), torch.randn(3, 6, 3)
+    torch.testing.assert_close(index_put(x, [dup], three, True), aten.index_put.default(x, [dup], three, True))
 
 
 def _ties_and_nans():

@@ -344,6 +344,48 @@ def test_norms_over_several_dims_one_hot_and_rrelu_run_on_the_device(device):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=2e-6)
 
 
+def test_assignments_into_copies_run_on_the_device(device):
+    """Writes into a clone, functionalized by torch.export: `y[:, 1:3] = src` (slice_scatter),
+    `y[y > 0] = v` (index_put of a mask and one value), `y[:, idx] = src` and `y.index_add_(0, idx,
+    src)` (index_put of one index tensor, negative entries from the end), a whole-tensor
+    `copy_` (transformers' causal-mask update); NaN and Inf moved bit for bit."""
+    x = _special((5, 7))
+    src = _random(5, 2, seed=12)
+    idx = torch.tensor([3, -1])
+    rows = _random(2, 7, seed=13)
+
+    def fn(a, b, i, r, j):
+        y = a.clone()
+        y[:, 1:3] = b
+        z = a.clone()
+        z[z > 0] = 0.5
+        w = a.clone()
+        w[:, i] = b
+        v = a.clone()
+        v.copy_(r[:1].expand(5, 7))
+        return y, z, w, torch.zeros(6, 7).index_add(0, j, r), v
+
+    got, want = _run(device, fn, x, src, idx, rows, torch.tensor([4, 0]))
+    for g, w in zip(got, want, strict=True):
+        _same_bits(g, w)
+
+
+def test_last_token_of_each_sequence_runs_on_the_device(device):
+    """transformers' sequence-classification head: the last token before the first padding id,
+    `(ids.eq(pad).int().argmax(-1) - 1) % T`, Python's remainder of int32 on the device (a row
+    without padding wraps -1 to T - 1), then a two-tensor index."""
+    h = _random(3, 6, 4, seed=14)
+    ids = torch.tensor([[5, 3, 2, 0, 0, 0], [1, 2, 3, 4, 5, 6], [7, 0, 0, 0, 0, 0]])
+
+    def fn(a, t):
+        last = (torch.eq(t, 0).int().argmax(-1) - 1) % t.shape[-1]
+        return a[torch.arange(a.shape[0]), last], last
+
+    got, want = _run(device, fn, h, ids)
+    _same_bits(got[0], want[0])
+    assert got[1].dtype == torch.int64 and torch.equal(got[1], want[1])
+
+
 def test_position_ids_from_arange_compare_on_the_device(device):
     """A length mask `arange(T) < lengths[:, None]`: the folded arange is an int64 constant whose
     values fit int32, held narrowed like the int64 input it meets, so the compare runs on the

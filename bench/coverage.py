@@ -1,0 +1,159 @@
+"""Coverage benchmark: which patterns of third-party model code run whole on the device.
+
+Each case is a few lines as transformers, timm, open_clip or a detection head writes them. For
+each, the plan's CPU nodes (count and the first reason) and the compiled program's largest
+error against eager torch, relative to the largest reference value. Nothing is timed: a pattern
+either runs on the device or its plan says why not.
+
+    python bench/coverage.py                 # every case, a markdown table
+    python bench/coverage.py --only topk     # the cases whose name contains this
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import texelflow
+
+
+class Call(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def _clip_pool(x, ids):
+    return x[torch.arange(x.shape[0]), ids.argmax(dim=-1)]
+
+
+def _roberta_positions(ids):
+    mask = ids.ne(1).int()
+    return (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + 1
+
+
+def _last_token(h, ids):
+    last = (torch.eq(ids, 0).int().argmax(-1) - 1) % ids.shape[-1]
+    return h[torch.arange(h.shape[0]), last]
+
+
+def _length_mask(x, lengths):
+    keep = torch.arange(x.shape[1])[None, :] < lengths[:, None]
+    return x.masked_fill(~keep[:, :, None], 0.0).sum(1)
+
+
+def _causal_update(x, attention_mask):
+    t = attention_mask.shape[1]
+    low = torch.finfo(torch.float32).min
+    causal = torch.triu(torch.full((t, t), low), diagonal=1)
+    causal = causal * (torch.arange(t) > torch.arange(t).reshape(-1, 1))
+    causal = causal[None, None].expand(x.shape[0], 1, -1, -1).clone()
+    padding = (causal[:, :, :, :t] + attention_mask[:, None, None, :]) == 0
+    causal[:, :, :, :t] = causal[:, :, :, :t].masked_fill(padding, low)
+    return torch.softmax(x + causal, -1)
+
+
+def _router(x):
+    weights, chosen = x.topk(2, dim=-1)
+    return weights.softmax(-1) * (chosen == 1).sum(-1, keepdim=True)
+
+
+def _assignments(x, src):
+    y = x.clone()
+    y[:, 1:3] = src
+    y[y > 2] = 0.0
+    return y.index_add(0, torch.tensor([3, 0]), x[:2])
+
+
+def _bloom_alibi(x, attention_mask):
+    positions = ((attention_mask.cumsum(dim=-1) - 1) * attention_mask)[:, None, :]
+    return x + torch.tensor([0.5, 0.25])[..., None] * positions
+
+
+IDS = torch.tensor([[0, 5, 7, 9, 2, 1, 1], [0, 3, 4, 5, 6, 8, 2]])
+PADDED = torch.tensor([[5, 3, 2, 7, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]])
+MASK = (PADDED != 0).long()
+G = torch.Generator().manual_seed(0)
+
+
+def _randn(*shape):
+    return torch.randn(*shape, generator=G)
+
+
+CASES = {
+    # name: (callable or module, inputs, what it stands for)
+    "clip_pool": (_clip_pool, (_randn(2, 7, 8), IDS), "open_clip's text pooling, x[arange(B), ids.argmax(-1)]"),
+    "roberta_positions": (_roberta_positions, (IDS,), "RoBERTa / XLM-R position ids from the padding mask"),
+    "last_token": (_last_token, (_randn(2, 7, 4), PADDED), "transformers' sequence-classification pooling"),
+    "length_mask": (_length_mask, (_randn(3, 6, 4), torch.tensor([6, 2, 4])), "arange(T) < lengths[:, None]"),
+    "causal_update": (_causal_update, (_randn(2, 1, 7, 7), MASK), "transformers' causal mask, updated in place"),
+    "router_top2": (_router, (_randn(2, 5, 8),), "a mixture-of-experts router: topk, float x bool"),
+    "gather": (lambda x, i: torch.gather(x, 1, i), (_randn(3, 5, 4), torch.randint(0, 5, (3, 2, 4), generator=G)),
+               "torch.gather"),
+    "take_along_dim": (lambda x, i: torch.take_along_dim(x, i, dim=-1), (_randn(3, 5), torch.tensor([[4], [-1], [0]])),
+                       "torch.take_along_dim"),
+    "one_hot": (lambda i: F.one_hot(i, 10).float(), (IDS,), "F.one_hot"),
+    "f_unfold": (lambda x: F.unfold(x, 3, padding=1), (_randn(1, 3, 6, 7),), "F.unfold (im2col)"),
+    "tensor_unfold": (lambda x: x.unfold(-1, 4, 2), (_randn(2, 3, 9),), "Tensor.unfold (framing)"),
+    "circular_pad": (lambda x: F.pad(x, (1, 1, 2, 0), mode="circular"), (_randn(1, 3, 5, 6),), "F.pad circular"),
+    "bicubic": (lambda x: F.interpolate(x, scale_factor=2, mode="bicubic"), (_randn(1, 3, 5, 6),), "bicubic upsampling"),
+    "layer_norm_chw": (nn.LayerNorm([3, 5, 6]), (_randn(2, 3, 5, 6),), "nn.LayerNorm([C, H, W])"),
+    "whole_max": (lambda x: x / x.max() - x.min(), (_randn(2, 3, 5),), "x.max(), x.min()"),
+    "std_mean": (lambda x: torch.std_mean(x, dim=(2, 3))[0], (_randn(2, 3, 5, 6),), "torch.std_mean"),
+    "assignments": (_assignments, (_randn(5, 7), _randn(5, 2)), "y[:, a:b] = src, y[mask] = v, index_add"),
+    "bloom_alibi": (_bloom_alibi, (_randn(2, 2, 7), MASK), "BLOOM's alibi: a cumsum of the int64 attention mask"),
+    "scatter_add": (lambda x, i: torch.zeros(2, 6).scatter_add(1, i, x), (_randn(2, 5), IDS[:, :5] % 6),
+                    "Tensor.scatter_add"),
+    "sort": (lambda x: x.sort(-1)[0], (_randn(2, 9),), "torch.sort"),
+}
+
+
+def run_case(name: str) -> tuple[int, str, float | None]:
+    """(CPU nodes, the first one's reason, relative max error) of one case."""
+    fn, inputs, _ = CASES[name]
+    model = fn if isinstance(fn, nn.Module) else Call(fn)
+    model.eval()
+    with torch.no_grad():
+        want = model(*inputs)
+        with texelflow.compile(model, inputs) as prog:
+            got = prog(*inputs)
+            fallbacks = prog.plan.fallbacks
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    err = 0.0
+    for g, w in zip(got, want):
+        g, w = g.double(), w.double()
+        scale = w[torch.isfinite(w)].abs().max().item() if torch.isfinite(w).any() else 1.0
+        err = max(err, ((g - w).abs().nan_to_num(0.0).max().item()) / max(scale, 1e-12))
+    why = fallbacks[0][1] if fallbacks else ""
+    return len(fallbacks), why, err
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    print("| case | pattern | CPU nodes | max error (relative) | first CPU node's reason |")
+    print("|---|---|---:|---:|---|")
+    for name, (_, _, what) in CASES.items():
+        if args.only not in name:
+            continue
+        try:
+            count, why, err = run_case(name)
+            shown = why if len(why) <= 110 else why[:107] + "..."
+            print(f"| {name} | {what} | {count} | {err:.1e} | {shown.replace('|', '/')} |", flush=True)
+        except Exception as exc:  # a case that fails to compile: reported, the rest still run
+            print(f"| {name} | {what} | error | - | {type(exc).__name__}: {str(exc).splitlines()[0][:100]} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
