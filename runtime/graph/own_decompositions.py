@@ -19,7 +19,8 @@ a bool cast to int32 or int64 as a where between 1 and 0, and a sum of bools as 
 RReLU in inference as a leaky ReLU; `copy` (a functionalized whole-tensor `copy_`) as a cast or
 expand of its source; `slice_scatter` (`y[:, a:b] = src`) as a cat; `index_put`
 with a bool mask and one value as a where, with one 1-D index as a where of gathered values (or,
-accumulating, a one-hot product);
+accumulating, a one-hot product); `scatter_add` and `scatter` by a one-hot comparison of the index
+with the positions along the dim (a sum of the sources it selects, or the last one);
 `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
 least of them, in int32, widened by a cast the device holds narrowed. `_safe_softmax` (in torch's
 attention decomposition) as a softmax and a where on the row max. `cumsum` with a dtype as a cast
@@ -251,8 +252,16 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
     aten = torch.ops.aten
     if k > TOPK_MAX_K:
         raise NotImplementedError(f"topk with k = {k}, above {TOPK_MAX_K} rounds")
-    x = aten.reshape.default(self, [1]) if self.dim() == 0 else self
-    d = dim % x.dim()
+    if self.dim() == 0:
+        v, i = topk(aten.reshape.default(self, [1]), k, 0, largest)
+        return aten.reshape.default(v, []), aten.reshape.default(i, [])
+    d = dim % self.dim()
+    if self.dim() > 3:  # the dims before and after dim merged: the reductions take rank <= 4
+        lead, trail = math.prod(self.shape[:d]), math.prod(self.shape[d + 1:])
+        v, i = topk(aten.reshape.default(self, [lead, self.shape[d], trail]), k, 1, largest)
+        shape = list(self.shape[:d]) + [k] + list(self.shape[d + 1:])
+        return aten.reshape.default(v, shape), aten.reshape.default(i, shape)
+    x = self
     n = x.shape[d]
     if k == 0 or k > n:
         raise NotImplementedError("topk of no elements")
@@ -289,8 +298,6 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
         taken = mine if taken is None else aten.logical_or.default(taken, mine)
     out_values = values[0] if k == 1 else aten.cat.default(values, d)
     out_indices = aten._to_copy.default(picks[0] if k == 1 else aten.cat.default(picks, d), dtype=torch.int64)
-    if self.dim() == 0:
-        return aten.reshape.default(out_values, []), aten.reshape.default(out_indices, [])
     return out_values, out_indices
 
 
@@ -568,6 +575,81 @@ def index_put(self, indices, values, accumulate=False):
     return aten.where.self(aten.reshape.default(named, along), picked, self)
 
 
+# The one-hot comparison a scatter decomposes into holds index.numel() x self.shape[dim] truth
+# values; past this it would cost more memory than the scatter is worth, so the node runs whole on
+# the CPU with its reason.
+SCATTER_MAX_HITS = 1 << 22
+
+
+def _scatter_hits(self, dim, index):
+    """(dim, hits, last): hits [.., K, n, ..] (index entry k names position p along dim, the
+    pair's axes at dim and dim + 1) and last [.., n, ..], the last k naming each position or -1."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dim() == 0 or index.dim() != self.dim():
+        raise NotImplementedError("scatter of a 0-d tensor")
+    d = dim % self.dim()
+    if any(index.shape[k] != self.shape[k] for k in range(self.dim()) if k != d):
+        raise NotImplementedError("scatter with an index smaller than self off its dim")
+    n, count = self.shape[d], index.shape[d]
+    if index.numel() * n > SCATTER_MAX_HITS:
+        raise NotImplementedError(f"scatter of {index.numel()} entries over {n} positions (above {SCATTER_MAX_HITS})")
+    along = [1] * (self.dim() + 1)
+    along[d + 1] = n
+    positions = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), along)
+    hits = aten.eq.Tensor(aten.unsqueeze.default(_wrapped_int32(index, n), d + 1), positions)
+    along[d + 1], along[d] = 1, count
+    ks = aten.reshape.default(aten.arange.start_step(0, count, dtype=torch.int32), along)
+    last = aten.amax.default(aten.where.ScalarOther(hits, ks, -1), [d])
+    return d, hits, last
+
+
+def _sources(src, index):
+    """src cut to index's shape (torch reads src only where index has entries)."""
+    import torch
+
+    for k, n in enumerate(index.shape):
+        if src.shape[k] != n:
+            src = torch.ops.aten.slice.Tensor(src, k, 0, n)
+    return src
+
+
+def scatter_add(self, dim, index, src):
+    """Tensor.scatter_add as a one-hot comparison of index with the positions along dim and a sum
+    of the sources it selects (summed in another order than torch's loop: rounding only)."""
+    import torch
+
+    aten = torch.ops.aten
+    d, hits, _ = _scatter_hits(self, dim, index)
+    picked = aten.where.ScalarOther(hits, aten.unsqueeze.default(_sources(src, index), d + 1), 0.0) \
+        if src.dtype.is_floating_point else None
+    if picked is None:
+        raise NotImplementedError("scatter_add of integers")
+    return aten.add.Tensor(self, aten.sum.dim_IntList(picked, [d]))
+
+
+def scatter_src(self, dim, index, src):
+    """Tensor.scatter (no reduction): each position named by index takes the source of the last
+    entry naming it (torch leaves duplicates unspecified), the others keep self."""
+    import torch
+
+    aten = torch.ops.aten
+    d, _, last = _scatter_hits(self, dim, index)
+    named = aten.ge.Scalar(last, 0)
+    picked = gather(_sources(src, index), d, aten.where.ScalarOther(named, last, 0))
+    return aten.where.self(named, picked, self)
+
+
+def scatter_value(self, dim, index, value):
+    """Tensor.scatter with a number: the positions index names take it, the others keep self."""
+    import torch
+
+    aten = torch.ops.aten
+    d, _, last = _scatter_hits(self, dim, index)
+    return aten.where.ScalarSelf(aten.ge.Scalar(last, 0), value, self)
+
+
 def _promoted(name: str, overload: str = "Tensor"):
     """A binary op of tensors of different dtypes (`weights * (ids == e)`, float times bool) as
     torch computes it: each tensor cast to the promoted dtype first (a bool or int32 to float is
@@ -613,6 +695,9 @@ OWN_DECOMPOSITIONS = {
     "aten.copy.default": copy,
     "aten.slice_scatter.default": slice_scatter,
     "aten.index_put.default": index_put,
+    "aten.scatter_add.default": scatter_add,
+    "aten.scatter.src": scatter_src,
+    "aten.scatter.value": scatter_value,
     "aten.layer_norm.default": layer_norm,
     "aten.std_mean.correction": std_mean,
     "aten.rrelu.default": rrelu,

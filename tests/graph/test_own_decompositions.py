@@ -10,8 +10,9 @@ from texelflow.generated.ops import op_for_target
 from texelflow.runtime.graph.own_decompositions import (OWN_DECOMPOSITIONS, any_, argmax, argmin, bitwise_not,
                                                         clamp_tensor, copy, gather, index, index_put, layer_norm,
                                                         max_all, max_dim, min_all, min_dim, pad, repeat, rrelu,
-                                                        slice_scatter, split_with_sizes, std_mean, take_along_dim,
-                                                        topk, unbind, unfold)
+                                                        scatter_add, scatter_src, scatter_value, slice_scatter,
+                                                        split_with_sizes, std_mean, take_along_dim, topk, unbind,
+                                                        unfold)
 
 
 @pytest.mark.parametrize("shape, repeats", [
@@ -148,6 +149,14 @@ def test_topk(largest, dim, k):
     assert topk(tied, 3, -1, largest)[1].tolist() == ([[1, 2, 4]] if largest else [[3, 0, 1]])
 
 
+def test_topk_of_rank_five_merges_the_other_dims():
+    x = torch.randn(2, 3, 4, 5, 6)
+    for dim in (0, 2, -1):
+        v, i = topk(x, 2, dim)
+        wv, wi = torch.topk(x, 2, dim)
+        assert torch.equal(v, wv) and torch.equal(i, wi)
+
+
 def test_topk_of_many_stays_whole():
     with pytest.raises(NotImplementedError):
         topk(torch.randn(2, 40), 17)
@@ -192,6 +201,27 @@ def test_copy_slice_scatter_and_index_put():
                                    aten.index_put.default(x, [None, None, torch.tensor([2])], one, acc))
     dup, three = torch.tensor([0, 3, 0]), torch.randn(3, 6, 3)
     torch.testing.assert_close(index_put(x, [dup], three, True), aten.index_put.default(x, [dup], three, True))
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_scatter_add_and_scatter(dim):
+    """Against torch: index entries more or fewer than the positions, src larger than index (cut),
+    a number; scatter's sources with positions named once (torch leaves duplicates unspecified)."""
+    g = torch.Generator().manual_seed(3 + dim)
+    x = torch.randn(3, 6, 4, generator=g)
+    for count in (2, 9):
+        shape = list(x.shape)
+        shape[dim] = count
+        idx = torch.randint(0, x.shape[dim], shape, generator=g)
+        src = torch.randn([n + 1 for n in shape], generator=g)
+        cut = src[tuple(slice(0, n) for n in shape)]
+        torch.testing.assert_close(scatter_add(x, dim, idx, src), torch.scatter_add(x, dim, idx, cut))
+        torch.testing.assert_close(scatter_value(x, dim, idx, -2.5), torch.scatter(x, dim, idx, -2.5), rtol=0, atol=0)
+    rows = torch.stack([torch.randperm(6, generator=g)[:4] for _ in range(3)])  # along dim 1, each once
+    y, src = torch.randn(3, 6, generator=g), torch.randn(3, 5, generator=g)
+    torch.testing.assert_close(scatter_src(y, 1, rows, src), torch.scatter(y, 1, rows, src[:, :4]), rtol=0, atol=0)
+    with pytest.raises(NotImplementedError):  # an index narrower than self off its dim
+        scatter_add(x, 0, torch.zeros(2, 5, 4, dtype=torch.int64), x)
 
 
 def _ties_and_nans():

@@ -370,6 +370,23 @@ def test_assignments_into_copies_run_on_the_device(device):
         _same_bits(g, w)
 
 
+def test_scatters_run_on_the_device(device):
+    """A graph network's message sum (`zeros(N, F).scatter_add(0, dst.expand(-1, F), messages)`,
+    more entries than nodes), scatter of sources and of a number; Inf and NaN among the sources."""
+    messages = _special((5, 7))
+    dst = torch.tensor([[2], [0], [2], [3], [0]])
+    where = torch.tensor([[4, 0, 2], [1, 3, 6]])
+
+    def fn(m, t, w):
+        summed = torch.zeros(4, 7).scatter_add(0, t.expand(-1, 7), m)
+        return summed, torch.zeros(2, 7).scatter(1, w, m[:2, :3]), m[:2].scatter(1, w, 9.0)
+
+    got, want = _run(device, fn, messages, dst, where)
+    torch.testing.assert_close(got[0], want[0], equal_nan=True, rtol=1e-6, atol=1e-6)
+    _same_bits(got[1], want[1])
+    _same_bits(got[2], want[2])
+
+
 def test_last_token_of_each_sequence_runs_on_the_device(device):
     """transformers' sequence-classification head: the last token before the first padding id,
     `(ids.eq(pad).int().argmax(-1) - 1) % T`, Python's remainder of int32 on the device (a row
