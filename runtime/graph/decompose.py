@@ -16,7 +16,7 @@ import threading
 
 _CACHE: dict = {}
 # Trace key -> why texelflow's own decomposition refused those arguments (its NotImplementedError:
-# `topk with k = 17 above 16`), for the node's fallback reason (`refusal`).
+# `topk with k = 17, above 16 rounds`), for the node's fallback reason (`refusal`).
 _REFUSALS: dict = {}
 _CACHE_LIMIT = 2048
 _LOCK = threading.Lock()  # make_fx and fake modes are process-wide state: one trace at a time

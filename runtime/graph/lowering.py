@@ -187,6 +187,8 @@ def _unchanged_or_widened(node, ins) -> bool:
 
 
 def _held_as_cast(node, ins) -> bool:
+    """A cast whose result dtype is the one the device already holds its input in (a narrowed
+    int64 cast to int32)."""
     out = node.meta.get("val")
     src = node.args[0].meta.get("val") if node.args and hasattr(node.args[0], "meta") else None
     return out is not None and src is not None and dtype_name(out.dtype) == ins[0].dtype and \
@@ -268,7 +270,7 @@ class _Lowering:
             from .decompose import refusal
 
             why = refusal(node, target) if ir_node.fallback is not None else None
-            if why:  # own_decompositions' limit (`topk with k = 17 above 16`)
+            if why:  # own_decompositions' limit (`topk with k = 17, above 16 rounds`)
                 ir_node.fallback = self.last_fallback = f"{ir_node.fallback}; its decomposition refuses {why}"
             return self._result(node, ir_node)
         _truncate(graph, *mark)
@@ -415,7 +417,7 @@ class _Lowering:
                 ir_node.fallback = NOT_IDENTITY_REASONS.get(target_name(target), ir_node.fallback)
         self.graph.fx_inputs[ir_node] = ins
         if ir_node.op is not None:
-            int_ranges.record(self.graph, ir_node, self.folder.tensor)
+            int_ranges.record(self.graph, ir_node, self.folder.tensor if self.folder is not None else lambda v: None)
         if ir_node.op is not None and (narrow_view(self.graph, ir_node) or
                                        ir_node.op.is_identity and narrow_widening(self.graph, ir_node) or
                                        int_ranges.narrow_bounded(self.graph, ir_node)):

@@ -48,8 +48,8 @@ MOVE_OPS = {
 
 def narrow_view(graph: PlanGraph, node: Node) -> bool:
     """Narrow the output of a view-like op (the registry's identity ops: view, reshape, squeeze,
-    ...) or a move (MOVE_TEMPLATES, MOVE_OPS) of narrowed values, as its inputs: it moves the same, already
-    checked values (`input_ids.view(-1, T)` before an embedding). True when it did."""
+    ...) or a move (MOVE_TEMPLATES, MOVE_OPS) of narrowed values, as its inputs: it moves the
+    same, already checked values (`input_ids.view(-1, T)` before an embedding). True when it did."""
     narrowed = graph.input_host_dtypes
     moved = MOVE_OPS.get(node.op.name)
     read = [v for k, v in node.tensor_args() if moved is None or k in moved]

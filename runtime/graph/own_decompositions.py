@@ -534,7 +534,7 @@ def index_put(self, indices, values, accumulate=False):
     """`y[mask] = v` and `y[mask] += v` with a bool mask and a value that broadcasts (one
     element: no data-dependent shape) as a where; `y[:, idx] = v` (`+= v` with accumulate) with one
     1-D integer index tensor as a where of the gathered values at the positions idx names (the
-    last k naming a position wins, as torch's kernel does for duplicates) or their sum (a one-hot
+    last k naming a position wins; torch leaves duplicates unspecified) or their sum (a one-hot
     matrix product). Negative entries count from the end."""
     import torch
 
