@@ -108,6 +108,8 @@ CASES = {
     "whole_max": (lambda x: x / x.max() - x.min(), (_randn(2, 3, 5),), "x.max(), x.min()"),
     "std_mean": (lambda x: torch.std_mean(x, dim=(2, 3))[0], (_randn(2, 3, 5, 6),), "torch.std_mean"),
     "assignments": (_assignments, (_randn(5, 7), _randn(5, 2)), "y[:, a:b] = src, y[mask] = v, index_add"),
+    "grid_sample": (lambda x, g: F.grid_sample(x, g, align_corners=False), (_randn(1, 3, 5, 6), _randn(1, 4, 4, 2)),
+                    "F.grid_sample (a spatial transformer's warp)"),
     "bloom_alibi": (_bloom_alibi, (_randn(2, 2, 7), MASK), "BLOOM's alibi: a cumsum of the int64 attention mask"),
     "scatter_add": (lambda x, i: torch.zeros(2, 6).scatter_add(1, i, x), (_randn(2, 5), IDS[:, :5] % 6),
                     "Tensor.scatter_add"),

@@ -2774,6 +2774,48 @@ OPS: dict[str, OpEntry] = {
             'global_avg_pool_wg_float32_texture3d',
         ),
     ),
+    'grid_sampler_2d': OpEntry(
+        name='grid_sampler_2d',
+        targets=(
+            'aten.grid_sampler_2d.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='ANY_STORAGE'),
+            Arg('grid', 'tensor', repset='ANY_BUFFER'),
+            Arg('interpolation_mode', 'int'),
+            Arg('padding_mode', 'int'),
+            Arg('align_corners', 'bool'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('interpolation_mode', 'int', 'arg', (('arg', 'interpolation_mode'),)),
+            Push('padding_mode', 'int', 'arg', (('arg', 'padding_mode'),)),
+            Push('align_corners', 'int', 'arg', (('arg', 'align_corners'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('grid', (4,)), ('input', (4,)))),)),
+            Check('at_most', (('at_most', 'interpolation_mode'), ('of', 'out'), ('value', 1))),
+            Check('at_most', (('at_most', 'padding_mode'), ('of', 'out'), ('value', 1))),
+        ),
+        grid=('per_output_unit',),
+        template='grid_sample',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'grid_sampler_2d_float16_buffer',
+            'grid_sampler_2d_float16_texture3d',
+            'grid_sampler_2d_float32_buffer',
+            'grid_sampler_2d_float32_texture3d',
+        ),
+    ),
     'group_norm': OpEntry(
         name='group_norm',
         targets=(
@@ -7013,6 +7055,7 @@ TARGETS: dict[str, str] = {
     'aten.ge.Scalar': 'ge_scalar',
     'aten.ge.Tensor': 'ge',
     'aten.gelu.default': 'gelu',
+    'aten.grid_sampler_2d.default': 'grid_sampler_2d',
     'aten.group_norm.default': 'group_norm',
     'aten.gt.Scalar': 'gt_scalar',
     'aten.gt.Tensor': 'gt',

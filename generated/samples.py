@@ -768,6 +768,14 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'self': (1, 13, 56, 56)},
         {'self': (2, 7, 1, 3)},
     ),
+    'grid_sampler_2d': (
+        {'align_corners': False, 'grid': (2, 4, 6, 2), 'input': (2, 3, 5, 7), 'interpolation_mode': 0, 'padding_mode': 0},
+        {'align_corners': True, 'grid': (2, 4, 6, 2), 'input': (2, 3, 5, 7), 'interpolation_mode': 0, 'padding_mode': 1},
+        {'align_corners': False, 'grid': (1, 3, 5, 2), 'input': (1, 6, 4, 4), 'interpolation_mode': 1, 'padding_mode': 0},
+        {'align_corners': True, 'grid': (1, 7, 1, 2), 'input': (1, 5, 7, 3), 'interpolation_mode': 1, 'padding_mode': 1},
+        {'align_corners': True, 'grid': (3, 2, 3, 2), 'input': (3, 1, 1, 5), 'interpolation_mode': 0, 'padding_mode': 0},
+        {'align_corners': False, 'grid': (1, 1, 1, 2), 'input': (1, 7, 6, 5), 'interpolation_mode': 0, 'padding_mode': 1},
+    ),
     'group_norm': (
         {'bias': (6,), 'eps': 1e-05, 'input': (2, 6, 5, 7), 'num_groups': 3, 'weight': (6,)},
         {'input': (2, 6, 5, 7), 'num_groups': 1},
@@ -2068,6 +2076,7 @@ VALUE_RANGES: dict[str, dict[str, tuple[float, float]]] = {
     'div': {'other': (0.25, 4.0)},
     'dynamic_quantize_dequantize': {'observed_max': (0.75, 7.0), 'observed_min': (-6.0, 0.5), 'self': (-8.0, 8.0)},
     'embedding': {'indices': (0.0, 4.0)},
+    'grid_sampler_2d': {'grid': (-1.3, 1.3)},
     'group_norm': {'input': (-2.0, 4.0)},
     'index_select': {'index': (0.0, 2.0)},
     'layer_norm': {'input': (-2.0, 4.0)},

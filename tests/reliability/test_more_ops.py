@@ -403,6 +403,25 @@ def test_last_token_of_each_sequence_runs_on_the_device(device):
     assert got[1].dtype == torch.int64 and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("mode, padding, align", [("bilinear", "zeros", False), ("bilinear", "border", True),
+                                                   ("nearest", "zeros", True), ("nearest", "border", False)])
+def test_grid_sample_runs_on_the_device(mode, padding, align, device):
+    """F.grid_sample (a spatial transformer's warp), points inside and outside the input; NaN and
+    Inf in the input spread to the taps that read them, as in torch. Bicubic and reflection run
+    on the CPU with their reason."""
+    x = _special((5, 7)).reshape(1, 1, 5, 7).expand(2, 3, 5, 7).contiguous()
+    x[1] = _random(3, 5, 7, seed=15)
+    grid = _random(2, 4, 6, 2, seed=16, low=-1.3, high=1.3)
+
+    got, want = _run(device, lambda a, g: F.grid_sample(a, g, mode=mode, padding_mode=padding,
+                                                       align_corners=align), x, grid)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-5, atol=1e-5)
+    with texelflow.compile(Call(lambda a, g: F.grid_sample(a, g, padding_mode="reflection", align_corners=False)),
+                           (x, grid), device=device) as prog:
+        (name, why), = prog.plan.fallbacks
+        assert "padding_mode" in why and "\n" not in why, why
+
+
 def test_position_ids_from_arange_compare_on_the_device(device):
     """A length mask `arange(T) < lengths[:, None]`: the folded arange is an int64 constant whose
     values fit int32, held narrowed like the int64 input it meets, so the compare runs on the
