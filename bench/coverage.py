@@ -114,6 +114,7 @@ CASES = {
     "scatter_add": (lambda x, i: torch.zeros(2, 6).scatter_add(1, i, x), (_randn(2, 5), IDS[:, :5] % 6),
                     "Tensor.scatter_add"),
     "sort": (lambda x: x.sort(-1)[0], (_randn(2, 9),), "torch.sort"),
+    "sort_long": (lambda x: x.argsort(-1), (_randn(4, 2048),), "argsort of 2,048-element lines"),
 }
 
 

@@ -272,6 +272,7 @@ class _Lowering:
             why = refusal(node, target) if ir_node.fallback is not None else None
             if why:  # own_decompositions' limit (`topk with k = 17, above 16 rounds`)
                 ir_node.fallback = self.last_fallback = f"{ir_node.fallback}; its decomposition refuses {why}"
+                self.last_cause = f"{target_name(target or node.target)} ({ir_node.fallback})"
             return self._result(node, ir_node)
         _truncate(graph, *mark)
         result, why = self._lowered_pieces(pieces, name, ins, depth)

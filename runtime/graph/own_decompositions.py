@@ -11,7 +11,8 @@ several trailing dims as one over their product; `std_mean` as var_mean and a sq
 Ops torch keeps whole: `any` (and so `all`, which torch decomposes through it) as a max of truth
 values; `bitwise_not`; `clamp` with tensor bounds; `index` with integer index tensors, as one
 index_select of a flat (for several tensors, linear) index;
-`topk` (k <= 16) as k rounds of an extreme and its first untaken position; `gather` and
+`topk` (k <= 16) as k rounds of an extreme and its first untaken position; `sort` (and so
+`argsort`) by ranks from a pairwise comparison; `gather` and
 `take_along_dim` as index, `Tensor.unfold` by its windows' positions;
 circular `pad` as a cat of wrapped ends; `max()` and `min()` of a whole tensor as amax and amin;
 binary ops of tensors of two dtypes (float times bool) with casts to the promoted dtype first;
@@ -299,6 +300,53 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
     out_values = values[0] if k == 1 else aten.cat.default(values, d)
     out_indices = aten._to_copy.default(picks[0] if k == 1 else aten.cat.default(picks, d), dtype=torch.int64)
     return out_values, out_indices
+
+
+# sort compares every pair of a line's elements: past this many pairs (over all lines) the node
+# runs whole on the CPU, with its reason.
+SORT_MAX_PAIRS = 1 << 22
+
+
+def sort(self, dim=-1, descending=False, stable=False):
+    """torch.sort by ranks: element i's place is the count of elements that come before it (less,
+    or greater when descending; NaN counts as the largest; equal ones by position, so the order
+    is stable), then each place gathers the element ranked there. The pairwise comparison is
+    n x n per line (SORT_MAX_PAIRS in all). The indices are int32 on the device, widened to
+    int64 by a cast the device holds narrowed. torch's unstable order among equal values is
+    unspecified; this one is always the stable one."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dim() == 0:
+        return aten.alias.default(self), aten.zeros_like.default(self, dtype=torch.int64)
+    d = dim % self.dim()
+    n = self.shape[d]
+    lead, trail = math.prod(self.shape[:d]), math.prod(self.shape[d + 1:])
+    if lead * n * n * trail > SORT_MAX_PAIRS:
+        raise NotImplementedError(f"sort of {lead * trail} lines of {n} (above {SORT_MAX_PAIRS} pairs)")
+    x = aten.reshape.default(self, [lead, n, trail])
+    a, b = aten.unsqueeze.default(x, 2), aten.unsqueeze.default(x, 1)  # i along dim 1, j along dim 2
+    ahead = (aten.gt if descending else aten.lt).Tensor(b, a)
+    tie = aten.eq.Tensor(b, a)
+    if x.dtype.is_floating_point:
+        nan_a, nan_b = aten.ne.Tensor(a, a), aten.ne.Tensor(b, b)
+        first, second = (nan_b, nan_a) if descending else (nan_a, nan_b)
+        ahead = aten.logical_or.default(ahead, aten.logical_and.default(first, aten.logical_not.default(second)))
+        tie = aten.logical_or.default(tie, aten.logical_and.default(nan_a, nan_b))
+    i = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), [1, n, 1, 1])
+    j = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), [1, 1, n, 1])
+    before = aten.logical_or.default(ahead, aten.logical_and.default(tie, aten.lt.Tensor(j, i)))
+    rank = aten._to_copy.default(aten.sum.dim_IntList(to_copy(before, dtype=torch.int32), [2]), dtype=torch.int32)
+    placed = aten.eq.Tensor(aten.unsqueeze.default(rank, 1), aten.reshape.default(
+        aten.arange.start_step(0, n, dtype=torch.int32), [1, n, 1, 1]))  # [lead, place, i, trail]
+    source = aten.amax.default(aten.where.ScalarOther(placed, j, -1), [2])  # [lead, place, trail]
+    values = gather(x, 1, source)
+    indices = aten._to_copy.default(source, dtype=torch.int64)
+    return aten.reshape.default(values, list(self.shape)), aten.reshape.default(indices, list(self.shape))
+
+
+def sort_stable(self, *, stable=None, dim=-1, descending=False):
+    return sort(self, dim, descending, bool(stable))
 
 
 def unfold(self, dimension, size, step):
@@ -704,6 +752,8 @@ OWN_DECOMPOSITIONS = {
     "aten.sum.dim_IntList": sum_of_bools,
     "aten.sum.default": sum_of_bools,
     "aten.topk.default": topk,
+    "aten.sort.default": sort,
+    "aten.sort.stable": sort_stable,
     "aten.pad.default": pad,
     "aten.max.default": max_all,
     "aten.min.default": min_all,

@@ -10,7 +10,7 @@ from texelflow.generated.ops import op_for_target
 from texelflow.runtime.graph.own_decompositions import (OWN_DECOMPOSITIONS, any_, argmax, argmin, bitwise_not,
                                                         clamp_tensor, copy, gather, index, index_put, layer_norm,
                                                         max_all, max_dim, min_all, min_dim, pad, repeat, rrelu,
-                                                        scatter_add, scatter_src, scatter_value, slice_scatter,
+                                                        scatter_add, scatter_src, scatter_value, slice_scatter, sort,
                                                         split_with_sizes, std_mean, take_along_dim, topk, unbind,
                                                         unfold)
 
@@ -222,6 +222,25 @@ def test_scatter_add_and_scatter(dim):
     torch.testing.assert_close(scatter_src(y, 1, rows, src), torch.scatter(y, 1, rows, src[:, :4]), rtol=0, atol=0)
     with pytest.raises(NotImplementedError):  # an index narrower than self off its dim
         scatter_add(x, 0, torch.zeros(2, 5, 4, dtype=torch.int64), x)
+
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_sort_by_ranks_is_torchs_stable_sort(dim, descending):
+    """Values and indices as torch.sort(stable=True): NaN the largest, equal values (ties and
+    NaNs) in their order; integers too; argsort follows (torch decomposes it to sort)."""
+    x = _ties_and_nans()
+    got, want = sort(x, dim, descending), torch.sort(x, dim=dim, descending=descending, stable=True)
+    torch.testing.assert_close(got[0], want[0], equal_nan=True, rtol=0, atol=0)
+    assert got[1].dtype == torch.int64 and torch.equal(got[1], want[1])
+    ints = torch.randint(-3, 3, (4, 5, 6), dtype=torch.int32)
+    got, want = sort(ints, dim, descending), torch.sort(ints, dim=dim, descending=descending, stable=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_sort_of_long_lines_stays_whole():
+    with pytest.raises(NotImplementedError):
+        sort(torch.randn(8, 2048), -1)
 
 
 def _ties_and_nans():

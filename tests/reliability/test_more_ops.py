@@ -422,6 +422,24 @@ def test_grid_sample_runs_on_the_device(mode, padding, align, device):
         assert "padding_mode" in why and "\n" not in why, why
 
 
+def test_sort_and_argsort_run_on_the_device(device):
+    """torch.sort and argsort of short lines (token pruning's argsort of scores): values with NaN
+    and Inf in torch's places, indices as torch's stable sort; a line too long for the pairwise
+    ranks runs on the CPU with its reason."""
+    x = _special((5, 7))
+
+    def fn(a):
+        v, i = torch.sort(a, dim=-1, stable=True)
+        return v, i, torch.argsort(a, dim=0, descending=True, stable=True), a.sort(0, descending=True)[0]
+
+    got, want = _run(device, fn, x)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+    with texelflow.compile(Call(lambda a: a.sort(-1)[0] * 2), (_random(8, 2048),), device=device) as prog:
+        (name, why), = prog.plan.fallbacks
+        assert name == "sort" and "pairs" in why and "\n" not in why, why
+
+
 def test_position_ids_from_arange_compare_on_the_device(device):
     """A length mask `arange(T) < lengths[:, None]`: the folded arange is an int64 constant whose
     values fit int32, held narrowed like the int64 input it meets, so the compare runs on the
