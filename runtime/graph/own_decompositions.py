@@ -391,19 +391,22 @@ def pad(self, pad, mode="constant", value=None):
     return out
 
 
-def max_all(self):
+def _whole(self, largest: bool):
     """x.max() / x.min() with no dim: the amax (amin) over every dim, NaN propagating as torch's."""
     import torch
 
     aten = torch.ops.aten
-    return aten.amax.default(self, list(range(self.dim()))) if self.dim() else aten.clone.default(self)
+    if not self.dim():
+        return aten.clone.default(self)
+    return (aten.amax if largest else aten.amin).default(self, list(range(self.dim())))
+
+
+def max_all(self):
+    return _whole(self, largest=True)
 
 
 def min_all(self):
-    import torch
-
-    aten = torch.ops.aten
-    return aten.amin.default(self, list(range(self.dim()))) if self.dim() else aten.clone.default(self)
+    return _whole(self, largest=False)
 
 
 def _arg_extreme(self, dim, keepdim: bool, largest: bool):
