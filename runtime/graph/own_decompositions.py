@@ -133,6 +133,16 @@ def clamp_tensor(self, min=None, max=None):
     return out if max is None else aten.minimum.default(out, max)
 
 
+def _positions(n: int, axis: int, rank: int, step: int = 1):
+    """The int32 positions 0, step, .. (n - 1) step laid along `axis` of a rank-`rank` tensor (size
+    1 elsewhere): made from numbers alone, so lowering folds them into a constant."""
+    import torch
+
+    shape = [1] * rank
+    shape[axis] = n
+    return torch.ops.aten.reshape.default(torch.ops.aten.arange.start_step(0, n * step, step, dtype=torch.int32), shape)
+
+
 def _wrapped_int32(t, size: int):
     """Index tensor `t` as int32 (the device holds int64 ids so), negative entries counted from
     the end of a dim of `size`."""
@@ -204,9 +214,7 @@ def gather(self, dim, index, sparse_grad=False):
     for k, n in enumerate(index.shape):
         if k == d or n == 1:
             continue
-        shape = [1] * index.dim()
-        shape[k] = n
-        coord = aten.reshape.default(aten.arange.start_step(0, n * strides[k], strides[k], dtype=torch.int32), shape)
+        coord = _positions(n, k, index.dim(), strides[k])
         base = coord if base is None else aten.add.Tensor(base, coord)
     picked = _wrapped_int32(index, self.shape[d])
     linear = picked if strides[d] == 1 else aten.mul.Scalar(picked, strides[d])
@@ -266,9 +274,7 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
     n = x.shape[d]
     if k == 0 or k > n:
         raise NotImplementedError("topk of no elements")
-    shape = [1] * x.dim()
-    shape[d] = n
-    positions = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), shape)
+    positions = _positions(n, d, x.dim())
     floating = x.dtype.is_floating_point
     if floating:
         far = float("-inf") if largest else float("inf")
@@ -333,12 +339,10 @@ def sort(self, dim=-1, descending=False, stable=False):
         first, second = (nan_b, nan_a) if descending else (nan_a, nan_b)
         ahead = aten.logical_or.default(ahead, aten.logical_and.default(first, aten.logical_not.default(second)))
         tie = aten.logical_or.default(tie, aten.logical_and.default(nan_a, nan_b))
-    i = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), [1, n, 1, 1])
-    j = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), [1, 1, n, 1])
+    i, j = _positions(n, 1, 4), _positions(n, 2, 4)
     before = aten.logical_or.default(ahead, aten.logical_and.default(tie, aten.lt.Tensor(j, i)))
     rank = aten._to_copy.default(aten.sum.dim_IntList(to_copy(before, dtype=torch.int32), [2]), dtype=torch.int32)
-    placed = aten.eq.Tensor(aten.unsqueeze.default(rank, 1), aten.reshape.default(
-        aten.arange.start_step(0, n, dtype=torch.int32), [1, n, 1, 1]))  # [lead, place, i, trail]
+    placed = aten.eq.Tensor(aten.unsqueeze.default(rank, 1), i)  # [lead, place, i, trail]
     source = aten.amax.default(aten.where.ScalarOther(placed, j, -1), [2])  # [lead, place, trail]
     values = gather(x, 1, source)
     indices = aten._to_copy.default(source, dtype=torch.int64)
@@ -359,9 +363,7 @@ def unfold(self, dimension, size, step):
         raise NotImplementedError("unfold of a 0-d tensor")
     d = dimension % self.dim()
     windows = (self.shape[d] - size) // step + 1
-    starts = aten.mul.Scalar(aten.arange.start_step(0, windows, 1, dtype=torch.int32), step)
-    positions = aten.add.Tensor(aten.reshape.default(starts, [windows, 1]),
-                                aten.reshape.default(aten.arange.start_step(0, size, 1, dtype=torch.int32), [1, size]))
+    positions = aten.add.Tensor(_positions(windows, 0, 2, step), _positions(size, 1, 2))
     out = aten.index_select.default(self, d, aten.reshape.default(positions, [-1]))
     out = aten.reshape.default(out, list(self.shape[:d]) + [windows, size] + list(self.shape[d + 1:]))
     order = list(range(d + 1)) + list(range(d + 2, self.dim() + 1)) + [d + 1]
@@ -609,8 +611,7 @@ def index_put(self, indices, values, accumulate=False):
     shape[d] = count
     if list(values.shape) != shape:
         values = aten.expand.default(values, shape)
-    ks = aten.reshape.default(aten.arange.start_step(0, count, dtype=torch.int32), [count, 1])
-    positions = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), [1, n])
+    ks, positions = _positions(count, 0, 2), _positions(n, 1, 2)
     hits = aten.eq.Tensor(aten.reshape.default(_wrapped_int32(idx, n), [count, 1]), positions)  # [count, n]
     if accumulate:
         moved = aten.movedim.int(values, d, -1) if d != self.dim() - 1 else values
@@ -646,12 +647,8 @@ def _scatter_hits(self, dim, index):
     n, count = self.shape[d], index.shape[d]
     if index.numel() * n > SCATTER_MAX_HITS:
         raise NotImplementedError(f"scatter of {index.numel()} entries over {n} positions (above {SCATTER_MAX_HITS})")
-    along = [1] * (self.dim() + 1)
-    along[d + 1] = n
-    positions = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), along)
-    hits = aten.eq.Tensor(aten.unsqueeze.default(_wrapped_int32(index, n), d + 1), positions)
-    along[d + 1], along[d] = 1, count
-    ks = aten.reshape.default(aten.arange.start_step(0, count, dtype=torch.int32), along)
+    hits = aten.eq.Tensor(aten.unsqueeze.default(_wrapped_int32(index, n), d + 1), _positions(n, d + 1, self.dim() + 1))
+    ks = _positions(count, d, self.dim() + 1)
     last = aten.amax.default(aten.where.ScalarOther(hits, ks, -1), [d])
     return d, hits, last
 
