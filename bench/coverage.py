@@ -77,6 +77,16 @@ def _bloom_alibi(x, attention_mask):
     return x + torch.tensor([0.5, 0.25])[..., None] * positions
 
 
+def _half_rms_norm(h):
+    f = h.to(torch.float32)
+    return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.float16) * h
+
+
+def _tril_mask(x):
+    mask = torch.ones(x.shape[-1], x.shape[-1], dtype=torch.bool).tril()
+    return x.masked_fill(mask == 0, float("-inf")).softmax(-1)
+
+
 IDS = torch.tensor([[0, 5, 7, 9, 2, 1, 1], [0, 3, 4, 5, 6, 8, 2]])
 PADDED = torch.tensor([[5, 3, 2, 7, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]])
 MASK = (PADDED != 0).long()
@@ -115,6 +125,13 @@ CASES = {
                     "Tensor.scatter_add"),
     "sort": (lambda x: x.sort(-1)[0], (_randn(2, 9),), "torch.sort"),
     "sort_long": (lambda x: x.argsort(-1), (_randn(4, 2048),), "argsort of 2,048-element lines"),
+    "floor_divide": (lambda ids: (ids % 7 - 3) // 2 + torch.div(ids, 3, rounding_mode="trunc"), (IDS,),
+                     "`//` and torch.div(rounding_mode=...) of int64 ids"),
+    "int_magnitudes": (lambda ids: (ids % 9 - 4).abs().clamp(1, 3) * -(ids % 5), (IDS,), "abs, clamp, neg of ints"),
+    "float_to_int": (lambda x: (x * 10).int() // 3, (_randn(3, 5),), "x.int(): a float rounded toward zero"),
+    "tril_mask": (_tril_mask, (_randn(2, 5, 5),), "ones(T, T).bool().tril() == 0 as a -inf mask"),
+    "count_nonzero": (lambda x: torch.count_nonzero(x > 0, -1), (_randn(3, 5),), "count_nonzero of a mask"),
+    "half_rms_norm": (_half_rms_norm, (_randn(3, 8).half(),), "a float16 model's RMSNorm: .float(), .half()"),
 }
 
 

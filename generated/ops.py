@@ -168,7 +168,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'float16'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -182,6 +182,8 @@ OPS: dict[str, OpEntry] = {
             'abs_float16_texture3d',
             'abs_float32_buffer',
             'abs_float32_texture3d',
+            'abs_int32_buffer',
+            'abs_int32_texture3d',
         ),
     ),
     'adaptive_avg_pool2d': OpEntry(
@@ -759,6 +761,36 @@ OPS: dict[str, OpEntry] = {
             'cast_to_float32_float16_texture3d',
         ),
     ),
+    'cast_to_int32': OpEntry(
+        name='cast_to_int32',
+        targets=(
+            'texelflow.cast_to_int32.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(('out', 'int32'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'cast_to_int32_float16_buffer',
+            'cast_to_int32_float16_texture3d',
+            'cast_to_int32_float32_buffer',
+            'cast_to_int32_float32_texture3d',
+        ),
+    ),
     'cat': OpEntry(
         name='cat',
         targets=(
@@ -844,7 +876,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'float16'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -861,6 +893,8 @@ OPS: dict[str, OpEntry] = {
             'clamp_float16_texture3d',
             'clamp_float32_buffer',
             'clamp_float32_texture3d',
+            'clamp_int32_buffer',
+            'clamp_int32_texture3d',
         ),
     ),
     'clone': OpEntry(
@@ -2195,6 +2229,39 @@ OPS: dict[str, OpEntry] = {
         variants=(
             'div_float32_buffer',
             'div_float32_texture3d',
+        ),
+    ),
+    'div_mode_scalar': OpEntry(
+        name='div_mode_scalar',
+        targets=(
+            'aten.div.Scalar_mode',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+            Arg('rounding_mode', 'enum', optional=True, values=('trunc', 'floor')),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('int32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+            Push('rounding_mode', 'int', 'arg', (('arg', 'rounding_mode'), ('none', 0), ('values', ('trunc', 'floor')))),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'div_mode_scalar_int32_buffer',
+            'div_mode_scalar_int32_texture3d',
         ),
     ),
     'div_scalar': OpEntry(
@@ -4785,7 +4852,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'float16'),
+        dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -4799,6 +4866,8 @@ OPS: dict[str, OpEntry] = {
             'neg_float16_texture3d',
             'neg_float32_buffer',
             'neg_float32_texture3d',
+            'neg_int32_buffer',
+            'neg_int32_texture3d',
         ),
     ),
     'permute_copy': OpEntry(
@@ -7039,6 +7108,7 @@ TARGETS: dict[str, str] = {
     'aten.cumsum.default': 'cumsum',
     'aten.detach.default': 'detach',
     'aten.div.Scalar': 'div_scalar',
+    'aten.div.Scalar_mode': 'div_mode_scalar',
     'aten.div.Tensor': 'div',
     'aten.elu.default': 'elu',
     'aten.embedding.default': 'embedding',
@@ -7169,6 +7239,7 @@ TARGETS: dict[str, str] = {
     'texelflow.add_act.default': 'add_act',
     'texelflow.cast_to_float16.default': 'cast_to_float16',
     'texelflow.cast_to_float32.default': 'cast_to_float32',
+    'texelflow.cast_to_int32.default': 'cast_to_int32',
     'texelflow.conv2d_act.default': 'conv2d_act',
     'texelflow.conv2d_dw.default': 'conv2d_dw',
     'texelflow.conv2d_dw3_s1.default': 'conv2d_dw3_s1',

@@ -219,6 +219,16 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'self': (5, 1, 6, 3)},
         {'self': (2, 1, 3, 2, 5)},
     ),
+    'cast_to_int32': (
+        {'self': ()},
+        {'self': (1,)},
+        {'self': (7,)},
+        {'self': (3, 5)},
+        {'self': (1, 3, 5)},
+        {'self': (2, 5, 3, 7)},
+        {'self': (5, 1, 6, 3)},
+        {'self': (2, 1, 3, 2, 5)},
+    ),
     'cat': (
         {'dim': 1, 'tensors': ((2, 3, 5), (2, 4, 5), (2, 1, 5))},
         {'dim': -1, 'tensors': ((3, 5), (3, 2))},
@@ -587,6 +597,17 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'other': (3,), 'self': (1,)},
         {'other': (2, 1, 3, 2, 5), 'self': (2, 1, 3, 2, 5)},
         {'other': (3, 2, 1), 'self': (2, 2, 3, 1, 5)},
+    ),
+    'div_mode_scalar': (
+        {'other': 2, 'rounding_mode': 'floor', 'self': ()},
+        {'other': -3, 'rounding_mode': 'trunc', 'self': (1,)},
+        {'other': 1, 'rounding_mode': 'floor', 'self': (7,)},
+        {'other': 7, 'rounding_mode': 'trunc', 'self': (3, 5)},
+        {'other': -1, 'rounding_mode': 'floor', 'self': (1, 3, 5)},
+        {'other': 5, 'rounding_mode': 'floor', 'self': (2, 5, 3, 7)},
+        {'other': -6, 'rounding_mode': 'floor', 'self': (5, 1, 6, 3)},
+        {'other': -5, 'rounding_mode': 'trunc', 'self': (2, 5, 3, 7)},
+        {'other': 1000, 'rounding_mode': 'floor', 'self': (2, 1, 3, 2, 5)},
     ),
     'div_scalar': (
         {'other': 2.0, 'self': ()},
@@ -2072,6 +2093,7 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
 VALUE_RANGES: dict[str, dict[str, tuple[float, float]]] = {
     'batch_norm': {'running_var': (0.1, 3.0)},
     'cast_to_float16': {'self': (-70000.0, 70000.0)},
+    'cast_to_int32': {'self': (-3000000000.0, 3000000000.0)},
     'cos': {'self': (-7.0, 7.0)},
     'div': {'other': (0.25, 4.0)},
     'dynamic_quantize_dequantize': {'observed_max': (0.75, 7.0), 'observed_min': (-6.0, 0.5), 'self': (-8.0, 8.0)},

@@ -80,9 +80,9 @@ const int tf_span = 4;
 void unit_texel(ivec3 pos) {
   VEC4 X = load_texel_self(pos);
   if (ragged == 0) {
-    store_texel_out(pos, tf_clamp(X, VEC(pc.min), VEC(pc.max)));
+    store_texel_out(pos, tf_clamp(X, pc.min, pc.max));
   } else {  // padding lanes stay zero whatever OP(0) is
-    store_texel_out(pos, mix(tf_clamp(X, VEC(pc.min), VEC(pc.max)), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
+    store_texel_out(pos, mix(tf_clamp(X, pc.min, pc.max), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
   }
 }
 

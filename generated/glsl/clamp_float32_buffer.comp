@@ -83,14 +83,14 @@ const bool vec4_path = true;
 #define VEC VEC4
 void unit_vec4(int k) {
   VEC4 X = VEC4(read4_self(k));
-  t4_out[k] = vec4(tf_clamp(X, VEC(pc.min), VEC(pc.max)));
+  t4_out[k] = vec4(tf_clamp(X, pc.min, pc.max));
 }
 #undef VEC
 
 #define VEC T
 void unit_word(int w) {
   T X = T(read_self(w));
-  t_out[w] = (tf_clamp(X, VEC(pc.min), VEC(pc.max)));
+  t_out[w] = (tf_clamp(X, pc.min, pc.max));
 }
 #undef VEC
 

@@ -9,7 +9,7 @@ lowers, the interval its elements lie in (`graph.int_ranges`), from:
   more is known, so `ids + 1` may overflow and stays int64, on the CPU);
 - a node of the rules below: from its inputs' intervals (interval arithmetic).
 A node whose torch result is int64 runs on the device in int32 (`narrow_bounded`) when its op is
-exact in int32 wherever the result fits (sums, differences and products of integers, running
+exact in int32 wherever the result fits (sums, differences and products of integers, negations, magnitudes and clamps, running
 sums and sums, Python's remainder, choices and moves of values) and its interval lies inside int32: every partial
 result of those ops lies inside the interval too, so no step wraps. The result is held narrowed,
 as an int64 input is (narrowing.py): the host widens it where a CPU node reads it or it is
@@ -105,6 +105,22 @@ def node_range(graph: PlanGraph, node: Node, ranges: dict) -> tuple[int, int] | 
         return _mul(r("self"), r("other"))
     if name == "mul_scalar" and r("self") and scalar is not None:
         return _scale(r("self"), scalar)
+    if name == "neg" and r("self"):
+        return _scale(r("self"), -1)
+    if name == "abs" and r("self"):
+        lo, hi = r("self")
+        return (0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
+    if name == "clamp" and r("self"):
+        lo, hi = (_number(node.arg(k)) if node.arg(k) is not None else None for k in ("min", "max"))
+        if (node.arg("min") is not None and lo is None) or (node.arg("max") is not None and hi is None):
+            return None  # a fractional bound: torch computes in float
+        a, b = r("self")
+        a, b = (max(a, lo), max(b, lo)) if lo is not None else (a, b)
+        return (min(a, hi), min(b, hi)) if hi is not None else (a, b)
+    if name == "div_mode_scalar" and r("self") and scalar:
+        floor = node.arg("rounding_mode") == "floor"
+        qs = [x // scalar if floor else int(x / scalar) for x in r("self")]
+        return (min(qs), max(qs))
     if name == "remainder_scalar" and scalar:  # Python's remainder: the sign of the divisor
         return (0, scalar - 1) if scalar > 0 else (scalar + 1, 0)
     if name == "cumsum" and r("self"):
@@ -125,7 +141,7 @@ def node_range(graph: PlanGraph, node: Node, ranges: dict) -> tuple[int, int] | 
 
 # Ops exact in int32 wherever their result (and so, for these, every partial result) fits int32.
 EXACT_IN_INT32 = frozenset({"add", "sub", "rsub", "add_scalar", "sub_scalar", "rsub_scalar", "mul", "mul_scalar",
-                            "remainder_scalar", "cumsum", "sum", "where_scalar_other",
+                            "neg", "abs", "clamp", "div_mode_scalar", "remainder_scalar", "cumsum", "sum", "where_scalar_other",
                             "where_scalar_self"}) | frozenset(MOVE_OPS)
 
 
@@ -184,5 +200,11 @@ def unbounded_note(graph: PlanGraph, node: Node) -> str | None:
     if bounds is None:
         return (f"the device computes {out.dtype} in int32 only where lowering bounds the values, "
                 "and nothing bounds these")
+    narrow = NARROWED_INPUT_DTYPES[out.dtype]
+    if FULL[narrow][0] <= bounds[0] and bounds[1] <= FULL[narrow][1]:
+        wide = next((v for _, v in node.tensor_args() if v.dtype not in (narrow, "bool") and v.literal is None), None)
+        if wide is not None:  # the values fit, but an operand is an int64 the device does not hold
+            return (f"the device computes {out.dtype} in int32 only from tensors it holds in int32, and "
+                    f"'{wide.name}' is {wide.dtype} (a buffer or a value no rule narrows)")
     return (f"the device computes {out.dtype} in int32 only where lowering bounds the values: these lie in "
             f"{bounds[0]} .. {bounds[1]}, past int32")

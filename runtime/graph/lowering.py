@@ -186,6 +186,24 @@ def _unchanged_or_widened(node, ins) -> bool:
     return is_widening_cast(node) or _unchanged(node, ins) or _held_as_cast(node, ins)
 
 
+def _float_cast(node, target) -> str | None:
+    """The registry cast target of a float cast node (FLOAT_CASTS), else None."""
+    if target_name(target) not in CAST_TARGETS:
+        return None
+    out = node.meta.get("val")
+    src = node.args[0].meta.get("val") if node.args and hasattr(node.args[0], "meta") else None
+    if out is None or src is None or tuple(out.shape) != tuple(src.shape):
+        return None
+    return FLOAT_CASTS.get((dtype_name(src.dtype), dtype_name(out.dtype)))
+
+
+def cast_to_int32_reference(self):
+    """What cast_to_int32 computes, in torch (the kernel test's reference)."""
+    import torch
+
+    return self.to(torch.int32)
+
+
 def _held_as_cast(node, ins) -> bool:
     """A cast whose result dtype is the one the device already holds its input in (a narrowed
     int64 cast to int32)."""
@@ -207,6 +225,14 @@ IDENTITY_RULES = {
     "aten.expand.default": _unchanged,  # to its own shape (torch's attention decomposition has four)
 }
 IDENTITY_OP = "aten.alias.default"
+# float32 <-> float16 casts (`x.half()`, a float16 model's upcast around a norm) of these targets:
+# lowered as the registry's casts that precision="fp16" programs insert (precision.py); float to
+# int32 (`x.int()`) as cast_to_int32.
+CAST_TARGETS = frozenset({"aten._to_copy.default", "aten.to.dtype", "aten.to.dtype_layout"})
+FLOAT_CASTS = {("float32", "float16"): "texelflow.cast_to_float16.default",
+               ("float16", "float32"): "texelflow.cast_to_float32.default",
+               ("float32", "int32"): "texelflow.cast_to_int32.default",
+               ("float16", "int32"): "texelflow.cast_to_int32.default"}
 # Why a node with an identity rule that does not hold runs on the CPU (torch has no Vulkan-able
 # decomposition of it either).
 NOT_IDENTITY_REASONS = {
@@ -404,8 +430,10 @@ class _Lowering:
         """Append the IR node of fx `node` (computing `target`) with its partition (fallback
         reason or None), and the inputs a CPU fallback of it reads (`graph.fx_inputs`)."""
         rule = IDENTITY_RULES.get(target_name(target))
-        if rule is not None and ins and isinstance(ins[0], Value) and rule(node, ins):
-            op = op_for_target(IDENTITY_OP)
+        identity = rule is not None and ins and isinstance(ins[0], Value) and rule(node, ins)
+        cast = _float_cast(node, target) if not identity and ins and isinstance(ins[0], Value) else None
+        if identity or cast is not None:
+            op = op_for_target(IDENTITY_OP if identity else cast)
             val = node.meta.get("val")
             ir_node = self.graph.add_node(name, target_name(target), op, [("self", ins[0])],
                                           [("out", tuple(val.shape), dtype_name(val.dtype))])

@@ -25,7 +25,9 @@ with the positions along the dim (a sum of the sources it selects, or the last o
 `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
 least of them, in int32, widened by a cast the device holds narrowed. `_safe_softmax` (in torch's
 attention decomposition) as a softmax and a where on the row max. `cumsum` with a dtype as a cast
-and a cumsum; `number ** tensor` as a tensor pow.
+and a cumsum; `number ** tensor` as a tensor pow. `div` with a rounding mode and `floor_divide`
+(`ids // 2`) as the int32 kernel div_mode_scalar, or a float trunc of the quotient; a bool compared
+with a number (`mask.tril() == 0`) as its int32 0 / 1 compared.
 """
 
 from __future__ import annotations
@@ -698,6 +700,51 @@ def scatter_value(self, dim, index, value):
     return aten.where.ScalarSelf(aten.ge.Scalar(last, 0), value, self)
 
 
+def div_rounded(self, other, *, rounding_mode=None):
+    """torch.div with a rounding mode, and floor_divide (`ids // 2`). An integer tensor by a
+    number is div_mode_scalar (an int32 kernel; int64 runs narrowed where its values are bounded).
+    A float tensor rounded toward zero is trunc(self / other), which is how torch computes it. A
+    float floor division and an integer division by a tensor are refused: torch floors the quotient
+    of an exact fmod, which the device's division does not give, and no kernel divides integers
+    elementwise by a tensor."""
+    import torch
+
+    aten = torch.ops.aten
+    if rounding_mode is None:
+        return aten.div.Tensor(self, other)
+    number = isinstance(other, (int, float)) and not isinstance(other, bool)
+    if self.dtype.is_floating_point or (number and isinstance(other, float)):
+        if rounding_mode == "trunc":
+            return aten.trunc.default(aten.div.Tensor(self, other))
+        raise NotImplementedError("a float floor division rounds as torch's fmod-exact quotient, which the "
+                                  "device's division does not give")
+    if not number:
+        raise NotImplementedError("no kernel divides integers elementwise by a tensor")
+    if other == 0:
+        raise NotImplementedError("an integer division by zero (torch raises)")
+    return aten.div.Scalar_mode(self, other, rounding_mode=rounding_mode)
+
+
+def floor_divide(self, other):
+    """floor_divide (Python's `//` of tensors) as div with rounding_mode="floor"."""
+    return div_rounded(self, other, rounding_mode="floor")
+
+
+def _bool_compared(name: str):
+    """A bool tensor compared with a number (`mask.tril() == 0`, count_nonzero's `!= 0`) as its
+    0 / 1 in int32 compared: the comparison kernels take float32 and int32."""
+
+    def decomposition(self, other):
+        import torch
+
+        if self.dtype != torch.bool:
+            raise NotApplicable("not a bool tensor")
+        return getattr(torch.ops.aten, name).Scalar(to_copy(self, dtype=torch.int32), other)
+
+    decomposition.__name__ = f"bool_{name}"
+    return decomposition
+
+
 def _promoted(name: str, overload: str = "Tensor"):
     """A binary op of tensors of different dtypes (`weights * (ids == e)`, float times bool) as
     torch computes it: each tensor cast to the promoted dtype first (a bool or int32 to float is
@@ -722,6 +769,10 @@ PROMOTED_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne",
 
 
 OWN_DECOMPOSITIONS = {
+    "aten.div.Tensor_mode": div_rounded,
+    "aten.div.Scalar_mode": div_rounded,
+    "aten.floor_divide.default": floor_divide,
+    "aten.floor_divide.Scalar": floor_divide,
     "aten.cumsum.default": cumsum,
     "aten.pow.Scalar": pow_scalar,
     "aten._safe_softmax.default": safe_softmax,
@@ -738,6 +789,7 @@ OWN_DECOMPOSITIONS = {
     "aten.gather.default": gather,
     **{f"aten.{n}.{'default' if n in ('maximum', 'minimum') else 'Tensor'}":
        _promoted(n, "default" if n in ("maximum", "minimum") else "Tensor") for n in PROMOTED_BINARY},
+    **{f"aten.{n}.Scalar": _bool_compared(n) for n in ("eq", "ne", "lt", "le", "gt", "ge")},
     "aten.unfold.default": unfold,
     "aten._to_copy.default": to_copy,
     "aten.copy.default": copy,

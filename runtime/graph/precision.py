@@ -120,6 +120,10 @@ class _Narrowing:
                      has_half_variants(n.op.name, features) and _float_slots(n)}
         if prune:
             self.half -= self._unprofitable()
+        # nodes running float16 variants as the model wrote them (a float16 model, `x.half() * 2`):
+        # their float16 tensors are the model's own and need no cast
+        self.native_half = {n for n in self.graph.nodes if n.on_device and not n.folded and _native_half(n)}
+        self.native_values = {v for v in self.graph.values() if v.dtype == HALF}
 
     # ---- which float16 regions pay for their casts ------------------------------------------------
     def _unprofitable(self) -> set[Node]:
@@ -206,8 +210,10 @@ class _Narrowing:
                     kept = self.report.pruned_ops if has_half_variants(node.op.name, self.features) else \
                         self.report.single_ops
                     kept[node.op.name] = kept.get(node.op.name, 0) + 1
-        for v in self.graph.values():  # the host reads float16 values as float32 (outputs, CPU inputs)
-            if v.dtype == HALF and v.role is not Role.CONST:
+        # the host reads the values the pass narrowed as float32 (outputs, CPU inputs); a float16
+        # model's own float16 values stay float16, as torch gives them
+        for v in self.graph.values():
+            if v.dtype == HALF and v.role is not Role.CONST and v not in self.native_values:
                 self.graph.input_host_dtypes.setdefault(v.name, SINGLE)
 
     # ---- float16 nodes ---------------------------------------------------------------------------
@@ -250,7 +256,7 @@ class _Narrowing:
     def _widen_inputs(self, node: Node) -> None:
         """A float32 device node reads float16 values through a cast; a CPU node reads them as the
         host converts them (float32), so it needs none."""
-        if not node.on_device:
+        if not node.on_device or node in self.native_half:
             return
         fixed = dict(node.op.dtype_of)
         for i, (name, arg) in enumerate(node.args):
@@ -297,6 +303,15 @@ def _float_slots(node: Node) -> set[str]:
     fixed = dict(node.op.dtype_of) if node.op is not None else {}
     slots = list(node.tensor_args()) + list(node.outputs)
     return {name for name, v in slots if v.dtype == SINGLE and name not in fixed}
+
+
+def _native_half(node: Node) -> bool:
+    """Whether the node's float tensors (those not fixed by dtype_of) are all float16 before the
+    pass: it runs its float16 variant whatever the precision."""
+    fixed = dict(node.op.dtype_of) if node.op is not None else {}
+    floats = [v.dtype for name, v in list(node.tensor_args()) + list(node.outputs)
+              if name not in fixed and v.dtype in (HALF, SINGLE)]
+    return bool(floats) and all(d == HALF for d in floats)
 
 
 def _map_values(arg, fn):

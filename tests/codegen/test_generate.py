@@ -115,10 +115,11 @@ def test_glsl_error_fails_gen_and_leaves_tree(scratch_repo: Path):
     before = tree_digest(scratch_repo)
     with pytest.raises(ShaderCompileError) as err:
         generate(scratch_repo)
-    assert set(err.value.failures) == {f"abs_{d}_{s}" for d in ("float16", "float32") for s in ("buffer", "texture3d")}
+    assert set(err.value.failures) == {f"abs_{d}_{s}" for d in ("float16", "float32", "int32")
+                                       for s in ("buffer", "texture3d")}
     run = gen_cli(scratch_repo)
     assert run.returncode == 1
-    assert "4 shader variant(s) failed to compile" in run.stderr  # abs: float16 and float32, buffer and texture
+    assert "6 shader variant(s) failed to compile" in run.stderr  # abs: 3 dtypes, buffer and texture
     assert "Traceback" not in run.stderr
     assert tree_digest(scratch_repo) == before
 

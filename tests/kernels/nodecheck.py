@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
+import math
 import os
 import zlib
 from dataclasses import dataclass
@@ -280,6 +281,7 @@ NO_TORCH_TARGET = {
 # the precision pass's casts (docs/precision.md): torch's .half() / .float()
 NO_TORCH_TARGET.update({name: f"texelflow.runtime.graph.precision.{name}_reference"
                         for name in ("cast_to_float16", "cast_to_float32")})
+NO_TORCH_TARGET["cast_to_int32"] = "texelflow.runtime.graph.lowering.cast_to_int32_reference"  # torch's .int()
 # q8ta ops: dequantize, the float op, quantize (tests/kernels/q8ta_reference.py)
 NO_TORCH_TARGET.update({name: f"tests.kernels.q8ta_reference.{name}" for name in (
     "quantize_dequantize", "dynamic_quantize_dequantize", "q8ta_add", "q8ta_relu", "q8ta_pixel_shuffle", "q8ta_max_pool2d", "q8ta_linear", "q8ta_linear_gemv", "q8ta_conv2d",
@@ -358,12 +360,24 @@ class SampleCase:
     shapes: dict  # every present tensor slot -> shape (list of shapes for a tensor list)
 
 
+def _integral_numbers(op: OpEntry, dtype: str, sample: dict) -> dict:
+    """The sample with its finite float numbers floored for an int32 variant: a number beside an
+    int32 tensor reaching the device is an integer (torch promotes an int tensor with a float
+    number to float, which no int32 variant takes), while the float variants keep the samples'
+    fractions (clamp's bounds of -0.5)."""
+    if dtype != "int32":
+        return sample
+    numbers = {a.name for a in op.args if a.kind not in ("tensor", "tensor_list")}
+    return {k: math.floor(v) if k in numbers and isinstance(v, float) and math.isfinite(v) else v
+            for k, v in sample.items()}
+
+
 @functools.lru_cache(maxsize=None)
 def sample_case(op_name: str, dtype: str, index: int, specials: tuple[str, ...] = ()) -> SampleCase:
     """Sample `index` of the op with random inputs; `specials` (of "nan", "inf", "-inf")
     injected into every input array."""
     op = OPS[op_name]
-    sample = SAMPLES[op_name][index]
+    sample = _integral_numbers(op, dtype, SAMPLES[op_name][index])
     inputs = sample_inputs(op, dtype, index, tuple(float(v) for v in specials))
     label = f"sample {index}{' with ' + '/'.join(specials) if specials else ''} {dict(sample)}"
     return explicit_case(op, sample, inputs, label, specials)

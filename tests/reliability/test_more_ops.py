@@ -454,3 +454,63 @@ def test_position_ids_from_arange_compare_on_the_device(device):
     got, want = _run(device, fn, x, lengths)
     _same_bits(got[0], want[0])
     assert got[1].dtype == torch.int64 and torch.equal(got[1], want[1])
+
+
+def test_integer_magnitudes_clamps_and_divisions_run_on_the_device(device):
+    """int32 abs / neg / clamp, and integer division by a number rounded down (`//`) and toward
+    zero, on negative values, int32's extremes and int64 ids held narrowed (their intervals
+    bounded: `ids % 7 - 3`); a float trunc division and float to int32 casts (NaN, Inf and values past
+    int32 give int32's least, as torch on x86); torch's int64 results come back."""
+    g = torch.Generator().manual_seed(5)
+    ints = torch.randint(-2**31, 2**31 - 1, (5, 7), generator=g, dtype=torch.int32)
+    ints[0, :4] = torch.tensor([-2**31, 2**31 - 1, -7, 0], dtype=torch.int32)
+    ids = torch.randint(0, 50000, (3, 9), generator=g)
+
+    def fn(i, ids, x):
+        small = ids % 7 - 3
+        return (i.abs(), -i, i.clamp(-5, 1000), i.clamp(max=-3), i // 3, torch.div(i, -4, rounding_mode="trunc"),
+                i // -1, small.abs().clamp(1, 2) * -small, small // 2, torch.div(small, 2, rounding_mode="trunc"),
+                torch.div(x, 0.3, rounding_mode="trunc"), (x * 10).int(), x.half().int())
+
+    got, want = _run(device, fn, ints, ids, _special((5, 7)))
+    for gt, w in zip(got, want, strict=True):
+        assert gt.dtype == w.dtype, (gt.dtype, w.dtype)
+        torch.testing.assert_close(gt, w, equal_nan=True, rtol=0, atol=0)
+
+
+def test_divisions_the_device_cannot_round_as_torch_stay_on_the_cpu():
+    """A float floor division (torch floors an fmod-exact quotient) and an integer division by a
+    tensor run on the CPU, each with its reason."""
+    x, i = _random(3, 5), torch.arange(15).reshape(3, 5)
+    plan = texelflow.plan(Call(lambda a: torch.div(a, 0.3, rounding_mode="floor")), (x,))
+    assert any("float floor division" in why for _, why in plan.fallbacks), plan.fallbacks
+    plan = texelflow.plan(Call(lambda a: a.int() // (a.int() + 1)), (i,))
+    assert any("divides integers elementwise by a tensor" in why for _, why in plan.fallbacks), plan.fallbacks
+
+
+def test_bool_comparisons_and_half_casts_run_on_the_device(device):
+    """A bool compared with a number (`mask.tril() == 0` made into -inf, count_nonzero of a mask),
+    and float32 <-> float16 casts as a half model's norm does them (rounded to nearest even, past
+    65504 to inf)."""
+
+    def fn(x):
+        mask = torch.ones(5, 5, dtype=torch.bool, device=x.device).tril()
+        scores = x.masked_fill(mask == 0, float("-inf")).softmax(-1)
+        return scores, torch.count_nonzero(x > 0, -1), x.half(), (x * 3e4).half(), (x * 3e4).half().float() + 1
+
+    x = _random(2, 5, 5, seed=6)
+    x[0, 0, :3] = torch.tensor([NAN, INF, 1.0 + 2**-11])  # a tie: 1 + 2^-11 rounds to 1.0 in float16
+    got, want = _run(device, fn, x)
+    torch.testing.assert_close(got[0], want[0], equal_nan=True, rtol=1e-6, atol=1e-7)  # softmax's exp
+    for gt, w in zip(got[1:], want[1:], strict=True):
+        assert gt.dtype == w.dtype
+        torch.testing.assert_close(gt, w, equal_nan=True, rtol=0, atol=0)
+
+    def half_norm(h):  # a float16 model's RMSNorm: upcast, normalise, downcast
+        f = h.to(torch.float32)
+        return (f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + 1e-6)).to(torch.float16) * h
+
+    h = _random(3, 8, seed=7).half()
+    got, want = _run(device, half_norm, h)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
