@@ -131,6 +131,7 @@ CASES = {
     "float_to_int": (lambda x: (x * 10).int() // 3, (_randn(3, 5),), "x.int(): a float rounded toward zero"),
     "tril_mask": (_tril_mask, (_randn(2, 5, 5),), "ones(T, T).bool().tril() == 0 as a -inf mask"),
     "count_nonzero": (lambda x: torch.count_nonzero(x > 0, -1), (_randn(3, 5),), "count_nonzero of a mask"),
+    "median": (lambda x: x.median(-1)[0] + x.kthvalue(2, -1)[0], (_randn(3, 7),), "torch.median, torch.kthvalue"),
     "half_rms_norm": (_half_rms_norm, (_randn(3, 8).half(),), "a float16 model's RMSNorm: .float(), .half()"),
 }
 

@@ -27,7 +27,8 @@ least of them, in int32, widened by a cast the device holds narrowed. `_safe_sof
 attention decomposition) as a softmax and a where on the row max. `cumsum` with a dtype as a cast
 and a cumsum; `number ** tensor` as a tensor pow. `div` with a rounding mode and `floor_divide`
 (`ids // 2`) as the int32 kernel div_mode_scalar, or a float trunc of the quotient; a bool compared
-with a number (`mask.tril() == 0`) as its int32 0 / 1 compared.
+with a number (`mask.tril() == 0`) as its int32 0 / 1 compared. `kthvalue` and `median` as the
+element of a given rank (`_ranks`, the stable sort's).
 """
 
 from __future__ import annotations
@@ -333,6 +334,23 @@ def sort(self, dim=-1, descending=False, stable=False):
     if lead * n * n * trail > SORT_MAX_PAIRS:
         raise NotImplementedError(f"sort of {lead * trail} lines of {n} (above {SORT_MAX_PAIRS} pairs)")
     x = aten.reshape.default(self, [lead, n, trail])
+    rank = _ranks(x, descending)
+    i, j = _positions(n, 1, 4), _positions(n, 2, 4)
+    placed = aten.eq.Tensor(aten.unsqueeze.default(rank, 1), i)  # [lead, place, i, trail]
+    source = aten.amax.default(aten.where.ScalarOther(placed, j, -1), [2])  # [lead, place, trail]
+    values = gather(x, 1, source)
+    indices = aten._to_copy.default(source, dtype=torch.int64)
+    return aten.reshape.default(values, list(self.shape)), aten.reshape.default(indices, list(self.shape))
+
+
+def _ranks(x, descending: bool = False):
+    """Each element's place in the stable sort of its line, int32: x is [lead, n, trail], sorted
+    along dim 1. The count of elements that come before it: less (greater when descending; NaN
+    counts as the largest), or equal and earlier."""
+    import torch
+
+    aten = torch.ops.aten
+    n = x.shape[1]
     a, b = aten.unsqueeze.default(x, 2), aten.unsqueeze.default(x, 1)  # i along dim 1, j along dim 2
     ahead = (aten.gt if descending else aten.lt).Tensor(b, a)
     tie = aten.eq.Tensor(b, a)
@@ -343,12 +361,60 @@ def sort(self, dim=-1, descending=False, stable=False):
         tie = aten.logical_or.default(tie, aten.logical_and.default(nan_a, nan_b))
     i, j = _positions(n, 1, 4), _positions(n, 2, 4)
     before = aten.logical_or.default(ahead, aten.logical_and.default(tie, aten.lt.Tensor(j, i)))
-    rank = aten._to_copy.default(aten.sum.dim_IntList(to_copy(before, dtype=torch.int32), [2]), dtype=torch.int32)
-    placed = aten.eq.Tensor(aten.unsqueeze.default(rank, 1), i)  # [lead, place, i, trail]
-    source = aten.amax.default(aten.where.ScalarOther(placed, j, -1), [2])  # [lead, place, trail]
-    values = gather(x, 1, source)
-    indices = aten._to_copy.default(source, dtype=torch.int64)
-    return aten.reshape.default(values, list(self.shape)), aten.reshape.default(indices, list(self.shape))
+    return aten._to_copy.default(aten.sum.dim_IntList(to_copy(before, dtype=torch.int32), [2]), dtype=torch.int32)
+
+
+def kthvalue(self, k, dim=-1, keepdim=False):
+    """torch.kthvalue: the element ranked k - 1 in the stable sort of its line (`_ranks`; NaN
+    counts as the largest) and its position. Among equal values torch's index is unspecified
+    (a selection, not a sort); this one is the stable sort's."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dim() == 0:
+        return aten.alias.default(self), aten.zeros_like.default(self, dtype=torch.int64)
+    d = dim % self.dim()
+    n = self.shape[d]
+    lead, trail = math.prod(self.shape[:d]), math.prod(self.shape[d + 1:])
+    if not 1 <= k <= n:
+        raise NotImplementedError(f"kthvalue with k = {k} of lines of {n} (torch raises)")
+    if lead * n * n * trail > SORT_MAX_PAIRS:
+        raise NotImplementedError(f"kthvalue of {lead * trail} lines of {n} (above {SORT_MAX_PAIRS} pairs)")
+    x = aten.reshape.default(self, [lead, n, trail])
+    hit = aten.eq.Scalar(_ranks(x), k - 1)
+    source = aten.amax.default(aten.where.ScalarOther(hit, _positions(n, 1, 3), -1), [1], True)  # [lead, 1, trail]
+    shape = list(self.shape)
+    shape[d] = 1
+    if not keepdim:
+        del shape[d]
+    values = aten.reshape.default(gather(x, 1, source), shape)
+    return values, aten.reshape.default(aten._to_copy.default(source, dtype=torch.int64), shape)
+
+
+def median_dim(self, dim=-1, keepdim=False):
+    """torch.median along a dim: the lower median, kthvalue's (n + 1) // 2-th; a line with a NaN
+    gives NaN at its first NaN, as torch does."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dim() == 0:
+        return kthvalue(self, 1)
+    d = dim % self.dim()
+    values, indices = kthvalue(self, (self.shape[d] + 1) // 2, d, keepdim)
+    if not self.dtype.is_floating_point:
+        return values, indices
+    nan = aten.ne.Tensor(self, self)
+    has_nan = aten.amax.default(to_copy(nan, dtype=torch.int32), [d], keepdim)
+    first_nan = aten.argmax.default(to_copy(nan, dtype=torch.int32), d, keepdim)
+    flagged = aten.gt.Scalar(has_nan, 0)
+    return (aten.masked_fill.Scalar(values, flagged, float("nan")), aten.where.self(flagged, first_nan, indices))
+
+
+def median_all(self):
+    """torch.median of a whole tensor: the median of its flattened elements."""
+    import torch
+
+    return median_dim(torch.ops.aten.reshape.default(self, [-1]), 0)[0]
 
 
 def sort_stable(self, *, stable=None, dim=-1, descending=False):
@@ -806,6 +872,9 @@ OWN_DECOMPOSITIONS = {
     "aten.topk.default": topk,
     "aten.sort.default": sort,
     "aten.sort.stable": sort_stable,
+    "aten.kthvalue.default": kthvalue,
+    "aten.median.dim": median_dim,
+    "aten.median.default": median_all,
     "aten.pad.default": pad,
     "aten.max.default": max_all,
     "aten.min.default": min_all,

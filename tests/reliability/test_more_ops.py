@@ -514,3 +514,26 @@ def test_bool_comparisons_and_half_casts_run_on_the_device(device):
     got, want = _run(device, half_norm, h)
     assert got.dtype == torch.float16
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_median_and_kthvalue_run_on_the_device(device):
+    """torch.median (the lower median; a line with NaN gives NaN at its first NaN) along a dim and
+    of a whole tensor, and kthvalue (NaN counts as the largest), by the stable sort's ranks. torch
+    leaves the index among equal values unspecified: there the index must point at the value."""
+    x = _special((5, 7))
+    x[4] = torch.tensor([2.0, 2.0, 1.0, 2.0, 3.0, 2.0, 0.0])  # ties
+
+    def fn(a):
+        return (a.median(-1), a.median(0, keepdim=True), a.kthvalue(3, -1), a.kthvalue(5, 0, keepdim=True),
+                a[1:].median(), a.median(), (a[4] * 2).int().median())
+
+    got, want = _run(device, fn, x)
+    for g, w, name in zip(got[:4], want[:4], ("median", "median0", "kth", "kth0"), strict=True):
+        torch.testing.assert_close(g.values, w.values, equal_nan=True, rtol=0, atol=0, msg=name)
+        assert g.indices.dtype == torch.int64, name
+        dim = -1 if name in ("median", "kth") else 0  # the keepdim ones reduce dim 0
+        idx = g.indices if dim == 0 else g.indices.unsqueeze(-1)
+        torch.testing.assert_close(x.gather(dim, idx), g.values.reshape(idx.shape), equal_nan=True, rtol=0, atol=0,
+                                   msg=name)
+    for g, w in zip(got[4:], want[4:], strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
