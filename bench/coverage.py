@@ -132,6 +132,9 @@ CASES = {
     "tril_mask": (_tril_mask, (_randn(2, 5, 5),), "ones(T, T).bool().tril() == 0 as a -inf mask"),
     "count_nonzero": (lambda x: torch.count_nonzero(x > 0, -1), (_randn(3, 5),), "count_nonzero of a mask"),
     "median": (lambda x: x.median(-1)[0] + x.kthvalue(2, -1)[0], (_randn(3, 7),), "torch.median, torch.kthvalue"),
+    "conv3d": (nn.Conv3d(3, 4, (3, 3, 3), padding=1), (_randn(1, 3, 4, 6, 7),), "nn.Conv3d (video models)"),
+    "pool3d": (lambda x: F.max_pool3d(x, 2) + F.avg_pool3d(x, 2) + F.adaptive_avg_pool3d(x, 1),
+               (_randn(1, 3, 4, 6, 6),), "max / avg / adaptive 3-D pools"),
     "half_rms_norm": (_half_rms_norm, (_randn(3, 8).half(),), "a float16 model's RMSNorm: .float(), .half()"),
 }
 

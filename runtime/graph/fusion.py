@@ -105,7 +105,7 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
     `costs` (a measured cost table) chooses one per node (prepack_matmul.py)."""
     for node in list(graph.nodes):
         if node.target == DECOMPOSED_CONV:
-            _canonical_conv2d(graph, node, texture_limits)
+            canonical_conv2d(graph, node, texture_limits)
         elif node.target == DECOMPOSED_BN:
             _canonical_batch_norm(graph, node, texture_limits)
         elif node.target in PADDING_MODE_CONVS:
@@ -180,15 +180,20 @@ def _remove(graph: PlanGraph, node: Node) -> None:
 
 
 # ---- 0, 1, 2: decomposed ops, batch norm ----------------------------------------------------------------
-def _canonical_conv2d(graph: PlanGraph, node: Node, limits) -> None:
+def canonical_conv2d(graph: PlanGraph, node: Node, limits) -> Node | None:
+    """A decomposed 2-D, non-transposed convolution as the conv2d op in its place (the new node),
+    else None. Lowering calls it on a decomposition's pieces (conv3d's per-frame convs), the
+    fusion pass on the convolutions of a run_decompositions graph."""
     x = node.arg("input")
-    if node.arg("transposed") or any(node.arg("output_padding") or ()) or not isinstance(x, Value) or len(x.shape) != 4:
-        return
+    if node.op is None or node.op.name != "convolution" or node.arg("transposed") or \
+            any(node.arg("output_padding") or ()) or not isinstance(x, Value) or len(x.shape) != 4:
+        return None
     keep = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
     conv = Node(node.name, node.target, OPS["conv2d"], [(n, v) for n, v in node.args if n in keep],
                 list(node.outputs), fx=node.fx)
     _replace(graph, node, conv)
     conv.fallback = partition_reason(conv, limits)
+    return conv
 
 
 def _explicit_padding_conv(graph: PlanGraph, node: Node, limits) -> None:

@@ -279,6 +279,10 @@ class _Lowering:
         graph = self.graph
         mark = (len(graph.nodes), len(graph.constants))
         ir_node = self._add(node, name, ins, target or node.target)
+        if depth > 0 and ir_node.fallback is not None and target_name(ir_node.target) == "aten.convolution.default":
+            from .fusion import canonical_conv2d  # (it imports this module)
+
+            ir_node = canonical_conv2d(graph, ir_node, self.limits) or ir_node  # a piece's 2-D conv: conv2d
         self.last_fallback = ir_node.fallback
         self.last_cause = f"{target_name(target or node.target)} ({ir_node.fallback})"
         faster = self.decompose_first.get(target_name(target or node.target)) if ir_node.fallback is None else None

@@ -28,7 +28,10 @@ attention decomposition) as a softmax and a where on the row max. `cumsum` with 
 and a cumsum; `number ** tensor` as a tensor pow. `div` with a rounding mode and `floor_divide`
 (`ids // 2`) as the int32 kernel div_mode_scalar, or a float trunc of the quotient; a bool compared
 with a number (`mask.tril() == 0`) as its int32 0 / 1 compared. `kthvalue` and `median` as the
-element of a given rank (`_ranks`, the stable sort's).
+element of a given rank (`_ranks`, the stable sort's). Video: `conv3d` (and a 3-D `convolution`)
+as a sum over the kernel's frames of 2-D convs of the frames it meets, folded into the batch
+(lowering turns the traced 2-D `convolution` pieces into conv2d); `max_pool3d`, `avg_pool3d` and
+`adaptive_avg_pool3d` as box windows along T, H and W in turn, a slice per window element.
 """
 
 from __future__ import annotations
@@ -811,6 +814,173 @@ def _bool_compared(name: str):
     return decomposition
 
 
+def _triple(v, n: int = 3) -> list[int]:
+    v = list(v) if isinstance(v, (list, tuple)) else [v]
+    return v * n if len(v) == 1 else v
+
+
+def _frames(x, start: int, count: int, step: int):
+    """Frames start, start + step, ... (count of them) of x [N, C, T, H, W] (dim 2)."""
+    import torch
+
+    return torch.ops.aten.slice.Tensor(x, 2, start, start + step * (count - 1) + 1, step)
+
+
+def _per_frame(x, fn):
+    """fn (a 2-D op over [B, C, H, W]) of every frame of x [N, C, T, H, W]: frames folded into the
+    batch, and back."""
+    import torch
+
+    aten = torch.ops.aten
+    n, c, t = x.shape[:3]
+    flat = aten.reshape.default(aten.permute.default(x, [0, 2, 1, 3, 4]), [n * t, c, x.shape[3], x.shape[4]])
+    y = fn(flat)
+    return aten.permute.default(aten.reshape.default(y, [n, t, *y.shape[1:]]), [0, 2, 1, 3, 4])
+
+
+def _pad_frames(x, before: int, after: int, value: float = 0.0):
+    import torch
+
+    if before == 0 and after == 0:
+        return x
+    return torch.ops.aten.constant_pad_nd.default(x, [0, 0, 0, 0, before, after], value)
+
+
+def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """A 3-D convolution (video models: I3D, X3D, a VideoMAE patch embedding) as the sum over the
+    kernel's frames of 2-D convolutions of the frames it meets (frames folded into the batch),
+    the frame padding made explicit: conv2d is the kernel family the device has."""
+    import torch
+
+    aten = torch.ops.aten
+    if input.dim() != 5:
+        raise NotApplicable("not a batched 3-D convolution")
+    (st, sh, sw), (dt, dh, dw) = _triple(stride), _triple(dilation)
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = [0, 0, 0]
+        elif all(d * (k - 1) % 2 == 0 for d, k in zip((dt, dh, dw), weight.shape[2:])):
+            padding = [d * (k - 1) // 2 for d, k in zip((dt, dh, dw), weight.shape[2:])]
+        else:
+            raise NotImplementedError("padding='same' with an even kernel pads unevenly")
+    pt, ph, pw = _triple(padding)
+    kt = weight.shape[2]
+    x = _pad_frames(input, pt, pt)
+    frames = (x.shape[2] - dt * (kt - 1) - 1) // st + 1
+    if frames < 1:
+        raise NotImplementedError("a 3-D convolution whose kernel is longer than the padded frames (torch raises)")
+    out = None
+    for i in range(kt):
+        w = aten.select.int(weight, 2, i)
+        part = _per_frame(_frames(x, i * dt, frames, st), lambda f, w=w: aten.conv2d.default(
+            f, w, bias if i == 0 else None, [sh, sw], [ph, pw], [dh, dw], groups))
+        out = part if out is None else aten.add.Tensor(out, part)
+    return out
+
+
+def conv3d_padding(input, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1):
+    return conv3d(input, weight, bias, stride, padding, dilation, groups)
+
+
+def convolution_3d(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """The decomposed convolution of a 3-D one (run_decompositions' graphs) as conv3d."""
+    if transposed or weight.dim() != 5:
+        raise NotApplicable("not a 3-D convolution")
+    return conv3d(input, weight, bias, stride, padding, dilation, groups)
+
+
+def _window_reduce(x, dim: int, k: int, s: int, d: int, before: int, after: int, combine, pad_value: float):
+    """Windows of k elements (stride s, dilation d) along `dim` of x, padded by `before` / `after`
+    elements of pad_value, combined with `combine`: one slice per window element. A box window's
+    maximum or sum is these, dim after dim."""
+    import torch
+
+    aten = torch.ops.aten
+    if before or after:
+        pad = [0, 0] * (x.dim() - 1 - dim) + [before, after]
+        x = aten.constant_pad_nd.default(x, pad, pad_value)
+    count = (x.shape[dim] - d * (k - 1) - 1) // s + 1
+    out = None
+    for i in range(k):
+        part = aten.slice.Tensor(x, dim, i * d, i * d + s * (count - 1) + 1, s)
+        out = part if out is None else combine(out, part)
+    return out
+
+
+def _pool_args(self, kernel_size, stride, padding, dilation=1):
+    k, p, d = _triple(kernel_size), _triple(padding), _triple(dilation)
+    s = _triple(stride) if stride else k
+    if self.dim() not in (4, 5):
+        raise NotImplementedError("a 3-D pool of a tensor that is not [N,] C, T, H, W")
+    return k, s, p, d
+
+
+def _ceil_extra(size: int, k: int, s: int, d: int, p: int) -> int:
+    """Padding past the end that ceil_mode's last window needs (it starts inside the input or
+    the left padding, as torch's rule)."""
+    span = d * (k - 1) + 1
+    out = -(-(size + 2 * p - span) // s) + 1
+    if (out - 1) * s >= size + p:
+        out -= 1
+    return max((out - 1) * s + span - (size + 2 * p), 0)
+
+
+def max_pool3d(self, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """max_pool3d as windows along T, H and W in turn (`_window_reduce`, padding of -inf, which
+    torch's pool ignores alike): a box window's maximum is separable. NaN spreads as in torch."""
+    import torch
+
+    k, s, p, d = _pool_args(self, kernel_size, stride, padding, dilation)
+    x = self
+    for axis in range(3):
+        dim = self.dim() - 3 + axis
+        extra = _ceil_extra(self.shape[dim], k[axis], s[axis], d[axis], p[axis]) if ceil_mode else 0
+        x = _window_reduce(x, dim, k[axis], s[axis], d[axis], p[axis], p[axis] + extra,
+                           torch.ops.aten.maximum.default, float("-inf"))
+    return x
+
+
+def avg_pool3d(self, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """avg_pool3d as window sums along T, H and W in turn (zero padding), divided by the window's
+    size, or by divisor_override, or (count_include_pad=False) by the same sums of ones: the
+    count of the window's elements inside the input."""
+    import torch
+
+    aten = torch.ops.aten
+    if ceil_mode:
+        raise NotImplementedError("avg_pool3d with ceil_mode")
+    k, s, p, _ = _pool_args(self, kernel_size, stride, padding)
+    x, ones = self, aten.ones_like.default(self)
+    for axis in range(3):
+        dim = self.dim() - 3 + axis
+        x = _window_reduce(x, dim, k[axis], s[axis], 1, p[axis], p[axis], aten.add.Tensor, 0.0)
+        if not count_include_pad and divisor_override is None and any(p):
+            ones = _window_reduce(ones, dim, k[axis], s[axis], 1, p[axis], p[axis], aten.add.Tensor, 0.0)
+    if divisor_override is not None:
+        return aten.div.Scalar(x, divisor_override)
+    if not count_include_pad and any(p):
+        return aten.div.Tensor(x, ones)
+    return aten.div.Scalar(x, k[0] * k[1] * k[2])
+
+
+def adaptive_avg_pool3d(self, output_size):
+    """adaptive_avg_pool3d to one value (a video model's head) as a mean over the flattened frames
+    and pixels; to sizes that divide the input's, an avg_pool3d of kernel = stride."""
+    import torch
+
+    aten = torch.ops.aten
+    size = [s if s is not None else d for s, d in zip(_triple(output_size), self.shape[-3:])]
+    lead = list(self.shape[:-3])
+    if size == [1, 1, 1]:
+        flat = aten.reshape.default(self, [*lead, -1])
+        return aten.reshape.default(aten.mean.dim(flat, [-1], True), [*lead, 1, 1, 1])
+    if self.dim() != 5 or any(d % s for d, s in zip(self.shape[-3:], size)):
+        raise NotImplementedError("adaptive_avg_pool3d to sizes that do not divide the input's")
+    kernel = [d // s for d, s in zip(self.shape[-3:], size)]
+    return avg_pool3d(self, kernel, kernel)
+
+
 def _promoted(name: str, overload: str = "Tensor"):
     """A binary op of tensors of different dtypes (`weights * (ids == e)`, float times bool) as
     torch computes it: each tensor cast to the promoted dtype first (a bool or int32 to float is
@@ -873,6 +1043,12 @@ OWN_DECOMPOSITIONS = {
     "aten.sort.default": sort,
     "aten.sort.stable": sort_stable,
     "aten.kthvalue.default": kthvalue,
+    "aten.conv3d.default": conv3d,
+    "aten.conv3d.padding": conv3d_padding,
+    "aten.convolution.default": convolution_3d,
+    "aten.max_pool3d.default": max_pool3d,
+    "aten.avg_pool3d.default": avg_pool3d,
+    "aten.adaptive_avg_pool3d.default": adaptive_avg_pool3d,
     "aten.median.dim": median_dim,
     "aten.median.default": median_all,
     "aten.pad.default": pad,

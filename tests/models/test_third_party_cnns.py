@@ -25,11 +25,13 @@ def randomized(model: nn.Module) -> nn.Module:
     torch.manual_seed(1)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm, nn.InstanceNorm1d, nn.InstanceNorm2d)):
+            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.GroupNorm, nn.InstanceNorm1d,
+                              nn.InstanceNorm2d)):
                 if m.weight is not None:
                     m.weight.uniform_(0.5, 1.5)
                     m.bias.uniform_(-0.5, 0.5)
-            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.InstanceNorm2d)) and m.running_mean is not None:
+            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.InstanceNorm2d)) and \
+                    m.running_mean is not None:
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 2.0)
             if isinstance(m, nn.PReLU):
@@ -526,7 +528,40 @@ def conv1d_blocks():
     return Conv1dBlocks(), (torch.randn(2, 2, 75),)
 
 
+# ---- video: 3-D convs (torchvision's R3D / R(2+1)D, X3D's channelwise convs, a tubelet embedding) ----
+class VideoBlocks(nn.Module):
+    """A 3x7x7 stem (stride 1x2x2) with BatchNorm3d and a 1x3x3 MaxPool3d, an R(2+1)D block (1x3x3
+    spatial then 3x1x1 temporal conv) with a residual, an X3D-style channelwise 3x3x3 conv
+    (groups = channels) with padding="same", an AvgPool3d without the padding's count, global
+    AdaptiveAvgPool3d and a linear head; beside it, a VideoMAE tubelet embedding (a 2x4x4 conv of
+    stride = kernel) flattened to tokens."""
+
+    def __init__(self, classes=5):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv3d(3, 6, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False), nn.BatchNorm3d(6),
+                                  nn.ReLU(inplace=True), nn.MaxPool3d((1, 3, 3), (1, 2, 2), (0, 1, 1)))
+        self.spatial = nn.Sequential(nn.Conv3d(6, 8, (1, 3, 3), padding=(0, 1, 1), bias=False), nn.BatchNorm3d(8),
+                                     nn.ReLU())
+        self.temporal = nn.Sequential(nn.Conv3d(8, 6, (3, 1, 1), padding=(1, 0, 0), bias=False), nn.BatchNorm3d(6))
+        self.channelwise = nn.Sequential(nn.Conv3d(6, 6, 3, padding="same", groups=6), nn.BatchNorm3d(6), nn.SiLU())
+        self.pool = nn.AvgPool3d((2, 3, 3), (1, 2, 2), (1, 1, 1), count_include_pad=False)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(6, classes))
+        self.tubelets = nn.Conv3d(3, 8, (2, 4, 4), (2, 4, 4))
+
+    def forward(self, video):
+        x = self.stem(video)
+        x = torch.relu(x + self.temporal(self.spatial(x)))
+        x = self.pool(self.channelwise(x))
+        tokens = self.tubelets(video).flatten(2).transpose(1, 2)
+        return self.head(x), tokens
+
+
+def video_blocks():
+    return VideoBlocks(), (torch.randn(2, 3, 5, 17, 14),)
+
+
 MODELS = {
+    "video_conv3d": video_blocks,
     "resnet50_bottleneck": resnet50_blocks,
     "resnext_grouped": resnext_blocks,
     "regnety_grouped_se": regnety_blocks,

@@ -537,3 +537,39 @@ def test_median_and_kthvalue_run_on_the_device(device):
                                    msg=name)
     for g, w in zip(got[4:], want[4:], strict=True):
         torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: F.max_pool3d(x, 3, 2, 1),
+    lambda x: F.max_pool3d(x, (2, 3, 3), (2, 2, 2), (0, 1, 1), ceil_mode=True),
+    lambda x: F.max_pool3d(x[0], (1, 3, 3), 1, (0, 1, 1), dilation=(1, 2, 2)),
+    lambda x: F.avg_pool3d(x, 3, 2, 1),
+    lambda x: F.avg_pool3d(x, 3, 2, 1, count_include_pad=False),
+    lambda x: F.avg_pool3d(x, (1, 3, 3), 1, (0, 1, 1), divisor_override=5),
+    lambda x: F.adaptive_avg_pool3d(x[:, :, :4, :6], (2, 3, 3)),
+], ids=["max", "max-ceil", "max-dilated-unbatched", "avg", "avg-valid-count", "avg-divisor", "adaptive"])
+def test_3d_pools_run_on_the_device(fn, device):
+    """3-D pools as windows along T, H and W in turn (separable): padding, ceil_mode, dilation, an
+    unbatched input, count_include_pad=False, divisor_override; NaN and Inf spread as in torch."""
+    x = _random(2, 3, 5, 7, 6, seed=8)
+    x[0, 0, 1, 2, 3], x[1, 2, 0, 0, 0], x[1, 1, 4, 6, 5] = NAN, INF, -INF
+    got, want = _run(device, fn, x)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-6, atol=1e-6)
+
+
+def test_3d_convolutions_run_on_the_device(device):
+    """conv3d as per-frame conv2d's summed over the kernel's frames: stride, padding and dilation in
+    time, groups, padding="same"; NaN spreads."""
+    g = torch.Generator().manual_seed(9)
+    x = _random(2, 3, 5, 7, 6, seed=9)
+    x[1, 0, 2, 3, 3] = NAN
+    w1, w2, b2 = torch.randn(6, 1, 3, 3, 3, generator=g), torch.randn(4, 3, 3, 1, 3, generator=g), torch.randn(4)
+
+    def fn(a):
+        return (F.conv3d(a, w1, None, (2, 1, 1), (1, 1, 1), 1, 3),
+                F.conv3d(a, w2, b2, padding="same", dilation=(2, 1, 1)),
+                F.conv3d(a, w2, b2, stride=(1, 2, 2)))
+
+    got, want = _run(device, fn, x)
+    for g_, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g_, w, equal_nan=True, rtol=1e-5, atol=1e-5)
