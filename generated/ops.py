@@ -186,6 +186,36 @@ OPS: dict[str, OpEntry] = {
             'abs_int32_texture3d',
         ),
     ),
+    'acosh': OpEntry(
+        name='acosh',
+        targets=(
+            'aten.acosh.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'acosh_float16_buffer',
+            'acosh_float16_texture3d',
+            'acosh_float32_buffer',
+            'acosh_float32_texture3d',
+        ),
+    ),
     'adaptive_avg_pool2d': OpEntry(
         name='adaptive_avg_pool2d',
         targets=(
@@ -481,6 +511,66 @@ OPS: dict[str, OpEntry] = {
             'amin_float32_texture3d',
             'amin_int32_buffer',
             'amin_int32_texture3d',
+        ),
+    ),
+    'asinh': OpEntry(
+        name='asinh',
+        targets=(
+            'aten.asinh.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'asinh_float16_buffer',
+            'asinh_float16_texture3d',
+            'asinh_float32_buffer',
+            'asinh_float32_texture3d',
+        ),
+    ),
+    'atanh': OpEntry(
+        name='atanh',
+        targets=(
+            'aten.atanh.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'atanh_float16_buffer',
+            'atanh_float16_texture3d',
+            'atanh_float32_buffer',
+            'atanh_float32_texture3d',
         ),
     ),
     'avg_pool2d': OpEntry(
@@ -2091,6 +2181,36 @@ OPS: dict[str, OpEntry] = {
             'cos_float16_texture3d',
             'cos_float32_buffer',
             'cos_float32_texture3d',
+        ),
+    ),
+    'cosh': OpEntry(
+        name='cosh',
+        targets=(
+            'aten.cosh.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'cosh_float16_buffer',
+            'cosh_float16_texture3d',
+            'cosh_float32_buffer',
+            'cosh_float32_texture3d',
         ),
     ),
     'cumsum': OpEntry(
@@ -6189,6 +6309,36 @@ OPS: dict[str, OpEntry] = {
             'sin_float32_texture3d',
         ),
     ),
+    'sinh': OpEntry(
+        name='sinh',
+        targets=(
+            'aten.sinh.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'sinh_float16_buffer',
+            'sinh_float16_texture3d',
+            'sinh_float32_buffer',
+            'sinh_float32_texture3d',
+        ),
+    ),
     'slice': OpEntry(
         name='slice',
         targets=(
@@ -6556,6 +6706,36 @@ OPS: dict[str, OpEntry] = {
             'sum_float32_texture3d',
             'sum_int32_buffer',
             'sum_int32_texture3d',
+        ),
+    ),
+    'tan': OpEntry(
+        name='tan',
+        targets=(
+            'aten.tan.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'tan_float16_buffer',
+            'tan_float16_texture3d',
+            'tan_float32_buffer',
+            'tan_float32_texture3d',
         ),
     ),
     'tanh': OpEntry(
@@ -7079,6 +7259,7 @@ TARGETS: dict[str, str] = {
     'aten._to_copy.default': 'to_float',
     'aten._unsafe_view.default': 'view_copy',
     'aten.abs.default': 'abs',
+    'aten.acosh.default': 'acosh',
     'aten.adaptive_avg_pool2d.default': 'adaptive_avg_pool2d',
     'aten.add.Scalar': 'add_scalar',
     'aten.add.Tensor': 'add',
@@ -7087,6 +7268,8 @@ TARGETS: dict[str, str] = {
     'aten.alias_copy.default': 'alias_copy',
     'aten.amax.default': 'amax',
     'aten.amin.default': 'amin',
+    'aten.asinh.default': 'asinh',
+    'aten.atanh.default': 'atanh',
     'aten.avg_pool2d.default': 'avg_pool2d',
     'aten.batch_norm.default': 'batch_norm',
     'aten.bitwise_and.Tensor': 'bitwise_and',
@@ -7105,6 +7288,7 @@ TARGETS: dict[str, str] = {
     'aten.conv_transpose2d.input': 'conv_transpose2d',
     'aten.convolution.default': 'convolution',
     'aten.cos.default': 'cos',
+    'aten.cosh.default': 'cosh',
     'aten.cumsum.default': 'cumsum',
     'aten.detach.default': 'detach',
     'aten.div.Scalar': 'div_scalar',
@@ -7202,6 +7386,7 @@ TARGETS: dict[str, str] = {
     'aten.sign.default': 'sign',
     'aten.silu.default': 'silu',
     'aten.sin.default': 'sin',
+    'aten.sinh.default': 'sinh',
     'aten.slice.Tensor': 'slice',
     'aten.slice_copy.Tensor': 'slice',
     'aten.softmax.int': 'softmax',
@@ -7219,6 +7404,7 @@ TARGETS: dict[str, str] = {
     'aten.sub.Tensor': 'sub',
     'aten.sum.default': 'sum',
     'aten.sum.dim_IntList': 'sum',
+    'aten.tan.default': 'tan',
     'aten.tanh.default': 'tanh',
     'aten.trunc.default': 'trunc',
     'aten.unflatten.int': 'unflatten',
