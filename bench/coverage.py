@@ -135,6 +135,8 @@ CASES = {
     "conv3d": (nn.Conv3d(3, 4, (3, 3, 3), padding=1), (_randn(1, 3, 4, 6, 7),), "nn.Conv3d (video models)"),
     "pool3d": (lambda x: F.max_pool3d(x, 2) + F.avg_pool3d(x, 2) + F.adaptive_avg_pool3d(x, 1),
                (_randn(1, 3, 4, 6, 6),), "max / avg / adaptive 3-D pools"),
+    "embedding_bag": (nn.EmbeddingBag(10, 4, mode="mean"), (IDS[0], torch.tensor([0, 3, 3])),
+                      "nn.EmbeddingBag with offsets (DLRM)"),
     "half_rms_norm": (_half_rms_norm, (_randn(3, 8).half(),), "a float16 model's RMSNorm: .float(), .half()"),
 }
 

@@ -32,6 +32,7 @@ element of a given rank (`_ranks`, the stable sort's). Video: `conv3d` (and a 3-
 as a sum over the kernel's frames of 2-D convs of the frames it meets, folded into the batch
 (lowering turns the traced 2-D `convolution` pieces into conv2d); `max_pool3d`, `avg_pool3d` and
 `adaptive_avg_pool3d` as box windows along T, H and W in turn, a slice per window element.
+`embedding_bag` as the rows' gather and a bag-membership matrix from the offsets.
 """
 
 from __future__ import annotations
@@ -981,6 +982,52 @@ def adaptive_avg_pool3d(self, output_size):
     return avg_pool3d(self, kernel, kernel)
 
 
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=None):
+    """nn.EmbeddingBag (DLRM's sparse features) as a gather of the rows and a bag-membership
+    matrix: bag b holds the positions offsets[b] <= i < offsets[b + 1] (a comparison of the folded
+    positions with the offsets, which may be an input; the offsets rise, as torch requires), less
+    those of padding_idx. Sum: the membership (times per_sample_weights) times the rows, a matmul;
+    mean: that over the count; max: the rows' maximum where a bag holds them. Empty bags give 0,
+    as in torch. Of the other outputs only bag_size is torch's; offset2bag and max_indices are
+    zeros, placeholders: nn.EmbeddingBag and F.embedding_bag never return them."""
+    import torch
+
+    aten = torch.ops.aten
+    if indices.dim() != 1 or offsets.dim() != 1:
+        raise NotApplicable("not the 1-D indices and offsets nn.EmbeddingBag passes")
+    n, bags = indices.shape[0], offsets.shape[0] - (1 if include_last_offset else 0)
+    rows = aten.embedding.default(weight, indices)  # [n, D]
+    pos = aten.unsqueeze.default(_positions(n, 0, 1), 0)  # [1, n]
+    starts = aten.unsqueeze.default(aten.slice.Tensor(offsets, 0, 0, bags), 1)  # [bags, 1]
+    member = aten.ge.Tensor(pos, starts)
+    if include_last_offset:
+        ends = aten.slice.Tensor(offsets, 0, 1, bags + 1)
+        member = aten.logical_and.default(member, aten.lt.Tensor(pos, aten.unsqueeze.default(ends, 1)))
+    elif bags > 1:  # the last bag runs to n: position i is in the last bag whose start it reaches
+        last = aten.sub.Scalar(aten.sum.dim_IntList(to_copy(member, dtype=torch.int32), [0]), 1)  # [n]
+        member = aten.eq.Tensor(aten.unsqueeze.default(last, 0), _positions(bags, 0, 2))
+    if padding_idx is not None and padding_idx >= 0:
+        member = aten.logical_and.default(member, aten.unsqueeze.default(aten.ne.Scalar(indices, padding_idx), 0))
+    count = aten.sum.dim_IntList(to_copy(member, dtype=torch.int32), [1])  # [bags]
+    if mode == 2:
+        picked = aten.where.self(aten.unsqueeze.default(member, 2), aten.unsqueeze.default(rows, 0),
+                                 aten.full.default([], float("-inf"), dtype=rows.dtype))
+        out = aten.masked_fill.Scalar(aten.amax.default(picked, [1]),
+                                      aten.unsqueeze.default(aten.eq.Scalar(count, 0), 1), 0.0)
+    else:
+        weights = aten.where.ScalarOther(member, aten.full_like.default(member, 1, dtype=rows.dtype), 0.0)
+        if per_sample_weights is not None:
+            weights = aten.mul.Tensor(weights, aten.unsqueeze.default(per_sample_weights, 0))
+        out = aten.mm.default(weights, rows)
+        if mode == 1:
+            out = aten.div.Tensor(out, aten.unsqueeze.default(aten.clamp.default(
+                aten._to_copy.default(count, dtype=rows.dtype), 1.0), 1))
+    size = aten._to_copy.default(count, dtype=torch.int64)
+    placeholder = aten._to_copy.default(aten.mul.Scalar(count, 0), dtype=torch.int64)
+    return out, placeholder, size, placeholder
+
+
 def _promoted(name: str, overload: str = "Tensor"):
     """A binary op of tensors of different dtypes (`weights * (ids == e)`, float times bool) as
     torch computes it: each tensor cast to the promoted dtype first (a bool or int32 to float is
@@ -1043,6 +1090,8 @@ OWN_DECOMPOSITIONS = {
     "aten.sort.default": sort,
     "aten.sort.stable": sort_stable,
     "aten.kthvalue.default": kthvalue,
+    "aten.embedding_bag.padding_idx": embedding_bag,
+    "aten.embedding_bag.default": embedding_bag,
     "aten.conv3d.default": conv3d,
     "aten.conv3d.padding": conv3d_padding,
     "aten.convolution.default": convolution_3d,

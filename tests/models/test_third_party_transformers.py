@@ -833,3 +833,36 @@ class TopTwoMoE(nn.Module):
 
 def test_top_two_mixture_of_experts_routes_on_the_device(device):
     runs_whole_and_matches(TopTwoMoE(), (tokens(2, 5, 12),), device)
+
+
+class DLRM(nn.Module):
+    """facebookresearch/dlrm's structure: a bottom MLP of the dense features, one nn.EmbeddingBag
+    (sum) per sparse feature fed 1-D indices and offsets, the pairwise dot interaction of the
+    feature vectors (bmm, the strict lower triangle gathered by index tensors) and a top MLP with
+    a sigmoid. Bag sizes vary, one bag is empty."""
+
+    def __init__(self, dense=5, dim=4, tables=(11, 7, 9)):
+        super().__init__()
+        self.bot = nn.Sequential(nn.Linear(dense, 8), nn.ReLU(), nn.Linear(8, dim), nn.ReLU())
+        self.emb = nn.ModuleList(nn.EmbeddingBag(n, dim, mode="sum") for n in tables)
+        features = len(tables) + 1
+        rows, cols = torch.tril_indices(features, features, offset=-1)
+        self.register_buffer("li", rows, persistent=False)
+        self.register_buffer("lj", cols, persistent=False)
+        self.top = nn.Sequential(nn.Linear(dim + features * (features - 1) // 2, 6), nn.ReLU(), nn.Linear(6, 1),
+                                 nn.Sigmoid())
+
+    def forward(self, dense, indices, offsets):
+        x = self.bot(dense)
+        ly = [bag(indices[k], offsets[k]) for k, bag in enumerate(self.emb)]
+        t = torch.cat([x] + ly, dim=1).view(x.shape[0], -1, x.shape[1])
+        z = torch.bmm(t, t.transpose(1, 2))
+        return self.top(torch.cat([x, z[:, self.li, self.lj]], dim=1))
+
+
+def test_dlrm_with_embedding_bags(device):
+    """Offsets are an input (int64, held as int32): the bags' membership is computed on the device."""
+    g = torch.Generator().manual_seed(4)
+    indices = torch.stack([torch.randint(0, 7, (9,), generator=g) for _ in range(3)])
+    offsets = torch.tensor([[0, 2, 5], [0, 4, 4], [0, 1, 8]])  # bag sizes 2/3/4, 4/0/5, 1/7/1
+    runs_whole_and_matches(DLRM(), (torch.randn(3, 5, generator=g), indices, offsets), device)

@@ -573,3 +573,23 @@ def test_3d_convolutions_run_on_the_device(device):
     got, want = _run(device, fn, x)
     for g_, w in zip(got, want, strict=True):
         torch.testing.assert_close(g_, w, equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", [{"mode": "sum"}, {"mode": "mean"}, {"mode": "max"},
+                                     {"mode": "sum", "padding_idx": 4}, {"mode": "sum", "include_last_offset": True}],
+                         ids=["sum", "mean", "max", "padding-idx", "last-offset"])
+def test_embedding_bag_runs_on_the_device(options, device):
+    """nn.EmbeddingBag with 1-D indices and offsets passed in: bags of other sizes (one empty) on a
+    second call of the same program, per_sample_weights for sum."""
+    torch.manual_seed(10)
+    bag = torch.nn.EmbeddingBag(10, 5, **options).eval()
+    last = options.get("include_last_offset", False)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    calls = [(idx, torch.tensor([0, 3, 3, 5] + ([8] if last else []))),
+             (idx.flip(0), torch.tensor([0, 0, 6, 7] + ([8] if last else [])))]
+    if options == {"mode": "sum"}:
+        calls = [c + (torch.rand(8),) for c in calls]
+    with texelflow.compile(bag, calls[0], device=device) as prog:
+        assert prog.plan.fallbacks == [], prog.plan.fallbacks
+        for args in calls:
+            torch.testing.assert_close(prog(*args), bag(*args), rtol=1e-6, atol=1e-6)
