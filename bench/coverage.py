@@ -137,6 +137,13 @@ CASES = {
                (_randn(1, 3, 4, 6, 6),), "max / avg / adaptive 3-D pools"),
     "embedding_bag": (nn.EmbeddingBag(10, 4, mode="mean"), (IDS[0], torch.tensor([0, 3, 3])),
                       "nn.EmbeddingBag with offsets (DLRM)"),
+    "scatter_reduce": (lambda x, i: torch.zeros(2, 6).scatter_reduce(1, i, x, "amax", include_self=False),
+                       (_randn(2, 5), IDS[:, :5] % 6), "Tensor.scatter_reduce (graph networks)"),
+    "bucketize": (lambda x: torch.bucketize(x, torch.tensor([-1.0, 0.0, 1.0])), (_randn(3, 5),), "torch.bucketize"),
+    "diagonal": (lambda x: torch.diagonal(x, 0, -2, -1).sum(-1) + torch.trace(x[0]), (_randn(2, 4, 4),),
+                 "torch.diagonal, torch.trace"),
+    "cdist": (lambda x, y: torch.cdist(x, y), (_randn(2, 5, 3), _randn(2, 4, 3)), "torch.cdist"),
+    "fold": (lambda x: F.fold(x, (5, 6), 3, padding=1), (_randn(1, 27, 30),), "F.fold (col2im)"),
     "half_rms_norm": (_half_rms_norm, (_randn(3, 8).half(),), "a float16 model's RMSNorm: .float(), .half()"),
 }
 

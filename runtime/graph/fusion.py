@@ -181,16 +181,23 @@ def _remove(graph: PlanGraph, node: Node) -> None:
 
 # ---- 0, 1, 2: decomposed ops, batch norm ----------------------------------------------------------------
 def canonical_conv2d(graph: PlanGraph, node: Node, limits) -> Node | None:
-    """A decomposed 2-D, non-transposed convolution as the conv2d op in its place (the new node),
-    else None. Lowering calls it on a decomposition's pieces (conv3d's per-frame convs), the
-    fusion pass on the convolutions of a run_decompositions graph."""
+    """A decomposed 2-D convolution as the conv2d op in its place, or a transposed one as
+    conv_transpose2d (the new node), else None. Lowering calls it on a decomposition's pieces
+    (conv3d's per-frame convs, fold's one-hot transposed conv), the fusion pass on the
+    convolutions of a run_decompositions graph."""
     x = node.arg("input")
-    if node.op is None or node.op.name != "convolution" or node.arg("transposed") or \
-            any(node.arg("output_padding") or ()) or not isinstance(x, Value) or len(x.shape) != 4:
+    if node.op is None or node.op.name != "convolution" or not isinstance(x, Value) or len(x.shape) != 4:
         return None
-    keep = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-    conv = Node(node.name, node.target, OPS["conv2d"], [(n, v) for n, v in node.args if n in keep],
-                list(node.outputs), fx=node.fx)
+    if node.arg("transposed"):
+        keep = ("input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation")
+        op = OPS["conv_transpose2d"]
+    elif any(node.arg("output_padding") or ()):
+        return None
+    else:
+        keep = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+        op = OPS["conv2d"]
+    args = dict(node.args)
+    conv = Node(node.name, node.target, op, [(n, args[n]) for n in keep if n in args], list(node.outputs), fx=node.fx)
     _replace(graph, node, conv)
     conv.fallback = partition_reason(conv, limits)
     return conv

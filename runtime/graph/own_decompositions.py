@@ -32,7 +32,10 @@ element of a given rank (`_ranks`, the stable sort's). Video: `conv3d` (and a 3-
 as a sum over the kernel's frames of 2-D convs of the frames it meets, folded into the batch
 (lowering turns the traced 2-D `convolution` pieces into conv2d); `max_pool3d`, `avg_pool3d` and
 `adaptive_avg_pool3d` as box windows along T, H and W in turn, a slice per window element.
-`embedding_bag` as the rows' gather and a bag-membership matrix from the offsets.
+`embedding_bag` as the rows' gather and a bag-membership matrix from the offsets. Graph networks
+and geometry: `scatter_reduce` (sum, mean, amax, amin) as scatter_add is built; `bucketize` and
+`searchsorted` as counts of the boundaries passed; `diagonal` as a strided slice; `cdist` by the
+pairwise differences; `col2im` (F.fold) as a grouped transposed conv of one-hot weights.
 """
 
 from __future__ import annotations
@@ -703,6 +706,8 @@ def index_put(self, indices, values, accumulate=False):
 # values; past this it would cost more memory than the scatter is worth, so the node runs whole on
 # the CPU with its reason.
 SCATTER_MAX_HITS = 1 << 22
+# cdist's pairwise differences: B x P x R x M elements written once (64 MiB in float32)
+CDIST_MAX_ELEMENTS = 1 << 24
 
 
 def _scatter_hits(self, dim, index):
@@ -768,6 +773,143 @@ def scatter_value(self, dim, index, value):
     aten = torch.ops.aten
     d, _, last = _scatter_hits(self, dim, index)
     return aten.where.ScalarSelf(aten.ge.Scalar(last, 0), value, self)
+
+
+def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+    """Tensor.scatter_reduce (graph networks' message aggregation) of floats as scatter_add is
+    built: the one-hot hits of index and positions select the sources, reduced along the entries
+    (sum, mean, amax, amin); positions no entry names keep self. A product has no reduction
+    kernel and integers divide otherwise in torch's mean: both are refused."""
+    import torch
+
+    aten = torch.ops.aten
+    if reduce not in ("sum", "mean", "amax", "amin") or not src.dtype.is_floating_point:
+        raise NotImplementedError(f"scatter_reduce with reduce={reduce!r} of {src.dtype}")
+    d, hits, last = _scatter_hits(self, dim, index)
+    named = aten.ge.Scalar(last, 0)
+    sources = aten.unsqueeze.default(_sources(src, index), d + 1)
+    if reduce in ("amax", "amin"):
+        empty = float("-inf") if reduce == "amax" else float("inf")
+        found = (aten.amax if reduce == "amax" else aten.amin).default(aten.where.ScalarOther(hits, sources, empty), [d])
+        if include_self:
+            found = (aten.maximum if reduce == "amax" else aten.minimum).default(self, found)
+        return aten.where.self(named, found, self)
+    total = aten.sum.dim_IntList(aten.where.ScalarOther(hits, sources, 0.0), [d])
+    if reduce == "sum":
+        return aten.add.Tensor(self, total) if include_self else aten.where.self(named, total, self)
+    count = aten._to_copy.default(aten.sum.dim_IntList(to_copy(hits, dtype=torch.int32), [d]), dtype=self.dtype)
+    if include_self:
+        return aten.div.Tensor(aten.add.Tensor(self, total), aten.add.Scalar(count, 1.0))
+    return aten.where.self(named, aten.div.Tensor(total, aten.clamp.default(count, 1.0)), self)
+
+
+def _sorted_count(seq, values, right: bool, out_int32: bool):
+    """The count of seq's elements (its last dim, sorted) that come before each value: those not
+    above it (right) or below it, where a NaN value comes after all, as torch's binary search."""
+    import torch
+
+    aten = torch.ops.aten
+    if seq.dim() == 1:
+        s, v = seq, aten.unsqueeze.default(values, -1)
+    elif values.dim() == seq.dim() and values.shape[:-1] == seq.shape[:-1]:
+        s, v = aten.unsqueeze.default(seq, -2), aten.unsqueeze.default(values, -1)
+    else:
+        raise NotImplementedError("searchsorted of a sequence whose leading dims differ from the values'")
+    before = aten.logical_not.default((aten.lt if right else aten.le).Tensor(v, s))
+    count = aten.sum.dim_IntList(to_copy(before, dtype=torch.int32), [-1])  # int64, as torch sums ints
+    return aten._to_copy.default(count, dtype=torch.int32) if out_int32 else count
+
+
+def bucketize(self, boundaries, *, out_int32=False, right=False):
+    """torch.bucketize as a count of the boundaries each value passes (a comparison per pair)."""
+    if boundaries.dim() != 1 or self.dim() == 0:
+        raise NotApplicable("not a tensor bucketed by 1-D boundaries")
+    return _sorted_count(boundaries, self, right, out_int32)
+
+
+def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    """torch.searchsorted as _sorted_count (side="right" is right=True); a sorter is refused."""
+    if sorter is not None or self.dim() == 0:
+        raise NotImplementedError("searchsorted with a sorter or of a number")
+    return _sorted_count(sorted_sequence, self, right or side == "right", out_int32)
+
+
+def diagonal(self, offset=0, dim1=0, dim2=1):
+    """torch.diagonal (and so trace) as a strided slice of the two dims flattened: element
+    (i, i + offset) of an n x m matrix is word i (m + 1) + offset (- offset m below the main one)."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dim() < 2:
+        raise NotApplicable("not a matrix")
+    d1, d2 = dim1 % self.dim(), dim2 % self.dim()
+    rest = [k for k in range(self.dim()) if k not in (d1, d2)]
+    x = aten.permute.default(self, rest + [d1, d2])
+    n, m = self.shape[d1], self.shape[d2]
+    count = min(n, m - offset) if offset >= 0 else min(n + offset, m)
+    if count <= 0:
+        raise NotImplementedError("an empty diagonal")
+    start = offset if offset >= 0 else -offset * m
+    flat = aten.reshape.default(x, [*x.shape[:-2], n * m])
+    return aten.slice.Tensor(flat, -1, start, start + (m + 1) * (count - 1) + 1, m + 1)
+
+
+def cdist(x1, x2, p=2.0, compute_mode=None):
+    """torch.cdist as the norms of the pairwise differences (x1[..., :, None] - x2[..., None, :]):
+    p = 2 by the sum of squares and a square root, 1 by absolute values, inf by their maximum,
+    others by |d|^p; up to CDIST_MAX_ELEMENTS differences. torch's own p = 2 takes a matmul form
+    for more than 25 rows, which cancels where this one does not."""
+    import torch
+
+    aten = torch.ops.aten
+    if x1.dim() < 2 or x1.dim() != x2.dim() or x1.shape[:-2] != x2.shape[:-2]:
+        raise NotImplementedError("cdist of broadcast batches")
+    if x1.numel() // x1.shape[-1] * x2.shape[-2] * x1.shape[-1] > CDIST_MAX_ELEMENTS:
+        raise NotImplementedError(f"cdist of more than {CDIST_MAX_ELEMENTS} differences")
+    diff = aten.abs.default(aten.sub.Tensor(aten.unsqueeze.default(x1, -2), aten.unsqueeze.default(x2, -3)))
+    if p == 2:
+        return aten.sqrt.default(aten.sum.dim_IntList(aten.mul.Tensor(diff, diff), [-1]))
+    if p == 1:
+        return aten.sum.dim_IntList(diff, [-1])
+    if p == float("inf"):
+        return aten.amax.default(diff, [-1])
+    if p > 0:
+        return aten.pow.Tensor_Scalar(aten.sum.dim_IntList(aten.pow.Tensor_Scalar(diff, p), [-1]), 1.0 / p)
+    raise NotImplementedError(f"cdist with p = {p}")
+
+
+def cdist_forward(x1, x2, p, compute_mode):
+    return cdist(x1, x2, p, compute_mode)
+
+
+def col2im(self, output_size, kernel_size, dilation, padding, stride):
+    """F.fold (col2im) as a grouped transposed convolution whose weights are one-hot: block entry
+    (c, q) lands on output channel c at kernel offset q, and overlapping blocks add, as fold adds."""
+    import torch
+
+    aten = torch.ops.aten
+    batched = self.dim() == 3
+    x = self if batched else aten.unsqueeze.default(self, 0)
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = (_triple(v, 2) for v in (kernel_size, dilation, padding, stride))
+    out_h, out_w = _triple(output_size, 2)
+    k = kh * kw
+    channels = x.shape[1] // k
+    blocks_h = (out_h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    blocks_w = (out_w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    if channels * k != x.shape[1] or blocks_h * blocks_w != x.shape[2]:
+        raise NotImplementedError("col2im of blocks that do not tile the output (torch raises)")
+    grid = aten.reshape.default(x, [x.shape[0], channels * k, blocks_h, blocks_w])
+    # word f of the [channels k, 1, kh, kw] weight is row f // k at kernel offset f % k: one when the
+    # row's own offset (f // k) % k is it. Built from one arange of the weight's size, so each step
+    # is no larger than its input and lowering folds the weight into a constant.
+    words = _positions(channels * k * k, 0, 1)
+    hot = aten.eq.Tensor(aten.remainder.Scalar(words, k),
+                         aten.remainder.Scalar(aten.div.Scalar_mode(words, k, rounding_mode="floor"), k))
+    weight = aten.reshape.default(aten._to_copy.default(hot, dtype=self.dtype), [channels * k, 1, kh, kw])
+    extra = [out - ((b - 1) * s - 2 * p + d * (kk - 1) + 1)
+             for out, b, s, p, d, kk in ((out_h, blocks_h, sh, ph, dh, kh), (out_w, blocks_w, sw, pw, dw, kw))]
+    out = aten.conv_transpose2d.input(grid, weight, None, [sh, sw], [ph, pw], extra, channels, [dh, dw])
+    return out if batched else aten.squeeze.dim(out, 0)
 
 
 def div_rounded(self, other, *, rounding_mode=None):
@@ -1081,6 +1223,13 @@ OWN_DECOMPOSITIONS = {
     "aten.scatter_add.default": scatter_add,
     "aten.scatter.src": scatter_src,
     "aten.scatter.value": scatter_value,
+    "aten.scatter_reduce.two": scatter_reduce,
+    "aten.bucketize.Tensor": bucketize,
+    "aten.diagonal.default": diagonal,
+    "aten.cdist.default": cdist,
+    "aten._cdist_forward.default": cdist_forward,
+    "aten.col2im.default": col2im,
+    "aten.searchsorted.Tensor": searchsorted,
     "aten.layer_norm.default": layer_norm,
     "aten.std_mean.correction": std_mean,
     "aten.rrelu.default": rrelu,

@@ -202,10 +202,15 @@ def test_decomposed_conv_bn_act_folds_and_fuses(device):
     _close(got, model(x))
 
 
-def test_transposed_convolution_stays_on_the_cpu():
-    model = nn.Sequential(nn.ConvTranspose2d(3, 4, 3), nn.ReLU()).eval()
-    plan = texelflow.plan(torch.export.export(model, (torch.randn(1, 3, 5, 5),)).run_decompositions())
-    assert [name for name, _ in plan.fallbacks] == ["convolution"], plan.summary()
+def test_decomposed_transposed_convolution_becomes_the_kernel(device):
+    """run_decompositions turns conv_transpose2d into aten.convolution(transposed=True): it runs
+    as conv_transpose2d (stride, padding, output_padding, groups, dilation kept)."""
+    model = nn.Sequential(nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2, dilation=1),
+                          nn.ReLU()).eval()
+    x = torch.randn(1, 4, 5, 5)
+    got, prog = _run(device, torch.export.export(model, (x,)).run_decompositions(), x)
+    assert prog.plan.fallbacks == [] and prog.plan.dispatches["conv_transpose2d"] == 1, prog.plan.summary()
+    _close(got, model(x))
 
 
 class TrainingBatchNorm(nn.Module):

@@ -593,3 +593,53 @@ def test_embedding_bag_runs_on_the_device(options, device):
         assert prog.plan.fallbacks == [], prog.plan.fallbacks
         for args in calls:
             torch.testing.assert_close(prog(*args), bag(*args), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_runs_on_the_device(reduce, include_self, device):
+    """Tensor.scatter_reduce of floats, NaN and -inf among the sources, repeated and missing
+    positions; a graph network's mean aggregation of node features along dim 0."""
+    g = torch.Generator().manual_seed(11)
+    src = torch.randn(3, 6, generator=g)
+    src[0, 1], src[1, 2] = NAN, -INF
+    idx, base = torch.randint(0, 5, (3, 6), generator=g), torch.randn(3, 5, generator=g)
+    got, want = _run(device, lambda b, s, i: b.scatter_reduce(1, i, s, reduce, include_self=include_self),
+                     base, src, idx)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-6, atol=1e-6)
+    x, edges = torch.randn(7, 4, generator=g), torch.randint(0, 5, (7,), generator=g)
+    got, want = _run(device, lambda x, e: torch.zeros(5, 4).scatter_reduce(
+        0, e[:, None].expand(-1, 4), x, reduce, include_self=include_self), x, edges)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-6, atol=1e-6)
+
+
+def test_diagonals_distances_buckets_and_folds_run_on_the_device(device):
+    """torch.diagonal at offsets above and below, of any two dims, and trace; cdist for p = 2, 1,
+    inf and 3; bucketize and searchsorted (left, right, out_int32, a NaN value past every boundary,
+    boundaries passed in, per-row sequences); F.fold with stride, padding and dilation, and
+    fold(unfold(x)) (each pixel times the windows that hold it)."""
+    g = torch.Generator().manual_seed(12)
+    x, a, b = torch.randn(2, 4, 5, generator=g), torch.randn(2, 6, 3, generator=g), torch.randn(2, 4, 3, generator=g)
+    x[0, 1, 1] = NAN
+    got, want = _run(device, lambda t: (torch.diagonal(t, 0, -2, -1), torch.diagonal(t, 2, 1, 2), torch.diagonal(t, -1, 2, 1),
+                                        torch.diagonal(t, 0, 0, 2), torch.trace(t[1])), x)
+    for gt, w in zip(got, want, strict=True):
+        torch.testing.assert_close(gt, w, equal_nan=True, rtol=1e-6, atol=1e-6)
+    got, want = _run(device, lambda u, v: tuple(torch.cdist(u, v, p=p) for p in (2.0, 1.0, float("inf"), 3.0)), a, b)
+    for gt, w in zip(got, want, strict=True):
+        torch.testing.assert_close(gt, w, rtol=1e-5, atol=1e-5)
+    bounds = torch.tensor([-1.0, 0.0, 1.0, INF])
+    v = torch.tensor([[NAN, INF, -INF, 0.0, -1.0, 5.0, 0.5]])
+    seq, vals = torch.sort(torch.randn(2, 5, generator=g))[0], torch.randn(2, 3, generator=g)
+    got, want = _run(device, lambda t, bb, s, q: (torch.bucketize(t, bounds), torch.bucketize(t, bb, right=True, out_int32=True),
+                                                  torch.searchsorted(bounds, t, side="right"), torch.searchsorted(s, q)),
+                     v, bounds, seq, vals)
+    for gt, w in zip(got, want, strict=True):
+        assert gt.dtype == w.dtype and torch.equal(gt, w), (gt, w)
+    cols = torch.randn(2, 12, 30, generator=g)
+    img = torch.randn(1, 3, 5, 6, generator=g)
+    got, want = _run(device, lambda c, i: (F.fold(c[:, :, :20], (5, 6), 2), F.fold(c[:, :, :12], (6, 8), 2, stride=2),
+                                           F.fold(c[:, :, :24], (5, 6), 2, padding=(1, 0), dilation=(1, 2)),
+                                           F.fold(F.unfold(i, 3, padding=1), (5, 6), 3, padding=1)), cols, img)
+    for gt, w in zip(got, want, strict=True):
+        torch.testing.assert_close(gt, w, rtol=1e-6, atol=1e-6)
