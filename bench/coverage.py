@@ -144,6 +144,8 @@ CASES = {
                  "torch.diagonal, torch.trace"),
     "cdist": (lambda x, y: torch.cdist(x, y), (_randn(2, 5, 3), _randn(2, 4, 3)), "torch.cdist"),
     "fold": (lambda x: F.fold(x, (5, 6), 3, padding=1), (_randn(1, 27, 30),), "F.fold (col2im)"),
+    "trig": (lambda x, y: torch.atan2(x, y) + torch.sinh(x) + torch.acosh(1 + y.abs()) + torch.asin(x.tanh()),
+             (_randn(3, 5), _randn(3, 5)), "atan2, sinh, acosh, asin"),
     "half_rms_norm": (_half_rms_norm, (_randn(3, 8).half(),), "a float16 model's RMSNorm: .float(), .half()"),
 }
 

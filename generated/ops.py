@@ -186,6 +186,36 @@ OPS: dict[str, OpEntry] = {
             'abs_int32_texture3d',
         ),
     ),
+    'acos': OpEntry(
+        name='acos',
+        targets=(
+            'aten.acos.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'acos_float16_buffer',
+            'acos_float16_texture3d',
+            'acos_float32_buffer',
+            'acos_float32_texture3d',
+        ),
+    ),
     'acosh': OpEntry(
         name='acosh',
         targets=(
@@ -513,6 +543,36 @@ OPS: dict[str, OpEntry] = {
             'amin_int32_texture3d',
         ),
     ),
+    'asin': OpEntry(
+        name='asin',
+        targets=(
+            'aten.asin.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'asin_float16_buffer',
+            'asin_float16_texture3d',
+            'asin_float32_buffer',
+            'asin_float32_texture3d',
+        ),
+    ),
     'asinh': OpEntry(
         name='asinh',
         targets=(
@@ -541,6 +601,69 @@ OPS: dict[str, OpEntry] = {
             'asinh_float16_texture3d',
             'asinh_float32_buffer',
             'asinh_float32_texture3d',
+        ),
+    ),
+    'atan': OpEntry(
+        name='atan',
+        targets=(
+            'aten.atan.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'atan_float16_buffer',
+            'atan_float16_texture3d',
+            'atan_float32_buffer',
+            'atan_float32_texture3d',
+        ),
+    ),
+    'atan2': OpEntry(
+        name='atan2',
+        targets=(
+            'aten.atan2.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'atan2_float16_buffer',
+            'atan2_float16_texture3d',
+            'atan2_float32_buffer',
+            'atan2_float32_texture3d',
         ),
     ),
     'atanh': OpEntry(
@@ -7259,6 +7382,7 @@ TARGETS: dict[str, str] = {
     'aten._to_copy.default': 'to_float',
     'aten._unsafe_view.default': 'view_copy',
     'aten.abs.default': 'abs',
+    'aten.acos.default': 'acos',
     'aten.acosh.default': 'acosh',
     'aten.adaptive_avg_pool2d.default': 'adaptive_avg_pool2d',
     'aten.add.Scalar': 'add_scalar',
@@ -7268,7 +7392,10 @@ TARGETS: dict[str, str] = {
     'aten.alias_copy.default': 'alias_copy',
     'aten.amax.default': 'amax',
     'aten.amin.default': 'amin',
+    'aten.asin.default': 'asin',
     'aten.asinh.default': 'asinh',
+    'aten.atan.default': 'atan',
+    'aten.atan2.default': 'atan2',
     'aten.atanh.default': 'atanh',
     'aten.avg_pool2d.default': 'avg_pool2d',
     'aten.batch_norm.default': 'batch_norm',

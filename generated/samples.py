@@ -37,6 +37,16 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'self': (5, 1, 6, 3)},
         {'self': (2, 1, 3, 2, 5)},
     ),
+    'acos': (
+        {'self': ()},
+        {'self': (1,)},
+        {'self': (7,)},
+        {'self': (3, 5)},
+        {'self': (1, 3, 5)},
+        {'self': (2, 5, 3, 7)},
+        {'self': (5, 1, 6, 3)},
+        {'self': (2, 1, 3, 2, 5)},
+    ),
     'acosh': (
         {'self': ()},
         {'self': (1,)},
@@ -136,6 +146,16 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'dim': (0,), 'self': (7,)},
         {'self': ()},
     ),
+    'asin': (
+        {'self': ()},
+        {'self': (1,)},
+        {'self': (7,)},
+        {'self': (3, 5)},
+        {'self': (1, 3, 5)},
+        {'self': (2, 5, 3, 7)},
+        {'self': (5, 1, 6, 3)},
+        {'self': (2, 1, 3, 2, 5)},
+    ),
     'asinh': (
         {'self': ()},
         {'self': (1,)},
@@ -145,6 +165,29 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'self': (2, 5, 3, 7)},
         {'self': (5, 1, 6, 3)},
         {'self': (2, 1, 3, 2, 5)},
+    ),
+    'atan': (
+        {'self': ()},
+        {'self': (1,)},
+        {'self': (7,)},
+        {'self': (3, 5)},
+        {'self': (1, 3, 5)},
+        {'self': (2, 5, 3, 7)},
+        {'self': (5, 1, 6, 3)},
+        {'self': (2, 1, 3, 2, 5)},
+    ),
+    'atan2': (
+        {'other': (2, 3, 5, 7), 'self': (2, 3, 5, 7)},
+        {'other': (7,), 'self': (7,)},
+        {'other': (5, 1), 'self': (3, 1, 7)},
+        {'other': (3, 1, 7), 'self': (5, 1)},
+        {'other': (2, 1, 7, 1), 'self': (1, 3, 1, 5)},
+        {'other': (5, 3, 1), 'self': (2, 5, 3, 7)},
+        {'other': (), 'self': (3, 5)},
+        {'other': (2, 1, 3), 'self': ()},
+        {'other': (3,), 'self': (1,)},
+        {'other': (2, 1, 3, 2, 5), 'self': (2, 1, 3, 2, 5)},
+        {'other': (3, 2, 1), 'self': (2, 2, 3, 1, 5)},
     ),
     'atanh': (
         {'self': ()},
@@ -2151,7 +2194,9 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
 }
 
 VALUE_RANGES: dict[str, dict[str, tuple[float, float]]] = {
+    'acos': {'self': (-1.1, 1.1)},
     'acosh': {'self': (0.5, 6.0)},
+    'asin': {'self': (-1.1, 1.1)},
     'atanh': {'self': (-1.2, 1.2)},
     'batch_norm': {'running_var': (0.1, 3.0)},
     'cast_to_float16': {'self': (-70000.0, 70000.0)},

@@ -643,3 +643,15 @@ def test_diagonals_distances_buckets_and_folds_run_on_the_device(device):
                                            F.fold(F.unfold(i, 3, padding=1), (5, 6), 3, padding=1)), cols, img)
     for gt, w in zip(got, want, strict=True):
         torch.testing.assert_close(gt, w, rtol=1e-6, atol=1e-6)
+
+
+def test_atan2_follows_c_at_zeros_and_infinities(device):
+    """torch.atan2 on every pair of signed zeros, infinities, NaN and ordinary values: C's angles
+    (atan2(+-0, -0) = +-pi, atan2(+-inf, -inf) = +-3 pi / 4, ...) within one float32 step."""
+    vals = [0.0, -0.0, 1.0, -1.0, INF, -INF, NAN, 1e-30, -3.5, 1e30]
+    y = torch.tensor([a for a in vals for _ in vals])
+    x = torch.tensor([b for _ in vals for b in vals])
+    got, want = _run(device, torch.atan2, y, x)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=3e-7, atol=0)
+    finite = ~torch.isnan(want)
+    assert torch.equal(torch.signbit(got[finite]), torch.signbit(want[finite]))
