@@ -146,6 +146,7 @@ CASES = {
     "fold": (lambda x: F.fold(x, (5, 6), 3, padding=1), (_randn(1, 27, 30),), "F.fold (col2im)"),
     "trig": (lambda x, y: torch.atan2(x, y) + torch.sinh(x) + torch.acosh(1 + y.abs()) + torch.asin(x.tanh()),
              (_randn(3, 5), _randn(3, 5)), "atan2, sinh, acosh, asin"),
+    "bitwise": (lambda ids: ((ids >> 1) & 3) | (ids % 4) ^ 5, (IDS,), "bitwise ops and shifts of int64 ids"),
     "half_rms_norm": (_half_rms_norm, (_randn(3, 8).half(),), "a float16 model's RMSNorm: .float(), .half()"),
 }
 

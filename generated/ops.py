@@ -819,6 +819,38 @@ OPS: dict[str, OpEntry] = {
             'bitwise_and_int32_texture3d',
         ),
     ),
+    'bitwise_left_shift': OpEntry(
+        name='bitwise_left_shift',
+        targets=(
+            'aten.bitwise_left_shift.Tensor',
+            'aten.__lshift__.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('int32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'bitwise_left_shift_int32_buffer',
+            'bitwise_left_shift_int32_texture3d',
+        ),
+    ),
     'bitwise_or': OpEntry(
         name='bitwise_or',
         targets=(
@@ -851,6 +883,38 @@ OPS: dict[str, OpEntry] = {
             'bitwise_or_bool_texture3d',
             'bitwise_or_int32_buffer',
             'bitwise_or_int32_texture3d',
+        ),
+    ),
+    'bitwise_right_shift': OpEntry(
+        name='bitwise_right_shift',
+        targets=(
+            'aten.bitwise_right_shift.Tensor',
+            'aten.__rshift__.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('int32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'bitwise_right_shift_int32_buffer',
+            'bitwise_right_shift_int32_texture3d',
         ),
     ),
     'bitwise_xor': OpEntry(
@@ -7373,7 +7437,9 @@ OPS: dict[str, OpEntry] = {
 # torch target (e.g. "aten.add.Tensor") -> op name.
 TARGETS: dict[str, str] = {
     'aten.__and__.Tensor': 'bitwise_and',
+    'aten.__lshift__.Tensor': 'bitwise_left_shift',
     'aten.__or__.Tensor': 'bitwise_or',
+    'aten.__rshift__.Tensor': 'bitwise_right_shift',
     'aten.__xor__.Tensor': 'bitwise_xor',
     'aten._adaptive_avg_pool2d.default': 'adaptive_avg_pool2d',
     'aten._log_softmax.default': '_log_softmax',
@@ -7400,7 +7466,9 @@ TARGETS: dict[str, str] = {
     'aten.avg_pool2d.default': 'avg_pool2d',
     'aten.batch_norm.default': 'batch_norm',
     'aten.bitwise_and.Tensor': 'bitwise_and',
+    'aten.bitwise_left_shift.Tensor': 'bitwise_left_shift',
     'aten.bitwise_or.Tensor': 'bitwise_or',
+    'aten.bitwise_right_shift.Tensor': 'bitwise_right_shift',
     'aten.bitwise_xor.Tensor': 'bitwise_xor',
     'aten.bmm.default': 'bmm',
     'aten.cat.default': 'cat',

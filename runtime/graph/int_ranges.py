@@ -9,9 +9,10 @@ lowers, the interval its elements lie in (`graph.int_ranges`), from:
   more is known, so `ids + 1` may overflow and stays int64, on the CPU);
 - a node of the rules below: from its inputs' intervals (interval arithmetic).
 A node whose torch result is int64 runs on the device in int32 (`narrow_bounded`) when its op is
-exact in int32 wherever the result fits (sums, differences and products of integers, negations, magnitudes and clamps, running
-sums and sums, Python's remainder, choices and moves of values) and its interval lies inside int32: every partial
-result of those ops lies inside the interval too, so no step wraps. The result is held narrowed,
+exact in int32 wherever the result fits (sums, differences and products of integers, negations,
+magnitudes and clamps, integer divisions by a number, bitwise ops and right shifts, running sums
+and sums, Python's remainder, choices and moves of values) and its interval lies inside int32:
+every partial result of those ops lies inside the interval too, so no step wraps. The result is held narrowed,
 as an int64 input is (narrowing.py): the host widens it where a CPU node reads it or it is
 returned. RoBERTa's position ids (`cumsum(ids.ne(pad).int()) * mask + pad`) run so.
 """
@@ -117,6 +118,15 @@ def node_range(graph: PlanGraph, node: Node, ranges: dict) -> tuple[int, int] | 
         a, b = r("self")
         a, b = (max(a, lo), max(b, lo)) if lo is not None else (a, b)
         return (min(a, hi), min(b, hi)) if hi is not None else (a, b)
+    if name in ("bitwise_and", "bitwise_or", "bitwise_xor") and r("self") and r("other"):
+        (a, b), (c, d) = r("self"), r("other")
+        if name == "bitwise_and" and (a >= 0 or c >= 0):  # a mask that is not negative bounds it
+            return (0, min(x for x, lo in ((b, a), (d, c)) if lo >= 0))
+        bits = max(abs(v) for v in (a, b, c, d)).bit_length()  # two's complement of so many bits
+        return (-(1 << bits) if min(a, c) < 0 else 0, (1 << bits) - 1)
+    if name == "bitwise_right_shift" and r("self") and r("other") and r("other")[0] >= 0:
+        a, b = r("self")
+        return (min(a, 0), max(b, 0))
     if name == "div_mode_scalar" and r("self") and scalar:
         floor = node.arg("rounding_mode") == "floor"
         qs = [x // scalar if floor else int(x / scalar) for x in r("self")]
@@ -141,7 +151,8 @@ def node_range(graph: PlanGraph, node: Node, ranges: dict) -> tuple[int, int] | 
 
 # Ops exact in int32 wherever their result (and so, for these, every partial result) fits int32.
 EXACT_IN_INT32 = frozenset({"add", "sub", "rsub", "add_scalar", "sub_scalar", "rsub_scalar", "mul", "mul_scalar",
-                            "neg", "abs", "clamp", "div_mode_scalar", "remainder_scalar", "cumsum", "sum", "where_scalar_other",
+                            "neg", "abs", "clamp", "div_mode_scalar", "remainder_scalar", "bitwise_and",
+                            "bitwise_or", "bitwise_xor", "bitwise_right_shift", "cumsum", "sum", "where_scalar_other",
                             "where_scalar_self"}) | frozenset(MOVE_OPS)
 
 

@@ -35,7 +35,8 @@ as a sum over the kernel's frames of 2-D convs of the frames it meets, folded in
 `embedding_bag` as the rows' gather and a bag-membership matrix from the offsets. Graph networks
 and geometry: `scatter_reduce` (sum, mean, amax, amin) as scatter_add is built; `bucketize` and
 `searchsorted` as counts of the boundaries passed; `diagonal` as a strided slice; `cdist` by the
-pairwise differences; `col2im` (F.fold) as a grouped transposed conv of one-hot weights.
+pairwise differences; `col2im` (F.fold) as a grouped transposed conv of one-hot weights. Bitwise
+ops and shifts of an integer tensor and a number as the tensor ops with a 0-d tensor.
 """
 
 from __future__ import annotations
@@ -912,6 +913,22 @@ def col2im(self, output_size, kernel_size, dilation, padding, stride):
     return out if batched else aten.squeeze.dim(out, 0)
 
 
+def _with_number(name: str):
+    """A bitwise op or shift of an integer tensor and a number (`ids & 3`, `x >> 4`) as the op of
+    two tensors with the number as a 0-d tensor of the tensor's dtype: the kernels broadcast it."""
+
+    def decomposition(self, other):
+        import torch
+
+        if not isinstance(other, (int, bool)) or self.dtype.is_floating_point:
+            raise NotApplicable("not an integer tensor and an integer")
+        number = torch.ops.aten.scalar_tensor.default(other, dtype=self.dtype)
+        return getattr(torch.ops.aten, name).Tensor(self, number)
+
+    decomposition.__name__ = f"{name}_number"
+    return decomposition
+
+
 def div_rounded(self, other, *, rounding_mode=None):
     """torch.div with a rounding mode, and floor_divide (`ids // 2`). An integer tensor by a
     number is div_mode_scalar (an int32 kernel; int64 runs narrowed where its values are bounded).
@@ -1225,6 +1242,13 @@ OWN_DECOMPOSITIONS = {
     "aten.scatter.value": scatter_value,
     "aten.scatter_reduce.two": scatter_reduce,
     "aten.bucketize.Tensor": bucketize,
+    **{f"aten.{op}.Scalar": _with_number(f"bitwise_{kind}")
+       for op, kind in (("bitwise_and", "and"), ("bitwise_or", "or"), ("bitwise_xor", "xor"), ("__and__", "and"),
+                        ("__or__", "or"), ("__xor__", "xor"))},
+    "aten.__lshift__.Scalar": _with_number("bitwise_left_shift"),
+    "aten.__rshift__.Scalar": _with_number("bitwise_right_shift"),
+    "aten.bitwise_left_shift.Tensor_Scalar": _with_number("bitwise_left_shift"),
+    "aten.bitwise_right_shift.Tensor_Scalar": _with_number("bitwise_right_shift"),
     "aten.diagonal.default": diagonal,
     "aten.cdist.default": cdist,
     "aten._cdist_forward.default": cdist_forward,

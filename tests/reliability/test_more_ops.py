@@ -655,3 +655,19 @@ def test_atan2_follows_c_at_zeros_and_infinities(device):
     torch.testing.assert_close(got, want, equal_nan=True, rtol=3e-7, atol=0)
     finite = ~torch.isnan(want)
     assert torch.equal(torch.signbit(got[finite]), torch.signbit(want[finite]))
+
+
+def test_bitwise_ops_and_shifts_run_on_the_device(device):
+    """int32 and / or / xor with numbers, shifts by numbers and tensors (past 31 bits: 0, or the
+    sign for a right shift, as torch), on int32's extremes; int64 ids hashed by shifts and masks
+    run narrowed (their intervals fit int32) and come back int64."""
+    i32 = torch.tensor([5, -5, 7, 2**31 - 1, -2**31, 0, 123456], dtype=torch.int32)
+    ids = torch.tensor([[5, 300, 7, 70000, 1, 0, 9]])
+
+    def fn(i, t):
+        return (((i & 3) | (i >> 1)) ^ 6, i << 2, i >> 40, i << 33, torch.bitwise_right_shift(i, i.abs() % 3),
+                ((t >> 4) & 0xF) + (t & 15) * 3, (t % 256) ^ 0x55)
+
+    got, want = _run(device, fn, i32, ids)
+    for gt, w in zip(got, want, strict=True):
+        assert gt.dtype == w.dtype and torch.equal(gt, w), (gt, w)
