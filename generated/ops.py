@@ -2400,6 +2400,40 @@ OPS: dict[str, OpEntry] = {
             'cosh_float32_texture3d',
         ),
     ),
+    'cumprod': OpEntry(
+        name='cumprod',
+        targets=(
+            'aten.cumprod.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int'),
+            Arg('dtype', 'any', optional=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('scan_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='scan',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'cumprod_float16_buffer',
+            'cumprod_float16_texture3d',
+            'cumprod_float32_buffer',
+            'cumprod_float32_texture3d',
+        ),
+    ),
     'cumsum': OpEntry(
         name='cumsum',
         targets=(
@@ -5361,6 +5395,42 @@ OPS: dict[str, OpEntry] = {
             'pow_tensor_scalar_float32_texture3d',
         ),
     ),
+    'prod': OpEntry(
+        name='prod',
+        targets=(
+            'aten.prod.dim_int',
+            'aten.prod.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int', optional=True),
+            Arg('keepdim', 'bool', optional=True, default=False),
+            Arg('dtype', 'any', optional=True),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='reduce',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'prod_float16_buffer',
+            'prod_float16_texture3d',
+            'prod_float32_buffer',
+            'prod_float32_texture3d',
+        ),
+    ),
     'q8ta_add': OpEntry(
         name='q8ta_add',
         targets=(
@@ -7484,6 +7554,7 @@ TARGETS: dict[str, str] = {
     'aten.convolution.default': 'convolution',
     'aten.cos.default': 'cos',
     'aten.cosh.default': 'cosh',
+    'aten.cumprod.default': 'cumprod',
     'aten.cumsum.default': 'cumsum',
     'aten.detach.default': 'detach',
     'aten.div.Scalar': 'div_scalar',
@@ -7560,6 +7631,8 @@ TARGETS: dict[str, str] = {
     'aten.pixel_unshuffle.default': 'pixel_unshuffle',
     'aten.pow.Tensor_Scalar': 'pow_tensor_scalar',
     'aten.pow.Tensor_Tensor': 'pow',
+    'aten.prod.default': 'prod',
+    'aten.prod.dim_int': 'prod',
     'aten.reciprocal.default': 'reciprocal',
     'aten.reflection_pad1d.default': 'reflection_pad1d',
     'aten.reflection_pad2d.default': 'reflection_pad2d',

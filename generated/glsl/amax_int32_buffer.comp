@@ -48,7 +48,7 @@ layout(push_constant) uniform PushConstants {
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 31 "shaders/reduce.glsl.j2"
+#line 32 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -59,14 +59,14 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 61
+#line 62
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
-#line 70
+#line 73
   R acc = load_self(b);  // max and min are idempotent: the first element may be combined twice
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -77,18 +77,18 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 76
+#line 79
   return acc;
-#line 136
+#line 139
 }
 #undef R
 
-#line 158
+#line 161
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 162
+#line 165
   ivec4 o = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   t_out[u] = compute_out(o);
-#line 198
+#line 201
 }

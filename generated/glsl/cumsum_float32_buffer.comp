@@ -47,13 +47,13 @@ layout(push_constant) uniform PushConstants {
 #line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
-#line 19 "shaders/scan.glsl.j2"
+#line 21 "shaders/scan.glsl.j2"
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   int d = pc.scan_dim;
   int n = pc.out_sizes[d];
-#line 25
+#line 27
   ivec4 e = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   if (e[d] != 0) { return; }
   T s = T(0);
@@ -62,5 +62,5 @@ void main() {
     s += T(load_self(e));
     t_out[tf_buffer_word_lane(e, pc.out_sizes, out_layout).x] = s;
   }
-#line 56
+#line 58
 }

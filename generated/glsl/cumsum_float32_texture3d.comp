@@ -53,13 +53,13 @@ T load_self(ivec4 idx) {
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
 
-#line 19 "shaders/scan.glsl.j2"
+#line 21 "shaders/scan.glsl.j2"
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   int d = pc.scan_dim;
   int n = pc.out_sizes[d];
-#line 34
+#line 36
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 e = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   if (e[d] != 0) { return; }
@@ -70,7 +70,7 @@ void main() {
     e[d] = j;
     ivec3 p = tf_texel_pos_lane(e, pc.out_sizes, out_layout).xyz;
     VEC4 v = VEC4(load_texel_self(p));
-    if (along_lanes) {  // s holds the line's sum so far in every lane
+    if (along_lanes) {  // s holds the line's total so far in every lane
       v.x += s.w;
       v.y += v.x;
       v.z += v.y;
@@ -81,5 +81,5 @@ void main() {
     }
     store_texel_out(p, mix(s, VEC4(0), tf_padding_lanes(p, pc.out_sizes, out_layout)));
   }
-#line 56
+#line 58
 }

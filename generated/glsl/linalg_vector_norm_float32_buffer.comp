@@ -62,7 +62,7 @@ VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) 
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 31 "shaders/reduce.glsl.j2"
+#line 32 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -73,18 +73,18 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 61
+#line 62
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // torch's linalg.vector_norm: 2 (sqrt of the sum of squares), inf / -inf (max / min of |x|),
   // 0 (the count of nonzeros, NaN included), else (sum |x|^ord)^(1 / ord).
-#line 102
+#line 105
   if (isinf(pc.ord)) {
     R acc = abs(load_self(b));
     if (pc.ord > 0.0) {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -95,9 +95,9 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 106
+#line 109
     } else {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -108,13 +108,13 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 108
+#line 111
     }
     return acc;
   }
   R acc = R(0);
   if (pc.ord == 2.0) {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -125,11 +125,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 114
+#line 117
     return tf_sqrt(acc);
   }
   if (pc.ord == 1.0) {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -140,11 +140,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 118
+#line 121
     return acc;
   }
   if (pc.ord == 0.0) {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -155,10 +155,10 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 122
+#line 125
     return acc;
   }
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -169,18 +169,18 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 125
+#line 128
   return tf_pow(acc, R(1.0 / pc.ord));
-#line 136
+#line 139
 }
 #undef R
 
-#line 158
+#line 161
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 162
+#line 165
   ivec4 o = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   t_out[u] = compute_out(o);
-#line 198
+#line 201
 }

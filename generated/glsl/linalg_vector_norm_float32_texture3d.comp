@@ -56,7 +56,7 @@ T load_self(ivec4 idx) {
 }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 31 "shaders/reduce.glsl.j2"
+#line 32 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -67,18 +67,18 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 61
+#line 62
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // torch's linalg.vector_norm: 2 (sqrt of the sum of squares), inf / -inf (max / min of |x|),
   // 0 (the count of nonzeros, NaN included), else (sum |x|^ord)^(1 / ord).
-#line 102
+#line 105
   if (isinf(pc.ord)) {
     R acc = abs(load_self(b));
     if (pc.ord > 0.0) {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -89,9 +89,9 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 106
+#line 109
     } else {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -102,13 +102,13 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 108
+#line 111
     }
     return acc;
   }
   R acc = R(0);
   if (pc.ord == 2.0) {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -119,11 +119,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 114
+#line 117
     return tf_sqrt(acc);
   }
   if (pc.ord == 1.0) {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -134,11 +134,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 118
+#line 121
     return acc;
   }
   if (pc.ord == 0.0) {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -149,10 +149,10 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 122
+#line 125
     return acc;
   }
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -163,30 +163,30 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 125
+#line 128
   return tf_pow(acc, R(1.0 / pc.ord));
-#line 136
+#line 139
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 149
+#line 152
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
-#line 61
+#line 62
 #define R VEC4
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // torch's linalg.vector_norm: 2 (sqrt of the sum of squares), inf / -inf (max / min of |x|),
   // 0 (the count of nonzeros, NaN included), else (sum |x|^ord)^(1 / ord).
-#line 102
+#line 105
   if (isinf(pc.ord)) {
     R acc = abs(load_texel_self(tf_texel_pos_lane(b, pc.self_sizes, self_layout).xyz));
     if (pc.ord > 0.0) {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -197,9 +197,9 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 106
+#line 109
     } else {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -210,13 +210,13 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 108
+#line 111
     }
     return acc;
   }
   R acc = R(0);
   if (pc.ord == 2.0) {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -227,11 +227,11 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 114
+#line 117
     return tf_sqrt(acc);
   }
   if (pc.ord == 1.0) {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -242,11 +242,11 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 118
+#line 121
     return acc;
   }
   if (pc.ord == 0.0) {
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -257,10 +257,10 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 122
+#line 125
     return acc;
   }
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -271,25 +271,25 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 125
+#line 128
   return tf_pow(acc, R(1.0 / pc.ord));
-#line 136
+#line 139
 }
 #undef R
 
-#line 158
+#line 161
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 168
+#line 171
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 174
+#line 177
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 180
+#line 183
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -297,10 +297,10 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 190
+#line 193
       }
     }
   }
   store_texel_out(pos, r);
-#line 198
+#line 201
 }

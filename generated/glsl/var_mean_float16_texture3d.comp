@@ -76,7 +76,7 @@ T load_self(ivec4 idx) {
 }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 31 "shaders/reduce.glsl.j2"
+#line 32 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -87,16 +87,16 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 61
+#line 62
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 80
+#line 83
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0);
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -107,10 +107,10 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 83
+#line 86
   R mean = sum / R(count);
   R acc = R(0);
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -121,24 +121,24 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 86
+#line 89
   R v = tf_div_nonneg(acc, max(count - pc.correction, 0.0));
-#line 90
+#line 93
   return v;
-#line 136
+#line 139
 }
 #undef R
-#line 61
+#line 62
 #define R T
 R compute_mean(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // var_mean's mean by torch's running (Welford) update, in the same order, so that an infinity
   // gives torch's result: +-inf when it comes last, else NaN (inf - inf).
-#line 95
+#line 98
   R acc = R(0);
   float k = 0.0;
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -149,28 +149,28 @@ R compute_mean(ivec4 o) {
       }
     }
   }
-#line 98
+#line 101
   return acc;
-#line 136
+#line 139
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 149
+#line 152
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
-#line 61
+#line 62
 #define R VEC4
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 80
+#line 83
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0);
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -181,10 +181,10 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 83
+#line 86
   R mean = sum / R(count);
   R acc = R(0);
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -195,24 +195,24 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 86
+#line 89
   R v = tf_div_nonneg(acc, max(count - pc.correction, 0.0));
-#line 90
+#line 93
   return v;
-#line 136
+#line 139
 }
 #undef R
-#line 61
+#line 62
 #define R VEC4
 R compute_mean_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // var_mean's mean by torch's running (Welford) update, in the same order, so that an infinity
   // gives torch's result: +-inf when it comes last, else NaN (inf - inf).
-#line 95
+#line 98
   R acc = R(0);
   float k = 0.0;
-#line 45
+#line 46
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -223,29 +223,29 @@ R compute_mean_texel(ivec4 o) {
       }
     }
   }
-#line 98
+#line 101
   return acc;
-#line 136
+#line 139
 }
 #undef R
 
-#line 158
+#line 161
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 168
+#line 171
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 172
+#line 175
   VEC4 rm = VEC4(0);
-#line 174
+#line 177
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 178
+#line 181
     rm = mix(compute_mean_texel(idx), VEC4(0), pad);
-#line 180
+#line 183
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -253,14 +253,14 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 188
+#line 191
         rm[k] = compute_mean(e);
-#line 190
+#line 193
       }
     }
   }
   store_texel_out(pos, r);
-#line 195
-  store_texel_mean(pos, rm);
 #line 198
+  store_texel_mean(pos, rm);
+#line 201
 }

@@ -671,3 +671,14 @@ def test_bitwise_ops_and_shifts_run_on_the_device(device):
     got, want = _run(device, fn, i32, ids)
     for gt, w in zip(got, want, strict=True):
         assert gt.dtype == w.dtype and torch.equal(gt, w), (gt, w)
+
+
+def test_products_run_on_the_device(device):
+    """prod along a dim and of everything, cumprod along each dim; zeros, NaN and Inf spread as in
+    torch."""
+    x = _random(4, 5, 6, seed=13, low=0.5, high=1.5)
+    x[0, 0, 0], x[1, 1, 1], x[2, 2, 2] = NAN, 0.0, INF
+    got, want = _run(device, lambda t: (t.prod(-1), t.prod(0, keepdim=True), t[:2, :3].prod(), torch.cumprod(t, 0),
+                                        torch.cumprod(t, -1), torch.cumprod(t, 1)), x)
+    for gt, w in zip(got, want, strict=True):
+        torch.testing.assert_close(gt, w, equal_nan=True, rtol=1e-5, atol=1e-6)
