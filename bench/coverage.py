@@ -147,7 +147,7 @@ CASES = {
     "trig": (lambda x, y: torch.atan2(x, y) + torch.sinh(x) + torch.acosh(1 + y.abs()) + torch.asin(x.tanh()),
              (_randn(3, 5), _randn(3, 5)), "atan2, sinh, acosh, asin"),
     "bitwise": (lambda ids: ((ids >> 1) & 3) | (ids % 4) ^ 5, (IDS,), "bitwise ops and shifts of int64 ids"),
-    "prod": (lambda x: x.prod(-1) + x.cumprod(0).sum(0), (_randn(3, 5),), "prod, cumprod"),
+    "prod": (lambda x: x.prod(-1) + x.cumprod(1).sum(1), (_randn(3, 5),), "prod, cumprod"),
     "half_rms_norm": (_half_rms_norm, (_randn(3, 8).half(),), "a float16 model's RMSNorm: .float(), .half()"),
 }
 

@@ -979,37 +979,12 @@ def _triple(v, n: int = 3) -> list[int]:
     return v * n if len(v) == 1 else v
 
 
-def _frames(x, start: int, count: int, step: int):
-    """Frames start, start + step, ... (count of them) of x [N, C, T, H, W] (dim 2)."""
-    import torch
-
-    return torch.ops.aten.slice.Tensor(x, 2, start, start + step * (count - 1) + 1, step)
-
-
-def _per_frame(x, fn):
-    """fn (a 2-D op over [B, C, H, W]) of every frame of x [N, C, T, H, W]: frames folded into the
-    batch, and back."""
-    import torch
-
-    aten = torch.ops.aten
-    n, c, t = x.shape[:3]
-    flat = aten.reshape.default(aten.permute.default(x, [0, 2, 1, 3, 4]), [n * t, c, x.shape[3], x.shape[4]])
-    y = fn(flat)
-    return aten.permute.default(aten.reshape.default(y, [n, t, *y.shape[1:]]), [0, 2, 1, 3, 4])
-
-
-def _pad_frames(x, before: int, after: int, value: float = 0.0):
-    import torch
-
-    if before == 0 and after == 0:
-        return x
-    return torch.ops.aten.constant_pad_nd.default(x, [0, 0, 0, 0, before, after], value)
-
-
 def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """A 3-D convolution (video models: I3D, X3D, a VideoMAE patch embedding) as the sum over the
-    kernel's frames of 2-D convolutions of the frames it meets (frames folded into the batch),
-    the frame padding made explicit: conv2d is the kernel family the device has."""
+    """A 3-D convolution (video models: I3D, X3D, a VideoMAE patch embedding) by 2-D convolutions,
+    the kernel family the device has: the input laid out [N, T, C, H, W] once (frames padded),
+    and for each of the kernel's kt frame slices a conv2d of the frames it meets, folded into the
+    batch, the kt results summed. (Stacking the slices along the channels into one conv2d costs a
+    rank-5 cat, which measured slower on lavapipe than the kt - 1 adds.)"""
     import torch
 
     aten = torch.ops.aten
@@ -1024,18 +999,25 @@ def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         else:
             raise NotImplementedError("padding='same' with an even kernel pads unevenly")
     pt, ph, pw = _triple(padding)
-    kt = weight.shape[2]
-    x = _pad_frames(input, pt, pt)
-    frames = (x.shape[2] - dt * (kt - 1) - 1) // st + 1
+    n, kt = input.shape[0], weight.shape[2]
+    x = aten.permute.default(input, [0, 2, 1, 3, 4])  # [N, T, C, H, W]
+    if pt:
+        x = aten.constant_pad_nd.default(x, [0, 0, 0, 0, 0, 0, pt, pt], 0.0)
+    frames = (x.shape[1] - dt * (kt - 1) - 1) // st + 1
     if frames < 1:
         raise NotImplementedError("a 3-D convolution whose kernel is longer than the padded frames (torch raises)")
+    slices = [x if frames == x.shape[1] else aten.slice.Tensor(x, 1, i * dt, i * dt + st * (frames - 1) + 1, st)
+              for i in range(kt)]
+
+    def conv(stack, w, b):
+        flat = aten.reshape.default(stack, [n * frames, stack.shape[2], stack.shape[3], stack.shape[4]])
+        return aten.conv2d.default(flat, w, b, [sh, sw], [ph, pw], [dh, dw], groups)
+
     out = None
     for i in range(kt):
-        w = aten.select.int(weight, 2, i)
-        part = _per_frame(_frames(x, i * dt, frames, st), lambda f, w=w: aten.conv2d.default(
-            f, w, bias if i == 0 else None, [sh, sw], [ph, pw], [dh, dw], groups))
+        part = conv(slices[i], aten.select.int(weight, 2, i), bias if i == 0 else None)
         out = part if out is None else aten.add.Tensor(out, part)
-    return out
+    return aten.permute.default(aten.reshape.default(out, [n, frames, *out.shape[1:]]), [0, 2, 1, 3, 4])
 
 
 def conv3d_padding(input, weight, bias=None, stride=1, padding="valid", dilation=1, groups=1):
