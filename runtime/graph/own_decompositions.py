@@ -336,12 +336,7 @@ def sort(self, dim=-1, descending=False, stable=False):
     aten = torch.ops.aten
     if self.dim() == 0:
         return aten.alias.default(self), aten.zeros_like.default(self, dtype=torch.int64)
-    d = dim % self.dim()
-    n = self.shape[d]
-    lead, trail = math.prod(self.shape[:d]), math.prod(self.shape[d + 1:])
-    if lead * n * n * trail > SORT_MAX_PAIRS:
-        raise NotImplementedError(f"sort of {lead * trail} lines of {n} (above {SORT_MAX_PAIRS} pairs)")
-    x = aten.reshape.default(self, [lead, n, trail])
+    n, x = _lines(self, dim, "sort")
     rank = _ranks(x, descending)
     i, j = _positions(n, 1, 4), _positions(n, 2, 4)
     placed = aten.eq.Tensor(aten.unsqueeze.default(rank, 1), i)  # [lead, place, i, trail]
@@ -349,6 +344,19 @@ def sort(self, dim=-1, descending=False, stable=False):
     values = gather(x, 1, source)
     indices = aten._to_copy.default(source, dtype=torch.int64)
     return aten.reshape.default(values, list(self.shape)), aten.reshape.default(indices, list(self.shape))
+
+
+def _lines(self, dim: int, what: str):
+    """(n, self as [lead, n, trail]): its lines of n along dim, for the pairwise ranks; refused
+    past SORT_MAX_PAIRS pairs."""
+    import torch
+
+    d = dim % self.dim()
+    n = self.shape[d]
+    lead, trail = math.prod(self.shape[:d]), math.prod(self.shape[d + 1:])
+    if lead * n * n * trail > SORT_MAX_PAIRS:
+        raise NotImplementedError(f"{what} of {lead * trail} lines of {n} (above {SORT_MAX_PAIRS} pairs)")
+    return n, torch.ops.aten.reshape.default(self, [lead, n, trail])
 
 
 def _ranks(x, descending: bool = False):
@@ -382,13 +390,9 @@ def kthvalue(self, k, dim=-1, keepdim=False):
     if self.dim() == 0:
         return aten.alias.default(self), aten.zeros_like.default(self, dtype=torch.int64)
     d = dim % self.dim()
-    n = self.shape[d]
-    lead, trail = math.prod(self.shape[:d]), math.prod(self.shape[d + 1:])
+    n, x = _lines(self, d, "kthvalue")
     if not 1 <= k <= n:
         raise NotImplementedError(f"kthvalue with k = {k} of lines of {n} (torch raises)")
-    if lead * n * n * trail > SORT_MAX_PAIRS:
-        raise NotImplementedError(f"kthvalue of {lead * trail} lines of {n} (above {SORT_MAX_PAIRS} pairs)")
-    x = aten.reshape.default(self, [lead, n, trail])
     hit = aten.eq.Scalar(_ranks(x), k - 1)
     source = aten.amax.default(aten.where.ScalarOther(hit, _positions(n, 1, 3), -1), [1], True)  # [lead, 1, trail]
     shape = list(self.shape)
