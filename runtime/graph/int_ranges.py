@@ -12,9 +12,9 @@ A node whose torch result is int64 runs on the device in int32 (`narrow_bounded`
 exact in int32 wherever the result fits (sums, differences and products of integers, negations,
 magnitudes and clamps, integer divisions by a number, bitwise ops and right shifts, running sums
 and sums, Python's remainder, choices and moves of values) and its interval lies inside int32:
-every partial result of those ops lies inside the interval too, so no step wraps. The result is held narrowed,
-as an int64 input is (narrowing.py): the host widens it where a CPU node reads it or it is
-returned. RoBERTa's position ids (`cumsum(ids.ne(pad).int()) * mask + pad`) run so.
+every partial result of those ops lies inside the interval too, so no step wraps. The result is
+held narrowed, as an int64 input is (narrowing.py): the host widens it where a CPU node reads it
+or it is returned. RoBERTa's position ids (`cumsum(ids.ne(pad).int()) * mask + pad`) run so.
 """
 
 from __future__ import annotations

@@ -795,7 +795,8 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     sources = aten.unsqueeze.default(_sources(src, index), d + 1)
     if reduce in ("amax", "amin"):
         empty = float("-inf") if reduce == "amax" else float("inf")
-        found = (aten.amax if reduce == "amax" else aten.amin).default(aten.where.ScalarOther(hits, sources, empty), [d])
+        extreme = aten.amax if reduce == "amax" else aten.amin
+        found = extreme.default(aten.where.ScalarOther(hits, sources, empty), [d])
         if include_self:
             found = (aten.maximum if reduce == "amax" else aten.minimum).default(self, found)
         return aten.where.self(named, found, self)

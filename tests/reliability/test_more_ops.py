@@ -621,8 +621,8 @@ def test_diagonals_distances_buckets_and_folds_run_on_the_device(device):
     g = torch.Generator().manual_seed(12)
     x, a, b = torch.randn(2, 4, 5, generator=g), torch.randn(2, 6, 3, generator=g), torch.randn(2, 4, 3, generator=g)
     x[0, 1, 1] = NAN
-    got, want = _run(device, lambda t: (torch.diagonal(t, 0, -2, -1), torch.diagonal(t, 2, 1, 2), torch.diagonal(t, -1, 2, 1),
-                                        torch.diagonal(t, 0, 0, 2), torch.trace(t[1])), x)
+    got, want = _run(device, lambda t: (torch.diagonal(t, 0, -2, -1), torch.diagonal(t, 2, 1, 2),
+                                        torch.diagonal(t, -1, 2, 1), torch.diagonal(t, 0, 0, 2), torch.trace(t[1])), x)
     for gt, w in zip(got, want, strict=True):
         torch.testing.assert_close(gt, w, equal_nan=True, rtol=1e-6, atol=1e-6)
     got, want = _run(device, lambda u, v: tuple(torch.cdist(u, v, p=p) for p in (2.0, 1.0, float("inf"), 3.0)), a, b)
@@ -631,9 +631,12 @@ def test_diagonals_distances_buckets_and_folds_run_on_the_device(device):
     bounds = torch.tensor([-1.0, 0.0, 1.0, INF])
     v = torch.tensor([[NAN, INF, -INF, 0.0, -1.0, 5.0, 0.5]])
     seq, vals = torch.sort(torch.randn(2, 5, generator=g))[0], torch.randn(2, 3, generator=g)
-    got, want = _run(device, lambda t, bb, s, q: (torch.bucketize(t, bounds), torch.bucketize(t, bb, right=True, out_int32=True),
-                                                  torch.searchsorted(bounds, t, side="right"), torch.searchsorted(s, q)),
-                     v, bounds, seq, vals)
+
+    def buckets(t, bb, s, q):
+        return (torch.bucketize(t, bounds), torch.bucketize(t, bb, right=True, out_int32=True),
+                torch.searchsorted(bounds, t, side="right"), torch.searchsorted(s, q))
+
+    got, want = _run(device, buckets, v, bounds, seq, vals)
     for gt, w in zip(got, want, strict=True):
         assert gt.dtype == w.dtype and torch.equal(gt, w), (gt, w)
     cols = torch.randn(2, 12, 30, generator=g)
