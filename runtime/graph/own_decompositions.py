@@ -925,7 +925,8 @@ def _with_number(name: str):
     def decomposition(self, other):
         import torch
 
-        if not isinstance(other, (int, bool)) or self.dtype.is_floating_point:
+        if not isinstance(other, (int, bool)) or self.dtype.is_floating_point or \
+                (self.dtype == torch.bool and not isinstance(other, bool)):  # bool & 3 is int64 in torch
             raise NotApplicable("not an integer tensor and an integer")
         number = torch.ops.aten.scalar_tensor.default(other, dtype=self.dtype)
         return getattr(torch.ops.aten, name).Tensor(self, number)

@@ -674,6 +674,10 @@ def test_bitwise_ops_and_shifts_run_on_the_device(device):
     got, want = _run(device, fn, i32, ids)
     for gt, w in zip(got, want, strict=True):
         assert gt.dtype == w.dtype and torch.equal(gt, w), (gt, w)
+    with texelflow.compile(Call(lambda t: ((t > 6) & 3, (t > 6) | True)), (ids,), device=device) as prog:
+        got, want = prog(ids), ((ids > 6) & 3, (ids > 6) | True)  # bool & 3 is int64 in torch
+        for gt, w in zip(got, want, strict=True):
+            assert gt.dtype == w.dtype and torch.equal(gt, w), (gt, w)
 
 
 def test_products_run_on_the_device(device):
