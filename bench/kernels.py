@@ -300,7 +300,18 @@ def _copy_cases(quick: bool) -> list[Case]:
              lambda x: x.transpose(0, 2, 3, 1), tex_cp, tex_wp),
             # W = 56: 14 texels a row, rows not of whole chunks of 4 texels
             ("to_layout tex CP -> tex WP (ResNet stage 1)", "to_layout", (1, 64, 56, 56), {}, lambda x: x,
-             tex_cp, tex_wp)):
+             tex_cp, tex_wp),
+            # a video's frames (conv3d by frame slices): whole vec4 words in a width-packed buffer,
+            # element by element in a channels-packed one (3 channels)
+            ("slice (video frames, N T C H W)", "slice", (2, 10, 3, 56, 56),
+             {"dim": 1, "start": 1, "end": 9, "step": 1}, lambda x: x[:, 1:9], buf_wp, buf_wp),
+            ("slice (video frames, channels-packed)", "slice", (2, 10, 3, 56, 56),
+             {"dim": 1, "start": 1, "end": 9, "step": 1}, lambda x: x[:, 1:9], buf_cp, buf_cp),
+            ("slice (channel half, rows of 16)", "slice", (1, 64, 56, 64),
+             {"dim": 1, "start": 32, "end": 64, "step": 1}, lambda x: x[:, 32:], buf_wp, buf_wp),
+            ("constant_pad_nd (video frames)", "constant_pad_nd", (2, 8, 3, 56, 56),
+             {"pad": [0, 0, 0, 0, 0, 0, 1, 1], "value": 0.0},
+             lambda x: np.pad(x, ((0, 0), (1, 1), (0, 0), (0, 0), (0, 0))), buf_wp, buf_wp)):
         if quick:
             continue
         build, nbytes = mapped(op, shape, args, fn, r_in, r_out)

@@ -590,6 +590,66 @@ def _packed_select(facts: SpecFacts, p: dict) -> int:
     return _whole_words(_whcn_of(facts, b)[ia.packed_dim], ia.buffer_block == 1)
 
 
+@_spec_rule("packed_slice", 0, required=("of",), tensor_params=("packed_slice", "of"))
+def _packed_slice(facts: SpecFacts, p: dict) -> int:
+    """1 when each unit of slice's output `of` (a texel, or a vec4 word of 4 elements along the
+    packed dim) is one whole unit of tensor `packed_slice` (slice.glsl.j2 then moves units whole):
+    the sliced dim lies off the packed dim, in textures or in one-element-per-word buffers whose
+    packed size is a multiple of 4; or it is the packed dim, sliced with step 1 from a multiple of
+    4, in such buffers with both packed sizes multiples of 4, or in textures where out's padding
+    lanes are self's (out ends where self does, or holds whole texels). 2 for such buffers with
+    out's packed size a multiple of 16 (16 words of one row per index)."""
+    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+
+    from .hooks import slice_start
+
+    a, b = p["packed_slice"], p["of"]
+    ra, rb = facts.repr(a), facts.repr(b)
+    info = LAYOUT_INFO[ra.layout]
+    shape = facts.shape(a)
+    if (ra.storage, ra.layout) != (rb.storage, rb.layout) or info.family != "float" or not shape:
+        return 0
+    image = STORAGE_INFO[ra.storage].is_image
+    if image and len(shape) > 4:
+        return 0
+    pd = info.packed_dim
+    size_out, size_in = _whcn_of(facts, b)[pd], _whcn_of(facts, a)[pd]
+    lane = len(shape) - 1 - (facts.value("dim") or 0) % len(shape)
+    if lane != pd:
+        return 1 if image else _whole_words(size_out, info.buffer_block == 1)
+    start, step = slice_start(facts), facts.value("step") or 1
+    if step != 1 or start % 4:
+        return 0
+    if image:
+        return int(size_out % 4 == 0 or start + size_out == size_in)
+    return _whole_words(size_out, info.buffer_block == 1) if size_in % 4 == 0 else 0
+
+
+@_spec_rule("packed_pad", 0, required=("of",), tensor_params=("packed_pad", "of"))
+def _packed_pad(facts: SpecFacts, p: dict) -> int:
+    """1 when constant_pad_nd pads (or crops) tensor `packed_pad` into `of` off the packed dim
+    only: rank <= 4 in textures (out's packed size a multiple of 4, or a fill of 0, as a fill
+    texel's padding lanes must be), or in one-element-per-word buffers whose packed size is a
+    multiple of 4: each unit of `of` (a texel, or a vec4 word) is then one whole unit of self or
+    all fill (pad.glsl.j2 moves units whole); 2 for such buffers with the packed size a multiple of
+    16 (16 words of one row per index)."""
+    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+
+    a, b = p["packed_pad"], p["of"]
+    ra, rb = facts.repr(a), facts.repr(b)
+    info = LAYOUT_INFO[ra.layout]
+    shape = facts.shape(a)
+    if (ra.storage, ra.layout) != (rb.storage, rb.layout) or info.family != "float" or not shape:
+        return 0
+    pad = list(facts.value("pad"))
+    if any(pad[2 * info.packed_dim + k] for k in (0, 1) if 2 * info.packed_dim + k < len(pad)):
+        return 0
+    size = _whcn_of(facts, b)[info.packed_dim]
+    if STORAGE_INFO[ra.storage].is_image:  # a fill texel's padding lanes hold the fill: 0 only
+        return int(len(shape) <= 4 and (size % 4 == 0 or not facts.value("value")))
+    return _whole_words(size, info.buffer_block == 1)
+
+
 @_spec_rule("list_units", 0, required=("of", "dim"), tensor_params=("list_units", "of"))
 def _list_units(facts: SpecFacts, p: dict) -> int:
     """For one element of the tensor list `list_units` concatenated into `of` along torch dim

@@ -75,19 +75,24 @@ T load_tensors(ivec4 idx) {
 // SPEC_RULES); each default is the general value, whose path is right for every node.
 #line 78
 layout(constant_id = 5) const int whole = 0;  // list_units
-// WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
-#line 7 "shaders/_lead.glsl.j2"
-void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
+// WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
+// `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients
+// (tf_divmod), which lavapipe vectorises.
+#line 9 "shaders/_lead.glsl.j2"
+void tf_unfold8(ivec4 idx, ivec4 lead, int exact_float, out int e[8]) {
   e[0] = idx.x;
   e[1] = idx.y;
   e[2] = idx.z;
   int n = idx.w;
   for (int k = 0; k < 4; ++k) {
-    e[3 + k] = n % lead[k];
-    n /= lead[k];
+    ivec2 q = tf_divmod(n, lead[k], exact_float);
+    e[3 + k] = q.y;
+    n = q.x;
   }
   e[7] = 0;
 }
+
+void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) { tf_unfold8(idx, lead, 0, e); }
 
 // 8 lanes -> WHCN index with the leading lanes folded into N again.
 ivec4 tf_fold8(int e[8], ivec4 lead) {

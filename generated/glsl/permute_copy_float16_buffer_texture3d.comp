@@ -18,7 +18,7 @@ layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
 #line 13
-layout(constant_id = 7) const int texel_reads = 0;
+layout(constant_id = 8) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 21
@@ -69,6 +69,8 @@ void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_floa
 layout(constant_id = 5) const int units_match = 0;  // packed_permute
 #line 78
 layout(constant_id = 6) const int tail = 1;  // units_tail
+#line 78
+layout(constant_id = 7) const int findex = 0;  // float_index
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 84
@@ -85,19 +87,24 @@ layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self
 T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
 VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
-// WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
-#line 7 "shaders/_lead.glsl.j2"
-void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
+// WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
+// `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients
+// (tf_divmod), which lavapipe vectorises.
+#line 9 "shaders/_lead.glsl.j2"
+void tf_unfold8(ivec4 idx, ivec4 lead, int exact_float, out int e[8]) {
   e[0] = idx.x;
   e[1] = idx.y;
   e[2] = idx.z;
   int n = idx.w;
   for (int k = 0; k < 4; ++k) {
-    e[3 + k] = n % lead[k];
-    n /= lead[k];
+    ivec2 q = tf_divmod(n, lead[k], exact_float);
+    e[3 + k] = q.y;
+    n = q.x;
   }
   e[7] = 0;
 }
+
+void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) { tf_unfold8(idx, lead, 0, e); }
 
 // 8 lanes -> WHCN index with the leading lanes folded into N again.
 ivec4 tf_fold8(int e[8], ivec4 lead) {
@@ -116,10 +123,10 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
 }
 
 // Self's index of out's element at `idx`: out[o] = self[i] with i[p[d]] = o[d] over 8 lanes.
-#line 42 "shaders/permute.glsl.j2"
+#line 43 "shaders/permute.glsl.j2"
 ivec4 self_index(ivec4 idx) {
   int o[8];
-  tf_unfold8(idx, pc.out_lead, o);
+  tf_unfold8(idx, pc.out_lead, findex, o);
   int s[8];
   for (int d = 0; d < 4; ++d) {
     s[pc.permute_dims[d]] = o[d];
@@ -132,7 +139,7 @@ ivec4 self_index(ivec4 idx) {
 // no leading dims to unfold, and self's lane k is out's lane d with permute_dims[d] == k, taken by
 // compares on the uniform permutation instead of an array indexed per invocation (which lavapipe
 // keeps in memory, lane by lane).
-#line 58
+#line 59
 ivec4 unit_index(ivec4 idx) {
   ivec4 i = ivec4(0);
   for (int d = 0; d < 4; ++d) { i += idx[d] * ivec4(equal(ivec4(pc.permute_dims[d]), ivec4(0, 1, 2, 3))); }
@@ -140,7 +147,7 @@ ivec4 unit_index(ivec4 idx) {
 }
 
 
-#line 56 "shaders/_unit_moves.glsl.j2"
+#line 88 "shaders/_unit_moves.glsl.j2"
 void unit_texel(ivec3 pos) {
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
@@ -148,7 +155,13 @@ void unit_texel(ivec3 pos) {
   for (int k = 0; k < 4; ++k) {
     ivec4 e = idx;
     e[pd] += k;
-    if (tf_in_bounds(e, pc.out_sizes)) { r[k] = load_self(self_index(e)); }
+    if (tf_in_bounds(e, pc.out_sizes)) {
+#line 23
+    ivec4 i = self_index(e);
+    r[k] = load_self(i);
+
+#line 97
+    }
   }
   store_texel_out(pos, r);
 }

@@ -14,7 +14,7 @@ layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
 #line 13
-layout(constant_id = 7) const int texel_reads = 0;
+layout(constant_id = 8) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -59,6 +59,8 @@ layout(push_constant) uniform PushConstants {
 layout(constant_id = 5) const int units_match = 0;  // packed_select
 #line 78
 layout(constant_id = 6) const int tail = 1;  // units_tail
+#line 78
+layout(constant_id = 7) const int findex = 0;  // float_index
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 84
@@ -75,19 +77,24 @@ layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[];
 T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
 VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
-// WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
-#line 7 "shaders/_lead.glsl.j2"
-void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
+// WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
+// `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients
+// (tf_divmod), which lavapipe vectorises.
+#line 9 "shaders/_lead.glsl.j2"
+void tf_unfold8(ivec4 idx, ivec4 lead, int exact_float, out int e[8]) {
   e[0] = idx.x;
   e[1] = idx.y;
   e[2] = idx.z;
   int n = idx.w;
   for (int k = 0; k < 4; ++k) {
-    e[3 + k] = n % lead[k];
-    n /= lead[k];
+    ivec2 q = tf_divmod(n, lead[k], exact_float);
+    e[3 + k] = q.y;
+    n = q.x;
   }
   e[7] = 0;
 }
+
+void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) { tf_unfold8(idx, lead, 0, e); }
 
 // 8 lanes -> WHCN index with the leading lanes folded into N again.
 ivec4 tf_fold8(int e[8], ivec4 lead) {
@@ -106,10 +113,10 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
 }
 
 // Self's index of out's element at `idx`: the removed lane put back at select_index.
-#line 30 "shaders/select.glsl.j2"
+#line 31 "shaders/select.glsl.j2"
 ivec4 self_index(ivec4 idx) {
   int o[8];
-  tf_unfold8(idx, pc.out_lead, o);
+  tf_unfold8(idx, pc.out_lead, findex, o);
   int e[8];
   for (int k = 0; k < 8; ++k) {
     e[k] = k < pc.select_dim ? o[k] : k == pc.select_dim ? pc.select_index : o[k - 1];
@@ -122,54 +129,82 @@ ivec4 self_index(ivec4 idx) {
 #line 12 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
 
-#line 13 "shaders/_unit_moves.glsl.j2"
+#line 30 "shaders/_unit_moves.glsl.j2"
 const bool vec4_path = false;  // whole units go through the block path below
 void unit_vec4(int k) {}
 
-#line 17
+#line 34
 #define TF_BLOCK_PATH (units_match != 0)
 // Out's words 16u .. 16u + 15 as vec4 words, each the vec4 word of self holding the same elements.
 void unit_block(int u) {
   if (units_match == 2) {
-    int k = tf_buffer_word_lane(self_index(tf_buffer_word_to_idx(16 * u, pc.out_sizes, out_layout)),
-                                pc.self_sizes, self_layout).x / 4;
-#line 24
+#line 23
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u, pc.out_sizes, out_layout, findex));
+    int k = tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4;
+
+#line 44
     t4_out[4 * u + 0] = vec4(read4_self(k + 0));
-#line 24
+#line 44
     t4_out[4 * u + 1] = vec4(read4_self(k + 1));
-#line 24
+#line 44
     t4_out[4 * u + 2] = vec4(read4_self(k + 2));
-#line 24
+#line 44
     t4_out[4 * u + 3] = vec4(read4_self(k + 3));
-#line 26
+#line 47
     return;
   }
-#line 29
+#line 50
   if (tail == 0 || 16 * u + 0 < pc.units) {
-    ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 0, pc.out_sizes, out_layout));
-    t4_out[4 * u + 0] = vec4(read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4));
+    VEC4 v;
+#line 23
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u + 0, pc.out_sizes, out_layout, findex));
+    v = read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4);
+
+#line 54
+    t4_out[4 * u + 0] = vec4(v);
   }
-#line 29
+#line 50
   if (tail == 0 || 16 * u + 4 < pc.units) {
-    ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 4, pc.out_sizes, out_layout));
-    t4_out[4 * u + 1] = vec4(read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4));
+    VEC4 v;
+#line 23
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u + 4, pc.out_sizes, out_layout, findex));
+    v = read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4);
+
+#line 54
+    t4_out[4 * u + 1] = vec4(v);
   }
-#line 29
+#line 50
   if (tail == 0 || 16 * u + 8 < pc.units) {
-    ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 8, pc.out_sizes, out_layout));
-    t4_out[4 * u + 2] = vec4(read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4));
+    VEC4 v;
+#line 23
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u + 8, pc.out_sizes, out_layout, findex));
+    v = read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4);
+
+#line 54
+    t4_out[4 * u + 2] = vec4(v);
   }
-#line 29
+#line 50
   if (tail == 0 || 16 * u + 12 < pc.units) {
-    ivec4 i = self_index(tf_buffer_word_to_idx(16 * u + 12, pc.out_sizes, out_layout));
-    t4_out[4 * u + 3] = vec4(read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4));
+    VEC4 v;
+#line 23
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u + 12, pc.out_sizes, out_layout, findex));
+    v = read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4);
+
+#line 54
+    t4_out[4 * u + 3] = vec4(v);
   }
-#line 34
+#line 57
 }
 
-#line 37
+#line 60
 void unit_word(int w) {
-  t_out[w] = (load_self(self_index(tf_buffer_word_to_idx(w, pc.out_sizes, out_layout))));
+  T v;
+#line 23
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(w, pc.out_sizes, out_layout, findex));
+    v = load_self(i);
+
+#line 63
+  t_out[w] = (v);
 }
 
 #line 18 "shaders/_span_main.glsl.j2"

@@ -54,19 +54,37 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'self' (buffer) ----
 #line 45
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
-// WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
-#line 7 "shaders/_lead.glsl.j2"
-void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 5) const int units_match = 0;  // packed_slice
+#line 78
+layout(constant_id = 6) const int tail = 1;  // units_tail
+#line 78
+layout(constant_id = 7) const int findex = 0;  // float_index
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 84
+const int tf_span = 16;
+// WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
+// `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients
+// (tf_divmod), which lavapipe vectorises.
+#line 9 "shaders/_lead.glsl.j2"
+void tf_unfold8(ivec4 idx, ivec4 lead, int exact_float, out int e[8]) {
   e[0] = idx.x;
   e[1] = idx.y;
   e[2] = idx.z;
   int n = idx.w;
   for (int k = 0; k < 4; ++k) {
-    e[3 + k] = n % lead[k];
-    n /= lead[k];
+    ivec2 q = tf_divmod(n, lead[k], exact_float);
+    e[3 + k] = q.y;
+    n = q.x;
   }
   e[7] = 0;
 }
+
+void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) { tf_unfold8(idx, lead, 0, e); }
 
 // 8 lanes -> WHCN index with the leading lanes folded into N again.
 ivec4 tf_fold8(int e[8], ivec4 lead) {
@@ -84,19 +102,145 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
   s[7] = 1;
 }
 
-#line 23 "shaders/slice.glsl.j2"
-T compute_out(ivec4 idx) {
+// Self's index of out's element at `idx`: the sliced lane at start + index * step.
+#line 36 "shaders/slice.glsl.j2"
+ivec4 self_index(ivec4 idx) {
   int e[8];
-  tf_unfold8(idx, pc.out_lead, e);
+  tf_unfold8(idx, pc.out_lead, findex, e);
   e[pc.slice_dim] = pc.slice_start + e[pc.slice_dim] * pc.step;
-  return load_self(tf_fold8(e, pc.self_lead));
+  return tf_fold8(e, pc.self_lead);
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
+#line 12
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
+#line 15
+VEC4 read4_self(int k) { return VEC4(t4_self[k]); }
+T read_self(int w) { return T(t_self[w]); }
+
+#line 30 "shaders/_unit_moves.glsl.j2"
+const bool vec4_path = false;  // whole units go through the block path below
+void unit_vec4(int k) {}
+
+#line 34
+#define TF_BLOCK_PATH (units_match != 0)
+// Out's words 16u .. 16u + 15 as vec4 words, each the vec4 word of self holding the same elements.
+void unit_block(int u) {
+  if (units_match == 2) {
+#line 23
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u, pc.out_sizes, out_layout, findex));
+    int k = tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4;
+
+#line 44
+    t4_out[4 * u + 0] = ivec4(read4_self(k + 0));
+#line 44
+    t4_out[4 * u + 1] = ivec4(read4_self(k + 1));
+#line 44
+    t4_out[4 * u + 2] = ivec4(read4_self(k + 2));
+#line 44
+    t4_out[4 * u + 3] = ivec4(read4_self(k + 3));
+#line 47
+    return;
+  }
+#line 50
+  if (tail == 0 || 16 * u + 0 < pc.units) {
+    VEC4 v;
+#line 23
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u + 0, pc.out_sizes, out_layout, findex));
+    v = read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4);
+
+#line 54
+    t4_out[4 * u + 0] = ivec4(v);
+  }
+#line 50
+  if (tail == 0 || 16 * u + 4 < pc.units) {
+    VEC4 v;
+#line 23
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u + 4, pc.out_sizes, out_layout, findex));
+    v = read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4);
+
+#line 54
+    t4_out[4 * u + 1] = ivec4(v);
+  }
+#line 50
+  if (tail == 0 || 16 * u + 8 < pc.units) {
+    VEC4 v;
+#line 23
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u + 8, pc.out_sizes, out_layout, findex));
+    v = read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4);
+
+#line 54
+    t4_out[4 * u + 2] = ivec4(v);
+  }
+#line 50
+  if (tail == 0 || 16 * u + 12 < pc.units) {
+    VEC4 v;
+#line 23
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u + 12, pc.out_sizes, out_layout, findex));
+    v = read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4);
+
+#line 54
+    t4_out[4 * u + 3] = ivec4(v);
+  }
+#line 57
+}
+
+#line 60
+void unit_word(int w) {
+  T v;
+#line 23
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(w, pc.out_sizes, out_layout, findex));
+    v = load_self(i);
+
+#line 63
+  t_out[w] = (v);
+}
+
+#line 18 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 16
-  t_out[u] = compute_out(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout));
-#line 29
+  int first = u * tf_span;
+  if (first >= pc.units) { return; }
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(u); return; }
+#endif
+  // unrolled below: a rolled loop costs lavapipe mask bookkeeping per trip
+  if (vec4_path) {  // (tested once: glslc's optimizer fails on a second test of this spec expression)
+    if (tail == 0) {
+      // Interleaved: invocation u takes vec4 words u, u + g, u + 2g, ... (g = units / span
+      // invocations), so one access's SIMD lanes touch neighbouring vec4 words, not words a span
+      // apart (on lavapipe: the trivial copy with 4 vec4s per invocation moves 8-9% more this way).
+      int g = pc.units / tf_span;
+#line 33
+      unit_vec4(u + 0 * g);
+#line 33
+      unit_vec4(u + 1 * g);
+#line 33
+      unit_vec4(u + 2 * g);
+#line 33
+      unit_vec4(u + 3 * g);
+#line 35
+      return;
+    }
+    // A partial span somewhere: invocation u's own words, as vec4s where its span is whole (on
+    // lavapipe a runtime guard on interleaved words measured 25-30% slower than this).
+    if (first + tf_span <= pc.units) {
+      int k = u * (tf_span / 4);
+#line 42
+      unit_vec4(k + 0);
+#line 42
+      unit_vec4(k + 1);
+#line 42
+      unit_vec4(k + 2);
+#line 42
+      unit_vec4(k + 3);
+#line 44
+      return;
+    }
+  }
+  int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);
+  for (int w = first; w < last; ++w) { unit_word(w); }
 }

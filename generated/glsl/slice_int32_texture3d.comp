@@ -60,19 +60,37 @@ T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
-// WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`).
-#line 7 "shaders/_lead.glsl.j2"
-void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) {
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 78
+layout(constant_id = 5) const int units_match = 0;  // packed_slice
+#line 78
+layout(constant_id = 6) const int tail = 1;  // units_tail
+#line 78
+layout(constant_id = 7) const int findex = 0;  // float_index
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 84
+const int tf_span = 2;
+// WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
+// `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients
+// (tf_divmod), which lavapipe vectorises.
+#line 9 "shaders/_lead.glsl.j2"
+void tf_unfold8(ivec4 idx, ivec4 lead, int exact_float, out int e[8]) {
   e[0] = idx.x;
   e[1] = idx.y;
   e[2] = idx.z;
   int n = idx.w;
   for (int k = 0; k < 4; ++k) {
-    e[3 + k] = n % lead[k];
-    n /= lead[k];
+    ivec2 q = tf_divmod(n, lead[k], exact_float);
+    e[3 + k] = q.y;
+    n = q.x;
   }
   e[7] = 0;
 }
+
+void tf_unfold8(ivec4 idx, ivec4 lead, out int e[8]) { tf_unfold8(idx, lead, 0, e); }
 
 // 8 lanes -> WHCN index with the leading lanes folded into N again.
 ivec4 tf_fold8(int e[8], ivec4 lead) {
@@ -90,28 +108,67 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
   s[7] = 1;
 }
 
-#line 23 "shaders/slice.glsl.j2"
-T compute_out(ivec4 idx) {
+// Self's index of out's element at `idx`: the sliced lane at start + index * step.
+#line 36 "shaders/slice.glsl.j2"
+ivec4 self_index(ivec4 idx) {
   int e[8];
-  tf_unfold8(idx, pc.out_lead, e);
+  tf_unfold8(idx, pc.out_lead, findex, e);
   e[pc.slice_dim] = pc.slice_start + e[pc.slice_dim] * pc.step;
-  return load_self(tf_fold8(e, pc.self_lead));
+  return tf_fold8(e, pc.self_lead);
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
-void main() {
-  int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 18
-  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
+#line 44
+ivec4 unit_index(ivec4 idx) { return self_index(idx); }
+
+#line 67 "shaders/_unit_moves.glsl.j2"
+#define TF_BLOCK_PATH (units_match != 0)
+// Out's texels from pos along the row (the first `count` inside it), each the texel of self
+// holding the same 4 elements (padding lanes map to padding lanes).
+void unit_block(ivec3 pos, int count) {
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || k < count) {
+#line 78
+      ivec4 i = unit_index(tf_texel_to_idx(pos, pc.out_sizes, out_layout));
+      VEC4 v = load_texel_self(tf_texel_pos_lane(i, pc.self_sizes, self_layout).xyz);
+#line 81
+      store_texel_out(pos, v);
+    }
+    pos.x += 1;
+  }
+}
+
+#line 88
+void unit_texel(ivec3 pos) {
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);
   for (int k = 0; k < 4; ++k) {
     ivec4 e = idx;
     e[pd] += k;
-    if (tf_in_bounds(e, pc.out_sizes)) { r[k] = compute_out(e); }
+    if (tf_in_bounds(e, pc.out_sizes)) {
+#line 23
+    ivec4 i = self_index(e);
+    r[k] = load_self(i);
+
+#line 97
+    }
   }
   store_texel_out(pos, r);
-#line 29
+}
+
+#line 51 "shaders/_span_main.glsl.j2"
+void main() {
+  int u = tf_unit_id();
+  ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
+  int chunks = (e.x + tf_span - 1) / tf_span;
+  int row = u / chunks;
+  if (row >= e.y * e.z) { return; }
+  ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(pos, tail == 0 ? tf_span : min(tf_span, e.x - pos.x)); return; }
+#endif
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || pos.x < e.x) { unit_texel(pos); }
+    pos.x += 1;
+  }
 }

@@ -14,7 +14,9 @@ permutation takes the output's packed dim to the input's (and storages agree), t
 whole texels or vec4 words (shape class `units_match`), otherwise one element at a time, 5-10x
 slower on lavapipe. Its slots are priced at the fast path's rates, and `pair_seconds` adds the
 general path's extra time for a (self, out) pair that misses it: the one cost that is not
-separable by slot, which the integer program charges through a pair variable.
+separable by slot, which the integer program charges through a pair variable. slice,
+constant_pad_nd and select (PAIR_PATHS) are priced alike, their one shared representation deciding
+the path.
 
 Coefficients come from a per-device table (`texelflow tune` measures it, runtime/tune.py; stored
 as JSON under `table_dir()`, keyed by the device; a node the tuner timed itself, by
@@ -62,8 +64,12 @@ ESTIMATE = Coeffs(fixed=10e-6, per_byte=1 / 4e9, per_flop=1 / 10e9)
 
 
 # Templates whose fast path depends on two slots' representations together, and the shape class
-# (spec constant, shaders/node_rules.py) that is non-zero where a node takes it.
-PAIR_PATHS = {"permute": ("self", "out", "units_match")}
+# (spec constant, shaders/node_rules.py) that is non-zero where a node takes it. slice, pad and
+# select keep self and out in one representation (a sync group), where their units move whole or
+# not: a video's frame slice of [N, T, 3, H, W] moves vec4 words in a width-packed buffer and
+# element by element in a channels-packed one (3 channels), 2.8x slower on lavapipe.
+PAIR_PATHS = {"permute": ("self", "out", "units_match"), "slice": ("self", "out", "units_match"),
+              "pad": ("self", "out", "units_match"), "select": ("self", "out", "units_match")}
 
 # The built-in estimate's general path of a pair-priced kernel: this many times its fast path (a
 # permute on lavapipe: CP texture -> WP buffer 4.8-7.0 ms, CP -> WP texture 1.0-1.1 ms, on ConvNeXt's

@@ -116,17 +116,66 @@ CASES = [
     ("sigmoid-buffer-interleaved", "sigmoid", {"self": [3, 16, 32]}, BUF_WP,
      {"tail": 0, "ragged": 0}),
     # select: `units_match` when the removed dim lies above the packed one (whole texels / vec4 words)
-    ("select-qkv-units", "select", {"self": [3, 1, 2, 7, 8], "dim": 0, "index": 1}, BUF_WP, {"units_match": 1, "tail": 0}),
-    ("select-qkv-rows-of-16", "select", {"self": [3, 1, 2, 5, 16], "dim": 0, "index": 2}, BUF_WP, {"units_match": 2, "tail": 0}),
-    ("select-units-partial-span", "select", {"self": [2, 3, 1, 4], "dim": 1, "index": 0}, BUF_WP, {"units_match": 1, "tail": 1}),
-    ("select-texture-units", "select", {"self": [2, 6, 5, 3], "dim": 2, "index": -2}, TEX_WP, {"units_match": 1, "tail": 1}),
-    ("select-texture-cp-units", "select", {"self": [2, 6, 5, 3], "dim": 0, "index": 1}, TEX_CP, {"units_match": 1, "tail": 1}),
-    ("select-packed-dim", "select", {"self": [2, 3, 5, 7], "dim": 3, "index": 4}, BUF_WP, {"units_match": 0, "tail": 1}),
-    ("select-buffer-ragged-row", "select", {"self": [2, 3, 5, 7], "dim": 1, "index": 2}, BUF_WP, {"units_match": 0, "tail": 1}),
+    ("select-qkv-units", "select", {"self": [3, 1, 2, 7, 8], "dim": 0, "index": 1},
+     BUF_WP, {"units_match": 1, "tail": 0, "findex": 1}),
+    ("select-qkv-rows-of-16", "select", {"self": [3, 1, 2, 5, 16], "dim": 0, "index": 2},
+     BUF_WP, {"units_match": 2, "tail": 0, "findex": 1}),
+    ("select-units-partial-span", "select", {"self": [2, 3, 1, 4], "dim": 1, "index": 0},
+     BUF_WP, {"units_match": 1, "tail": 1, "findex": 1}),
+    ("select-texture-units", "select", {"self": [2, 6, 5, 3], "dim": 2, "index": -2},
+     TEX_WP, {"units_match": 1, "tail": 1, "findex": 1}),
+    ("select-texture-cp-units", "select", {"self": [2, 6, 5, 3], "dim": 0, "index": 1},
+     TEX_CP, {"units_match": 1, "tail": 1, "findex": 1}),
+    ("select-packed-dim", "select", {"self": [2, 3, 5, 7], "dim": 3, "index": 4},
+     BUF_WP, {"units_match": 0, "tail": 1, "findex": 1}),
+    ("select-buffer-ragged-row", "select", {"self": [2, 3, 5, 7], "dim": 1, "index": 2},
+     BUF_WP, {"units_match": 0, "tail": 1, "findex": 1}),
+    # slice: `units_match` off the packed dim, or along it with step 1 from a multiple of 4
+    ("slice-video-frames-rank5", "slice", {"self": [2, 7, 3, 5, 8], "dim": 1, "start": 1, "end": 6, "step": 2},
+     BUF_WP, {"units_match": 1, "tail": 0, "findex": 1}),
+    ("slice-channels-rows-of-16", "slice", {"self": [2, 9, 3, 16], "dim": 1, "start": -5, "end": 100, "step": 1},
+     BUF_WP, {"units_match": 2, "tail": 0, "findex": 1}),
+    ("slice-packed-from-4", "slice", {"self": [3, 5, 12], "dim": -1, "start": 4, "end": 12, "step": 1},
+     BUF_WP, {"units_match": 1, "tail": 1, "findex": 1}),
+    ("slice-packed-nhwc-buffer", "slice", {"self": [2, 8, 3, 5], "dim": 1, "start": 4, "end": 8, "step": 1},
+     BUF_CP, {"units_match": 1, "tail": 1, "findex": 1}),
+    ("slice-packed-step-2", "slice", {"self": [3, 5, 12], "dim": 2, "start": 4, "end": 12, "step": 2},
+     BUF_WP, {"units_match": 0, "tail": 1, "findex": 1}),
+    ("slice-packed-from-3", "slice", {"self": [3, 5, 12], "dim": 2, "start": 3, "end": 11, "step": 1},
+     BUF_WP, {"units_match": 0, "tail": 1, "findex": 1}),
+    ("slice-buffer-ragged-row", "slice", {"self": [2, 6, 5, 7], "dim": 1, "start": 1, "end": 4, "step": 1},
+     BUF_WP, {"units_match": 0, "tail": 1, "findex": 1}),
+    ("slice-texture-off-packed", "slice", {"self": [2, 6, 5, 7], "dim": 3, "start": 2, "end": 7, "step": 2},
+     TEX_CP, {"units_match": 1, "tail": 1, "findex": 1}),
+    ("slice-texture-packed-to-end", "slice", {"self": [2, 7, 5, 3], "dim": 1, "start": 4, "end": 7, "step": 1},
+     TEX_CP, {"units_match": 1, "tail": 1, "findex": 1}),  # out's padding lane is self's
+    ("slice-texture-packed-ragged-end", "slice", {"self": [2, 9, 5, 3], "dim": 1, "start": 0, "end": 7, "step": 1},
+     TEX_CP, {"units_match": 0, "tail": 1, "findex": 1}),  # out's padding lane would be self's channel 7
+    # constant_pad_nd: `units_match` when nothing is padded along the packed dim
+    ("pad-video-frames-rank5", "constant_pad_nd",
+     {"self": [2, 5, 3, 2, 8], "pad": [0, 0, 1, 2, 0, 0, 2, 1], "value": 0.0},
+     BUF_WP, {"units_match": 1, "tail": 0, "findex": 1}),
+    ("pad-rows-of-16-neg-inf", "constant_pad_nd", {"self": [2, 3, 5, 16], "pad": [0, 0, 1, 1], "value": float("-inf")},
+     BUF_WP, {"units_match": 2, "tail": 0, "findex": 1}),
+    ("pad-crop-off-packed", "constant_pad_nd", {"self": [1, 6, 3, 4], "pad": [0, 0, -1, 1, 1, -2], "value": 1.5},
+     BUF_WP, {"units_match": 1, "tail": 1, "findex": 1}),
+    ("pad-packed-dim", "constant_pad_nd", {"self": [2, 3, 5, 8], "pad": [1, 3], "value": 2.0},
+     BUF_WP, {"units_match": 0, "tail": 1, "findex": 1}),
+    ("pad-texture-fill-ragged-packed", "constant_pad_nd", {"self": [2, 3, 5, 7], "pad": [0, 0, 2, 1], "value": -3.0},
+     TEX_WP, {"units_match": 0, "tail": 0, "findex": 1}),  # a fill texel's padding lane must stay 0
+    ("pad-texture-zero-fill", "constant_pad_nd", {"self": [2, 3, 5, 7], "pad": [0, 0, 2, 1], "value": 0.0},
+     TEX_WP, {"units_match": 1, "tail": 0, "findex": 1}),
+    ("pad-texture-cp", "constant_pad_nd", {"self": [2, 8, 5, 7], "pad": [1, 2, 0, 1], "value": -1.0},
+     TEX_CP, {"units_match": 1, "tail": 0, "findex": 1}),
+    ("pad-texture-cp-row-tail", "constant_pad_nd", {"self": [2, 8, 5, 7], "pad": [1, 1, 0, 1], "value": -1.0},
+     TEX_CP, {"units_match": 1, "tail": 1, "findex": 1}),
     # copies
-    ("clone-buffer", "clone", {"self": [2, 3, 5, 7]}, BUF_CP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
-    ("clone-texture", "clone", {"self": [2, 5, 3, 7]}, TEX_CP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
-    ("clone-rank5", "clone", {"self": [2, 1, 3, 2, 8]}, BUF_WP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 0, "findex": 1}),
+    ("clone-buffer", "clone", {"self": [2, 3, 5, 7]},
+     BUF_CP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
+    ("clone-texture", "clone", {"self": [2, 5, 3, 7]},
+     TEX_CP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 1, "findex": 1}),
+    ("clone-rank5", "clone", {"self": [2, 1, 3, 2, 8]},
+     BUF_WP, {"same_units": 1, "same_shape": 1, "transpose": 0, "tail": 0, "findex": 1}),
     ("view-contiguous", "view_copy", {"self": [2, 3, 5, 7], "size": [6, 35]}, BUF_WP,
      {"same_units": 1, "same_shape": 0, "transpose": 0, "tail": 1, "findex": 1}),
     ("view-channels-packed-reshape", "view_copy", {"self": [2, 3, 5, 7], "size": [2, 3, 35]}, BUF_CP,
@@ -181,17 +230,25 @@ TRANSITIONS = [
 # permute between two representations: (id, shape, dims, in repr, out repr, expected classes)
 PERMUTES = [
     # `units_match`: dims take out's packed dim to self's, so texels / vec4 words move whole
-    ("convnext-nchw-to-nhwc-textures", [1, 6, 3, 5], [0, 2, 3, 1], TEX_CP, TEX_WP, {"units_match": 1, "tail": 0}),
-    ("convnext-nhwc-to-nchw-textures", [2, 3, 5, 7], [0, 3, 1, 2], TEX_WP, TEX_CP, {"units_match": 1, "tail": 1}),
-    ("vit-head-transpose-buffers", [1, 3, 5, 8], [0, 2, 1, 3], BUF_WP, BUF_WP, {"units_match": 1, "tail": 1}),
-    ("vit-head-transpose-rows-of-16", [1, 3, 5, 16], [0, 2, 1, 3], BUF_WP, BUF_WP, {"units_match": 2, "tail": 0}),
-    ("vit-qkv-rank5-buffers", [1, 5, 3, 2, 8], [2, 0, 3, 1, 4], BUF_WP, BUF_WP, {"units_match": 1, "tail": 0}),
-    ("wp-buffer-to-nhwc-buffer", [2, 3, 5, 4], [0, 3, 1, 2], BUF_WP, BUF_CP, {"units_match": 1, "tail": 1}),
+    ("convnext-nchw-to-nhwc-textures", [1, 6, 3, 5], [0, 2, 3, 1], TEX_CP,
+     TEX_WP, {"units_match": 1, "tail": 0, "findex": 1}),
+    ("convnext-nhwc-to-nchw-textures", [2, 3, 5, 7], [0, 3, 1, 2], TEX_WP,
+     TEX_CP, {"units_match": 1, "tail": 1, "findex": 1}),
+    ("vit-head-transpose-buffers", [1, 3, 5, 8], [0, 2, 1, 3], BUF_WP,
+     BUF_WP, {"units_match": 1, "tail": 1, "findex": 1}),
+    ("vit-head-transpose-rows-of-16", [1, 3, 5, 16], [0, 2, 1, 3], BUF_WP,
+     BUF_WP, {"units_match": 2, "tail": 0, "findex": 1}),
+    ("vit-qkv-rank5-buffers", [1, 5, 3, 2, 8], [2, 0, 3, 1, 4], BUF_WP,
+     BUF_WP, {"units_match": 1, "tail": 0, "findex": 1}),
+    ("wp-buffer-to-nhwc-buffer", [2, 3, 5, 4], [0, 3, 1, 2], BUF_WP,
+     BUF_CP, {"units_match": 1, "tail": 1, "findex": 1}),
     # the element path: the packed dim moves, a buffer row not whole vec4 words, or mixed storages
-    ("textures-packed-dim-moves", [2, 3, 5, 7], [0, 2, 3, 1], TEX_WP, TEX_WP, {"units_match": 0, "tail": 1}),
-    ("buffer-kept-dim-ragged", [2, 3, 5, 7], [0, 2, 1, 3], BUF_WP, BUF_WP, {"units_match": 0, "tail": 1}),
-    ("rank5-buffer-kept-dim-ragged", [1, 5, 3, 2, 7], [2, 0, 3, 1, 4], BUF_WP, BUF_WP, {"units_match": 0, "tail": 1}),
-    ("buffer-to-texture", [1, 6, 3, 4], [0, 2, 3, 1], BUF_CP, TEX_WP, {"units_match": 0, "tail": 0}),
+    ("textures-packed-dim-moves", [2, 3, 5, 7], [0, 2, 3, 1], TEX_WP,
+     TEX_WP, {"units_match": 0, "tail": 1, "findex": 1}),
+    ("buffer-kept-dim-ragged", [2, 3, 5, 7], [0, 2, 1, 3], BUF_WP, BUF_WP, {"units_match": 0, "tail": 1, "findex": 1}),
+    ("rank5-buffer-kept-dim-ragged", [1, 5, 3, 2, 7], [2, 0, 3, 1, 4], BUF_WP,
+     BUF_WP, {"units_match": 0, "tail": 1, "findex": 1}),
+    ("buffer-to-texture", [1, 6, 3, 4], [0, 2, 3, 1], BUF_CP, TEX_WP, {"units_match": 0, "tail": 0, "findex": 1}),
 ]
 
 
@@ -288,7 +345,7 @@ def test_grid_covers_every_unit_once(device):
         assert invocations(vb, t) == -(-105 // 16)
         x, y, z = tex.extents
         assert vt.span == 4 and invocations(vt, tex) == -(-x // 4) * y * z
-        single = next(v for v in VARIANTS.values() if v.op == "slice")
+        single = next(v for v in VARIANTS.values() if v.op == "flip")
         assert single.span == 1 and invocations(single, t) == t.units
     finally:
         t.close(), tex.close()
