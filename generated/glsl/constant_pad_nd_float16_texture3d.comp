@@ -134,28 +134,28 @@ ivec4 self_index_in(ivec4 idx, out bool inside) {
 
 T fill_value() { return T(pc.value); }
 
-#line 67 "shaders/_unit_moves.glsl.j2"
+#line 104 "shaders/_unit_moves.glsl.j2"
 #define TF_BLOCK_PATH (units_match != 0)
 // Out's texels from pos along the row (the first `count` inside it), each the texel of self
 // holding the same 4 elements (padding lanes map to padding lanes).
 void unit_block(ivec3 pos, int count) {
   for (int k = 0; k < tf_span; ++k) {
     if (tail == 0 || k < count) {
-#line 74
+#line 111
       VEC4 v;
-#line 19
+#line 21
     bool inside;
     ivec4 i = self_index_in(tf_texel_to_idx(pos, pc.out_sizes, out_layout), inside);
     v = inside ? load_texel_self(tf_texel_pos_lane(i, pc.self_sizes, self_layout).xyz) : VEC4(fill_value());
 
-#line 81
+#line 118
       store_texel_out(pos, v);
     }
     pos.x += 1;
   }
 }
 
-#line 88
+#line 125
 void unit_texel(ivec3 pos) {
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
@@ -164,12 +164,12 @@ void unit_texel(ivec3 pos) {
     ivec4 e = idx;
     e[pd] += k;
     if (tf_in_bounds(e, pc.out_sizes)) {
-#line 19
+#line 21
     bool inside;
     ivec4 i = self_index_in(e, inside);
     r[k] = inside ? load_self(i) : fill_value();
 
-#line 97
+#line 134
     }
   }
   store_texel_out(pos, r);

@@ -147,7 +147,7 @@ ivec4 unit_index(ivec4 idx) {
 }
 
 
-#line 88 "shaders/_unit_moves.glsl.j2"
+#line 125 "shaders/_unit_moves.glsl.j2"
 void unit_texel(ivec3 pos) {
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
@@ -156,11 +156,11 @@ void unit_texel(ivec3 pos) {
     ivec4 e = idx;
     e[pd] += k;
     if (tf_in_bounds(e, pc.out_sizes)) {
-#line 23
+#line 25
     ivec4 i = self_index(e);
     r[k] = load_self(i);
 
-#line 97
+#line 134
     }
   }
   store_texel_out(pos, r);

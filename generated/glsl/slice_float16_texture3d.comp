@@ -128,24 +128,24 @@ ivec4 self_index(ivec4 idx) {
 #line 44
 ivec4 unit_index(ivec4 idx) { return self_index(idx); }
 
-#line 67 "shaders/_unit_moves.glsl.j2"
+#line 104 "shaders/_unit_moves.glsl.j2"
 #define TF_BLOCK_PATH (units_match != 0)
 // Out's texels from pos along the row (the first `count` inside it), each the texel of self
 // holding the same 4 elements (padding lanes map to padding lanes).
 void unit_block(ivec3 pos, int count) {
   for (int k = 0; k < tf_span; ++k) {
     if (tail == 0 || k < count) {
-#line 78
+#line 115
       ivec4 i = unit_index(tf_texel_to_idx(pos, pc.out_sizes, out_layout));
       VEC4 v = load_texel_self(tf_texel_pos_lane(i, pc.self_sizes, self_layout).xyz);
-#line 81
+#line 118
       store_texel_out(pos, v);
     }
     pos.x += 1;
   }
 }
 
-#line 88
+#line 125
 void unit_texel(ivec3 pos) {
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
@@ -154,11 +154,11 @@ void unit_texel(ivec3 pos) {
     ivec4 e = idx;
     e[pd] += k;
     if (tf_in_bounds(e, pc.out_sizes)) {
-#line 23
+#line 25
     ivec4 i = self_index(e);
     r[k] = load_self(i);
 
-#line 97
+#line 134
     }
   }
   store_texel_out(pos, r);

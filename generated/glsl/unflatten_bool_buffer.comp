@@ -128,22 +128,6 @@ T read_step(ivec4 e, ivec4 st) {
 #line 29
 }
 
-// The next element in out's unit order: +1 along its packed dim, carried into the outer dim,
-// then the faster and the slower of the other two.
-ivec4 next_step(ivec4 e, ivec4 s, int pd, int od, ivec2 r) {
-  e[pd] += 1;
-  int c = int(e[pd] == s[pd]);
-  e[pd] -= c * s[pd];
-  e[od] += c;
-  c = int(e[od] == s[od]);
-  e[od] -= c * s[od];
-  e[r.x] += c;
-  c = int(e[r.x] == s[r.x]);
-  e[r.x] -= c * s[r.x];
-  e[r.y] += c;
-  return e;
-}
-
 // Words u * span .. u * span + span - 1 of out.
 void unit_steps(int u) {
   int first = u * tf_span;
@@ -155,114 +139,114 @@ void unit_steps(int u) {
   ivec4 st = self_strides();
   bool whole = tail == 0 || first + tf_span <= pc.units;
   VEC4 v[4];
-#line 59
+#line 43
   v[0][0] = (whole || first + 0 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[0][1] = (whole || first + 1 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[0][2] = (whole || first + 2 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[0][3] = (whole || first + 3 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[1][0] = (whole || first + 4 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[1][1] = (whole || first + 5 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[1][2] = (whole || first + 6 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[1][3] = (whole || first + 7 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[2][0] = (whole || first + 8 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[2][1] = (whole || first + 9 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[2][2] = (whole || first + 10 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[2][3] = (whole || first + 11 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[3][0] = (whole || first + 12 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[3][1] = (whole || first + 13 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[3][2] = (whole || first + 14 < pc.units) ? read_step(e, st) : T(0);
-#line 61
-  e = next_step(e, s, pd, od, r);
-#line 59
+#line 45
+  e = tf_step_index(e, s, pd, od, r);
+#line 43
   v[3][3] = (whole || first + 15 < pc.units) ? read_step(e, st) : T(0);
-#line 64
+#line 48
   if (whole) {
-#line 66
+#line 50
     t4_out[u * 4 + 0] = ivec4(v[0]);
-#line 66
+#line 50
     t4_out[u * 4 + 1] = ivec4(v[1]);
-#line 66
+#line 50
     t4_out[u * 4 + 2] = ivec4(v[2]);
-#line 66
+#line 50
     t4_out[u * 4 + 3] = ivec4(v[3]);
-#line 68
+#line 52
     return;
   }
-#line 71
+#line 55
   if (first + 0 < pc.units) { t_out[first + 0] = (v[0][0]); }
-#line 71
+#line 55
   if (first + 1 < pc.units) { t_out[first + 1] = (v[0][1]); }
-#line 71
+#line 55
   if (first + 2 < pc.units) { t_out[first + 2] = (v[0][2]); }
-#line 71
+#line 55
   if (first + 3 < pc.units) { t_out[first + 3] = (v[0][3]); }
-#line 71
+#line 55
   if (first + 4 < pc.units) { t_out[first + 4] = (v[1][0]); }
-#line 71
+#line 55
   if (first + 5 < pc.units) { t_out[first + 5] = (v[1][1]); }
-#line 71
+#line 55
   if (first + 6 < pc.units) { t_out[first + 6] = (v[1][2]); }
-#line 71
+#line 55
   if (first + 7 < pc.units) { t_out[first + 7] = (v[1][3]); }
-#line 71
+#line 55
   if (first + 8 < pc.units) { t_out[first + 8] = (v[2][0]); }
-#line 71
+#line 55
   if (first + 9 < pc.units) { t_out[first + 9] = (v[2][1]); }
-#line 71
+#line 55
   if (first + 10 < pc.units) { t_out[first + 10] = (v[2][2]); }
-#line 71
+#line 55
   if (first + 11 < pc.units) { t_out[first + 11] = (v[2][3]); }
-#line 71
+#line 55
   if (first + 12 < pc.units) { t_out[first + 12] = (v[3][0]); }
-#line 71
+#line 55
   if (first + 13 < pc.units) { t_out[first + 13] = (v[3][1]); }
-#line 71
+#line 55
   if (first + 14 < pc.units) { t_out[first + 14] = (v[3][2]); }
-#line 71
+#line 55
   if (first + 15 < pc.units) { t_out[first + 15] = (v[3][3]); }
-#line 73
+#line 57
 }
 
 

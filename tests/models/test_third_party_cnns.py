@@ -655,3 +655,24 @@ def test_conv1d_runs_its_own_kernel_where_conv2d_cannot(device, register_tiles):
             assert convs == [kernel, kernel], convs
             check = compare(prog(x), want)
         assert check.max_abs <= TOLERANCE * check.max_ref, (limits, check)
+
+
+def test_video_stem_moves_its_frames_as_whole_vec4_words(device):
+    """conv3d by frame slices: the permute to [N, T, C, H, W], the padded frames and their slices
+    are each a class, which a 3-channel conv's channels-packed texture pulls toward channels-packed
+    buffers, where every slice moves element by element. Planned by transitions alone, the
+    classes move together to width-packed buffers (an equally cheap plan, the certificate kept),
+    where they move whole vec4 words; the plan's note counts them."""
+    stem = nn.Conv3d(3, 6, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False)
+    inputs = (torch.randn(1, 3, 4, 16, 16),)
+    with texelflow.compile(stem, inputs, device=device) as prog:
+        assert prog.plan.fallbacks == [] and prog.plan.optimal
+        moves = {d.label: d.spec.get("units_match") for seg in prog.segments if seg.program is not None
+                 for d in seg.program.dispatches if d.variant.op in ("slice", "constant_pad_nd")}
+        assert len(moves) == 4 and all(moves.values()), moves  # the padding and 3 frame slices
+        assert any("moved to their fast path" in note for note in prog.plan.assignment.notes)
+        got = prog(*inputs)
+    with torch.no_grad():
+        want = stem(*inputs)
+    check = compare(got, want)
+    assert check.max_abs <= TOLERANCE * check.max_ref

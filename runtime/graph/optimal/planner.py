@@ -86,7 +86,8 @@ def _plan(problem: Problem, time_limit: float) -> Assignment:
     if not certified:
         result.notes.append("time limit reached in a component: its greedy plan was kept")
     if moved:
-        result.notes.append(f"{moved} permute(s) moved to their fast path among plans of equal transitions")
+        result.notes.append(f"{moved} permute(s), slice(s), pad(s) or select(s) moved to their fast path among "
+                            "plans of equal transitions")
     return result
 
 
