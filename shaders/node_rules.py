@@ -12,6 +12,8 @@ an optional one is absent), `shape(name)` a tensor argument's or output's shape.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -645,8 +647,9 @@ def _packed_pad(facts: SpecFacts, p: dict) -> int:
     if any(pad[2 * info.packed_dim + k] for k in (0, 1) if 2 * info.packed_dim + k < len(pad)):
         return 0
     size = _whcn_of(facts, b)[info.packed_dim]
-    if STORAGE_INFO[ra.storage].is_image:  # a fill texel's padding lanes hold the fill: 0 only
-        return int(len(shape) <= 4 and (size % 4 == 0 or not facts.value("value")))
+    if STORAGE_INFO[ra.storage].is_image:  # a fill texel's padding lanes hold the fill: +0 only
+        value = 0.0 if facts.value("value") is None else float(facts.value("value"))
+        return int(len(shape) <= 4 and (size % 4 == 0 or (value == 0 and math.copysign(1.0, value) > 0)))
     return _whole_words(size, info.buffer_block == 1)
 
 

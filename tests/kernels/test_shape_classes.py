@@ -163,6 +163,8 @@ CASES = [
      BUF_WP, {"units_match": 0, "tail": 1, "findex": 1}),
     ("pad-texture-fill-ragged-packed", "constant_pad_nd", {"self": [2, 3, 5, 7], "pad": [0, 0, 2, 1], "value": -3.0},
      TEX_WP, {"units_match": 0, "tail": 0, "findex": 1}),  # a fill texel's padding lane must stay 0
+    ("pad-texture-negative-zero-fill", "constant_pad_nd", {"self": [2, 3, 5, 7], "pad": [0, 0, 2, 1], "value": -0.0},
+     TEX_WP, {"units_match": 0, "tail": 0, "findex": 1}),  # -0.0 in a padding lane is not +0
     ("pad-texture-zero-fill", "constant_pad_nd", {"self": [2, 3, 5, 7], "pad": [0, 0, 2, 1], "value": 0.0},
      TEX_WP, {"units_match": 1, "tail": 0, "findex": 1}),
     ("pad-texture-cp", "constant_pad_nd", {"self": [2, 8, 5, 7], "pad": [1, 2, 0, 1], "value": -1.0},
