@@ -592,6 +592,18 @@ def _packed_select(facts: SpecFacts, p: dict) -> int:
     return _whole_words(_whcn_of(facts, b)[ia.packed_dim], ia.buffer_block == 1)
 
 
+def _one_float_repr(facts: SpecFacts, a: str, b: str):
+    """The layout info of tensors `a` and `b` where they share one float-family representation
+    and `a` has a dim (slice's and pad's whole units need both), else None."""
+    from texelflow.generated.layouts import LAYOUT_INFO
+
+    ra, rb = facts.repr(a), facts.repr(b)
+    info = LAYOUT_INFO[ra.layout]
+    if (ra.storage, ra.layout) != (rb.storage, rb.layout) or info.family != "float" or not facts.shape(a):
+        return None
+    return info
+
+
 @_spec_rule("packed_slice", 0, required=("of",), tensor_params=("packed_slice", "of"))
 def _packed_slice(facts: SpecFacts, p: dict) -> int:
     """1 when each unit of slice's output `of` (a texel, or a vec4 word of 4 elements along the
@@ -601,17 +613,15 @@ def _packed_slice(facts: SpecFacts, p: dict) -> int:
     4, in such buffers with both packed sizes multiples of 4, or in textures where out's padding
     lanes are self's (out ends where self does, or holds whole texels). 2 for such buffers with
     out's packed size a multiple of 16 (16 words of one row per index)."""
-    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+    from texelflow.generated.layouts import STORAGE_INFO
 
     from .hooks import slice_start
 
     a, b = p["packed_slice"], p["of"]
-    ra, rb = facts.repr(a), facts.repr(b)
-    info = LAYOUT_INFO[ra.layout]
-    shape = facts.shape(a)
-    if (ra.storage, ra.layout) != (rb.storage, rb.layout) or info.family != "float" or not shape:
+    info, shape = _one_float_repr(facts, a, b), facts.shape(a)
+    if info is None:
         return 0
-    image = STORAGE_INFO[ra.storage].is_image
+    image = STORAGE_INFO[facts.repr(a).storage].is_image
     if image and len(shape) > 4:
         return 0
     pd = info.packed_dim
@@ -635,19 +645,17 @@ def _packed_pad(facts: SpecFacts, p: dict) -> int:
     multiple of 4: each unit of `of` (a texel, or a vec4 word) is then one whole unit of self or
     all fill (pad.glsl.j2 moves units whole); 2 for such buffers with the packed size a multiple of
     16 (16 words of one row per index)."""
-    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+    from texelflow.generated.layouts import STORAGE_INFO
 
     a, b = p["packed_pad"], p["of"]
-    ra, rb = facts.repr(a), facts.repr(b)
-    info = LAYOUT_INFO[ra.layout]
-    shape = facts.shape(a)
-    if (ra.storage, ra.layout) != (rb.storage, rb.layout) or info.family != "float" or not shape:
+    info, shape = _one_float_repr(facts, a, b), facts.shape(a)
+    if info is None:
         return 0
     pad = list(facts.value("pad"))
     if any(pad[2 * info.packed_dim + k] for k in (0, 1) if 2 * info.packed_dim + k < len(pad)):
         return 0
     size = _whcn_of(facts, b)[info.packed_dim]
-    if STORAGE_INFO[ra.storage].is_image:  # a fill texel's padding lanes hold the fill: +0 only
+    if STORAGE_INFO[facts.repr(a).storage].is_image:  # a fill texel's padding lanes hold the fill: +0 only
         value = 0.0 if facts.value("value") is None else float(facts.value("value"))
         return int(len(shape) <= 4 and (size % 4 == 0 or (value == 0 and math.copysign(1.0, value) > 0)))
     return _whole_words(size, info.buffer_block == 1)
