@@ -2846,6 +2846,36 @@ OPS: dict[str, OpEntry] = {
             'erf_float32_texture3d',
         ),
     ),
+    'erfc': OpEntry(
+        name='erfc',
+        targets=(
+            'aten.erfc.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'erfc_float16_buffer',
+            'erfc_float16_texture3d',
+            'erfc_float32_buffer',
+            'erfc_float32_texture3d',
+        ),
+    ),
     'exp': OpEntry(
         name='exp',
         targets=(
@@ -3002,12 +3032,14 @@ OPS: dict[str, OpEntry] = {
         ),
         dtypes=('float32', 'float16', 'int32'),
         dtype_of=(),
-        flags=frozenset([]),
+        flags=frozenset(['supports_highdim']),
         weights=(),
         push=(
             Push('flip_dims', 'ivec4', 'dims_mask', (('dims_mask', 'dims'), ('of', 'self'))),
         ),
-        checks=(),
+        checks=(
+            Check('dim_unfolded', (('dim_unfolded', 'dims'), ('of', 'self'))),
+        ),
         grid=('per_output_unit',),
         template='flip',
         shader_axes=('dtype', 'storage'),
@@ -7565,6 +7597,7 @@ TARGETS: dict[str, str] = {
     'aten.eq.Scalar': 'eq_scalar',
     'aten.eq.Tensor': 'eq',
     'aten.erf.default': 'erf',
+    'aten.erfc.default': 'erfc',
     'aten.exp.default': 'exp',
     'aten.expand.default': 'expand',
     'aten.expand_copy.default': 'expand',

@@ -177,12 +177,14 @@ def _broadcast_foldable(node: NodeFacts, p: dict) -> str | None:
 
 @_rule(CHECK_RULES, "dim_unfolded", None, required=("of",))
 def _dim_unfolded(node: NodeFacts, p: dict) -> str | None:
-    """The int argument `dim_unfolded` (a torch dim of tensor `of`) is a WHCN dim of its own: the
-    tensor has rank <= 4, or the dim is one of its last 3 (WHCN's N folds all the others)."""
+    """The int (or int-list) argument `dim_unfolded` (torch dims of tensor `of`) names WHCN dims of
+    their own: the tensor has rank <= 4, or each dim is one of its last 3 (WHCN's N folds all the
+    others)."""
     rank = len(node.shape(p["of"]))
-    dim = node.value(p["dim_unfolded"])
-    if rank > 4 and dim % rank < rank - 3:
-        return f"dim {dim} of a rank-{rank} '{p['of']}' is folded into WHCN's N with other dims"
+    dims = node.value(p["dim_unfolded"])
+    for dim in (dims if isinstance(dims, (list, tuple)) else [dims]):
+        if rank > 4 and dim % rank < rank - 3:
+            return f"dim {dim} of a rank-{rank} '{p['of']}' is folded into WHCN's N with other dims"
     return None
 
 

@@ -12,7 +12,8 @@ never a buffer that forward mutates, and never a result larger than MAX_FOLDED_E
 of constants (free on the device anyway) are folded too, so that a constant stays one through
 reshapes; a constant that broadcasts inside WHCN's N is widened over it (`widening`). A folded
 int64 constant whose values fit int32 is held narrowed (narrowing.py), so that `arange(T) <
-lengths[:, None]` compares on the device; a node of constants alone that reads one is folded on.
+lengths[:, None]` compares on the device. A node of constants alone that reads a folded constant
+is folded on (`reads_fold`): a chain from `arange` becomes one constant.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from .narrowing import device_input_dtype, fits_narrowed
 
 RECIPE = "folded_constant"
 MAX_FOLDED_ELEMENTS = 1 << 22  # 16 MiB of float32: a folded constant is prepacked, so it costs memory
+FOLD_ON_GROWTH = 4  # a fold's reader folds on while its result is at most this many times its inputs
+FOLD_ON_FLOOR = 1 << 16  # ... or at most this many elements
 # Ops whose result depends on their tensor input's shape and dtype only, not on its data.
 SHAPE_ONLY = frozenset({
     "aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default",
@@ -71,13 +74,27 @@ class ConstantFolder:
         op = op_for_target(str(node.target))
         return op is not None and op.is_identity and bool(ins) and self.candidate(node, ins)
 
-    def reads_narrowed_fold(self, graph: PlanGraph, node, ins: list) -> bool:
-        """A node of constants alone, one of them a folded int64 constant held narrowed (`arange`
-        position ids): folded on, as it was when such a constant stayed int64 and sent its readers
-        to the CPU (GPT-2's position embedding of arange's ids becomes one constant, not a
-        dispatch per call). A reader that also takes a call input runs on the device."""
-        return any(isinstance(v, Value) and v.derive is not None and v.derive.recipe == RECIPE and
-                   v.name in graph.input_host_dtypes for v in ins) and self.candidate(node, ins)
+    def reads_fold(self, graph: PlanGraph, node, ins: list) -> bool:
+        """A node of constants alone, one of them a constant folding made: folded on, so that a
+        chain computed from `arange` becomes one constant rather than dispatches every call.
+        GPT-2's position embedding of arange's ids, T5's relative position buckets (int64 ids,
+        a float log, a cast back to int64, a clamp and a gather from the bias table). A reader of
+        an int64 constant held narrowed always folds (left unfolded it would send its int64
+        readers to the CPU); otherwise the result may grow past its inputs only up to
+        FOLD_ON_GROWTH times them (or FOLD_ON_FLOOR elements), so that a folded mask is not
+        expanded into a large constant that costs memory rather than a cheap dispatch. A reader
+        that also takes a call input runs on the device."""
+        folds = [v for v in ins if isinstance(v, Value) and v.derive is not None and v.derive.recipe == RECIPE]
+        if not folds or not self.candidate(node, ins):
+            return False
+        if any(v.name in graph.input_host_dtypes for v in folds):
+            return True
+        val = node.meta.get("val")
+        vals = list(val) if isinstance(val, (tuple, list)) else [val]
+        if not all(isinstance(v, self.torch.Tensor) for v in vals):
+            return False
+        grown = sum(v.numel() for v in vals)
+        return grown <= max(FOLD_ON_GROWTH * sum(v.numel for v in ins if isinstance(v, Value)), FOLD_ON_FLOOR)
 
     def compute(self, node, ins: list):
         """`node`'s result as torch tensors (a list, one per output), or None when it cannot be

@@ -12,6 +12,7 @@ blocks trace each distinct node once), so a second plan of the same model traces
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 
 _CACHE: dict = {}
@@ -175,6 +176,8 @@ def _trace(fn, node, inputs):
     for n in gm.graph.nodes:
         if n.op in ("call_module", "call_method", "get_attr"):
             return None
+        if n.op == "call_function" and not isinstance(n.target, torch._ops.OpOverload) and n.target is not operator.getitem:
+            return None  # a Python callable in the trace (the named tuple torch's aminmax returns): no op's pieces
     return gm
 
 

@@ -18,7 +18,7 @@ from texelflow.generated.layouts import DTYPES, TEXTURE_LIMITS
 from texelflow.generated.ops import OpEntry, op_for_target
 from texelflow.shaders.node_rules import run_checks
 
-from . import int_ranges
+from . import complex_pairs, int_ranges
 from .constant_folding import MAX_FOLDED_ELEMENTS, RECIPE, ConstantFolder, drop_unread
 from .inplace import local_functionals
 from .ir import Node, PlanGraph, Role, Value
@@ -80,6 +80,7 @@ def _lower(ep, texture_limits, timings, decompose_first) -> PlanGraph:
     ctx.mutated = set(sig.buffers_to_mutate.values())
     inplace = local_functionals(ep.graph) or {}  # the importer functionalized any other mutation
     folder = ctx.folder = ConstantFolder(ep, torch, ctx.mutated)
+    pairs = complex_pairs.rewritable(ep, torch)  # complex values held as float pairs (complex_pairs.py)
     written: dict[str, list[str]] = {}  # an in-place op's tensor: its creator's and writers' fx names
     for node in ep.graph.nodes:
         if node.op == "placeholder":
@@ -89,6 +90,9 @@ def _lower(ep, texture_limits, timings, decompose_first) -> PlanGraph:
             _check_placeholder(node, val, torch)
             if node.name in user_inputs:
                 v = graph.add_input(node.name, val.shape, device_input_dtype(graph, node.name, dtype_name(val.dtype)))
+            elif pairs and complex_pairs.is_complex(val, torch):  # a complex constant: its real form
+                source = consts.get(node.name, node.name)
+                v = complex_pairs.constant(graph, node.name, folder.state[source], val.shape)
             else:
                 source = consts.get(node.name, node.name)  # the state-dict key of its data
                 dtype = dtype_name(val.dtype)
@@ -105,11 +109,18 @@ def _lower(ep, texture_limits, timings, decompose_first) -> PlanGraph:
                 continue  # a runtime assertion (aten._assert_tensor_metadata, ...): nothing to compute
             _check_static(node, node.meta.get("val"), torch)
             ins = [values[a.name] for a in node.all_input_nodes]
+            if pairs and (complex_pairs.is_complex(node.meta.get("val"), torch) or
+                          any(isinstance(v, complex_pairs.Pair) for v in ins)):
+                values[node.name] = complex_pairs.lower(ctx, node, node.name, ins)
+                continue
             functional = inplace.get(node.name)
             mark = (len(graph.nodes), len(graph.constants))
+            wide = folder.widening(node, op_for_target(target_name(node.target)), ins) if functional is None else None
+            if wide is not None:  # a constant broadcast inside WHCN's N: widened over it, not expanded per call
+                ins = folder.widen(graph, ins, wide)
             values[node.name] = ctx.lower_call(node, node.name, ins, target=functional)
             if functional is None and (ctx.last_fallback is not None or folder.free_view(node, ins) or
-                                       folder.reads_narrowed_fold(graph, node, ins)):
+                                       folder.reads_fold(graph, node, ins)):
                 values[node.name] = _constant_rescue(ctx, folder, node, ins, mark) or values[node.name]
             if functional is not None:  # every later use of the written tensor reads the result
                 names = written.setdefault(node.args[0].name, [node.args[0].name])
@@ -128,20 +139,15 @@ def _lower(ep, texture_limits, timings, decompose_first) -> PlanGraph:
 
 
 def _constant_rescue(ctx, folder, node, ins: list, mark: tuple):
-    """A node bound for the CPU, put back on the device when constants allow (constant_folding.py):
-    folded into a new constant when it computes one, or lowered again with its constant operands
-    widened over WHCN's N when only their broadcast kept it off. None when neither applies."""
+    """A node bound for the CPU (or a view or reader of folded constants), folded into a new
+    constant when it computes one (constant_folding.py); None when it does not."""
     graph = ctx.graph
     if folder.candidate(node, ins):
         results = folder.compute(node, ins)
         if results is not None:
             _truncate(graph, *mark)
             return folder.add(graph, node, node.name, results)
-    wide = folder.widening(node, op_for_target(target_name(node.target)), ins)
-    if wide is None:
-        return None
-    _truncate(graph, *mark)
-    return ctx.lower_call(node, node.name, folder.widen(graph, ins, wide))
+    return None
 
 
 def _drop_dead_nodes(graph: PlanGraph) -> None:

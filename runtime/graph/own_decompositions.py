@@ -14,9 +14,10 @@ index_select of a flat (for several tensors, linear) index;
 `topk` (k <= 16) as k rounds of an extreme and its first untaken position; `sort` (and so
 `argsort`) by ranks from a pairwise comparison; `gather` and
 `take_along_dim` as index, `Tensor.unfold` by its windows' positions;
-circular `pad` as a cat of wrapped ends; `max()` and `min()` of a whole tensor as amax and amin;
+circular `pad` as a cat of wrapped ends; `max()` and `min()` of a whole tensor as amax and amin, `aminmax` as both; `bilinear` as a matmul, a product and a sum;
+`logaddexp` (and base 2) as torch's kernel computes it; `fmax` / `fmin` as a max and NaN selects;
 binary ops of tensors of two dtypes (float times bool) with casts to the promoted dtype first;
-a bool cast to int32 or int64 as a where between 1 and 0, and a sum of bools as a sum of that;
+a bool cast to int32 or int64 as a where between 1 and 0, a cast to bool as a compare with 0, and a sum of bools as a sum of that;
 RReLU in inference as a leaky ReLU; `copy` (a functionalized whole-tensor `copy_`) as a cast or
 expand of its source; `slice_scatter` (`y[:, a:b] = src`) as a cat; `index_put`
 with a bool mask and one value as a where, with one 1-D index as a where of gathered values (or,
@@ -25,7 +26,7 @@ with the positions along the dim (a sum of the sources it selects, or the last o
 `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
 least of them, in int32, widened by a cast the device holds narrowed. `_safe_softmax` (in torch's
 attention decomposition) as a softmax and a where on the row max. `cumsum` with a dtype as a cast
-and a cumsum; `number ** tensor` as a tensor pow. `div` with a rounding mode and `floor_divide`
+and a cumsum; `number ** tensor` as a tensor pow; `round` to decimals by a scale of 10^d. `div` with a rounding mode and `floor_divide`
 (`ids // 2`) as the int32 kernel div_mode_scalar, or a float trunc of the quotient; a bool compared
 with a number (`mask.tril() == 0`) as its int32 0 / 1 compared. `kthvalue` and `median` as the
 element of a given rank (`_ranks`, the stable sort's). Video: `conv3d` (and a 3-D `convolution`)
@@ -568,6 +569,85 @@ def pow_scalar(self, exponent):
     return aten.pow.Tensor_Tensor(base, exponent)
 
 
+def aminmax(self, *, dim=None, keepdim=False):
+    """torch.aminmax as its amin and amax (over `dim`, or the whole tensor)."""
+    import torch
+
+    aten = torch.ops.aten
+    dims = [] if dim is None else [dim]
+    return aten.amin.default(self, dims, keepdim), aten.amax.default(self, dims, keepdim)
+
+
+def bilinear(input1, input2, weight, bias=None):
+    """nn.Bilinear, y[..., o] = x1 W[o] x2 + b[o], as one matmul of x1 with the weight laid out
+    [I, O J], then a product with x2 and a sum over J: the weight's layout is folded at lowering."""
+    import torch
+
+    aten = torch.ops.aten
+    out_f, in1, in2 = weight.shape
+    lead = list(input1.shape[:-1])
+    wide = aten.reshape.default(aten.permute.default(weight, [1, 0, 2]), [in1, out_f * in2])
+    t = aten.mm.default(aten.reshape.default(input1, [-1, in1]), wide)
+    t = aten.reshape.default(t, [-1, out_f, in2])
+    y = aten.sum.dim_IntList(aten.mul.Tensor(t, aten.reshape.default(input2, [-1, 1, in2])), [2])
+    if bias is not None:
+        y = aten.add.Tensor(y, bias)
+    return aten.reshape.default(y, lead + [out_f])
+
+
+def _log_add_exp(a, b, base2: bool):
+    """log(e^a + e^b) (or log2(2^a + 2^b)) as torch's CPU kernel computes it: max(a, b) plus
+    log1p(exp(-|a - b|)), and a itself where a and b are the same infinity (no inf - inf)."""
+    import torch
+
+    aten = torch.ops.aten
+    top = aten.maximum.default(a, b)
+    gap = aten.neg.default(aten.abs.default(aten.sub.Tensor(a, b)))
+    if base2:
+        tail = aten.div.Tensor(aten.log1p.default(aten.exp.default(aten.mul.Tensor(gap, math.log(2.0)))), math.log(2.0))
+    else:
+        tail = aten.log1p.default(aten.exp.default(gap))
+    same_inf = aten.logical_and.default(aten.isinf.default(a), aten.eq.Tensor(a, b))
+    return aten.where.self(same_inf, a, aten.add.Tensor(top, tail))
+
+
+def logaddexp(self, other):
+    """torch.logaddexp (_log_add_exp)."""
+    return _log_add_exp(self, other, base2=False)
+
+
+def logaddexp2(self, other):
+    """torch.logaddexp2 (_log_add_exp)."""
+    return _log_add_exp(self, other, base2=True)
+
+
+def _nan_ignoring(largest: bool):
+    """torch.fmax / fmin: the other operand where one is NaN, else the max (min)."""
+    def extreme(self, other):
+        import torch
+
+        aten = torch.ops.aten
+        both = (aten.maximum if largest else aten.minimum).default(self, other)
+        return aten.where.self(aten.isnan.default(self), other, aten.where.self(aten.isnan.default(other), self, both))
+
+    extreme.__name__ = "fmax" if largest else "fmin"
+    return extreme
+
+
+def round_decimals(self, *, decimals=0):
+    """torch.round(x, decimals=d) as torch's CPU kernel computes it, in x's dtype: round half to
+    even of x 10^d, divided by 10^d (for d < 0: of x / 10^-d, times 10^-d)."""
+    import torch
+
+    aten = torch.ops.aten
+    if decimals == 0:
+        return aten.round.default(self)
+    scale = float(10.0 ** abs(decimals))
+    if decimals > 0:
+        return aten.div.Tensor(aten.round.default(aten.mul.Tensor(self, scale)), scale)
+    return aten.mul.Tensor(aten.round.default(aten.div.Tensor(self, scale)), scale)
+
+
 class NotApplicable(NotImplementedError):
     """A decomposition that does not apply to these arguments at all (equal dtypes for a
     promotion): the node keeps its own reason, with nothing added (decompose._own_refusal)."""
@@ -575,10 +655,13 @@ class NotApplicable(NotImplementedError):
 
 def to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     """A bool cast to an integer dtype (`mask.int()`, `mask.long()`) as where(mask, 1, 0): the
-    ones a constant folded at lowering (int64 ones held narrowed), the choice an int32 where."""
+    ones a constant folded at lowering (int64 ones held narrowed), the choice an int32 where. A
+    cast to bool (`mask.bool()` of an integer or float mask) as self != 0 (NaN is true, as torch)."""
     import torch
 
     aten = torch.ops.aten
+    if dtype == torch.bool and self.dtype != torch.bool:
+        return aten.ne.Scalar(self, 0)
     if self.dtype != torch.bool or dtype not in (torch.int32, torch.int64):
         raise NotApplicable("not a bool to integer cast")
     return aten.where.ScalarOther(self, aten.full_like.default(self, 1, dtype=dtype), 0)
@@ -1198,6 +1281,39 @@ def _promoted(name: str, overload: str = "Tensor"):
 PROMOTED_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge")
 
 
+def _lead_broadcast(target: str, inner=None):
+    """An elementwise op of rank > 4 whose operand broadcasts inside WHCN's N (the dims but the last
+    3, which the kernels fold into one: a [1, 3, 1, 1, 6] scale of a [2, 3, 4, 5, 6] video tensor)
+    with that operand's leading dims expanded first (one expand dispatch), then the op itself,
+    which broadcasts the rest. Other arguments go to `inner` (the dtype promotion), if any."""
+    import torch
+
+    ns, name, overload = target.split(".")
+    op = getattr(getattr(getattr(torch.ops, ns), name), overload)
+
+    def decomposition(*args, **kwargs):
+        aten = torch.ops.aten
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors))) if tensors else ()
+        folded = len(shape) - 3
+        widened, changed = [], False
+        for a in args:
+            if isinstance(a, torch.Tensor) and folded >= 2:
+                padded = (1,) * (len(shape) - a.dim()) + tuple(a.shape)
+                if padded[:folded] != shape[:folded] and any(d != 1 for d in padded[:folded]):
+                    a = aten.expand.default(aten.reshape.default(a, list(padded)), list(shape[:folded] + padded[folded:]))
+                    changed = True
+            widened.append(a)
+        if changed:
+            return op(*widened, **kwargs)
+        if inner is not None:
+            return inner(*args, **kwargs)
+        raise NotApplicable("no operand broadcasts inside WHCN's N")
+
+    decomposition.__name__ = f"lead_broadcast_{name}"
+    return decomposition
+
+
 OWN_DECOMPOSITIONS = {
     "aten.div.Tensor_mode": div_rounded,
     "aten.div.Scalar_mode": div_rounded,
@@ -1205,6 +1321,13 @@ OWN_DECOMPOSITIONS = {
     "aten.floor_divide.Scalar": floor_divide,
     "aten.cumsum.default": cumsum,
     "aten.pow.Scalar": pow_scalar,
+    "aten.round.decimals": round_decimals,
+    "aten.logaddexp.default": logaddexp,
+    "aten.logaddexp2.default": logaddexp2,
+    "aten.fmax.default": _nan_ignoring(largest=True),
+    "aten.fmin.default": _nan_ignoring(largest=False),
+    "aten.bilinear.default": bilinear,
+    "aten.aminmax.default": aminmax,
     "aten._safe_softmax.default": safe_softmax,
     "aten.argmax.default": argmax,
     "aten.argmin.default": argmin,
@@ -1272,3 +1395,20 @@ OWN_DECOMPOSITIONS = {
     "aten.unbind.int": unbind,
     "aten.unbind_copy.int": unbind,
 }
+
+
+def _with_lead_broadcasts(table: dict) -> dict:
+    """`table` with every target of a registry op that checks `broadcast_foldable` wrapped by
+    _lead_broadcast (its own decomposition, if any, kept for the other cases)."""
+    from texelflow.generated.ops import OPS
+
+    out = dict(table)
+    for entry in OPS.values():
+        if any(c.rule == "broadcast_foldable" for c in entry.checks):
+            for target in entry.targets:
+                if target.startswith("aten."):
+                    out[target] = _lead_broadcast(target, table.get(target))
+    return out
+
+
+OWN_DECOMPOSITIONS = _with_lead_broadcasts(OWN_DECOMPOSITIONS)

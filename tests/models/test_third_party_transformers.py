@@ -866,3 +866,151 @@ def test_dlrm_with_embedding_bags(device):
     indices = torch.stack([torch.randint(0, 7, (9,), generator=g) for _ in range(3)])
     offsets = torch.tensor([[0, 2, 5], [0, 4, 4], [0, 1, 8]])  # bag sizes 2/3/4, 4/0/5, 1/7/1
     runs_whole_and_matches(DLRM(), (torch.randn(3, 5, generator=g), indices, offsets), device)
+
+
+class T5Attention(nn.Module):
+    """T5's self-attention as HF writes it: no 1 / sqrt(d) scale, and a relative position bias
+    computed in forward from the query and key lengths: position differences from `arange`, bucketed
+    (exact below half the buckets, logarithmic above: a float log cast back to int64, clamped with
+    torch.min), looked up in an nn.Embedding of buckets x heads. Encoders bucket both directions;
+    decoders only the past (`-torch.min(rel, zeros_like(rel))`) and add a causal mask."""
+
+    def __init__(self, dim: int = 16, heads: int = 2, buckets: int = 8, max_distance: int = 12,
+                 bidirectional: bool = True):
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.buckets, self.max_distance, self.bidirectional = buckets, max_distance, bidirectional
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.relative_attention_bias = nn.Embedding(buckets, heads)
+
+    def bucket(self, relative_position):
+        buckets, ret = self.buckets, 0
+        if self.bidirectional:
+            buckets //= 2
+            ret = (relative_position > 0).to(torch.long) * buckets
+            relative_position = torch.abs(relative_position)
+        else:
+            relative_position = -torch.min(relative_position, torch.zeros_like(relative_position))
+        max_exact = buckets // 2
+        is_small = relative_position < max_exact
+        large = max_exact + (torch.log(relative_position.float() / max_exact)
+                             / math.log(self.max_distance / max_exact) * (buckets - max_exact)).to(torch.long)
+        large = torch.min(large, torch.full_like(large, buckets - 1))
+        return ret + torch.where(is_small, relative_position, large)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        context = torch.arange(t, dtype=torch.long)[:, None]
+        memory = torch.arange(t, dtype=torch.long)[None, :]
+        bias = self.relative_attention_bias(self.bucket(memory - context)).permute(2, 0, 1).unsqueeze(0)
+        if not self.bidirectional:
+            bias = bias + torch.triu(torch.full((t, t), float("-inf")), 1)
+        q, k, v = (p(x).view(b, t, self.heads, self.head_dim).transpose(1, 2) for p in (self.q, self.k, self.v))
+        scores = torch.matmul(q, k.transpose(3, 2)) + bias
+        attn = F.softmax(scores.float(), dim=-1).type_as(scores)
+        return self.o(torch.matmul(attn, v).transpose(1, 2).reshape(b, t, d))
+
+
+@pytest.mark.parametrize("bidirectional", [True, False], ids=["encoder", "decoder"])
+def test_t5_relative_position_bias_is_one_constant(bidirectional, device):
+    """T5 computes its bias from `arange` every call: an int64 chain through a float log and back.
+    Folded through the whole chain, the bias is one constant; the bucket math runs nowhere per call."""
+    prog = runs_whole_and_matches(T5Attention(bidirectional=bidirectional), (tokens(2, 15, 16),), device)
+    assert "embedding" not in prog.plan.dispatches and "log" not in prog.plan.dispatches
+    biases = [v for v in prog.plan.graph.constants if tuple(v.shape) == (1, 2, 15, 15)]
+    assert len(biases) == 1, [(v.name, v.shape) for v in prog.plan.graph.constants]
+
+
+def precompute_freqs_cis(dim: int, end: int, theta: float = 10000.0) -> torch.Tensor:
+    """Meta's LLaMA reference: the rotations as complex64 unit numbers, torch.polar of the angles."""
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
+    freqs = torch.outer(torch.arange(end).float(), freqs)
+    return torch.polar(torch.ones_like(freqs), freqs)
+
+
+class MetaLlamaAttention(nn.Module):
+    """Attention as Meta's LLaMA reference code writes it: queries and keys rotated as complex
+    numbers (view_as_complex of pairs, times a slice of the complex64 `freqs_cis` buffer,
+    view_as_real, flatten), its own RMSNorm module (x * rsqrt(mean(x^2) + eps) * weight in float),
+    repeated key / value heads and a causal mask added to the scores."""
+
+    def __init__(self, dim: int = 24, heads: int = 4, kv_heads: int = 2, max_len: int = 16):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.wq = nn.Linear(dim, heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(heads * self.head_dim, dim, bias=False)
+        self.norm_weight = nn.Parameter(torch.ones(dim))
+        self.register_buffer("freqs_cis", precompute_freqs_cis(self.head_dim, max_len), persistent=False)
+
+    def rms_norm(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * self.norm_weight
+
+    @staticmethod
+    def apply_rotary_emb(xq, xk, freqs_cis):
+        xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+        xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+        freqs_cis = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
+        xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
+        xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
+        return xq_out.type_as(xq), xk_out.type_as(xk)
+
+    def forward(self, x, start_pos: int = 0):
+        b, t, _ = x.shape
+        h = self.rms_norm(x)
+        xq = self.wq(h).view(b, t, self.heads, self.head_dim)
+        xk = self.wk(h).view(b, t, self.kv_heads, self.head_dim)
+        xv = self.wv(h).view(b, t, self.kv_heads, self.head_dim)
+        xq, xk = self.apply_rotary_emb(xq, xk, self.freqs_cis[start_pos: start_pos + t])
+        rep = self.heads // self.kv_heads
+        xk = xk[:, :, :, None, :].expand(b, t, self.kv_heads, rep, self.head_dim).reshape(b, t, self.heads, self.head_dim)
+        xv = xv[:, :, :, None, :].expand(b, t, self.kv_heads, rep, self.head_dim).reshape(b, t, self.heads, self.head_dim)
+        xq, keys, values = xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)
+        scores = torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(self.head_dim)
+        scores = scores + torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+        scores = F.softmax(scores.float(), dim=-1).type_as(xq)
+        return x + self.wo(torch.matmul(scores, values).transpose(1, 2).contiguous().view(b, t, -1))
+
+
+def test_meta_llama_complex_rotary_embedding_runs_as_float_pairs(device):
+    """No kernel takes complex data: the complex values are held as their view_as_real float pairs
+    (runtime/graph/complex_pairs.py), the freqs_cis buffer a float constant."""
+    prog = runs_whole_and_matches(MetaLlamaAttention(), (tokens(2, 7, 24),), device)
+    assert not any("complex" in n.target or "view_as_real" in n.target for n in prog.plan.graph.nodes)
+    assert all(not v.dtype.startswith("complex") for v in prog.plan.graph.constants)
+
+
+class ComplexForms(nn.Module):
+    """The complex forms held as pairs: products with complex and real tensors and numbers, a
+    quotient, conj, abs, angle, real parts, polar of an input, sums and views."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("w", torch.polar(torch.rand(5, 3) + 0.5, torch.randn(5, 3)))
+
+    def forward(self, x, r):
+        z = torch.view_as_complex(x)                              # [2, 5, 3]
+        u = z * self.w + z.conj() * r - 0.5 * z + r               # complex, real, number terms
+        v = (u / (self.w + 2)).transpose(0, 1).reshape(5, 6)      # a quotient, then views
+        p = torch.polar(r.abs() + 0.1, r)                          # complex from real inputs
+        s = (v.sum(1, keepdim=True) + p[0].reshape(5, 3).sum(1, keepdim=True)).exp()
+        return torch.cat([v.abs(), v.angle(), torch.view_as_real(s).flatten(1), s.real, s.imag], 1)
+
+
+def test_complex_forms_run_as_float_pairs_and_match_torch(device):
+    gen = torch.Generator().manual_seed(4)
+    inputs = (torch.randn(2, 5, 3, 2, generator=gen) * 0.3, torch.randn(2, 5, 3, generator=gen) * 0.3)
+    runs_whole_and_matches(ComplexForms(), inputs, device)
+
+
+class ComplexOut(nn.Module):
+    def forward(self, x):
+        return torch.view_as_complex(x) * 2
+
+
+def test_a_complex_output_stays_on_the_cpu_with_its_reason():
+    """A graph that returns complex data is not rewritten: its complex nodes stay CPU nodes."""
+    plan = texelflow.plan(ComplexOut(), (torch.randn(3, 2),))
+    assert plan.fallbacks and any("complex" in why or "view_as_complex" in why for _, why in plan.fallbacks)

@@ -97,11 +97,13 @@ def test_bool_logic(device):
     _same(*_run(device, fn, m, x))
 
 
-def test_logic_of_mixed_dtypes_falls_back_with_its_reason(device):
-    """logical_and(float, bool): torch compares each to zero; the kernels take one dtype."""
+def test_logic_of_mixed_dtypes_runs_on_the_device(device):
+    """logical_and(float, bool): torch's decomposition casts the float to bool, which runs as a
+    compare with zero (own_decompositions' to_copy; NaN is true, as in torch)."""
     m = torch.rand(3, 5) > 0.5
     x = torch.randn(3, 5)
-    got, want = _run(device, torch.logical_and, x, m, fallbacks=1)
+    x[0, :3] = torch.tensor([float("nan"), 0.0, -0.0])
+    got, want = _run(device, torch.logical_and, x, m, fallbacks=0)
     _same(got, want)
 
 

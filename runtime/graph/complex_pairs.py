@@ -1,0 +1,381 @@
+"""Complex tensors as pairs of floats, at lowering: rotary embeddings written with complex numbers.
+
+Meta's LLaMA reference code (and the models copied from it) rotates queries and keys with
+`torch.view_as_complex(x.reshape(..., -1, 2)) * freqs_cis`, then `view_as_real(...).flatten(3)`,
+with `freqs_cis` a complex64 constant from `torch.polar`. No kernel takes complex data, so each
+complex value is held as its `view_as_real` form, a float32 tensor with a trailing dim of 2 (real,
+imaginary): `view_as_complex` and `view_as_real` become nothing, a complex constant becomes a
+float constant of that form, views move the trailing pair along, and arithmetic becomes real ops
+on the two parts (a complex product: four products, a difference, a sum and a stack). Each
+complex node is traced into those real ops (`_real_form`) and lowered like a decomposition; a
+complex node of constants alone is computed once, with torch.
+
+All or nothing: a graph is rewritten only when `rewritable` finds every complex node among the
+forms below, no complex user input and no complex output (the user gets torch's dtypes back);
+otherwise its complex nodes stay CPU nodes with their reasons, as before.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from .constant_folding import RECIPE
+from .ir import Role, Value
+
+VIEWS = frozenset({
+    "aten.slice.Tensor", "aten.select.int", "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default",
+    "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default", "aten.permute.default",
+    "aten.transpose.int", "aten.t.default", "aten.expand.default", "aten.flatten.using_ints", "aten.clone.default",
+    "aten.alias.default", "aten.contiguous.default", "aten.cat.default", "aten.stack.default",
+    "aten._to_copy.default", "aten.to.dtype", "aten.type_as.default", "aten.lift_fresh_copy.default",
+})
+ARITHMETIC = frozenset({
+    "aten.mul.Tensor", "aten.mul.Scalar", "aten.add.Tensor", "aten.sub.Tensor", "aten.div.Tensor", "aten.div.Scalar",
+    "aten.neg.default", "aten.conj.default", "aten._conj.default", "aten.conj_physical.default",
+    "aten.resolve_conj.default", "aten.abs.default", "aten.angle.default", "aten.real.default", "aten.imag.default",
+    "aten.polar.default", "aten.complex.default", "aten.exp.default", "aten.sum.dim_IntList", "aten.mean.dim",
+    "aten.view_as_complex.default", "aten.view_as_real.default",
+})
+FORMS = VIEWS | ARITHMETIC
+CASTS = frozenset({"aten._to_copy.default", "aten.to.dtype", "aten.type_as.default"})
+# Nodes whose result holds the same numbers as their first input: no dispatch at all
+SAME_DATA = CASTS | {"aten.view_as_complex.default", "aten.view_as_real.default", "aten.clone.default",
+                     "aten.alias.default", "aten.contiguous.default", "aten.lift_fresh_copy.default",
+                     "aten.resolve_conj.default"}
+
+
+class Pair:
+    """A complex value held as `value`, its float32 view_as_real form ([..., 2])."""
+
+    def __init__(self, value: Value):
+        self.value = value
+
+    @property
+    def numel(self) -> int:
+        return self.value.numel
+
+
+def is_complex(val, torch) -> bool:
+    return isinstance(val, torch.Tensor) and val.dtype.is_complex
+
+
+def rewritable(ep, torch) -> bool:
+    """Whether the complex nodes of `ep` can all be held as pairs (module docstring); False when
+    it has none."""
+    sig = ep.graph_signature
+    user_inputs = set(sig.user_inputs)
+    found = False
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        vals = list(val) if isinstance(val, (tuple, list)) else [val]
+        complex_out = any(is_complex(v, torch) for v in vals)
+        if node.op == "placeholder":
+            if complex_out and (node.name in user_inputs or val.dtype != torch.complex64):
+                return False
+            found |= complex_out
+        elif node.op == "call_function":
+            reads = any(is_complex(a.meta.get("val"), torch) for a in node.all_input_nodes)
+            if not (complex_out or reads):
+                continue
+            found = True
+            if complex_out and any(v.dtype != torch.complex64 for v in vals if is_complex(v, torch)):
+                return False
+            if str(node.target) not in FORMS or not _form_fits(node, torch, complex_out):
+                return False
+        elif node.op == "output":
+            if any(is_complex(a.meta.get("val"), torch) for a in node.all_input_nodes):
+                return False
+    return found
+
+
+def _form_fits(node, torch, complex_out: bool) -> bool:
+    """Whether `_real_form` takes this node's arguments: no complex Python number, a cast only
+    between complex64 values, a cat or stack of complex tensors only, no real over complex."""
+    flat = []
+    torch.fx.node.map_aggregate((node.args, node.kwargs), flat.append)
+    if any(isinstance(a, complex) for a in flat):
+        return False
+    target = str(node.target)
+    ins = [is_complex(a.meta.get("val"), torch) for a in node.all_input_nodes]
+    if target in CASTS:
+        return complex_out and all(ins)
+    if target in ("aten.cat.default", "aten.stack.default"):
+        return all(ins)
+    if target in ("aten.div.Tensor", "aten.div.Scalar"):
+        return isinstance(node.args[0], torch.fx.Node) and is_complex(node.args[0].meta.get("val"), torch)
+    return True
+
+
+def constant(graph, name: str, data, shape) -> Pair:
+    """A complex64 constant as the float constant of its view_as_real form."""
+    import torch
+
+    real = torch.view_as_real(data.resolve_conj()).contiguous()
+    return Pair(graph.add_derived(name, tuple(shape) + (2,), "float32", RECIPE, (), data=real))
+
+
+def lower(ctx, node, name: str, ins: list):
+    """The value(s) of complex fx `node` (or of a node reading one), its complex inputs Pairs:
+    computed with torch when it reads constants alone, else traced into real ops and lowered."""
+    torch = ctx.torch
+    val = node.meta["val"]
+    if all(_const(v) for v in ins) and ins:
+        data = _computed(ctx, node, ins)
+        if data is not None:
+            return constant(ctx.graph, name, data, val.shape) if is_complex(val, torch) else \
+                ctx.folder.add(ctx.graph, node, name, [data])
+    target = str(node.target)
+    if target in SAME_DATA and ins:  # nothing to compute: the real form is the value
+        if target in CASTS and val.dtype != torch.complex64:
+            raise _unsupported(f"node '{node.name}' casts complex data to {val.dtype}")
+        x = ins[0]
+        if target == "aten.view_as_complex.default":
+            return Pair(x)
+        return x.value if target == "aten.view_as_real.default" else x
+    rotated = _rotation(ctx, node, name, ins)
+    if rotated is not None:
+        return rotated
+    gm = _trace(ctx, node, ins)
+    return _lower_traced(ctx, gm, name, [v.value if isinstance(v, Pair) else v for v in ins],
+                         complex_out=is_complex(val, torch))
+
+
+def _const(v) -> bool:
+    v = v.value if isinstance(v, Pair) else v
+    return isinstance(v, Value) and v.role is Role.CONST
+
+
+def _computed(ctx, node, ins: list):
+    """`node` computed with torch from its constant inputs, or None when one has no data here."""
+    torch = ctx.torch
+    tensors = {}
+    for a, v in zip(node.all_input_nodes, ins):
+        t = ctx.folder.tensor(v.value if isinstance(v, Pair) else v)
+        if t is None:
+            return None
+        tensors[a] = torch.view_as_complex(t.contiguous()) if isinstance(v, Pair) else t
+    with torch.no_grad():
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: tensors[a])
+        return node.target(*args, **kwargs).contiguous()
+
+
+def _trace(ctx, node, ins: list):
+    """A GraphModule of real ops computing `node` from its inputs' real forms."""
+    import torch
+
+    inputs = node.all_input_nodes
+    pairs = {a for a, v in zip(inputs, ins) if isinstance(v, Pair)}
+    specs = [(tuple(a.meta["val"].shape) + (2,), torch.float32) if a in pairs else
+             (tuple(a.meta["val"].shape), a.meta["val"].dtype) for a in inputs]
+
+    def call(*tensors):
+        by_node = dict(zip(inputs, tensors))
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: by_node[a])
+        flags = torch.fx.node.map_arg(node.args, lambda a: a in pairs)
+        return _real_form(torch, str(node.target), node, args, kwargs, flags)
+
+    return _traced(node, call, specs)
+
+
+def _traced(node, call, specs):
+    """make_fx of `call` over fake tensors of `specs` ([(shape, dtype)])."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .decompose import _LOCK, _make_fx
+
+    mode = FakeTensorMode()
+    with mode:
+        fakes = [torch.empty(shape, dtype=dtype) for shape, dtype in specs]
+    with _LOCK:
+        gm = _make_fx(torch, mode, call, fakes)
+    if gm is None or isinstance(gm, str):
+        raise _unsupported(f"node '{node.name}' ({node.target}) on complex values: its float form does not trace")
+    return gm
+
+
+def _rotation(ctx, node, name: str, ins: list):
+    """x times a complex constant c (a rotary embedding's freqs_cis), as x A + swap(x) B with A =
+    (c_re, c_re) and B = (-c_im, c_im) folded into float constants, swap(x) = (x_im, x_re): a flip,
+    two products and a sum on x's own layout instead of splitting and restacking its parts. The
+    same float operations as the complex product (x_re c_re + x_im (-c_im), x_im c_re + x_re c_im),
+    so the same numbers. None unless exactly one factor is a constant and both are complex."""
+    import torch
+
+    if str(node.target) != "aten.mul.Tensor" or len(ins) != 2 or not all(isinstance(v, Pair) for v in ins):
+        return None
+    consts = [i for i, v in enumerate(ins) if _const(v)]
+    if len(consts) != 1:
+        return None
+    c = ctx.folder.tensor(ins[consts[0]].value)
+    x = ins[1 - consts[0]].value
+    if c is None:
+        return None
+    folded = len(x.shape) - 3  # c's leading dims widened to x's (WHCN's N holds both alike)
+    if folded >= 2 and len(c.shape) <= len(x.shape):
+        c = c.reshape((1,) * (len(x.shape) - len(c.shape)) + tuple(c.shape))
+        if all(cd in (1, xd) for cd, xd in zip(c.shape[:folded], x.shape[:folded])):
+            c = c.expand(tuple(x.shape[:folded]) + tuple(c.shape[folded:]))
+    re, im = c[..., 0], c[..., 1]
+    a = ctx.graph.add_derived(f"{name}_cos", tuple(c.shape), "float32", RECIPE, (),
+                              data=torch.stack([re, re], -1).contiguous())
+    b = ctx.graph.add_derived(f"{name}_sin", tuple(c.shape), "float32", RECIPE, (),
+                              data=torch.stack([-im, im], -1).contiguous())
+    aten = torch.ops.aten
+
+    def call(xs, cos, sin):
+        return aten.add.Tensor(aten.mul.Tensor(xs, cos), aten.mul.Tensor(aten.flip.default(xs, [-1]), sin))
+
+    gm = _traced(node, call, [(x.shape, torch.float32), (a.shape, torch.float32), (b.shape, torch.float32)])
+    return _lower_traced(ctx, gm, name, [x, a, b], complex_out=True)
+
+
+def _lower_traced(ctx, gm, name: str, ins: list, complex_out: bool):
+    """Lower the traced real ops, each piece on the device or as a CPU node of real tensors; a
+    piece of constants alone no larger than they are is folded."""
+    env: dict = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for p, v in zip(placeholders, ins):
+        env[p.name] = v
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is operator.getitem:
+            src, idx = n.args
+            env[n.name] = env[src.name][idx]
+        elif n.op == "call_function":
+            piece_ins = [env[a.name] for a in n.all_input_nodes]
+            piece = ctx._piece_name(name, n.name)
+            mark = (len(ctx.graph.nodes), len(ctx.graph.constants))
+            env[n.name] = ctx.lower_call(n, piece, piece_ins, 1)
+            if ctx._of_constants(n, piece_ins):  # the parts of a constant (freqs_cis): constants too
+                env[n.name] = ctx._fold_piece(n, piece, piece_ins, mark) or env[n.name]
+        elif n.op == "output":
+            out = env[n.args[0].name] if not isinstance(n.args[0], (tuple, list)) else env[n.args[0][0].name]
+            return Pair(out) if complex_out else out
+    raise _unsupported(f"node '{name}' on complex values: its float form has no output")
+
+
+def _unsupported(message: str):
+    from texelflow.runtime.errors import UnsupportedModelError
+
+    return UnsupportedModelError(message)
+
+
+def _real_form(torch, target: str, node, args, kwargs, flags):
+    """The real ops computing `target` of (args, kwargs), where flags[i] marks the args holding a
+    complex value's real form ([..., 2]); the result in real form when it is complex."""
+    aten = torch.ops.aten
+    x = args[0]
+    first = node.all_input_nodes[0].meta["val"] if node.all_input_nodes else None
+    rank = first.dim() if first is not None else 0  # the logical (complex) rank of the first input
+
+    def parts(t):
+        return aten.select.int(t, -1, 0), aten.select.int(t, -1, 1)
+
+    def pair(re, im):
+        shape = list(torch.broadcast_shapes(re.shape, im.shape))
+        return aten.stack.default([aten.expand.default(re, shape), aten.expand.default(im, shape)], -1)
+
+    if target == "aten.slice.Tensor":
+        dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+        return aten.slice.Tensor(x, dim % rank, *args[2:])
+    if target == "aten.select.int":
+        return aten.select.int(x, args[1] % rank, args[2])
+    if target in ("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default"):
+        return aten.reshape.default(x, list(args[1]) + [2])
+    if target == "aten.unsqueeze.default":
+        return aten.unsqueeze.default(x, args[1] % (rank + 1))
+    if target == "aten.squeeze.dim":
+        return aten.squeeze.dims(x, [args[1] % rank])
+    if target == "aten.squeeze.dims":
+        return aten.squeeze.dims(x, [d % rank for d in args[1]])
+    if target == "aten.squeeze.default":
+        return aten.squeeze.dims(x, [d for d in range(rank) if first.shape[d] == 1])
+    if target == "aten.permute.default":
+        return aten.permute.default(x, [d % rank for d in args[1]] + [rank])
+    if target == "aten.transpose.int":
+        return aten.transpose.int(x, args[1] % rank, args[2] % rank)
+    if target == "aten.t.default":
+        return aten.transpose.int(x, 0, 1) if rank == 2 else aten.clone.default(x)
+    if target == "aten.expand.default":
+        return aten.expand.default(x, list(args[1]) + [2])
+    if target == "aten.flatten.using_ints":
+        start = args[1] if len(args) > 1 else 0
+        end = args[2] if len(args) > 2 else -1
+        return aten.flatten.using_ints(x, start % rank, end % rank)
+    if target in ("aten.cat.default", "aten.stack.default"):
+        if not all(flags[0]):
+            raise NotImplementedError("a cat of complex and real tensors")
+        dim = args[1] if len(args) > 1 else 0
+        if target == "aten.cat.default":
+            return aten.cat.default(list(x), dim % rank)
+        return aten.stack.default(list(x), dim % (rank + 1))
+    if target in ("aten.sum.dim_IntList", "aten.mean.dim"):
+        dims = [d % rank for d in (args[1] or range(rank))]
+        keep = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+        op = aten.sum.dim_IntList if target == "aten.sum.dim_IntList" else aten.mean.dim
+        return op(x, dims, keep)
+    if target == "aten.neg.default":
+        return aten.neg.default(x)
+    if target in ("aten.conj.default", "aten._conj.default", "aten.conj_physical.default"):
+        re, im = parts(x)
+        return pair(re, aten.neg.default(im))
+    if target == "aten.real.default":
+        return aten.clone.default(parts(x)[0])
+    if target == "aten.imag.default":
+        return aten.clone.default(parts(x)[1])
+    if target == "aten.abs.default":
+        re, im = parts(x)
+        return aten.sqrt.default(aten.add.Tensor(aten.mul.Tensor(re, re), aten.mul.Tensor(im, im)))
+    if target == "aten.angle.default":
+        re, im = parts(x)
+        return aten.atan2.default(im, re)
+    if target == "aten.polar.default":  # real abs and angle in, complex out
+        return pair(aten.mul.Tensor(x, aten.cos.default(args[1])), aten.mul.Tensor(x, aten.sin.default(args[1])))
+    if target == "aten.complex.default":
+        return pair(x, args[1])
+    if target == "aten.exp.default":
+        re, im = parts(x)
+        e = aten.exp.default(re)
+        return pair(aten.mul.Tensor(e, aten.cos.default(im)), aten.mul.Tensor(e, aten.sin.default(im)))
+    if target in ("aten.mul.Tensor", "aten.mul.Scalar", "aten.div.Tensor", "aten.div.Scalar"):
+        a, b = args[0], args[1]
+        divide = target.startswith("aten.div")
+        if isinstance(b, complex) or isinstance(a, complex):
+            raise NotImplementedError("a complex Python number")
+        if not flags[0]:  # real times complex: commute
+            if divide:
+                raise NotImplementedError("a real tensor divided by a complex one")
+            a, b, fa, fb = b, a, True, False
+        else:
+            fa, fb = True, isinstance(b, torch.Tensor) and flags[1]
+        if not fb:  # a complex value times (or over) a real tensor or number: both parts
+            scale = aten.unsqueeze.default(b, -1) if isinstance(b, torch.Tensor) else b
+            return (aten.div.Tensor if divide else aten.mul.Tensor)(a, scale)
+        ar, ai = parts(a)
+        br, bi = parts(b)
+        if not divide:
+            return pair(aten.sub.Tensor(aten.mul.Tensor(ar, br), aten.mul.Tensor(ai, bi)),
+                        aten.add.Tensor(aten.mul.Tensor(ar, bi), aten.mul.Tensor(ai, br)))
+        den = aten.add.Tensor(aten.mul.Tensor(br, br), aten.mul.Tensor(bi, bi))
+        return pair(aten.div.Tensor(aten.add.Tensor(aten.mul.Tensor(ar, br), aten.mul.Tensor(ai, bi)), den),
+                    aten.div.Tensor(aten.sub.Tensor(aten.mul.Tensor(ai, br), aten.mul.Tensor(ar, bi)), den))
+    if target in ("aten.add.Tensor", "aten.sub.Tensor"):
+        a, b = args[0], args[1]
+        alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        if isinstance(b, complex) or isinstance(a, complex) or isinstance(alpha, complex):
+            raise NotImplementedError("a complex Python number")
+        op = aten.add.Tensor if target == "aten.add.Tensor" else aten.sub.Tensor
+        fa = isinstance(a, torch.Tensor) and flags[0]
+        fb = isinstance(b, torch.Tensor) and flags[1]
+        if alpha != 1 and isinstance(b, torch.Tensor):
+            b = aten.mul.Tensor(b, alpha)
+        elif alpha != 1:
+            b = b * alpha
+        if fa and fb:
+            return op(a, b)
+        if fa:  # complex +- real: the real part only
+            re, im = parts(a)
+            return pair(op(re, b), im)
+        re, im = parts(b)  # real +- complex
+        return pair(op(a, re), im if op is aten.add.Tensor else aten.neg.default(im))
+    raise NotImplementedError(f"{target} on complex values")
