@@ -2340,6 +2340,72 @@ OPS: dict[str, OpEntry] = {
         variants=(
         ),
     ),
+    'copysign': OpEntry(
+        name='copysign',
+        targets=(
+            'aten.copysign.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'copysign_float16_buffer',
+            'copysign_float16_texture3d',
+            'copysign_float32_buffer',
+            'copysign_float32_texture3d',
+        ),
+    ),
+    'copysign_scalar': OpEntry(
+        name='copysign_scalar',
+        targets=(
+            'aten.copysign.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'copysign_scalar_float16_buffer',
+            'copysign_scalar_float16_texture3d',
+            'copysign_scalar_float32_buffer',
+            'copysign_scalar_float32_texture3d',
+        ),
+    ),
     'cos': OpEntry(
         name='cos',
         targets=(
@@ -3082,6 +3148,70 @@ OPS: dict[str, OpEntry] = {
             'floor_float32_texture3d',
         ),
     ),
+    'fmod': OpEntry(
+        name='fmod',
+        targets=(
+            'aten.fmod.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'fmod_float16_buffer',
+            'fmod_float16_texture3d',
+            'fmod_float32_buffer',
+            'fmod_float32_texture3d',
+        ),
+    ),
+    'fmod_scalar': OpEntry(
+        name='fmod_scalar',
+        targets=(
+            'aten.fmod.Scalar',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'float'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(
+            Push('other', 'float', 'arg', (('arg', 'other'),)),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'fmod_scalar_float32_buffer',
+            'fmod_scalar_float32_texture3d',
+        ),
+    ),
     'ge': OpEntry(
         name='ge',
         targets=(
@@ -3493,6 +3623,39 @@ OPS: dict[str, OpEntry] = {
             'hardtanh_float16_texture3d',
             'hardtanh_float32_buffer',
             'hardtanh_float32_texture3d',
+        ),
+    ),
+    'hypot': OpEntry(
+        name='hypot',
+        targets=(
+            'aten.hypot.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'hypot_float16_buffer',
+            'hypot_float16_texture3d',
+            'hypot_float32_buffer',
+            'hypot_float32_texture3d',
         ),
     ),
     'index_select': OpEntry(
@@ -6082,6 +6245,39 @@ OPS: dict[str, OpEntry] = {
             'relu6_float32_texture3d',
         ),
     ),
+    'remainder': OpEntry(
+        name='remainder',
+        targets=(
+            'aten.remainder.Tensor',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('other', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'other', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'other')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='binary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'remainder_float16_buffer',
+            'remainder_float16_texture3d',
+            'remainder_float32_buffer',
+            'remainder_float32_texture3d',
+        ),
+    ),
     'remainder_scalar': OpEntry(
         name='remainder_scalar',
         targets=(
@@ -6097,7 +6293,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('int32',),
+        dtypes=('int32', 'float32'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -6109,6 +6305,8 @@ OPS: dict[str, OpEntry] = {
         template='unary',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'remainder_scalar_float32_buffer',
+            'remainder_scalar_float32_texture3d',
             'remainder_scalar_int32_buffer',
             'remainder_scalar_int32_texture3d',
         ),
@@ -6536,6 +6734,36 @@ OPS: dict[str, OpEntry] = {
             'sign_float16_texture3d',
             'sign_float32_buffer',
             'sign_float32_texture3d',
+        ),
+    ),
+    'signbit': OpEntry(
+        name='signbit',
+        targets=(
+            'aten.signbit.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(('out', 'bool'),),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'signbit_float16_buffer',
+            'signbit_float16_texture3d',
+            'signbit_float32_buffer',
+            'signbit_float32_texture3d',
         ),
     ),
     'silu': OpEntry(
@@ -7584,6 +7812,8 @@ TARGETS: dict[str, str] = {
     'aten.conv_transpose1d.default': 'conv_transpose1d',
     'aten.conv_transpose2d.input': 'conv_transpose2d',
     'aten.convolution.default': 'convolution',
+    'aten.copysign.Scalar': 'copysign_scalar',
+    'aten.copysign.Tensor': 'copysign',
     'aten.cos.default': 'cos',
     'aten.cosh.default': 'cosh',
     'aten.cumprod.default': 'cumprod',
@@ -7605,6 +7835,8 @@ TARGETS: dict[str, str] = {
     'aten.flatten.using_ints': 'flatten',
     'aten.flip.default': 'flip',
     'aten.floor.default': 'floor',
+    'aten.fmod.Scalar': 'fmod_scalar',
+    'aten.fmod.Tensor': 'fmod',
     'aten.ge.Scalar': 'ge_scalar',
     'aten.ge.Tensor': 'ge',
     'aten.gelu.default': 'gelu',
@@ -7616,6 +7848,7 @@ TARGETS: dict[str, str] = {
     'aten.hardsigmoid.default': 'hardsigmoid',
     'aten.hardswish.default': 'hardswish',
     'aten.hardtanh.default': 'hardtanh',
+    'aten.hypot.default': 'hypot',
     'aten.index_select.default': 'index_select',
     'aten.isfinite.default': 'isfinite',
     'aten.isinf.default': 'isinf',
@@ -7672,6 +7905,7 @@ TARGETS: dict[str, str] = {
     'aten.relu.default': 'relu',
     'aten.relu6.default': 'relu6',
     'aten.remainder.Scalar': 'remainder_scalar',
+    'aten.remainder.Tensor': 'remainder',
     'aten.replication_pad1d.default': 'replication_pad1d',
     'aten.replication_pad2d.default': 'replication_pad2d',
     'aten.reshape.default': 'reshape',
@@ -7685,6 +7919,7 @@ TARGETS: dict[str, str] = {
     'aten.select_copy.int': 'select',
     'aten.sigmoid.default': 'sigmoid',
     'aten.sign.default': 'sign',
+    'aten.signbit.default': 'signbit',
     'aten.silu.default': 'silu',
     'aten.sin.default': 'sin',
     'aten.sinh.default': 'sinh',

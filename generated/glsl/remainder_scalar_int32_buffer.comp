@@ -74,14 +74,14 @@ const bool vec4_path = true;
 #define VEC VEC4
 void unit_vec4(int k) {
   VEC4 X = VEC4(read4_self(k));
-  t4_out[k] = ivec4(tf_remainder(X, int(pc.other)));
+  t4_out[k] = ivec4(tf_remainder(X, pc.other));
 }
 #undef VEC
 
 #define VEC T
 void unit_word(int w) {
   T X = T(read_self(w));
-  t_out[w] = (tf_remainder(X, int(pc.other)));
+  t_out[w] = (tf_remainder(X, pc.other));
 }
 #undef VEC
 

@@ -70,9 +70,9 @@ const int tf_span = 4;
 void unit_texel(ivec3 pos) {
   VEC4 X = load_texel_self(pos);
   if (ragged == 0) {
-    store_texel_out(pos, tf_remainder(X, int(pc.other)));
+    store_texel_out(pos, tf_remainder(X, pc.other));
   } else {  // padding lanes stay zero whatever OP(0) is
-    store_texel_out(pos, mix(tf_remainder(X, int(pc.other)), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
+    store_texel_out(pos, mix(tf_remainder(X, pc.other), VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
   }
 }
 

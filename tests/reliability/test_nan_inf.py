@@ -25,6 +25,7 @@ SCALARS = {"clamp": (-1.0, 1.0)}
 SCALARS.update({"add_scalar": (2.0,), "sub_scalar": (2.0,), "mul_scalar": (-3.0,), "div_scalar": (0.5,),
                 "rsub_scalar": (1.0,), "pow_tensor_scalar": (0.5,)})
 SCALARS.update({f"{cmp}_scalar": (0.0,) for cmp in ("eq", "ne", "lt", "le", "gt", "ge")})
+SCALARS.update({"fmod_scalar": (0.7,), "remainder_scalar": (-2.5,), "copysign_scalar": (-1.0,)})
 
 
 def _target(op):
