@@ -12,6 +12,7 @@ either runs on the device or its plan says why not.
 from __future__ import annotations
 
 import argparse
+import math
 import warnings
 
 import torch
@@ -87,6 +88,27 @@ def _tril_mask(x):
     return x.masked_fill(mask == 0, float("-inf")).softmax(-1)
 
 
+def _t5_buckets(q):
+    t = q.shape[1]
+    rel = torch.arange(t, dtype=torch.long)[None, :] - torch.arange(t, dtype=torch.long)[:, None]
+    ret = (rel > 0).to(torch.long) * 4
+    n = torch.abs(rel)
+    large = 2 + (torch.log(n.float() / 2) / math.log(12 / 2) * 2).to(torch.long)
+    buckets = ret + torch.where(n < 2, n, torch.min(large, torch.full_like(large, 3)))
+    bias = F.embedding(buckets, torch.linspace(-1, 1, 16).reshape(8, 2)).permute(2, 0, 1)
+    return q @ q.transpose(1, 2) + bias
+
+
+def _complex_rope(x):
+    freqs = torch.outer(torch.arange(x.shape[1]).float(), 1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8))
+    z = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2)) * torch.polar(torch.ones_like(freqs), freqs)[None, :, None]
+    return torch.view_as_real(z).flatten(3)
+
+
+def _bf16(x):
+    return (x.to(torch.bfloat16) * 2).float()
+
+
 IDS = torch.tensor([[0, 5, 7, 9, 2, 1, 1], [0, 3, 4, 5, 6, 8, 2]])
 PADDED = torch.tensor([[5, 3, 2, 7, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]])
 MASK = (PADDED != 0).long()
@@ -149,6 +171,29 @@ CASES = {
     "bitwise": (lambda ids: ((ids >> 1) & 3) | (ids % 4) ^ 5, (IDS,), "bitwise ops and shifts of int64 ids"),
     "prod": (lambda x: x.prod(-1) + x.cumprod(1).sum(1), (_randn(3, 5),), "prod, cumprod"),
     "half_rms_norm": (_half_rms_norm, (_randn(3, 8).half(),), "a float16 model's RMSNorm: .float(), .half()"),
+    "t5_buckets": (_t5_buckets, (_randn(1, 7, 5),), "T5's relative position buckets: arange, log, .long(), min"),
+    "complex_rope": (_complex_rope, (_randn(2, 5, 3, 8),), "Meta LLaMA's rotary embedding: view_as_complex, polar"),
+    "fnet_fft": (lambda x: torch.fft.fftn(x, dim=(1, 2)).real, (_randn(2, 6, 8),), "FNet's token mixing: fftn(x).real"),
+    "gfnet_rfft2": (lambda x: torch.fft.irfft2(torch.fft.rfft2(x, dim=(1, 2), norm="ortho") * 0.5, s=(5, 6),
+                                               dim=(1, 2), norm="ortho"), (_randn(2, 5, 6, 4),), "GFNet: rfft2, irfft2"),
+    "lead_broadcast_5d": (lambda x, g: x * g.sigmoid() + g, (_randn(2, 3, 4, 5, 6), _randn(1, 3, 1, 1, 6)),
+                          "a rank-5 input broadcast inside the dims WHCN folds into N"),
+    "erfc_round": (lambda x: torch.erfc(x) + torch.round(x, decimals=2), (_randn(3, 5),), "erfc, round(decimals=)"),
+    "fmod_remainder": (lambda x, y: torch.fmod(x * 50, y) + (x * 50) % 0.7 + torch.remainder(x, y),
+                       (_randn(3, 5), _randn(3, 5)), "float fmod and remainder (%), exact"),
+    "hypot_copysign": (lambda x, y: torch.hypot(x, y) + torch.copysign(x, y) + torch.signbit(y).float(),
+                       (_randn(3, 5), _randn(3, 5)), "hypot, copysign, signbit"),
+    "logaddexp": (lambda x, y: torch.logaddexp(x, y) + torch.logaddexp2(x, y) + torch.fmax(x, y),
+                  (_randn(3, 5), _randn(3, 5)), "logaddexp, logaddexp2, fmax"),
+    "aminmax_bilinear": (lambda x, y: nn.functional.bilinear(x, y, torch.ones(2, 5, 5) * 0.1).sum(-1) + torch.aminmax(x, dim=-1)[1],
+                         (_randn(3, 5), _randn(3, 5)), "F.bilinear (nn.Bilinear), torch.aminmax"),
+    "int_to_bool": (lambda x, m: torch.where(m.bool(), x, -x), (_randn(2, 7), PADDED), "an int64 mask's .bool()"),
+    "lgamma": (lambda x: torch.lgamma(x.abs() + 0.5) + torch.digamma(x.abs() + 0.5), (_randn(3, 5),), "lgamma, digamma"),
+    "logcumsumexp": (lambda x: torch.logcumsumexp(x, -1) + torch.cummax(x, -1)[0], (_randn(3, 5),),
+                     "logcumsumexp, cummax"),
+    "antialias": (lambda x: F.interpolate(x, size=(4, 4), mode="bilinear", antialias=True), (_randn(1, 3, 9, 9),),
+                  "antialiased downsampling"),
+    "bfloat16": (_bf16, (_randn(3, 5),), "a bfloat16 cast"),
 }
 
 

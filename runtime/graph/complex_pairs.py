@@ -8,7 +8,9 @@ imaginary): `view_as_complex` and `view_as_real` become nothing, a complex const
 float constant of that form, views move the trailing pair along, and arithmetic becomes real ops
 on the two parts (a complex product: four products, a difference, a sum and a stack). Each
 complex node is traced into those real ops (`_real_form`) and lowered like a decomposition; a
-complex node of constants alone is computed once, with torch.
+complex node of constants alone is computed once, with torch. Fourier transforms (FNet's
+`fftn(x).real`, GFNet's rfft2 / irfft2 filter) become products with the DFT's cos and sin
+matrices, one transformed dim at a time (`_dft`).
 
 All or nothing: a graph is rewritten only when `rewritable` finds every complex node among the
 forms below, no complex user input and no complex output (the user gets torch's dtypes back);
@@ -36,7 +38,15 @@ ARITHMETIC = frozenset({
     "aten.polar.default", "aten.complex.default", "aten.exp.default", "aten.sum.dim_IntList", "aten.mean.dim",
     "aten.view_as_complex.default", "aten.view_as_real.default",
 })
-FORMS = VIEWS | ARITHMETIC
+# Discrete Fourier transforms (FNet's token mixing: fftn(x).real), as products with the DFT's cos
+# and sin matrices, folded constants (`_dft`)
+FFTS = frozenset({
+    "aten.fft_fft.default", "aten.fft_ifft.default", "aten.fft_rfft.default", "aten.fft_irfft.default",
+    "aten.fft_fftn.default", "aten.fft_ifftn.default", "aten.fft_fft2.default", "aten.fft_ifft2.default",
+    "aten.fft_rfftn.default", "aten.fft_irfftn.default", "aten.fft_rfft2.default", "aten.fft_irfft2.default",
+})
+FFT_NORMS = (None, "backward", "ortho", "forward")
+FORMS = VIEWS | ARITHMETIC | FFTS
 CASTS = frozenset({"aten._to_copy.default", "aten.to.dtype", "aten.type_as.default"})
 # Nodes whose result holds the same numbers as their first input: no dispatch at all
 SAME_DATA = CASTS | {"aten.view_as_complex.default", "aten.view_as_real.default", "aten.clone.default",
@@ -96,6 +106,8 @@ def _form_fits(node, torch, complex_out: bool) -> bool:
     if any(isinstance(a, complex) for a in flat):
         return False
     target = str(node.target)
+    if target in FFTS:
+        return _fft_plan(node) is not None
     ins = [is_complex(a.meta.get("val"), torch) for a in node.all_input_nodes]
     if target in CASTS:
         return complex_out and all(ins)
@@ -132,6 +144,8 @@ def lower(ctx, node, name: str, ins: list):
         if target == "aten.view_as_complex.default":
             return Pair(x)
         return x.value if target == "aten.view_as_real.default" else x
+    if target in FFTS:
+        return _dft(ctx, node, name, ins)
     rotated = _rotation(ctx, node, name, ins)
     if rotated is not None:
         return rotated
@@ -228,6 +242,134 @@ def _rotation(ctx, node, name: str, ins: list):
 
     gm = _traced(node, call, [(x.shape, torch.float32), (a.shape, torch.float32), (b.shape, torch.float32)])
     return _lower_traced(ctx, gm, name, [x, a, b], complex_out=True)
+
+
+def _node_args(node) -> dict:
+    """`node`'s arguments by schema name, defaults filled in."""
+    out = {}
+    for i, a in enumerate(node.target._schema.arguments):
+        if i < len(node.args):
+            out[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+        else:
+            out[a.name] = a.default_value if a.has_default_value() else None
+    return out
+
+
+def _fft_plan(node):
+    """(steps, norm) of an FFT node whose sizes the DFT form takes, steps [(dim, kind, length)] in
+    order: kind 'c2c' or 'ic2c' (forward or inverse complex), 'r2c' (rfft's onesided half: the
+    first of rfftn's steps, on its last dim), 'c2r' (irfft: the last of irfftn's); length the
+    transform's. The lengths must be the input's own (no padding or trimming), but for irfft's
+    output length, n or s[-1], whose half must be the input's. None when it does not take them."""
+    target = str(node.target).split(".")[1]
+    a = _node_args(node)
+    shape = tuple(node.all_input_nodes[0].meta["val"].shape)
+    rank = len(shape)
+    if a.get("norm") not in FFT_NORMS or rank == 0:
+        return None
+    if target.endswith("n") or target.endswith("2"):  # fftn, fft2, rfftn, irfft2, ...
+        dims = a.get("dim")
+        dims = list(range(rank)) if dims is None else [dims] if isinstance(dims, int) else list(dims)
+        dims = [d % rank for d in dims]
+        sizes = a.get("s")
+        if sizes is not None and len(sizes) != len(dims):
+            return None
+    else:
+        dims = [a.get("dim", -1) % rank]
+        sizes = None if a.get("n") is None else [a.get("n")]
+    if len(set(dims)) != len(dims):
+        return None
+    own = [shape[d] for d in dims]
+    if target.startswith("fft_irfft"):
+        last = 2 * (own[-1] - 1) if sizes is None else sizes[-1]
+        if last < 1 or last // 2 + 1 != own[-1] or (sizes is not None and list(sizes[:-1]) != own[:-1]):
+            return None
+        return [(d, "ic2c", n) for d, n in zip(dims[:-1], own[:-1])] + [(dims[-1], "c2r", last)], a.get("norm")
+    if sizes is not None and list(sizes) != own:
+        return None
+    if target.startswith("fft_rfft"):
+        return [(dims[-1], "r2c", own[-1])] + [(d, "c2c", n) for d, n in zip(dims[:-1], own[:-1])], a.get("norm")
+    kind = "ic2c" if target.startswith("fft_ifft") else "c2c"
+    return [(d, kind, n) for d, n in zip(dims, own)], a.get("norm")
+
+
+def _dft_matrices(length: int, rows: int, inverse: bool, norm, c2r: bool = False):
+    """cos and sin of 2 pi k t / length for k < rows, t < length, laid out [rows, length] for a
+    product along the transformed dim ([t, k] for the forward forms, [k, t] for irfft), scaled by
+    the norm: "backward" (None) divides the inverse by length, "ortho" both by its square root,
+    "forward" the forward transform. Angles are reduced exactly (k t mod length) in float64."""
+    import torch
+
+    k = torch.arange(rows, dtype=torch.int64)[:, None]
+    t = torch.arange(length, dtype=torch.int64)[None, :]
+    angle = (2 * torch.pi / length) * ((k * t) % length).to(torch.float64)
+    scale = {None: 1.0 / length if inverse else 1.0, "backward": 1.0 / length if inverse else 1.0,
+             "ortho": length ** -0.5, "forward": 1.0 if inverse else 1.0 / length}[norm]
+    cos, sin = torch.cos(angle) * scale, torch.sin(angle) * scale
+    if c2r:  # irfft: each k but 0 and length / 2 stands for itself and its conjugate mirror
+        weight = torch.full((rows, 1), 2.0, dtype=torch.float64)
+        weight[0] = 1.0
+        if length % 2 == 0:
+            weight[rows - 1] = 1.0
+        return (cos * weight).float().contiguous(), (-sin * weight).float().contiguous()
+    return cos.t().float().contiguous(), sin.t().float().contiguous()
+
+
+def _dft(ctx, node, name: str, ins: list):
+    """An FFT node as products with the DFT's cos and sin matrices (folded constants), one
+    transformed dim at a time: for a + ib along a dim, a C + b S and b C - a S forward, a C - b S and
+    b C + a S inverse (C, S: the cos and sin matrices, already scaled); a real input has b = 0; irfft
+    sums a C' + b S' over the onesided half. Matmuls in float32: errors grow as the length does
+    (about length x float32 epsilon of the largest input), not as torch's FFT."""
+    import torch
+
+    steps, norm = _fft_plan(node)
+    x = ins[0]
+    rank = len(node.all_input_nodes[0].meta["val"].shape)
+    mats, specs = [], []
+    for d, kind, length in steps:
+        rows = length // 2 + 1 if kind in ("r2c", "c2r") else length
+        c, s = _dft_matrices(length, rows, kind in ("ic2c", "c2r"), norm, c2r=kind == "c2r")
+        for tag, m in (("cos", c), ("sin", s)):
+            mats.append(ctx.graph.add_derived(f"{name}_{tag}{d}", tuple(m.shape), "float32", RECIPE, (), data=m))
+            specs.append((tuple(m.shape), torch.float32))
+    aten = torch.ops.aten
+
+    def along(t, d, m):  # t's dim d times m ([size along d, new size]), the result's dim d the new one
+        moved = aten.permute.default(t, [i for i in range(rank) if i != d] + [d]) if d != rank - 1 else t
+        out = torch.matmul(moved, m)
+        if d == rank - 1:
+            return out
+        back = list(range(rank - 1))
+        back.insert(d, rank - 1)
+        return aten.permute.default(out, back)
+
+    def call(xs, *ms):
+        if isinstance(x, Pair):
+            re, im = aten.select.int(xs, -1, 0), aten.select.int(xs, -1, 1)
+        else:
+            re, im = xs, None
+        for i, (d, kind, _) in enumerate(steps):
+            c, s = ms[2 * i], ms[2 * i + 1]
+            if kind == "c2r":
+                return aten.add.Tensor(along(re, d, c), along(im, d, s))
+            inverse = kind == "ic2c"
+            rc, rs = along(re, d, c), along(re, d, s)
+            if im is None:
+                re, im = rc, (rs if inverse else aten.neg.default(rs))
+                continue
+            ic, is_ = along(im, d, c), along(im, d, s)
+            if inverse:
+                re, im = aten.sub.Tensor(rc, is_), aten.add.Tensor(ic, rs)
+            else:
+                re, im = aten.add.Tensor(rc, is_), aten.sub.Tensor(ic, rs)
+        return aten.stack.default([re, im], -1)
+
+    xv = x.value if isinstance(x, Pair) else x
+    gm = _traced(node, call, [(tuple(xv.shape), torch.float32)] + specs)
+    return _lower_traced(ctx, gm, name, [xv] + mats, complex_out=steps[-1][1] != "c2r")
 
 
 def _lower_traced(ctx, gm, name: str, ins: list, complex_out: bool):

@@ -1014,3 +1014,57 @@ def test_a_complex_output_stays_on_the_cpu_with_its_reason():
     """A graph that returns complex data is not rewritten: its complex nodes stay CPU nodes."""
     plan = texelflow.plan(ComplexOut(), (torch.randn(3, 2),))
     assert plan.fallbacks and any("complex" in why or "view_as_complex" in why for _, why in plan.fallbacks)
+
+
+class FNetLayer(nn.Module):
+    """FNet (Google; HF's FNetBasicFourierTransform): tokens mixed by the real part of a 2-D FFT over
+    the sequence and hidden dims, then LayerNorm and a GELU feed-forward."""
+
+    def __init__(self, dim: int = 12):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, 20), nn.GELU(), nn.Linear(20, dim))
+
+    def forward(self, x):
+        x = self.norm1(x + torch.fft.fftn(x, dim=(1, 2)).real)
+        return self.norm2(x + self.ff(x))
+
+
+class GlobalFilter(nn.Module):
+    """GFNet's global filter: rfft2 over the spatial dims ("ortho"), a learned complex filter
+    (view_as_complex of a parameter), irfft2 back to the spatial size."""
+
+    def __init__(self, h: int = 5, w: int = 6, dim: int = 8):
+        super().__init__()
+        self.complex_weight = nn.Parameter(torch.randn(h, w // 2 + 1, dim, 2) * 0.02)
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        y = torch.fft.rfft2(x, dim=(1, 2), norm="ortho") * torch.view_as_complex(self.complex_weight)
+        return x + torch.fft.irfft2(y, s=(h, w), dim=(1, 2), norm="ortho")
+
+
+def test_fnet_fourier_mixing_runs_as_dft_matmuls(device):
+    """No FFT kernel: each transformed dim is a product with the DFT's cos and sin matrices."""
+    prog = runs_whole_and_matches(FNetLayer(), (tokens(2, 7, 12),), device)
+    assert not any("fft" in n.target for n in prog.plan.graph.nodes)
+
+
+def test_gfnet_global_filter_with_rfft2_and_irfft2(device):
+    x = torch.randn(2, 5, 6, 8, generator=torch.Generator().manual_seed(5))
+    runs_whole_and_matches(GlobalFilter(), (x,), device)
+
+
+class FourierForms(nn.Module):
+    def forward(self, x):
+        z = torch.fft.fft(x, dim=1, norm="forward")
+        back = torch.fft.ifft(z, dim=1, norm="forward").real                 # x again
+        spectrum = torch.fft.rfft(x, dim=-1).abs()                            # odd length 7: no Nyquist bin
+        smooth = torch.fft.irfft(torch.fft.rfft(x, dim=1) * 0.5, n=6, dim=1)   # even length 6
+        return torch.cat([back.flatten(1), spectrum.flatten(1), smooth.flatten(1),
+                          torch.fft.ifftn(z, norm="ortho").imag.flatten(1)], 1)
+
+
+def test_fourier_forms_match_torch_in_every_norm(device):
+    x = torch.randn(3, 6, 7, generator=torch.Generator().manual_seed(6))
+    runs_whole_and_matches(FourierForms(), (x,), device)
