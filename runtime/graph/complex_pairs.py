@@ -65,6 +65,18 @@ class Pair:
         return self.value.numel
 
 
+class RealPart:
+    """A complex value of which only the real part is computed, `value` (an FFT whose readers all
+    take `.real`): its `aten.real` reader is `value`; nothing else may read it."""
+
+    def __init__(self, value: Value):
+        self.value = value
+
+    @property
+    def numel(self) -> int:
+        return self.value.numel
+
+
 def is_complex(val, torch) -> bool:
     return isinstance(val, torch.Tensor) and val.dtype.is_complex
 
@@ -137,6 +149,8 @@ def lower(ctx, node, name: str, ins: list):
             return constant(ctx.graph, name, data, val.shape) if is_complex(val, torch) else \
                 ctx.folder.add(ctx.graph, node, name, [data])
     target = str(node.target)
+    if target == "aten.real.default" and isinstance(ins[0], RealPart):
+        return ins[0].value
     if target in SAME_DATA and ins:  # nothing to compute: the real form is the value
         if target in CASTS and val.dtype != torch.complex64:
             raise _unsupported(f"node '{node.name}' casts complex data to {val.dtype}")
@@ -292,84 +306,128 @@ def _fft_plan(node):
     if target.startswith("fft_rfft"):
         return [(dims[-1], "r2c", own[-1])] + [(d, "c2c", n) for d, n in zip(dims[:-1], own[:-1])], a.get("norm")
     kind = "ic2c" if target.startswith("fft_ifft") else "c2c"
-    return [(d, kind, n) for d, n in zip(dims, own)], a.get("norm")
+    steps = [(d, kind, n) for d, n in zip(dims, own)]
+    if not is_complex(node.all_input_nodes[0].meta["val"], _torch()):  # the real first step is the
+        steps.sort(key=lambda step: -step[2])  # cheaper (n in, not 2n): give it the longest dim
+    return steps, a.get("norm")
 
 
-def _dft_matrices(length: int, rows: int, inverse: bool, norm, c2r: bool = False):
-    """cos and sin of 2 pi k t / length for k < rows, t < length, laid out [rows, length] for a
-    product along the transformed dim ([t, k] for the forward forms, [k, t] for irfft), scaled by
-    the norm: "backward" (None) divides the inverse by length, "ortho" both by its square root,
-    "forward" the forward transform. Angles are reduced exactly (k t mod length) in float64."""
+def _torch():
     import torch
 
+    return torch
+
+
+def _dft_matrix(kind: str, length: int, norm, real_in: bool, real_out: bool = False):
+    """The DFT along one dim as one real matrix on the interleaved (real, imaginary) pairs of the
+    view_as_real form: [rows in, cols out], rows (n, part) for a complex input ((n) for a real one),
+    columns (k, part) for a complex output ((t) for irfft's real one). With C and S the cos and
+    sin of 2 pi k n / length (angles reduced exactly, k n mod length, in float64) and the norm's
+    scale ("backward" (None) divides the inverse by length, "ortho" both by its square root,
+    "forward" the forward transform): forward re' = re C + im S, im' = im C - re S; inverse
+    re' = re C - im S, im' = im C + re S; irfft sums w_k (re_k C - im_k S) over the onesided half,
+    w_k = 2 but for k = 0 and length / 2 (its conjugate mirror halves stand for themselves)."""
+    import torch
+
+    inverse = kind in ("ic2c", "c2r")
+    rows = length // 2 + 1 if kind in ("r2c", "c2r") else length
     k = torch.arange(rows, dtype=torch.int64)[:, None]
     t = torch.arange(length, dtype=torch.int64)[None, :]
-    angle = (2 * torch.pi / length) * ((k * t) % length).to(torch.float64)
+    angle = (2 * torch.pi / length) * ((k * t) % length).to(torch.float64)  # [k, n]
     scale = {None: 1.0 / length if inverse else 1.0, "backward": 1.0 / length if inverse else 1.0,
              "ortho": length ** -0.5, "forward": 1.0 if inverse else 1.0 / length}[norm]
     cos, sin = torch.cos(angle) * scale, torch.sin(angle) * scale
-    if c2r:  # irfft: each k but 0 and length / 2 stands for itself and its conjugate mirror
+    if kind == "c2r":  # [2 rows, length]: rows (k, part)
         weight = torch.full((rows, 1), 2.0, dtype=torch.float64)
         weight[0] = 1.0
         if length % 2 == 0:
             weight[rows - 1] = 1.0
-        return (cos * weight).float().contiguous(), (-sin * weight).float().contiguous()
-    return cos.t().float().contiguous(), sin.t().float().contiguous()
+        return torch.stack([cos * weight, -sin * weight], 1).reshape(2 * rows, length).float().contiguous()
+    sign = 1.0 if inverse else -1.0  # the sign of S in im' from re
+    c, s = cos.t(), sin.t()  # [n, k]
+    re_row = torch.stack([c, sign * s], -1)  # re_n -> (re'_k, im'_k)
+    im_row = torch.stack([-sign * s, c], -1)  # im_n -> (re'_k, im'_k)
+    if real_out:  # only the real parts are read (FNet's fftn(x).real): the re' columns alone
+        re_row, im_row = re_row[..., :1], im_row[..., :1]
+    cols = re_row.shape[1] * re_row.shape[2]
+    if real_in:
+        return re_row.reshape(length, cols).float().contiguous()
+    return torch.stack([re_row.reshape(length, cols), im_row.reshape(length, cols)], 1).reshape(
+        2 * length, cols).float().contiguous()
 
 
 def _dft(ctx, node, name: str, ins: list):
-    """An FFT node as products with the DFT's cos and sin matrices (folded constants), one
-    transformed dim at a time: for a + ib along a dim, a C + b S and b C - a S forward, a C - b S and
-    b C + a S inverse (C, S: the cos and sin matrices, already scaled); a real input has b = 0; irfft
-    sums a C' + b S' over the onesided half. Matmuls in float32: errors grow as the length does
-    (about length x float32 epsilon of the largest input), not as torch's FFT."""
+    """An FFT node as one product a transformed dim with a DFT matrix on the view_as_real pairs
+    (_dft_matrix, a folded constant): the dim moved last beside the pair dim (a permute, unless
+    it is last already), the pairs flattened, one `linear` by the matrix (prepacked at load as any
+    constant weight, linear_packed on lavapipe), the pairs restored. Built as aten calls directly,
+    not traced: a trace would break `linear` into mm, which takes no prepacked weight. Matmuls in
+    float32: errors grow as the length does (about length x float32 epsilon of the largest input),
+    not as torch's FFT; O(length^2) work a dim, where an FFT does O(length log length)."""
     import torch
 
     steps, norm = _fft_plan(node)
     x = ins[0]
-    rank = len(node.all_input_nodes[0].meta["val"].shape)
-    mats, specs = [], []
-    for d, kind, length in steps:
-        rows = length // 2 + 1 if kind in ("r2c", "c2r") else length
-        c, s = _dft_matrices(length, rows, kind in ("ic2c", "c2r"), norm, c2r=kind == "c2r")
-        for tag, m in (("cos", c), ("sin", s)):
-            mats.append(ctx.graph.add_derived(f"{name}_{tag}{d}", tuple(m.shape), "float32", RECIPE, (), data=m))
-            specs.append((tuple(m.shape), torch.float32))
-    aten = torch.ops.aten
-
-    def along(t, d, m):  # t's dim d times m ([size along d, new size]), the result's dim d the new one
-        moved = aten.permute.default(t, [i for i in range(rank) if i != d] + [d]) if d != rank - 1 else t
-        out = torch.matmul(moved, m)
-        if d == rank - 1:
-            return out
-        back = list(range(rank - 1))
-        back.insert(d, rank - 1)
-        return aten.permute.default(out, back)
-
-    def call(xs, *ms):
-        if isinstance(x, Pair):
-            re, im = aten.select.int(xs, -1, 0), aten.select.int(xs, -1, 1)
-        else:
-            re, im = xs, None
-        for i, (d, kind, _) in enumerate(steps):
-            c, s = ms[2 * i], ms[2 * i + 1]
-            if kind == "c2r":
-                return aten.add.Tensor(along(re, d, c), along(im, d, s))
-            inverse = kind == "ic2c"
-            rc, rs = along(re, d, c), along(re, d, s)
-            if im is None:
-                re, im = rc, (rs if inverse else aten.neg.default(rs))
-                continue
-            ic, is_ = along(im, d, c), along(im, d, s)
-            if inverse:
-                re, im = aten.sub.Tensor(rc, is_), aten.add.Tensor(ic, rs)
-            else:
-                re, im = aten.add.Tensor(rc, is_), aten.sub.Tensor(ic, rs)
-        return aten.stack.default([re, im], -1)
-
     xv = x.value if isinstance(x, Pair) else x
-    gm = _traced(node, call, [(tuple(xv.shape), torch.float32)] + specs)
-    return _lower_traced(ctx, gm, name, [xv] + mats, complex_out=steps[-1][1] != "c2r")
+    rank = len(node.all_input_nodes[0].meta["val"].shape)
+    real_in = not isinstance(x, Pair)
+    real_out = bool(node.users) and all(str(u.target) == "aten.real.default" for u in node.users)
+    mats = []
+    for i, (d, kind, length) in enumerate(steps):
+        last = i == len(steps) - 1
+        m = _dft_matrix(kind, length, norm, real_in=real_in and i == 0,
+                        real_out=real_out and last and kind != "c2r").t().contiguous()  # linear's [out, in]
+        mats.append(ctx.graph.add_derived(f"{name}_dft{d}", tuple(m.shape), "float32", RECIPE, (), data=m))
+    aten = torch.ops.aten
+    built = _Built([tuple(xv.shape)] + [v.shape for v in mats])
+    t, paired = built.inputs[0], not real_in
+    for i, ((d, kind, length), m) in enumerate(zip(steps, built.inputs[1:])):
+        order = [i for i in range(rank) if i != d] + [d]
+        if d != rank - 1:
+            t = built.call(aten.permute.default, t, order + ([rank] if paired else []))
+        lead = list(built.shape(t)[:rank - 1])
+        t = built.call(aten.linear.default, built.call(aten.reshape.default, t, lead + [-1]), m)
+        paired = kind != "c2r" and not (real_out and i == len(steps) - 1)
+        t = built.call(aten.reshape.default, t, lead + ([-1, 2] if paired else [-1]))
+        if d != rank - 1:
+            back = sorted(range(rank), key=lambda i: order[i])
+            t = built.call(aten.permute.default, t, back + ([rank] if paired else []))
+    value = _lower_traced(ctx, built.module(t), name, [xv] + mats, complex_out=paired)
+    return RealPart(value) if real_out and steps[-1][1] != "c2r" else value
+
+
+class _Built:
+    """An fx graph of aten calls on float32 inputs of the given shapes, each node's meta["val"]
+    computed over fake tensors, as a trace would leave it."""
+
+    def __init__(self, shapes):
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.torch = torch
+        self.mode = FakeTensorMode()
+        self.graph = torch.fx.Graph()
+        self.inputs = []
+        for i, shape in enumerate(shapes):
+            p = self.graph.placeholder(f"arg{i}")
+            with self.mode:
+                p.meta["val"] = torch.empty(tuple(shape), dtype=torch.float32)
+            self.inputs.append(p)
+
+    def shape(self, n) -> tuple:
+        return tuple(n.meta["val"].shape)
+
+    def call(self, target, *args):
+        torch = self.torch
+        with self.mode:
+            val = target(*torch.fx.node.map_arg(args, lambda a: a.meta["val"]))
+        n = self.graph.call_function(target, args)
+        n.meta["val"] = val
+        return n
+
+    def module(self, out):
+        self.graph.output(out)
+        return self.torch.fx.GraphModule(self.torch.nn.Module(), self.graph)
 
 
 def _lower_traced(ctx, gm, name: str, ins: list, complex_out: bool):

@@ -110,7 +110,7 @@ def _lower(ep, texture_limits, timings, decompose_first) -> PlanGraph:
             _check_static(node, node.meta.get("val"), torch)
             ins = [values[a.name] for a in node.all_input_nodes]
             if pairs and (complex_pairs.is_complex(node.meta.get("val"), torch) or
-                          any(isinstance(v, complex_pairs.Pair) for v in ins)):
+                          any(isinstance(v, (complex_pairs.Pair, complex_pairs.RealPart)) for v in ins)):
                 values[node.name] = complex_pairs.lower(ctx, node, node.name, ins)
                 continue
             functional = inplace.get(node.name)
