@@ -19,8 +19,6 @@ otherwise its complex nodes stay CPU nodes with their reasons, as before.
 
 from __future__ import annotations
 
-import operator
-
 from .constant_folding import RECIPE
 from .ir import Role, Value
 
@@ -431,27 +429,12 @@ class _Built:
 
 
 def _lower_traced(ctx, gm, name: str, ins: list, complex_out: bool):
-    """Lower the traced real ops, each piece on the device or as a CPU node of real tensors; a
-    piece of constants alone no larger than they are is folded."""
-    env: dict = {}
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for p, v in zip(placeholders, ins):
-        env[p.name] = v
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target is operator.getitem:
-            src, idx = n.args
-            env[n.name] = env[src.name][idx]
-        elif n.op == "call_function":
-            piece_ins = [env[a.name] for a in n.all_input_nodes]
-            piece = ctx._piece_name(name, n.name)
-            mark = (len(ctx.graph.nodes), len(ctx.graph.constants))
-            env[n.name] = ctx.lower_call(n, piece, piece_ins, 1)
-            if ctx._of_constants(n, piece_ins):  # the parts of a constant (freqs_cis): constants too
-                env[n.name] = ctx._fold_piece(n, piece, piece_ins, mark) or env[n.name]
-        elif n.op == "output":
-            out = env[n.args[0].name] if not isinstance(n.args[0], (tuple, list)) else env[n.args[0][0].name]
-            return Pair(out) if complex_out else out
-    raise _unsupported(f"node '{name}' on complex values: its float form has no output")
+    """Lower the real ops as a decomposition's pieces (lowering's _lower_pieces), a piece that needs
+    the CPU kept as a CPU node of real tensors; the output a Pair where it is complex."""
+    out, why = ctx._lower_pieces(gm, name, ins, 1, keep_cpu=True)
+    if why is not None:
+        raise _unsupported(f"node '{name}' on complex values: its float form cannot be lowered ({why})")
+    return Pair(out) if complex_out else out
 
 
 def _unsupported(message: str):

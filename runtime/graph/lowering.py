@@ -345,9 +345,10 @@ class _Lowering:
             self.last_cause = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
             return None, self.last_cause
 
-    def _lower_pieces(self, gm, name: str, ins: list, depth: int):
+    def _lower_pieces(self, gm, name: str, ins: list, depth: int, keep_cpu: bool = False):
         """Lower a decomposition's graph; (its output value(s), None) when every piece runs on
-        Vulkan, else (None, the first piece's reason)."""
+        Vulkan, else (None, the first piece's reason). With `keep_cpu`, a piece that needs the CPU
+        stays a CPU node of its own (complex_pairs' real forms, which have no whole node to go back to)."""
         env: dict[str, object] = {}
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for p, v in zip(placeholders, ins):
@@ -375,7 +376,7 @@ class _Lowering:
                 env[n.name] = self.lower_call(n, piece, piece_ins, depth)
                 if self.last_fallback is not None or self._of_constants(n, piece_ins):
                     folded = self._fold_piece(n, piece, piece_ins, mark)
-                    if folded is None and self.last_fallback is not None:
+                    if folded is None and self.last_fallback is not None and not keep_cpu:
                         return None, self.last_fallback
                     if folded is not None:
                         env[n.name], self.last_fallback = folded, None

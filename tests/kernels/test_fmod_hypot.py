@@ -14,15 +14,7 @@ import pytest
 import torch
 
 import texelflow
-
-
-class _Op(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *xs):
-        return self.fn(*xs)
+from tests.reliability.models import Call
 
 
 def _wide(n: int, seed: int) -> torch.Tensor:
@@ -38,7 +30,7 @@ def _wide(n: int, seed: int) -> torch.Tensor:
 
 def _run(device, fn, *inputs):
     with torch.no_grad():
-        prog = texelflow.compile(_Op(fn), inputs, device=device)
+        prog = texelflow.compile(Call(fn), inputs, device=device)
     try:
         assert prog.plan.fallbacks == [], prog.plan.fallbacks
         return prog(*inputs), fn(*inputs)
