@@ -20,6 +20,7 @@ otherwise its complex nodes stay CPU nodes with their reasons, as before.
 from __future__ import annotations
 
 from .constant_folding import RECIPE
+from .fx_build import Built
 from .ir import Role, Value
 
 VIEWS = frozenset({
@@ -377,7 +378,7 @@ def _dft(ctx, node, name: str, ins: list):
                         real_out=real_out and last and kind != "c2r").t().contiguous()  # linear's [out, in]
         mats.append(ctx.graph.add_derived(f"{name}_dft{d}", tuple(m.shape), "float32", RECIPE, (), data=m))
     aten = torch.ops.aten
-    built = _Built([tuple(xv.shape)] + [v.shape for v in mats])
+    built = Built([(tuple(xv.shape), torch.float32)] + [(v.shape, torch.float32) for v in mats])
     t, paired = built.inputs[0], not real_in
     for i, ((d, kind, length), m) in enumerate(zip(steps, built.inputs[1:])):
         order = [i for i in range(rank) if i != d] + [d]
@@ -392,40 +393,6 @@ def _dft(ctx, node, name: str, ins: list):
             t = built.call(aten.permute.default, t, back + ([rank] if paired else []))
     value = _lower_traced(ctx, built.module(t), name, [xv] + mats, complex_out=paired)
     return RealPart(value) if real_out and steps[-1][1] != "c2r" else value
-
-
-class _Built:
-    """An fx graph of aten calls on float32 inputs of the given shapes, each node's meta["val"]
-    computed over fake tensors, as a trace would leave it."""
-
-    def __init__(self, shapes):
-        import torch
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        self.torch = torch
-        self.mode = FakeTensorMode()
-        self.graph = torch.fx.Graph()
-        self.inputs = []
-        for i, shape in enumerate(shapes):
-            p = self.graph.placeholder(f"arg{i}")
-            with self.mode:
-                p.meta["val"] = torch.empty(tuple(shape), dtype=torch.float32)
-            self.inputs.append(p)
-
-    def shape(self, n) -> tuple:
-        return tuple(n.meta["val"].shape)
-
-    def call(self, target, *args):
-        torch = self.torch
-        with self.mode:
-            val = target(*torch.fx.node.map_arg(args, lambda a: a.meta["val"]))
-        n = self.graph.call_function(target, args)
-        n.meta["val"] = val
-        return n
-
-    def module(self, out):
-        self.graph.output(out)
-        return self.torch.fx.GraphModule(self.torch.nn.Module(), self.graph)
 
 
 def _lower_traced(ctx, gm, name: str, ins: list, complex_out: bool):

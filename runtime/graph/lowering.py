@@ -255,6 +255,14 @@ FACTORY_PIECES = frozenset({"aten.arange.default", "aten.arange.start", "aten.ar
 # PT2E's quantize / dequantize ops: lowered, checked and never decomposed by quantized.py.
 QUANTIZED_NAMESPACE = "quantized_decomposed."
 MAX_DECOMPOSITION_DEPTH = 8
+# Ops computed row by row along the last dim (their other tensors are per-column weights), which a
+# rank > 4 input may reach with its leading dims merged (_rows_of_rank3): target -> whether this
+# node's arguments keep it so (a layer norm over the last dim only).
+ROW_OPS = {
+    "aten.linear.default": lambda node: True,
+    "aten.layer_norm.default": lambda node: len(node.args[1]) == 1,
+    "aten.rms_norm.default": lambda node: len(node.args[1]) == 1,
+}
 
 
 class _Lowering:
@@ -294,6 +302,10 @@ class _Lowering:
         faster = self.decompose_first.get(target_name(target or node.target)) if ir_node.fallback is None else None
         if (ir_node.fallback is None and faster is None) or depth >= MAX_DECOMPOSITION_DEPTH:
             return self._result(node, ir_node)
+        if ir_node.fallback is not None and target is None:
+            flat = self._rows_of_rank3(node, name, ins, depth, mark, ir_node)
+            if flat is not None:
+                return flat
         start = time.perf_counter()
         from .decompose import decompose
 
@@ -336,6 +348,41 @@ class _Lowering:
         ir_node.fallback = f"{ir_node.fallback}; its decomposition needs the CPU for {self.last_cause}"
         self.last_fallback = ir_node.fallback
         return self._result(node, ir_node)
+
+    def _rows_of_rank3(self, node, name: str, ins: list, depth: int, mark: tuple, ir_node: Node):
+        """A row-wise op (ROW_OPS: along the last dim, each row alone) whose input has rank > 4,
+        which its kernel cannot take: the leading dims merged by a reshape into rank 3, the op,
+        its result reshaped back (Video Swin's LayerNorm and MLP on [B, D, H, W, C] tokens). The op
+        stays itself, so a constant linear weight is still prepacked (torch's decomposition of
+        linear would give an addmm of the general kernel). None where it does not apply or the
+        pieces do not all run on the device; the node is as it was then."""
+        torch = self.torch
+        key = target_name(node.target)
+        val = node.meta.get("val")
+        inputs = node.all_input_nodes
+        if key not in ROW_OPS or not inputs or not isinstance(val, torch.Tensor) or val.dim() <= 4:
+            return None
+        first = inputs[0].meta.get("val")
+        if node.args[0] is not inputs[0] or first.dim() != val.dim() or not ROW_OPS[key](node):
+            return None
+        from .fx_build import Built
+
+        built = Built([(tuple(a.meta["val"].shape), a.meta["val"].dtype) for a in inputs])
+        by_node = dict(zip(inputs, built.inputs))
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: by_node[a])
+        shape = tuple(first.shape)
+        rows = built.call(torch.ops.aten.reshape.default, args[0], [-1, shape[-2], shape[-1]])
+        out = built.call(node.target, rows, *args[1:], **kwargs)
+        out = built.call(torch.ops.aten.reshape.default, out, list(val.shape))
+        _truncate(self.graph, *mark)
+        result, why = self._lowered_pieces(built.module(out), name, ins, depth)
+        if why is None:
+            self.last_fallback = None
+            return result
+        _truncate(self.graph, *mark)
+        _restore(self.graph, ir_node)
+        self.last_fallback = ir_node.fallback
+        return None
 
     def _lowered_pieces(self, pieces, name: str, ins: list, depth: int):
         """_lower_pieces one level deeper, an exception as the reason."""

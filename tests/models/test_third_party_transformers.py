@@ -1068,3 +1068,28 @@ class FourierForms(nn.Module):
 def test_fourier_forms_match_torch_in_every_norm(device):
     x = torch.randn(3, 6, 7, generator=torch.Generator().manual_seed(6))
     runs_whole_and_matches(FourierForms(), (x,), device)
+
+
+class VideoSwinMlp(nn.Module):
+    """Video Swin's token MLP on channels-last video tokens [B, D, H, W, C] (rank 5): LayerNorm,
+    Linear, GELU, Linear, a residual; then a per-(frame, channel) gate from a second input that
+    broadcasts inside the leading dims."""
+
+    def __init__(self, dim: int = 12):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fc1, self.fc2 = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+
+    def forward(self, x, gate):
+        x = x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+        return x * torch.sigmoid(gate)
+
+
+def test_video_swin_mlp_on_rank5_tokens_keeps_its_prepacked_linears(device):
+    """The leading dims of a rank-5 input merged for the row-wise ops (lowering's _rows_of_rank3):
+    LayerNorm on the device, not the CPU, and the linears prepacked, not torch's addmm."""
+    gen = torch.Generator().manual_seed(7)
+    x, gate = torch.randn(2, 3, 5, 6, 12, generator=gen), torch.randn(1, 3, 1, 1, 12, generator=gen)
+    prog = runs_whole_and_matches(VideoSwinMlp(), (x, gate), device)
+    assert prog.plan.dispatches["linear_packed"] == 2 and prog.plan.dispatches["layer_norm"] == 1
+    assert "addmm" not in prog.plan.dispatches
