@@ -12,7 +12,8 @@ exported graph), what was expected and what was given:
   (a ValueError). Inputs are never cast: torch would not silently run a float32 model on float64
   data either, and a cast could lose information (floats truncated into an int32 program);
 - an int64 input (the device holds it as int32, see TensorSpec.device_dtype) with a value outside
-  int32's range: `InputValueError` giving the range of the values passed. The caller still passes
+  int32's range, or outside the narrower range the program assumed for it (TensorSpec.bounds):
+  `InputValueError` giving the range of the values passed. The caller still passes
   int64, as compiled; the program uploads an int32 copy.
 
 Tensors that pass are returned detached and contiguous, ready to upload.
@@ -35,6 +36,7 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
     device_dtype: str | None = None
+    bounds: tuple[int, int] | None = None  # the narrower range the program assumes (lowering's input_bounds)
 
     def describe(self) -> str:
         return f"a torch.Tensor of shape {_shape(self.shape)} {self.dtype}"
@@ -122,6 +124,10 @@ def check_fits(label: str, spec: TensorSpec, x) -> None:
         return
     info = torch.iinfo(getattr(torch, spec.device_dtype))
     low, high = int(x.min()), int(x.max())
+    if spec.bounds is not None and (low < spec.bounds[0] or high > spec.bounds[1]):
+        raise InputValueError(f"{label}: {spec.dtype} values must lie in [{spec.bounds[0]}, {spec.bounds[1]}] (the "
+                              f"program computes with them in int32 on the device, and its int64 arithmetic "
+                              f"of them fits int32 only within that range), got values in [{low}, {high}]")
     if low < info.min or high > info.max:
         raise InputValueError(f"{label}: {spec.dtype} values must lie in [{info.min}, {info.max}] (the program "
                               f"runs this input as {spec.device_dtype} on the device), got values in "

@@ -375,7 +375,8 @@ class CompiledProgram:
             if isinstance(entry, str) and entry in by_name:
                 v = by_name[entry]
                 host = self._host_dtype(v)
-                specs.append(TensorSpec(v.name, tuple(v.shape), host, v.dtype if host != v.dtype else None))
+                specs.append(TensorSpec(v.name, tuple(v.shape), host, v.dtype if host != v.dtype else None,
+                                        self.plan.graph.input_bounds.get(v.name)))
             elif isinstance(entry, str):
                 specs.append(AnySpec(entry))
             else:  # a non-tensor input torch.export specialised to its value

@@ -6,11 +6,12 @@ with `freqs_cis` a complex64 constant from `torch.polar`. No kernel takes comple
 complex value is held as its `view_as_real` form, a float32 tensor with a trailing dim of 2 (real,
 imaginary): `view_as_complex` and `view_as_real` become nothing, a complex constant becomes a
 float constant of that form, views move the trailing pair along, and arithmetic becomes real ops
-on the two parts (a complex product: four products, a difference, a sum and a stack). Each
-complex node is traced into those real ops (`_real_form`) and lowered like a decomposition; a
-complex node of constants alone is computed once, with torch. Fourier transforms (FNet's
-`fftn(x).real`, GFNet's rfft2 / irfft2 filter) become products with the DFT's cos and sin
-matrices, one transformed dim at a time (`_dft`).
+on the two parts (a complex product: four products, a difference, a sum and a stack; by a
+complex constant, x A + flip(x) B with A and B folded: `_rotation`). Each complex node is traced
+into those real ops (`_real_form`) and lowered like a decomposition; a complex node of constants
+alone is computed once, with torch. Fourier transforms (FNet's `fftn(x).real`, GFNet's rfft2 /
+irfft2 filter) become one `linear` a transformed dim by a DFT matrix on the interleaved pairs
+(`_dft`); an FFT read only through `.real` computes only the real parts (`RealPart`).
 
 All or nothing: a graph is rewritten only when `rewritable` finds every complex node among the
 forms below, no complex user input and no complex output (the user gets torch's dtypes back);
@@ -181,9 +182,12 @@ def _computed(ctx, node, ins: list):
         if t is None:
             return None
         tensors[a] = torch.view_as_complex(t.contiguous()) if isinstance(v, Pair) else t
-    with torch.no_grad():
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: tensors[a])
-        return node.target(*args, **kwargs).contiguous()
+    try:
+        with torch.no_grad():
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: tensors[a])
+            return node.target(*args, **kwargs).contiguous()
+    except Exception:  # an op that fails on these tensors here: its real form is lowered instead
+        return None
 
 
 def _trace(ctx, node, ins: list):

@@ -136,6 +136,9 @@ class PlanGraph:
     # value name -> the dtype the host holds where the device holds int32: an int64 user input the
     # caller passes, a narrowed int64 constant, or a view of either (lowering's `_device_input_dtype`)
     input_host_dtypes: dict = field(default_factory=dict)
+    # Narrowed int64 user inputs assumed to lie in a range (name -> (low, high)), checked at each
+    # call, so that the int64 arithmetic read from them fits int32 (lowering's input_bounds)
+    input_bounds: dict = field(default_factory=dict)
     # value name -> (least, greatest) element of an integer value lowering bounded (int_ranges.py)
     int_ranges: dict = field(default_factory=dict)
 

@@ -61,10 +61,87 @@ def lower(ep, texture_limits: Sequence[int] = TEXTURE_LIMITS, timings: dict | No
     from .problem import gc_paused  # (problem imports this module)
 
     with gc_paused():  # a full collection rescans the exported program's objects: seconds, for nothing
-        return _lower(ep, texture_limits, timings, decompose_first or {})
+        graph = _lower(ep, texture_limits, timings, decompose_first or {})
+        return _with_input_bounds(ep, graph, texture_limits, decompose_first or {})
 
 
-def _lower(ep, texture_limits, timings, decompose_first) -> PlanGraph:
+# Ranges tried for int64 user inputs whose int64 arithmetic sends nodes to the CPU: the smallest
+# first (if it moves nothing, none does), then the largest that moves as many
+INPUT_BOUNDS = (2**24, 2**20, 2**16, 2**12, 2**8)
+UNBOUNDED = "past int32"  # (int_ranges.unbounded_note's words for an interval past int32)
+
+
+def _with_input_bounds(ep, graph: PlanGraph, texture_limits, decompose_first) -> PlanGraph:
+    """`graph`, or where int64 arithmetic of int64 user inputs runs on the CPU only because an
+    input is known only to fit int32 (BLOOM's alibi, `(mask.cumsum(-1) - 1) * mask`; `ids * 3 + 1`),
+    the graph lowered again assuming those inputs lie in [-R, R], R the largest of INPUT_BOUNDS that
+    leaves fewest CPU nodes and holds the example inputs' own values: the interval analysis (int_ranges.py) then bounds the arithmetic inside
+    int32 and it runs on the device. Each call checks the inputs lie in that range (call_args:
+    InputValueError otherwise); `graph.input_bounds` holds it and the plan shows it. A mask of 0 / 1
+    times its own running sum (BLOOM) needs 2^12; `ids * 3 + 1` needs only 2^24."""
+    stuck = [n for n in graph.nodes if n.fallback is not None and UNBOUNDED in n.fallback]
+    if not stuck:
+        return graph
+    names = _int64_inputs_read_by(ep, graph, [n.fx for n in stuck if n.fx is not None])
+    seen = _example_magnitudes(ep, names)
+    if not names or seen is None:
+        return graph
+    bounds = [b for b in INPUT_BOUNDS if b >= seen]  # never below the example's own values
+    if not bounds:
+        return graph
+
+    def lowered(bound: int):
+        tried = _lower(ep, texture_limits, None, decompose_first, {name: (-bound, bound) for name in names})
+        return tried, sum(n.fallback is not None for n in tried.nodes)
+
+    tightest, fewest = lowered(bounds[-1])
+    if fewest >= sum(n.fallback is not None for n in graph.nodes):
+        return graph
+    for bound in bounds[:-1]:
+        tried, count = lowered(bound)
+        if count <= fewest:
+            return tried
+    return tightest
+
+
+def _example_magnitudes(ep, names: list[str]) -> int | None:
+    """The largest magnitude among the example inputs `names` (ep.example_inputs, matched to the
+    signature's user inputs), or None when the exported program does not hold them."""
+    import torch
+
+    examples = getattr(ep, "example_inputs", None)
+    if not examples:
+        return None
+    leaves = torch.utils._pytree.tree_leaves(examples)
+    by_name = dict(zip(ep.graph_signature.user_inputs, leaves))
+    largest = 0
+    for name in names:
+        t = by_name.get(name)
+        if not isinstance(t, torch.Tensor):
+            return None
+        if t.numel():
+            largest = max(largest, int(t.abs().max()))
+    return largest
+
+
+def _int64_inputs_read_by(ep, graph: PlanGraph, fx_nodes: list) -> list[str]:
+    """The int64 user inputs held narrowed (int32 on the device) that `fx_nodes` of ep's graph
+    read, directly or through other nodes."""
+    user_inputs = set(ep.graph_signature.user_inputs)
+    own = set(ep.graph.nodes)
+    seen, stack, found = set(), [n for n in fx_nodes if n in own], []
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder" and n.name in user_inputs and graph.input_host_dtypes.get(n.name) == "int64":
+            found.append(n.name)
+        stack.extend(n.all_input_nodes)
+    return sorted(found)
+
+
+def _lower(ep, texture_limits, timings, decompose_first, input_bounds: dict | None = None) -> PlanGraph:
     import torch
 
     start = time.perf_counter()
@@ -90,6 +167,8 @@ def _lower(ep, texture_limits, timings, decompose_first) -> PlanGraph:
             _check_placeholder(node, val, torch)
             if node.name in user_inputs:
                 v = graph.add_input(node.name, val.shape, device_input_dtype(graph, node.name, dtype_name(val.dtype)))
+                if input_bounds and node.name in input_bounds and graph.input_host_dtypes.get(node.name) == "int64":
+                    graph.input_bounds[node.name] = graph.int_ranges[node.name] = input_bounds[node.name]
             elif pairs and complex_pairs.is_complex(val, torch):  # a complex constant: its real form
                 source = consts.get(node.name, node.name)
                 v = complex_pairs.constant(graph, node.name, folder.state[source], val.shape)
@@ -367,6 +446,7 @@ class _Lowering:
             return None
         from .fx_build import Built
 
+        cause = self.last_cause
         built = Built([(tuple(a.meta["val"].shape), a.meta["val"].dtype) for a in inputs])
         by_node = dict(zip(inputs, built.inputs))
         args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: by_node[a])
@@ -381,7 +461,7 @@ class _Lowering:
             return result
         _truncate(self.graph, *mark)
         _restore(self.graph, ir_node)
-        self.last_fallback = ir_node.fallback
+        self.last_fallback, self.last_cause = ir_node.fallback, cause
         return None
 
     def _lowered_pieces(self, pieces, name: str, ins: list, depth: int):

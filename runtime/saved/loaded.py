@@ -307,6 +307,10 @@ class LoadedProgram:
             info = np.iinfo(narrow)
             if a.min() < info.min or a.max() > info.max:
                 raise InputValueError(f"input {name!r}: values outside the {narrow} range the device holds it in")
+            low, high = spec.get("bounds") or (info.min, info.max)
+            if a.min() < low or a.max() > high:
+                raise InputValueError(f"input {name!r}: values outside [{low}, {high}], the range the program "
+                                      f"assumes for it (its int64 arithmetic runs in {narrow})")
         return np.ascontiguousarray(a)
 
     def _output(self, out, env, host, fenv) -> np.ndarray:

@@ -65,7 +65,7 @@ FALLBACK = {"target": STR, "label": STR, "inputs": listof(("ref_or_refs", REF)),
 SEGMENT = {"dispatches": listof(DISPATCH), "inputs": listof(INT), "outputs": listof(INT),
            "fallback": absent_ok(FALLBACK)}
 INPUT = {"name": STR, "shape": listof(INT), "dtype": oneof(*DTYPES), "device_dtype": oneof(*DTYPES),
-         "tensor": OPT_INT}
+         "tensor": OPT_INT, "bounds": absent_ok(listof(INT))}  # bounds: [low, high] the program assumes
 OUTPUT = {"name": STR, "shape": listof(INT), "dtype": oneof(*DTYPES),
           "source": oneof("device", "input", "constant", "fallback"), "index": INT, "views": listof(VIEW)}
 # a buffer (`const/<target>`, kept live by the loaded program) or a call input (`target`: its

@@ -187,7 +187,8 @@ def describe(prog) -> tuple[dict, dict[str, np.ndarray]]:
     if stray:
         raise UnsavableProgramError(f"saving a program: device inputs {stray[:5]} are not inputs of the model")
     inputs = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype, "device_dtype": v.dtype,
-               "tensor": seg_inputs.get(v)} for s, v in zip(prog._input_specs, input_values)]
+               "tensor": seg_inputs.get(v), **({"bounds": list(s.bounds)} if s.bounds is not None else {})}
+              for s, v in zip(prog._input_specs, input_values)]
     outputs = [_output(prog, c, v, input_values, hosts) for v in prog._user_outputs]
     writes = [{"kind": kind, "target": hosts.buffer_const(target) if kind == "buffer" else int(target),
                "value": _output(prog, c, v, input_values, hosts)} for kind, target, v in specs if kind != "user"]

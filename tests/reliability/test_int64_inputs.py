@@ -115,21 +115,36 @@ def test_cpu_fallback_reads_the_callers_int64_tensor(device):
     torch.testing.assert_close(x, want_x, rtol=0, atol=1e-6)
 
 
-def test_int64_constants_and_computed_values_are_not_narrowed():
-    """Only user inputs are narrowed: a computed int64 tensor keeps its dtype (its values are not
-    checked at the call, so the device could not hold them safely)."""
+class Shifted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 4)
 
-    class Shifted(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = nn.Embedding(11, 4)
+    def forward(self, ids):
+        return self.emb(ids + 1)
 
-        def forward(self, ids):
-            return self.emb(ids + 1)
 
-    plan = texelflow.plan(Shifted().eval(), (ids_of(2, 3, vocab=10),))
-    dtypes = {v.name: v.dtype for v in plan.graph.values()}
-    assert dtypes["ids"] == "int32" and dtypes["add"] == "int64"
+def test_computed_int64_values_run_in_int32_under_a_checked_input_bound(device):
+    """`ids + 1` of an int64 input known only to fit int32 may not fit: lowering assumes the input
+    lies in [-2^24, 2^24] (lowering._with_input_bounds), so the sum is bounded and runs in int32 on
+    the device with the embedding; the plan says so, and a call outside the range is refused."""
+    model, ids = Shifted().eval(), ids_of(2, 3, vocab=10)
+    with texelflow.compile(model, (ids,), device=device) as prog:
+        plan = prog.plan
+        dtypes = {v.name: v.dtype for v in plan.graph.values()}
+        assert dtypes["ids"] == "int32" and dtypes["add"] == "int32" and plan.fallbacks == []
+        assert plan.graph.input_bounds == {"ids": (-2**24, 2**24)}
+        assert "ids in [-16777216, 16777216]" in plan.summary()
+        assert torch.equal(prog(ids), model(ids))
+        with pytest.raises(InputValueError, match=r"must lie in \[-16777216, 16777216\]"):
+            prog(torch.full_like(ids, 2**24 + 1))
+
+
+def test_an_example_past_the_bounds_keeps_its_int64_arithmetic_on_the_cpu():
+    """The example's own values bound the assumption from below: ids past 2^24 in the example keep
+    `ids + 1` on the CPU, on int64 (no input bound the example itself would break)."""
+    plan = texelflow.plan(Shifted().eval(), (torch.tensor([[3, 2**25]]),))
+    assert plan.graph.input_bounds == {}
     assert [name for name, _ in plan.fallbacks] == ["add", "embedding"]
 
 
@@ -228,3 +243,15 @@ def test_view_of_int64_ids_is_narrowed_too(device):
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-6)
     for g, w in zip(got[1:], want[1:]):
         assert g.dtype == torch.int64 and torch.equal(g, w)
+
+
+def test_a_saved_program_keeps_its_input_bounds(device, tmp_path):
+    """The input's assumed range travels in the file (format.md: Input `bounds`): the loaded program
+    refuses a value outside it as the compiled one does."""
+    model, ids = Shifted().eval(), ids_of(2, 3, vocab=10)
+    with texelflow.compile(model, (ids,), device=device) as prog:
+        prog.save(tmp_path / "shifted.tflow")
+    with texelflow.load(tmp_path / "shifted.tflow", device=device) as loaded:
+        assert torch.equal(torch.as_tensor(loaded(ids.numpy())), model(ids))
+        with pytest.raises(InputValueError, match=r"outside \[-16777216, 16777216\]"):
+            loaded(torch.full_like(ids, -2**24 - 1).numpy())
