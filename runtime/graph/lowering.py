@@ -74,11 +74,12 @@ UNBOUNDED = "past int32"  # (int_ranges.unbounded_note's words for an interval p
 def _with_input_bounds(ep, graph: PlanGraph, texture_limits, decompose_first) -> PlanGraph:
     """`graph`, or where int64 arithmetic of int64 user inputs runs on the CPU only because an
     input is known only to fit int32 (BLOOM's alibi, `(mask.cumsum(-1) - 1) * mask`; `ids * 3 + 1`),
-    the graph lowered again assuming those inputs lie in [-R, R], R the largest of INPUT_BOUNDS that
-    leaves fewest CPU nodes and holds the example inputs' own values: the interval analysis (int_ranges.py) then bounds the arithmetic inside
-    int32 and it runs on the device. Each call checks the inputs lie in that range (call_args:
-    InputValueError otherwise); `graph.input_bounds` holds it and the plan shows it. A mask of 0 / 1
-    times its own running sum (BLOOM) needs 2^12; `ids * 3 + 1` needs only 2^24."""
+    the graph lowered again assuming those inputs lie in [-R, R]: R the largest of INPUT_BOUNDS
+    that leaves fewest CPU nodes and holds the example inputs' own values. The interval analysis
+    (int_ranges.py) then bounds the arithmetic inside int32 and it runs on the device. Each call
+    checks the inputs lie in that range (call_args: InputValueError otherwise); `graph.input_bounds`
+    holds it and the plan shows it. A mask of 0 / 1 times its own running sum (BLOOM) needs 2^12;
+    `ids * 3 + 1` needs only 2^24."""
     stuck = [n for n in graph.nodes if n.fallback is not None and UNBOUNDED in n.fallback]
     if not stuck:
         return graph

@@ -14,10 +14,12 @@ index_select of a flat (for several tensors, linear) index;
 `topk` (k <= 16) as k rounds of an extreme and its first untaken position; `sort` (and so
 `argsort`) by ranks from a pairwise comparison; `gather` and
 `take_along_dim` as index, `Tensor.unfold` by its windows' positions;
-circular `pad` as a cat of wrapped ends; `max()` and `min()` of a whole tensor as amax and amin, `aminmax` as both; `bilinear` as a matmul, a product and a sum;
-`logaddexp` (and base 2) as torch's kernel computes it; `fmax` / `fmin` as a max and NaN selects;
+circular `pad` as a cat of wrapped ends; `max()` and `min()` of a whole tensor as amax and amin,
+`aminmax` as both; `bilinear` as a matmul, a product and a sum; `logaddexp` (and base 2) as
+torch's kernel computes it; `fmax` / `fmin` as a max and NaN selects;
 binary ops of tensors of two dtypes (float times bool) with casts to the promoted dtype first;
-a bool cast to int32 or int64 as a where between 1 and 0, a cast to bool as a compare with 0, and a sum of bools as a sum of that;
+a bool cast to int32 or int64 as a where between 1 and 0, a cast to bool as a compare with 0, and
+a sum of bools as a sum of that;
 RReLU in inference as a leaky ReLU; `copy` (a functionalized whole-tensor `copy_`) as a cast or
 expand of its source; `slice_scatter` (`y[:, a:b] = src`) as a cat; `index_put`
 with a bool mask and one value as a where, with one 1-D index as a where of gathered values (or,
@@ -26,7 +28,8 @@ with the positions along the dim (a sum of the sources it selects, or the last o
 `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
 least of them, in int32, widened by a cast the device holds narrowed. `_safe_softmax` (in torch's
 attention decomposition) as a softmax and a where on the row max. `cumsum` with a dtype as a cast
-and a cumsum; `number ** tensor` as a tensor pow; `round` to decimals by a scale of 10^d. `div` with a rounding mode and `floor_divide`
+and a cumsum; `number ** tensor` as a tensor pow; `round` to decimals by a scale of 10^d. `div`
+with a rounding mode and `floor_divide`
 (`ids // 2`) as the int32 kernel div_mode_scalar, or a float trunc of the quotient; a bool compared
 with a number (`mask.tril() == 0`) as its int32 0 / 1 compared. `kthvalue` and `median` as the
 element of a given rank (`_ranks`, the stable sort's). Video: `conv3d` (and a 3-D `convolution`)
@@ -37,7 +40,10 @@ as a sum over the kernel's frames of 2-D convs of the frames it meets, folded in
 and geometry: `scatter_reduce` (sum, mean, amax, amin) as scatter_add is built; `bucketize` and
 `searchsorted` as counts of the boundaries passed; `diagonal` as a strided slice; `cdist` by the
 pairwise differences; `col2im` (F.fold) as a grouped transposed conv of one-hot weights. Bitwise
-ops and shifts of an integer tensor and a number as the tensor ops with a 0-d tensor.
+ops and shifts of an integer tensor and a number as the tensor ops with a 0-d tensor. Every
+broadcasting elementwise op of rank > 4 whose operand broadcasts inside WHCN's N (the leading
+dims the kernels fold into one) as an expand of that operand's leading dims, then the op
+(`_lead_broadcast`, wrapped round any decomposition above).
 """
 
 from __future__ import annotations
@@ -1301,7 +1307,8 @@ def _lead_broadcast(target: str, inner=None):
             if isinstance(a, torch.Tensor) and folded >= 2:
                 padded = (1,) * (len(shape) - a.dim()) + tuple(a.shape)
                 if padded[:folded] != shape[:folded] and any(d != 1 for d in padded[:folded]):
-                    a = aten.expand.default(aten.reshape.default(a, list(padded)), list(shape[:folded] + padded[folded:]))
+                    lead = list(shape[:folded] + padded[folded:])
+                    a = aten.expand.default(aten.reshape.default(a, list(padded)), lead)
                     changed = True
             widened.append(a)
         if changed:

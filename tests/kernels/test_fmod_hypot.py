@@ -1,11 +1,11 @@
-"""Float fmod and remainder (tf_fmod / tf_remainder in shaders/include/math.glslh) against torch,
-bit for bit: torch's fmod is exact (C's), so the kernel must be too, for quotients up to float32's
-whole range (long divisions of up to 277 steps), subnormal divisors, both signs, zeros, NaN and
+"""Float fmod and remainder (tf_fmod / tf_remainder in shaders/include/math.glslh) against torch, bit
+for bit: torch's fmod is exact (C's), so the kernel must be too, for quotients up to float32's whole
+range (long divisions of up to 277 steps), subnormal divisors, both signs, zeros, NaN and
 infinities; remainder follows torch's own rule (an fmod moved by the divisor where signs differ).
 One difference, on purpose: torch's vectorised fmod (Sleef's, for its full SIMD chunks) gives NaN
 where the quotient |x / y| overflows float32, while its scalar loop (a tensor's tail) and C give the
-exact value; the kernel gives the exact value everywhere, checked there against numpy's fmod. Also hypot (no overflow, no underflow),
-signbit and copysign (by bits)."""
+exact value; the kernel gives the exact value everywhere, checked there against numpy's fmod. Also
+hypot (no overflow, no underflow), signbit and copysign (by bits)."""
 
 from __future__ import annotations
 
