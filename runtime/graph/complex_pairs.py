@@ -275,11 +275,12 @@ def _node_args(node) -> dict:
 
 
 def _fft_plan(node):
-    """(steps, norm) of an FFT node whose sizes the DFT form takes, steps [(dim, kind, length)] in
-    order: kind 'c2c' or 'ic2c' (forward or inverse complex), 'r2c' (rfft's onesided half: the
-    first of rfftn's steps, on its last dim), 'c2r' (irfft: the last of irfftn's); length the
-    transform's. The lengths must be the input's own (no padding or trimming), but for irfft's
-    output length, n or s[-1], whose half must be the input's. None when it does not take them."""
+    """(steps, norm) of an FFT node, steps [(dim, kind, length, size)] in order: kind 'c2c' or
+    'ic2c' (forward or inverse complex), 'r2c' (rfft's onesided half: the first of rfftn's steps,
+    on its last dim), 'c2r' (irfft: the last of irfftn's); length the transform's (n or s, else
+    the input's own; irfft's default 2 (size - 1)), size the input's along the dim: a longer input
+    is trimmed, a shorter one padded with zeros, as torch does. None when the node's arguments
+    are outside these forms (a norm torch does not name, repeated dims, a length below 1)."""
     target = str(node.target).split(".")[1]
     a = _node_args(node)
     shape = tuple(node.all_input_nodes[0].meta["val"].shape)
@@ -290,28 +291,30 @@ def _fft_plan(node):
         dims = a.get("dim")
         dims = list(range(rank)) if dims is None else [dims] if isinstance(dims, int) else list(dims)
         dims = [d % rank for d in dims]
-        sizes = a.get("s")
-        if sizes is not None and len(sizes) != len(dims):
+        lengths = a.get("s")
+        if lengths is not None and len(lengths) != len(dims):
             return None
     else:
         dims = [a.get("dim", -1) % rank]
-        sizes = None if a.get("n") is None else [a.get("n")]
+        lengths = None if a.get("n") is None else [a.get("n")]
     if len(set(dims)) != len(dims):
         return None
     own = [shape[d] for d in dims]
-    if target.startswith("fft_irfft"):
-        last = 2 * (own[-1] - 1) if sizes is None else sizes[-1]
-        if last < 1 or last // 2 + 1 != own[-1] or (sizes is not None and list(sizes[:-1]) != own[:-1]):
-            return None
-        return [(d, "ic2c", n) for d, n in zip(dims[:-1], own[:-1])] + [(dims[-1], "c2r", last)], a.get("norm")
-    if sizes is not None and list(sizes) != own:
+    inverse_real = target.startswith("fft_irfft")
+    if lengths is None:
+        lengths = own[:-1] + [2 * (own[-1] - 1)] if inverse_real else own
+    if any(n < 1 for n in lengths):
         return None
+    if inverse_real:
+        return [(d, "ic2c", n, m) for d, n, m in zip(dims[:-1], lengths[:-1], own[:-1])] + [
+            (dims[-1], "c2r", lengths[-1], own[-1])], a.get("norm")
     if target.startswith("fft_rfft"):
-        return [(dims[-1], "r2c", own[-1])] + [(d, "c2c", n) for d, n in zip(dims[:-1], own[:-1])], a.get("norm")
+        return [(dims[-1], "r2c", lengths[-1], own[-1])] + [
+            (d, "c2c", n, m) for d, n, m in zip(dims[:-1], lengths[:-1], own[:-1])], a.get("norm")
     kind = "ic2c" if target.startswith("fft_ifft") else "c2c"
-    steps = [(d, kind, n) for d, n in zip(dims, own)]
+    steps = [(d, kind, n, m) for d, n, m in zip(dims, lengths, own)]
     if not is_complex(node.all_input_nodes[0].meta["val"], _torch()):  # the real first step is the
-        steps.sort(key=lambda step: -step[2])  # cheaper (n in, not 2n): give it the longest dim
+        steps.sort(key=lambda step: -step[3])  # cheaper (n in, not 2n): give it the longest dim
     return steps, a.get("norm")
 
 
@@ -321,42 +324,51 @@ def _torch():
     return torch
 
 
-def _dft_matrix(kind: str, length: int, norm, real_in: bool, real_out: bool = False):
+def _dft_matrix(kind: str, length: int, size: int, norm, real_in: bool, real_out: bool = False):
     """The DFT along one dim as one real matrix on the interleaved (real, imaginary) pairs of the
-    view_as_real form: [rows in, cols out], rows (n, part) for a complex input ((n) for a real one),
-    columns (k, part) for a complex output ((t) for irfft's real one). With C and S the cos and
-    sin of 2 pi k n / length (angles reduced exactly, k n mod length, in float64) and the norm's
-    scale ("backward" (None) divides the inverse by length, "ortho" both by its square root,
-    "forward" the forward transform): forward re' = re C + im S, im' = im C - re S; inverse
-    re' = re C - im S, im' = im C + re S; irfft sums w_k (re_k C - im_k S) over the onesided half,
-    w_k = 2 but for k = 0 and length / 2 (its conjugate mirror halves stand for themselves)."""
+    view_as_real form: [rows in, cols out], rows (n, part) for a complex input ((n) for a real one)
+    over the input's `size` along the dim, columns (k, part) for a complex output ((t) for irfft's
+    real one). With C and S the cos and sin of 2 pi k n / length (angles reduced exactly, k n mod
+    length, in float64) and the norm's scale ("backward" (None) divides the inverse by length,
+    "ortho" both by its square root, "forward" the forward transform): forward re' = re C + im S,
+    im' = im C - re S; inverse re' = re C - im S, im' = im C + re S; irfft sums w_k (re_k C -
+    im_k S) over the onesided half, w_k = 2 but for k = 0 and length / 2 (its conjugate mirror
+    halves stand for themselves). Input rows past what the transform reads (length, or irfft's
+    length // 2 + 1) are zero: torch trims the input there; a shorter input has fewer rows, as
+    if padded with zeros."""
     import torch
 
     inverse = kind in ("ic2c", "c2r")
-    rows = length // 2 + 1 if kind in ("r2c", "c2r") else length
-    k = torch.arange(rows, dtype=torch.int64)[:, None]
-    t = torch.arange(length, dtype=torch.int64)[None, :]
-    angle = (2 * torch.pi / length) * ((k * t) % length).to(torch.float64)  # [k, n]
     scale = {None: 1.0 / length if inverse else 1.0, "backward": 1.0 / length if inverse else 1.0,
              "ortho": length ** -0.5, "forward": 1.0 if inverse else 1.0 / length}[norm]
-    cos, sin = torch.cos(angle) * scale, torch.sin(angle) * scale
-    if kind == "c2r":  # [2 rows, length]: rows (k, part)
-        weight = torch.full((rows, 1), 2.0, dtype=torch.float64)
+    if kind == "c2r":  # [2 size, length]: rows (k, part) of the onesided input
+        half = length // 2 + 1
+        k = torch.arange(size, dtype=torch.int64)[:, None]
+        t = torch.arange(length, dtype=torch.int64)[None, :]
+        angle = (2 * torch.pi / length) * ((k * t) % length).to(torch.float64)
+        weight = torch.full((size, 1), 2.0, dtype=torch.float64)
         weight[0] = 1.0
-        if length % 2 == 0:
-            weight[rows - 1] = 1.0
-        return torch.stack([cos * weight, -sin * weight], 1).reshape(2 * rows, length).float().contiguous()
+        if length % 2 == 0 and half - 1 < size:
+            weight[half - 1] = 1.0
+        weight[half:] = 0.0  # trimmed
+        cos, sin = torch.cos(angle) * scale * weight, torch.sin(angle) * scale * weight
+        return torch.stack([cos, -sin], 1).reshape(2 * size, length).float().contiguous()
+    cols = length // 2 + 1 if kind == "r2c" else length
+    n = torch.arange(size, dtype=torch.int64)[:, None]
+    k = torch.arange(cols, dtype=torch.int64)[None, :]
+    angle = (2 * torch.pi / length) * ((k * n) % length).to(torch.float64)  # [n, k]
+    keep = (n < length).to(torch.float64) * scale  # trimmed rows are zero
+    c, s = torch.cos(angle) * keep, torch.sin(angle) * keep
     sign = 1.0 if inverse else -1.0  # the sign of S in im' from re
-    c, s = cos.t(), sin.t()  # [n, k]
     re_row = torch.stack([c, sign * s], -1)  # re_n -> (re'_k, im'_k)
     im_row = torch.stack([-sign * s, c], -1)  # im_n -> (re'_k, im'_k)
     if real_out:  # only the real parts are read (FNet's fftn(x).real): the re' columns alone
         re_row, im_row = re_row[..., :1], im_row[..., :1]
-    cols = re_row.shape[1] * re_row.shape[2]
+    width = re_row.shape[1] * re_row.shape[2]
     if real_in:
-        return re_row.reshape(length, cols).float().contiguous()
-    return torch.stack([re_row.reshape(length, cols), im_row.reshape(length, cols)], 1).reshape(
-        2 * length, cols).float().contiguous()
+        return re_row.reshape(size, width).float().contiguous()
+    return torch.stack([re_row.reshape(size, width), im_row.reshape(size, width)], 1).reshape(
+        2 * size, width).float().contiguous()
 
 
 def _dft(ctx, node, name: str, ins: list):
@@ -376,15 +388,15 @@ def _dft(ctx, node, name: str, ins: list):
     real_in = not isinstance(x, Pair)
     real_out = bool(node.users) and all(str(u.target) == "aten.real.default" for u in node.users)
     mats = []
-    for i, (d, kind, length) in enumerate(steps):
+    for i, (d, kind, length, size) in enumerate(steps):
         last = i == len(steps) - 1
-        m = _dft_matrix(kind, length, norm, real_in=real_in and i == 0,
+        m = _dft_matrix(kind, length, size, norm, real_in=real_in and i == 0,
                         real_out=real_out and last and kind != "c2r").t().contiguous()  # linear's [out, in]
         mats.append(ctx.graph.add_derived(f"{name}_dft{d}", tuple(m.shape), "float32", RECIPE, (), data=m))
     aten = torch.ops.aten
     built = Built([(tuple(xv.shape), torch.float32)] + [(v.shape, torch.float32) for v in mats])
     t, paired = built.inputs[0], not real_in
-    for i, ((d, kind, length), m) in enumerate(zip(steps, built.inputs[1:])):
+    for i, ((d, kind, _, _), m) in enumerate(zip(steps, built.inputs[1:])):
         order = [i for i in range(rank) if i != d] + [d]
         if d != rank - 1:
             t = built.call(aten.permute.default, t, order + ([rank] if paired else []))

@@ -1093,3 +1093,22 @@ def test_video_swin_mlp_on_rank5_tokens_keeps_its_prepacked_linears(device):
     prog = runs_whole_and_matches(VideoSwinMlp(), (x, gate), device)
     assert prog.plan.dispatches["linear_packed"] == 2 and prog.plan.dispatches["layer_norm"] == 1
     assert "addmm" not in prog.plan.dispatches
+
+
+class FourierLengths(nn.Module):
+    """Transform lengths other than the input's (n= and s=): torch trims a longer input and pads a
+    shorter one with zeros, along each transformed dim."""
+
+    def forward(self, x):
+        return torch.cat([
+            torch.fft.fft(x, n=9).real.flatten(1),                               # padded
+            torch.view_as_real(torch.fft.fft(x, n=3, norm="ortho")).flatten(1),  # trimmed
+            torch.fft.irfft(torch.fft.rfft(x), n=12).flatten(1),                 # irfft padded
+            torch.fft.irfft(torch.fft.rfft(x), n=4).flatten(1),                  # irfft trimmed
+            torch.fft.irfft2(torch.fft.rfft2(x, s=(4, 6)), s=(3, 7)).flatten(1),
+        ], 1)
+
+
+def test_fourier_lengths_pad_and_trim_as_torch(device):
+    x = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(8))
+    runs_whole_and_matches(FourierLengths(), (x,), device)
