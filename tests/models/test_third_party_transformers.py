@@ -957,6 +957,11 @@ class MetaLlamaAttention(nn.Module):
         xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
         return xq_out.type_as(xq), xk_out.type_as(xk)
 
+    def repeat_kv(self, x):
+        b, t, kv_heads, head_dim = x.shape
+        rep = self.heads // kv_heads
+        return x[:, :, :, None, :].expand(b, t, kv_heads, rep, head_dim).reshape(b, t, kv_heads * rep, head_dim)
+
     def forward(self, x, start_pos: int = 0):
         b, t, _ = x.shape
         h = self.rms_norm(x)
@@ -964,9 +969,7 @@ class MetaLlamaAttention(nn.Module):
         xk = self.wk(h).view(b, t, self.kv_heads, self.head_dim)
         xv = self.wv(h).view(b, t, self.kv_heads, self.head_dim)
         xq, xk = self.apply_rotary_emb(xq, xk, self.freqs_cis[start_pos: start_pos + t])
-        rep = self.heads // self.kv_heads
-        xk = xk[:, :, :, None, :].expand(b, t, self.kv_heads, rep, self.head_dim).reshape(b, t, self.heads, self.head_dim)
-        xv = xv[:, :, :, None, :].expand(b, t, self.kv_heads, rep, self.head_dim).reshape(b, t, self.heads, self.head_dim)
+        xk, xv = self.repeat_kv(xk), self.repeat_kv(xv)
         xq, keys, values = xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)
         scores = torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(self.head_dim)
         scores = scores + torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
