@@ -911,7 +911,9 @@ class _Context:
                 c.error(m.line_of(key), f"{where}: sample_values names '{key}', which is no tensor")
                 continue
             if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(x, (int, float)) for x in rng)):
-                c.error(m.line_of(key), f"{where}: sample_values '{key}' must be [low, high]")
+                hint = " (YAML reads 1e38 as a string: write 1.0e+38)" if isinstance(rng, list) and any(
+                    isinstance(x, str) for x in rng) else ""
+                c.error(m.line_of(key), f"{where}: sample_values '{key}' must be [low, high], two numbers{hint}")
                 continue
             result.append((names[0], (float(rng[0]), float(rng[1]))))
         return tuple(sorted(result))

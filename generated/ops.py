@@ -6485,6 +6485,34 @@ OPS: dict[str, OpEntry] = {
             'round_float32_texture3d',
         ),
     ),
+    'round_bfloat16': OpEntry(
+        name='round_bfloat16',
+        targets=(
+            'texelflow.round_bfloat16.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'round_bfloat16_float32_buffer',
+            'round_bfloat16_float32_texture3d',
+        ),
+    ),
     'rsqrt': OpEntry(
         name='rsqrt',
         targets=(
@@ -7998,6 +8026,7 @@ TARGETS: dict[str, str] = {
     'texelflow.q8ta_pixel_shuffle.default': 'q8ta_pixel_shuffle',
     'texelflow.q8ta_relu.default': 'q8ta_relu',
     'texelflow.quantize_dequantize.default': 'quantize_dequantize',
+    'texelflow.round_bfloat16.default': 'round_bfloat16',
     'texelflow.to_layout.default': 'to_layout',
 }
 

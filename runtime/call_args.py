@@ -15,6 +15,8 @@ exported graph), what was expected and what was given:
   int32's range, or outside the narrower range the program assumed for it (TensorSpec.bounds):
   `InputValueError` giving the range of the values passed. The caller still passes
   int64, as compiled; the program uploads an int32 copy.
+- a bfloat16 input the device holds as float32 (runtime/graph/bfloat16.py) is passed as bfloat16
+  and widened here, exactly.
 
 Tensors that pass are returned detached and contiguous, ready to upload.
 """
@@ -111,6 +113,8 @@ def check_tensor(i: int, spec: TensorSpec, x):
                               f"(the program was compiled for fixed shapes)")
     x = x.detach().contiguous()
     if spec.device_dtype is not None and spec.device_dtype != spec.dtype:
+        if x.is_floating_point():  # bfloat16 held as float32: widened exactly, here once
+            return x.to(getattr(torch, spec.device_dtype))
         check_fits(label, spec, x)
     return x
 

@@ -5,7 +5,7 @@ submit runs many times slower than in a hot loop (cold caches): the general call
 flattening, per-input checks building new tensors, a dict of values, finish_call, output fixing)
 cost about 250 us per call where the Program underneath costs about 45 us. A program qualifies when
 one recorded Program does everything (no CPU fallback), every input is a plain tensor passed
-positionally in the device's own dtype (no int64 narrowing), nothing is written back (no buffer or
+positionally in the device's own dtype (no int64 narrowing, no bfloat16 held as float32), nothing is written back (no buffer or
 input mutation), and every output is a value the Program reads back as it is (no folded view, no
 constant, no input) returned as one tensor, a tuple or a list of tensors.
 
@@ -114,6 +114,8 @@ def plan_fast_call(prog):
     out_specs = getattr(prog.plan.graph, "output_specs", None)
     if out_specs is not None and any(kind != "user" for kind, _, _ in out_specs):
         return None  # a buffer or input mutation is written back by finish_call
+    if prog.plan.graph.bfloat16 is not None and prog.plan.graph.bfloat16.outputs:
+        return None  # bfloat16 outputs held as float32: converted by the general call
     outputs = []
     for v in prog._user_outputs:
         if (not isinstance(v, Value) or v.role is Role.CONST or prog._root(v) is not v or v not in seg.outputs

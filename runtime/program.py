@@ -370,11 +370,12 @@ class CompiledProgram:
         by_name = {v.name: v for v in self.plan.graph.inputs}
         sig = getattr(self.exported, "graph_signature", None)
         names = list(sig.user_inputs) if sig is not None else [v.name for v in self.plan.graph.inputs]
+        held = self.plan.graph.bfloat16  # a bfloat16 input the device holds as float32
         specs = []
         for entry in names:
             if isinstance(entry, str) and entry in by_name:
                 v = by_name[entry]
-                host = self._host_dtype(v)
+                host = held.inputs.get(v.name, self._host_dtype(v)) if held is not None else self._host_dtype(v)
                 specs.append(TensorSpec(v.name, tuple(v.shape), host, v.dtype if host != v.dtype else None,
                                         self.plan.graph.input_bounds.get(v.name)))
             elif isinstance(entry, str):
@@ -444,12 +445,13 @@ class CompiledProgram:
         outs = self._user_outputs
         if len(outs) != len(leaves):
             outs = [None] * len(leaves)
+        held = self.plan.graph.bfloat16.outputs if self.plan.graph.bfloat16 is not None else {}
         fixed = []
-        for x, v in zip(leaves, outs):
+        for i, (x, v) in enumerate(zip(leaves, outs)):
             if isinstance(x, torch.Tensor) and isinstance(v, Value) and x is not v:
                 if tuple(x.shape) != tuple(v.shape) and x.numel() == v.numel:
                     x = x.reshape(v.shape)
-                want = getattr(torch, self._host_dtype(v), None)
+                want = getattr(torch, held.get(i) or self._host_dtype(v), None)
                 if isinstance(want, torch.dtype) and x.dtype != want:
                     x = x.to(want)
                 if not x.is_contiguous():

@@ -45,6 +45,7 @@ def _check_precision(precision) -> None:
 
 def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, conv_dim_order="nchw", costs=None,
           precision="fp32", features=None, subgroup=None):
+    from texelflow.runtime.graph.bfloat16 import held_as_float32
     from texelflow.runtime.graph.fusion import choose_conv_kernels, fuse_patterns
     from texelflow.runtime.graph.importer import export_program
     from texelflow.runtime.graph.lowering import lower
@@ -57,6 +58,9 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
 
     timings: dict[str, float] = {}
     ep = export_program(model, example_inputs, timings)
+    start = time.perf_counter()
+    ep, bfloat16 = held_as_float32(ep)  # bfloat16 tensors held as float32, rounded as torch rounds
+    timings["decomposition"] = timings.get("decomposition", 0.0) + time.perf_counter() - start
     form, why = attention_form(subgroup)
     graph = lower(ep, limits, timings, {SDPA_TARGET: f"attention as bmm + softmax + bmm: {why}"} if form == "gemm" else None)
     start = time.perf_counter()
@@ -76,6 +80,7 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     timings["planning"] = result.seconds
     result.timings = timings
     result.exported = ep
+    result.graph.bfloat16 = bfloat16
     return result
 
 

@@ -15,6 +15,9 @@ In order, in place on the graph:
    are empty) whose extra outputs nobody reads becomes a `batch_norm` node.
 2. A batch norm that is not inference (training=True, or no running statistics) falls back, with
    its reason.
+2b. In a bfloat16 program (runtime/graph/bfloat16.py), the round_bfloat16 between a conv, batch
+   norm, add or linear and the batch norm or activation fused into it below is dropped, so that
+   they still fuse (the fused kernel keeps that value in float32).
 3. conv + batch norm folding: a device conv2d whose only user is an inference batch norm with
    constant parameters takes the batch norm's output; its weight and bias become derived
    constants (runtime/graph/derived.py) computed when the program prepacks.
@@ -121,6 +124,9 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
     for node in graph.nodes:
         if node.op is not None and node.op.name == "batch_norm" and node.fallback is None:
             node.fallback = _not_inference(node)
+    for node in list(graph.nodes):  # 2b: a bfloat16 program's roundings between ops fused below
+        if node.on_device and node.op.name == "round_bfloat16":
+            _round_inside_fusion(graph, node)
     for node in list(graph.nodes):
         if _is_device_conv(node):
             _fold_batch_norm(graph, node)
@@ -177,6 +183,32 @@ def _remove(graph: PlanGraph, node: Node) -> None:
     graph.nodes.remove(node)
     graph.fx_inputs.pop(node, None)
     _drop_uses(node)
+
+
+# ---- 2b: bfloat16 roundings inside a fusion -------------------------------------------------------------
+# ops whose result fusion joins with a batch norm or an activation read after it
+FUSES_INTO = {"conv2d": ("batch_norm", "activation"), "conv2d_dw": ("batch_norm", "activation"),
+              "batch_norm": ("activation",), "add": ("activation",), "linear": ("activation",)}
+
+
+def _round_inside_fusion(graph: PlanGraph, node: Node) -> None:
+    """Drop a bfloat16 program's round_bfloat16 (runtime/graph/bfloat16.py) between a conv, batch
+    norm, add or linear and the batch norm or activation that steps 3, 5 and 8 fuse into it, so
+    they still fuse: the fused kernel keeps that value in float32 where torch rounds it to
+    bfloat16 (one rounding fewer, docs/runtime.md)."""
+    src, out = node.arg("self"), node.outputs[0][1]
+    producer, reader = src.producer, _only_user(graph, out)
+    if producer is None or not producer.on_device or _only_user(graph, src) is not node or reader is None \
+            or not reader.on_device or next(iter(reader.tensor_args()), (None, None))[1] is not out:
+        return
+    wanted = FUSES_INTO.get(producer.op.name, ())
+    if not ("batch_norm" in wanted and reader.op.name == "batch_norm" or "activation" in wanted and _activation(reader)):
+        return
+    reader.args = [(k, src if a is out else a) for k, a in reader.args]
+    src.users.append(reader)
+    out.users.clear()
+    _remove(graph, node)
+    producer.fused = producer.fused + [f"bfloat16 rounding '{node.name}' dropped (fuses with '{reader.name}')"]
 
 
 # ---- 0, 1, 2: decomposed ops, batch norm ----------------------------------------------------------------

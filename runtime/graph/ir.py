@@ -141,6 +141,9 @@ class PlanGraph:
     input_bounds: dict = field(default_factory=dict)
     # value name -> (least, greatest) element of an integer value lowering bounded (int_ranges.py)
     int_ranges: dict = field(default_factory=dict)
+    # A bfloat16 program held as float32 (bfloat16.py's HeldAsFloat32): the caller's bfloat16
+    # inputs (by name) and outputs (by position), converted at the call; None for any other
+    bfloat16: object = None
 
     def add_input(self, name: str, shape, dtype: str = "float32") -> Value:
         v = Value(name, tuple(shape), dtype, Role.INPUT)

@@ -139,6 +139,8 @@ class Plan:
                 f"fallbacks={len(self.fallbacks)}  planning {self.seconds * 1000:.1f} ms")
         if self.precision is not None and self.precision.requested != "fp32":
             head += f"\n{self.precision.summary()}"
+        if self.graph.bfloat16 is not None:
+            head += f"\n{self.graph.bfloat16.summary()}"
         if self.graph.input_bounds:  # lowering's _with_input_bounds: int64 inputs assumed narrower
             head += "\ninput bounds (checked at each call, so that int64 arithmetic runs in int32): " + ", ".join(
                 f"{name} in [{low}, {high}]" for name, (low, high) in sorted(self.graph.input_bounds.items()))

@@ -186,7 +186,10 @@ def describe(prog) -> tuple[dict, dict[str, np.ndarray]]:
     stray = [v.name for v in seg_inputs if v not in known]
     if stray:
         raise UnsavableProgramError(f"saving a program: device inputs {stray[:5]} are not inputs of the model")
-    inputs = [{"name": s.name, "shape": list(s.shape), "dtype": s.dtype, "device_dtype": v.dtype,
+    # a bfloat16 input the device holds as float32 (runtime/graph/bfloat16.py) is saved as float32:
+    # numpy has no bfloat16, and the program rounds it to bfloat16 where it enters
+    inputs = [{"name": s.name, "shape": list(s.shape), "dtype": v.dtype if s.dtype == "bfloat16" else s.dtype,
+               "device_dtype": v.dtype,
                "tensor": seg_inputs.get(v), **({"bounds": list(s.bounds)} if s.bounds is not None else {})}
               for s, v in zip(prog._input_specs, input_values)]
     outputs = [_output(prog, c, v, input_values, hosts) for v in prog._user_outputs]

@@ -191,21 +191,31 @@ def test_gelu_runs_inside_the_q8ta_linears(device, monkeypatch):
     assert sum("gelu '" in notes for notes in fused) == 2, fused
 
 
-class Bfloat16Out(nn.Module):
-    """uint8 quantize -> dequantize to bfloat16: the quantize runs shifted to int8 on Vulkan, the
-    dequantize (no bfloat16 kernel) on the CPU, where it must read the shifted values as such."""
+class DequantizeTo(nn.Module):
+    """uint8 quantize -> dequantize to `dtype`: the quantize runs shifted to int8 on Vulkan; a
+    float64 dequantize (no float64 kernel) runs on the CPU, where it must read the shifted values
+    as such; with a bfloat16 one the pair runs on Vulkan in float32, rounded
+    (runtime/graph/bfloat16.py)."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype = dtype
 
     def forward(self, x):
         y = torch.ops.quantized_decomposed.quantize_per_tensor.default(x, 0.03, 120, 0, 255, torch.uint8)
         return torch.ops.quantized_decomposed.dequantize_per_tensor.default(y, 0.03, 120, 0, 255, torch.uint8,
-                                                                            out_dtype=torch.bfloat16)
+                                                                            out_dtype=self.dtype)
 
 
-def test_a_shifted_uint8_tensor_read_on_the_cpu(device):
-    model, x = Bfloat16Out(), r(3, 4, 5, seed=29)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=["float64", "bfloat16"])
+def test_a_shifted_uint8_tensor_read_by_another_dtype(device, dtype):
+    model, x = DequantizeTo(dtype), r(3, 4, 5, seed=29)
     with texelflow.compile(model, (x,), device=device) as prog:
-        assert [name for name, _ in prog.plan.fallbacks] == ["dequantize_per_tensor"]
-        (quant,) = [n for n in prog.plan.graph.device_nodes() if n.op.name == "quantize_per_tensor"]
-        assert quant.outputs[0][1].dtype == "int8"
+        if dtype == torch.float64:
+            assert [name for name, _ in prog.plan.fallbacks] == ["dequantize_per_tensor"]
+            (quant,) = [n for n in prog.plan.graph.device_nodes() if n.op.name == "quantize_per_tensor"]
+            assert quant.outputs[0][1].dtype == "int8"
+        else:  # the pair is one round trip on the device, rounded to bfloat16
+            assert prog.plan.fallbacks == []
         got = prog(x)
-    assert got.dtype == torch.bfloat16 and torch.equal(got, model(x))
+    assert got.dtype == dtype and torch.equal(got, model(x))

@@ -282,6 +282,7 @@ NO_TORCH_TARGET = {
 NO_TORCH_TARGET.update({name: f"texelflow.runtime.graph.precision.{name}_reference"
                         for name in ("cast_to_float16", "cast_to_float32")})
 NO_TORCH_TARGET["cast_to_int32"] = "texelflow.runtime.graph.lowering.cast_to_int32_reference"  # torch's .int()
+NO_TORCH_TARGET["round_bfloat16"] = "texelflow.runtime.graph.bfloat16.round_bfloat16_reference"  # .bfloat16().float()
 # q8ta ops: dequantize, the float op, quantize (tests/kernels/q8ta_reference.py)
 NO_TORCH_TARGET.update({name: f"tests.kernels.q8ta_reference.{name}" for name in (
     "quantize_dequantize", "dynamic_quantize_dequantize", "q8ta_add", "q8ta_relu", "q8ta_pixel_shuffle", "q8ta_max_pool2d", "q8ta_linear", "q8ta_linear_gemv", "q8ta_conv2d",

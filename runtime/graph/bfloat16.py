@@ -1,0 +1,253 @@
+"""bfloat16 programs on devices without bfloat16: values held as float32, rounded where torch rounds.
+
+A bfloat16 number is a float32 whose low 16 bits are zero, so the device can hold every bfloat16
+tensor as float32 and still give torch's answer: torch's CPU kernels for bfloat16 compute in
+float32 and round each op's result to bfloat16 once. `held_as_float32` rewrites an exported
+program before lowering, and the rest of texelflow sees a float32 program:
+
+- every bfloat16 placeholder (user input, parameter, buffer, constant) becomes float32 (exact);
+- every `torch.bfloat16` argument (`.to(torch.bfloat16)`, `torch.full(..., dtype=)`) becomes float32;
+- after each node whose result torch rounds to bfloat16, a `texelflow::round_bfloat16` node rounds
+  it (nearest, ties to even, NaN stays NaN). Ops that only move or choose bfloat16 values (views,
+  slices, cat, gathers, max, relu, ...: `MOVES`) need none;
+- a number beside a bfloat16 tensor (`x + 0.3`, `x > torch.tensor(0.3)`) is rounded first where
+  torch converts it to bfloat16 (ROUNDS_NUMBERS; mul and div keep it in float32, as torch does);
+- a bfloat16 user input is rounded once where it enters, so a caller passing float32 (a saved
+  program, which numpy runs without bfloat16) gets torch's answer too.
+
+The caller still passes and gets bfloat16 tensors: the call converts, exactly, at the boundary
+(`PlanGraph.caller_dtypes`, runtime/program.py). Declined (the program keeps torch's bfloat16
+nodes, which run on the CPU as before): a program whose forward writes a bfloat16 buffer (the call
+writes it back into the model's own tensor) and any graph torch's fake tensors cannot re-propagate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+BF16 = "bfloat16"
+ROUND_TARGET = "texelflow.round_bfloat16.default"
+
+# aten ops (by overload packet) whose bfloat16 results are bfloat16 values of their inputs, moved or
+# chosen, never computed: no rounding after them. Overloads that take a number (`where.ScalarOther`,
+# `scatter.value`) write that number, which torch rounds: they are rounded.
+MOVES = frozenset({
+    "_unsafe_view", "abs", "adaptive_max_pool1d", "adaptive_max_pool2d", "alias", "amax", "amin", "as_strided",
+    "cat", "chunk", "clone", "concat", "concatenate", "contiguous", "cummax", "cummin", "detach", "diagonal",
+    "embedding", "expand", "expand_as", "flatten", "flip", "gather", "index", "index_put", "index_select",
+    "kthvalue", "lift_fresh_copy", "masked_select", "max", "max_pool1d", "max_pool2d", "max_pool2d_with_indices",
+    "max_pool3d", "max_pool3d_with_indices", "maximum", "median", "min", "minimum", "mode", "movedim", "narrow",
+    "neg", "permute", "pixel_shuffle", "pixel_unshuffle", "relu", "repeat", "reshape", "roll", "scatter",
+    "select", "select_scatter", "slice", "slice_scatter", "sort", "split", "split_with_sizes", "squeeze", "stack",
+    "t", "take_along_dim", "tensor_split", "tile", "topk", "transpose", "tril", "triu", "unbind", "unflatten",
+    "unfold", "unsqueeze", "view", "view_as", "where",
+})
+CASTS = frozenset({"_to_copy", "to", "type_as"})
+# Ops whose number operand beside a bfloat16 tensor (a Python float, a 0-d float32 tensor) torch
+# rounds to bfloat16 before computing (`x + 0.3`, `x > 0.3`). mul, div and the activations' slopes
+# keep the number in float32 (torch computes them in float32 from the number as given).
+ROUNDS_NUMBERS = frozenset({"add", "atan2", "eq", "fmod", "ge", "gt", "le", "lt", "ne", "pow", "remainder", "rsub", "sub"})
+
+
+@dataclass
+class HeldAsFloat32:
+    """What `held_as_float32` did: the caller's dtype of each bfloat16 user input (by placeholder
+    name) and of each user output (by position), and how many rounding nodes it added."""
+
+    inputs: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)
+    rounds: int = 0
+
+    def summary(self) -> str:
+        return (f"bfloat16 held as float32 on the device: {self.rounds} rounding nodes (torch rounds each op's "
+                f"result to bfloat16); the caller passes and gets bfloat16")
+
+
+def round_bfloat16_reference(self):
+    """torch's answer for texelflow's round_bfloat16: the float32 tensor through .bfloat16()."""
+    import torch
+
+    return self.to(torch.bfloat16).to(self.dtype)
+
+
+_ROUND_OP = []
+
+
+def round_op(torch):
+    """torch.ops.texelflow.round_bfloat16.default, registered on first use (CPU and fake kernels,
+    so that a program that keeps it on the CPU, and torch.export's fake tensors, run it)."""
+    if not _ROUND_OP:
+        if not hasattr(torch.ops.texelflow, "round_bfloat16"):
+            lib = torch.library.Library("texelflow", "FRAGMENT")
+            lib.define("round_bfloat16(Tensor self) -> Tensor")
+            lib.impl("round_bfloat16", round_bfloat16_reference, "CompositeExplicitAutograd")
+            lib.impl("round_bfloat16", lambda self: torch.empty_like(self), "Meta")
+            _ROUND_OP.append(lib)  # the Library must outlive this call, or torch drops the op
+        _ROUND_OP.append(torch.ops.texelflow.round_bfloat16.default)
+    return _ROUND_OP[-1]
+
+
+def _is_bf16(x, torch) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16
+
+
+def _vals(node) -> list:
+    val = node.meta.get("val")
+    return list(val) if isinstance(val, (tuple, list)) else [val]
+
+
+def reads_bfloat16(ep, torch) -> bool:
+    """Whether any placeholder or node of `ep` holds a bfloat16 tensor."""
+    return any(_is_bf16(v, torch) for n in ep.graph.nodes for v in _vals(n))
+
+
+def held_as_float32(ep):
+    """`ep` with its bfloat16 tensors held as float32 (module docstring) and what was done, or
+    `ep` itself and None when it has no bfloat16 tensor or the rewrite is declined."""
+    import torch
+
+    if not reads_bfloat16(ep, torch):
+        return ep, None
+    sig = ep.graph_signature
+    state = ep.state_dict
+    if any(_is_bf16(state.get(b), torch) for b in sig.buffers_to_mutate.values()):
+        return ep, None
+    try:
+        return _rewrite(ep, torch)
+    except Exception:  # fake propagation or torch.export's verifier refused: torch's own nodes stay
+        return ep, None
+
+
+def _rewrite(ep, torch):
+    sig = ep.graph_signature
+    graph = torch.fx.Graph()
+    copies: dict = {}
+    out = graph.graph_copy(ep.graph, copies)
+    graph.output(out)
+    report = HeldAsFloat32()
+    user_inputs = set(sig.user_inputs)
+    op = round_op(torch)
+    before = {copies[n]: n for n in ep.graph.nodes if n in copies}  # new node -> original
+    for node in list(graph.nodes):
+        orig = before.get(node)
+        if orig is None:
+            continue
+        vals = _vals(orig)
+        if node.op == "placeholder":
+            if _is_bf16(vals[0], torch) and node.name in user_inputs:
+                report.inputs[node.name] = BF16
+                report.rounds += _round_after(graph, node, op)
+            continue
+        if node.op != "call_function":
+            continue
+        node.args = torch.fx.node.map_aggregate(node.args, lambda a: torch.float32 if a is torch.bfloat16 else a)
+        node.kwargs = torch.fx.node.map_aggregate(node.kwargs, lambda a: torch.float32 if a is torch.bfloat16 else a)
+        if _name(orig.target) in ROUNDS_NUMBERS and any(_is_bf16(a.meta.get("val"), torch) for a in orig.all_input_nodes):
+            report.rounds += _round_numbers(graph, node, before, op, torch)
+        if not any(_is_bf16(v, torch) for v in vals):
+            continue
+        if _computes(orig, torch):
+            if isinstance(orig.meta.get("val"), (tuple, list)):
+                report.rounds += _round_items(graph, node, vals, op, torch)
+            else:
+                report.rounds += _round_after(graph, node, op)
+    return _program(ep, graph, report, torch), report
+
+
+def _name(target) -> str:
+    return getattr(getattr(target, "_overloadpacket", None), "__name__", "")
+
+
+def _round_numbers(graph, node, before: dict, op, torch) -> int:
+    """Round the numbers beside bfloat16 tensors in a ROUNDS_NUMBERS op: Python floats in place, 0-d
+    float32 tensors through a round_bfloat16 node (torch converts both to the common dtype)."""
+    count = 0
+    node.args = tuple(float(torch.tensor(a, dtype=torch.bfloat16)) if type(a) is float else a for a in node.args)
+    for arg in node.all_input_nodes:
+        a = before[arg].meta.get("val") if arg in before else None
+        if isinstance(a, torch.Tensor) and a.dim() == 0 and a.is_floating_point() and not _is_bf16(a, torch):
+            with graph.inserting_before(node):
+                rounded = graph.create_node("call_function", op, (arg,), name=f"{arg.name}_bf16")
+            node.replace_input_with(arg, rounded)
+            count += 1
+    return count
+
+
+def _computes(orig, torch) -> bool:
+    """Whether torch rounds `orig`'s bfloat16 result (it computes values, not only moves them)."""
+    target = orig.target
+    if target.__module__ == "_operator":  # getitem: rounded, if at all, by its producer
+        return False
+    name = _name(target)
+    overload = getattr(target, "_overloadname", "")
+    if name in CASTS:
+        src = orig.args[0].meta.get("val") if orig.args and hasattr(orig.args[0], "meta") else None
+        return not _is_bf16(src, torch)  # bfloat16 to bfloat16 moves; anything else is rounded
+    return name not in MOVES or "scalar" in overload.lower() or overload == "value"
+
+
+def _round_after(graph, node, op) -> int:
+    """Insert round_bfloat16 after `node` and make every reader read it."""
+    with graph.inserting_after(node):
+        rounded = graph.create_node("call_function", op, (node,), name=f"{node.name}_bf16")
+    node.replace_all_uses_with(rounded, delete_user_cb=lambda user: user is not rounded)
+    return 1
+
+
+def _round_items(graph, node, vals: list, op, torch) -> int:
+    """Round the bfloat16 items of a node of several results (read through getitem)."""
+    count = 0
+    for user in list(node.users):
+        if user.target.__module__ == "_operator" and _is_bf16(vals[user.args[1]], torch):
+            count += _round_after(graph, user, op)
+    return count
+
+
+def _float32(x, torch):
+    if not _is_bf16(x, torch):
+        return x
+    y = x.detach().to(torch.float32)
+    return torch.nn.Parameter(y, requires_grad=False) if isinstance(x, torch.nn.Parameter) else y
+
+
+def _program(ep, graph, report: HeldAsFloat32, torch):
+    """The float32 ExportedProgram of the rewritten `graph`: fake values re-propagated, constants
+    and example inputs widened, output names updated."""
+    from torch.export.graph_signature import ExportGraphSignature, TensorArgument
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    sig = ep.graph_signature
+    gm = torch.fx.GraphModule(ep.graph_module, graph)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in placeholders])
+    fakes = []
+    for n in placeholders:
+        val = n.meta.get("val")
+        if _is_bf16(val, torch):
+            with fake_mode:
+                val = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=torch.float32)
+        fakes.append(val)
+    FakeTensorProp(gm, fake_mode).propagate_dont_convert_inputs(*fakes)
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    results = list(output.args[0])
+    specs, user = [], 0
+    for spec, arg in zip(sig.output_specs, results):
+        if isinstance(spec.arg, TensorArgument) and isinstance(arg, torch.fx.Node):
+            spec = dataclasses.replace(spec, arg=TensorArgument(name=arg.name))
+        if spec.kind.name == "USER_OUTPUT":
+            orig = ep.graph.output_node().args[0][len(specs)]
+            if isinstance(orig, torch.fx.Node) and _is_bf16(orig.meta.get("val"), torch):
+                report.outputs[user] = BF16
+            user += 1
+        specs.append(spec)
+    gm.recompile()
+    examples = getattr(ep, "example_inputs", None)
+    if examples is not None:
+        examples = torch.utils._pytree.tree_map(lambda x: _float32(x, torch), examples)
+    return torch.export.ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=ExportGraphSignature(list(sig.input_specs), specs),
+        state_dict={k: _float32(v, torch) for k, v in ep.state_dict.items()},
+        range_constraints=ep.range_constraints, module_call_graph=ep._module_call_graph,
+        example_inputs=examples, constants={k: _float32(v, torch) for k, v in ep.constants.items()},
+        verifiers=ep.verifiers)
