@@ -117,12 +117,18 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
     int8 = dtype.family != "float"
     tensors = []
     texel = {b.tensor: b.index for b in v.bindings if b.descriptor == TEXEL_DESCRIPTOR}
+    rounded = {value for s in v.spec_constants if s.rule == "round_bfloat16" for key, value in s.params
+               if key == "round_bfloat16"}
     for b in v.bindings:
         if b.descriptor == TEXEL_DESCRIPTOR:
             continue  # a buffer input's texel binding: its tensor's `texel` below
         storage = layouts.storage_by_axis(b.storage)
         own = layouts.dtype(op.tensor_dtype(b.tensor, v.dtype))  # the variant's, or fixed by dtype_of
         same = own.name == dtype.name
+        # a float32 tensor the contract's `round_bfloat16` shape class names: every store of it
+        # goes through tf_bf16_out (_prologue.glsl.j2), which rounds when a bfloat16 program asks
+        rounds = own.name == "float32" and b.tensor in rounded
+        to_word = "tf_bf16_out" if rounds else _to_word(own)
         tensors.append({
             "name": b.tensor,
             "binding": b.index,
@@ -147,11 +153,12 @@ def _shader_context(v: Variant, op, layouts: LayoutsModel) -> dict:
             # what turns a computed value into a stored buffer element ("tf_to_float16" where the
             # storage is narrower than the arithmetic, else nothing), and the store expression:
             # `t_out[u] = {{ out.as_word("v") }};` renders `v`, or `tf_to_float16(v)` for float16
-            "to_word": _to_word(own),
-            "as_word": functools.partial(_as_word, _to_word(own)),
+            "to_word": to_word,
+            "as_word": functools.partial(_as_word, to_word),
             # what turns a computed VEC4 into a stored texel or buffer vec4: the same rounding
-            # function for float16, else the vec4 type's constructor (`vec4(v)`, `ivec4(v)`)
-            "store4": _to_word(own) or own.vec4,
+            # function for float16 (or bfloat16's), else the vec4 type's constructor (`vec4(v)`)
+            "store4": to_word or own.vec4,
+            "rounds_bf16": rounds,
         })
     n_out = len(op.outputs)
     return {

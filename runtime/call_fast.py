@@ -5,7 +5,8 @@ submit runs many times slower than in a hot loop (cold caches): the general call
 flattening, per-input checks building new tensors, a dict of values, finish_call, output fixing)
 cost about 250 us per call where the Program underneath costs about 45 us. A program qualifies when
 one recorded Program does everything (no CPU fallback), every input is a plain tensor passed
-positionally in the device's own dtype (no int64 narrowing, no bfloat16 held as float32), nothing is written back (no buffer or
+positionally in the device's own dtype (no int64 narrowing; bfloat16 held as float32 is widened
+and narrowed again by the copies, exactly), nothing is written back (no buffer or
 input mutation), and every output is a value the Program reads back as it is (no folded view, no
 constant, no input) returned as one tensor, a tuple or a list of tensors.
 
@@ -33,20 +34,25 @@ class FastCall:
     with one `clone` (a new tensor: the next call overwrites the bytes), the fewest torch steps.
     Others go through their Transfer's numpy packing (write/read) as a plain Program call does."""
 
-    def __init__(self, torch, program, checks, uploads, outputs, result_type):
+    def __init__(self, torch, program, checks, uploads, outputs, result_type, held: dict | None = None):
         self.program = program
         self.checks = checks  # per positional argument: (torch dtype, torch.Size) compiled
         self.count = len(checks)
         self.tensor_type, self.strided, self.from_numpy = torch.Tensor, torch.strided, torch.from_numpy
-        # per Program input: (torch view of its host bytes or None, its Transfer, argument index)
+        self.bfloat16 = torch.bfloat16
+        # per Program input: (torch view of its host bytes or None, its Transfer, argument index);
+        # a bfloat16 argument into a float32 view is widened by copy_ itself
         self.ins = [(self._view(tr, True), tr, i) for tr, i in zip(program.host_writes, uploads)]
-        # per Program output: (torch view or None, its Transfer, whether it is bool (int32 lanes))
-        reads = [(self._view(tr, False), tr, tr.dtype == "bool") for tr in program.host_reads]
+        # per Program output: (torch view or None, its Transfer, whether it is bool (int32 lanes),
+        # the torch dtype the caller gets where it is not the stored one: bfloat16 held as float32)
+        held = held or {}
+        reads = [(self._view(tr, False), tr, tr.dtype == "bool", held.get(k)) for k, tr in enumerate(program.host_reads)]
         self.reads = reads
         self.outputs = outputs  # per user output: the index of the Program output holding it
         self.result_type = result_type  # None: a single tensor; else tuple or list
         self.in_order = outputs == list(range(len(reads)))
-        self.one = reads[outputs[0]][0] if result_type is None and not reads[outputs[0]][2] else None
+        first = reads[outputs[0]]
+        self.one = first[0] if result_type is None and not first[2] and first[3] is None else None
 
     def _view(self, transfer, writing: bool):
         elements = transfer.direct(writing)
@@ -70,15 +76,16 @@ class FastCall:
             if view is not None:
                 view.copy_(args[i])
             else:
-                transfer.put(args[i].numpy())
+                x = args[i]
+                transfer.put((x.float() if x.dtype is self.bfloat16 else x).numpy())  # numpy has no bfloat16
 
     def read(self):
         """The outputs as new tensors, in the compiled result structure."""
         one = self.one
         if one is not None:
             return one.clone()
-        tensors = [(view.clone() if not bool_ else view != 0) if view is not None
-                   else self.from_numpy(transfer.read()) for view, transfer, bool_ in self.reads]
+        tensors = [_fresh(view, bool_, caller) if view is not None else _fresh(self.from_numpy(transfer.read()), False, caller)
+                   for view, transfer, bool_, caller in self.reads]
         if self.result_type is None:
             return tensors[self.outputs[0]]
         if self.in_order:
@@ -88,6 +95,14 @@ class FastCall:
     def run(self, args: tuple):
         """Upload, submit, wait and return the outputs (the caller holds the program's lock)."""
         return self.program.call_with(self.write, args, self.read)
+
+
+def _fresh(t, bool_: bool, caller):
+    """A new tensor of a read output: bool from int32 lanes, the caller's dtype (bfloat16 held as
+    float32, converted exactly), else a copy (a view of mapped memory is overwritten next call)."""
+    if bool_:
+        return t != 0
+    return t.to(caller) if caller is not None else t.clone()
 
 
 def plan_fast_call(prog):
@@ -101,8 +116,8 @@ def plan_fast_call(prog):
     if not (seg.nodes or seg.inputs):
         return None
     specs = prog._input_specs
-    if not all(isinstance(s, TensorSpec) and s.device_dtype is None for s in specs):
-        return None
+    if not all(isinstance(s, TensorSpec) and (s.device_dtype is None or s.dtype == "bfloat16") for s in specs):
+        return None  # (a bfloat16 input held as float32 is widened by the copy into the float32 bytes)
     dtypes = [getattr(torch, s.dtype, None) for s in specs]
     if not all(isinstance(d, torch.dtype) for d in dtypes):
         return None
@@ -114,8 +129,7 @@ def plan_fast_call(prog):
     out_specs = getattr(prog.plan.graph, "output_specs", None)
     if out_specs is not None and any(kind != "user" for kind, _, _ in out_specs):
         return None  # a buffer or input mutation is written back by finish_call
-    if prog.plan.graph.bfloat16 is not None and prog.plan.graph.bfloat16.outputs:
-        return None  # bfloat16 outputs held as float32: converted by the general call
+    held = prog.plan.graph.bfloat16.outputs if prog.plan.graph.bfloat16 is not None else {}
     outputs = []
     for v in prog._user_outputs:
         if (not isinstance(v, Value) or v.role is Role.CONST or prog._root(v) is not v or v not in seg.outputs
@@ -138,4 +152,6 @@ def plan_fast_call(prog):
             return None
     else:
         return None
-    return FastCall(torch, seg.program, checks, uploads, outputs, result_type)
+    # Program output index -> the caller's torch dtype, for bfloat16 outputs held as float32
+    caller = {k: getattr(torch, held[i]) for i, k in enumerate(outputs) if held.get(i) is not None}
+    return FastCall(torch, seg.program, checks, uploads, outputs, result_type, caller)

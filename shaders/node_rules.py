@@ -697,6 +697,14 @@ def _list_units(facts: SpecFacts, p: dict) -> int:
     return int(offset % 4 == 0 and (size % 4 == 0 or offset + size == out_shape[dim]))
 
 
+@_spec_rule("round_bfloat16", 0, tensor_params=("round_bfloat16",))
+def _round_bfloat16(facts: SpecFacts, p: dict) -> int:
+    """1 when the node's float32 result holds a bfloat16 program's value (runtime/graph/bfloat16.py)
+    that its store rounds to bfloat16, in place of a round_bfloat16 node after it (the node's
+    `round_bfloat16` mark, set by bfloat16.fold_roundings)."""
+    return int(bool(getattr(facts.node, "round_bfloat16", False)))
+
+
 @_spec_rule("units_tail", 1, tensor_params=("units_tail",))
 def _units_tail(facts: SpecFacts, p: dict) -> int:
     """1 when some invocation covers a partial span of the tensor: in a buffer, its words are

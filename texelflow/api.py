@@ -45,7 +45,7 @@ def _check_precision(precision) -> None:
 
 def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, conv_dim_order="nchw", costs=None,
           precision="fp32", features=None, subgroup=None):
-    from texelflow.runtime.graph.bfloat16 import held_as_float32
+    from texelflow.runtime.graph.bfloat16 import fold_roundings, held_as_float32
     from texelflow.runtime.graph.fusion import choose_conv_kernels, fuse_patterns
     from texelflow.runtime.graph.importer import export_program
     from texelflow.runtime.graph.lowering import lower
@@ -63,6 +63,7 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     timings["decomposition"] = timings.get("decomposition", 0.0) + time.perf_counter() - start
     form, why = attention_form(subgroup)
     graph = lower(ep, limits, timings, {SDPA_TARGET: f"attention as bmm + softmax + bmm: {why}"} if form == "gemm" else None)
+    graph.bfloat16 = bfloat16
     start = time.perf_counter()
     graph = fuse_patterns(graph, limits, choose_kernels=False, subgroup=subgroup, costs=costs)
     timings["fusion"] = time.perf_counter() - start
@@ -73,6 +74,9 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     fold_round_trips(graph, limits)  # after the conv kernels: a quantize_dequantize joins its conv's store
     graph = optimize_permutes(graph, PERMUTES if permutes is None else permutes, limits)
     timings["permutes"] = time.perf_counter() - start
+    if bfloat16 is not None:
+        graph.bfloat16 = bfloat16
+        fold_roundings(graph)  # last: the producers are the nodes that dispatch
     result = plan_graph(graph, planner, limits, time_limit, costs)
     start = time.perf_counter()
     apply_precision(result, precision, features)  # float16 storage, after planning: result.precision

@@ -14,7 +14,7 @@ layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
 #line 13
-layout(constant_id = 5) const int texel_reads = 0;
+layout(constant_id = 6) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -40,6 +40,14 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
@@ -50,7 +58,7 @@ layout(push_constant) uniform PushConstants {
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -59,14 +67,14 @@ T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w &
 VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
 
-#line 28 "shaders/softmax.glsl.j2"
+#line 30 "shaders/softmax.glsl.j2"
 #define TF_SOFTMAX(x, m, s) ((x) - (m) - log(s))
 
-#line 31
+#line 33
 float neg_inf() { return uintBitsToFloat(0xff800000u); }
 
 // (max, sum of exp(x - max)) of self along lane d, from index r (r[d] = 0).
-#line 35
+#line 37
 vec2 line_stats(ivec4 r, int d) {
   int n = pc.self_sizes[d];
   float m = neg_inf();
@@ -82,7 +90,7 @@ vec2 line_stats(ivec4 r, int d) {
   return vec2(m, s);
 }
 
-void store_out(ivec4 idx, float v) { t_out[tf_buffer_word_lane(idx, pc.out_sizes, out_layout).x] = v; }
+void store_out(ivec4 idx, float v) { t_out[tf_buffer_word_lane(idx, pc.out_sizes, out_layout).x] = tf_bf16_out(v); }
 
 void main() {
   int u = tf_unit_id();

@@ -38,30 +38,38 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 68
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
+#line 72
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, tf_bf16_out(v)); }
 
 // ---- element access for 'self' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
 
-#line 28 "shaders/softmax.glsl.j2"
+#line 30 "shaders/softmax.glsl.j2"
 #define TF_SOFTMAX(x, m, s) ((x) - (m) - log(s))
 
-#line 31
+#line 33
 float neg_inf() { return uintBitsToFloat(0xff800000u); }
 
 // The self texel whose lane 0 is at `e`; with `one_line`, lanes past the end of the packed dim
 // are -inf, so that they add nothing to a max or to a sum of exp.
-#line 70
+#line 72
 vec4 texel(ivec4 e, bool one_line) {
   vec4 v = load_texel_self(tf_texel_pos_lane(e, pc.self_sizes, self_layout).xyz);
   if (one_line) {

@@ -42,18 +42,26 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
+#line 53
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // [start, end) of the input positions pooled into output position i, along a dim of `n_in`
 // inputs and `n_out` outputs.
-#line 19 "shaders/adaptive_pool2d.glsl.j2"
+#line 21 "shaders/adaptive_pool2d.glsl.j2"
 ivec2 pool_window(int i, int n_in, int n_out) { return ivec2(i * n_in / n_out, ((i + 1) * n_in + n_out - 1) / n_out); }
 
 T compute_out(ivec4 idx) {

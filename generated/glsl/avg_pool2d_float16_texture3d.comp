@@ -50,17 +50,25 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 66
+#line 76
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'self' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
@@ -68,18 +76,18 @@ T load_self(ivec4 idx) {
 }
 
 // A larger value or a NaN replaces the running max, and a NaN max stays (per lane).
-#line 31 "shaders/pool2d.glsl.j2"
+#line 33 "shaders/pool2d.glsl.j2"
 T pool_max(T m, T v) { return (v > m || isnan(v)) ? v : m; }
 VEC4 pool_max(VEC4 m, VEC4 v) { return mix(m, v, bvec4(uvec4(greaterThan(v, m)) | uvec4(isnan(v)))); }
-#line 71
+#line 73
 T compute_out(ivec4 idx) {
-#line 37
+#line 39
   ivec2 kernel = pc.pool_kernel_stride.xy;
   ivec2 stride = pc.pool_kernel_stride.zw;
   ivec2 pad = pc.pool_pad_dilation.xy;
   ivec2 in_hw = pc.self_sizes.xy;
   ivec2 start = idx.xy * stride - pad;
-#line 56
+#line 58
   ivec2 end = min(start + kernel, in_hw + pad);
   int pool_size = (end.y - start.y) * (end.x - start.x);
   start = max(start, ivec2(0));
@@ -93,20 +101,20 @@ T compute_out(ivec4 idx) {
               : (pc.count_include_pad != 0 ? pool_size : (end.y - start.y) * (end.x - start.x));
   return sum / T(divisor);
 
-#line 73
+#line 75
 }
 
 // Textures (both packed along C, with the same C and N, so out texel (x, y, z) pools self texels
 // (ix, iy, z)): whole texels, four channels at once, one texel load per tap instead of four.
-#line 81
+#line 83
 VEC4 pool_texel(ivec3 pos) {
-#line 37
+#line 39
   ivec2 kernel = pc.pool_kernel_stride.xy;
   ivec2 stride = pc.pool_kernel_stride.zw;
   ivec2 pad = pc.pool_pad_dilation.xy;
   ivec2 in_hw = pc.self_sizes.xy;
   ivec2 start = pos.xy * stride - pad;
-#line 56
+#line 58
   ivec2 end = min(start + kernel, in_hw + pad);
   int pool_size = (end.y - start.y) * (end.x - start.x);
   start = max(start, ivec2(0));
@@ -120,7 +128,7 @@ VEC4 pool_texel(ivec3 pos) {
               : (pc.count_include_pad != 0 ? pool_size : (end.y - start.y) * (end.x - start.x));
   return sum / VEC4(divisor);
 
-#line 83
+#line 85
 }
 
 void main() {

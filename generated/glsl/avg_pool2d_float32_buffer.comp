@@ -44,28 +44,36 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
+#line 53
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // A larger value or a NaN replaces the running max, and a NaN max stays (per lane).
-#line 31 "shaders/pool2d.glsl.j2"
+#line 33 "shaders/pool2d.glsl.j2"
 T pool_max(T m, T v) { return (v > m || isnan(v)) ? v : m; }
 VEC4 pool_max(VEC4 m, VEC4 v) { return mix(m, v, bvec4(uvec4(greaterThan(v, m)) | uvec4(isnan(v)))); }
-#line 71
+#line 73
 T compute_out(ivec4 idx) {
-#line 37
+#line 39
   ivec2 kernel = pc.pool_kernel_stride.xy;
   ivec2 stride = pc.pool_kernel_stride.zw;
   ivec2 pad = pc.pool_pad_dilation.xy;
   ivec2 in_hw = pc.self_sizes.xy;
   ivec2 start = idx.xy * stride - pad;
-#line 56
+#line 58
   ivec2 end = min(start + kernel, in_hw + pad);
   int pool_size = (end.y - start.y) * (end.x - start.x);
   start = max(start, ivec2(0));
@@ -79,10 +87,12 @@ T compute_out(ivec4 idx) {
               : (pc.count_include_pad != 0 ? pool_size : (end.y - start.y) * (end.x - start.x));
   return sum / T(divisor);
 
-#line 73
+#line 75
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
+#line 10 "shaders/_per_element.glsl.j2"
+#define compute_out(idx) tf_bf16_out(compute_out(idx))
+#line 12
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }

@@ -48,11 +48,12 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_out(ivec3 pos) { return imageLoad(t_out, pos); }
 T load_out(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.out_sizes, out_layout);
@@ -60,11 +61,11 @@ T load_out(ivec4 idx) {
 }
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 66
+#line 76
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'tensors' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_tensors(ivec3 pos) { return imageLoad(t_tensors, pos); }
 T load_tensors(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.tensors_sizes, tensors_layout);
@@ -73,7 +74,7 @@ T load_tensors(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
+#line 89
 layout(constant_id = 5) const int whole = 0;  // list_units
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
 // `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients

@@ -42,20 +42,21 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (buffer) ----
-#line 45
+#line 53
 T load_out(ivec4 idx) { return t_out[tf_buffer_word_lane(idx, pc.out_sizes, out_layout).x]; }
 
 // ---- element access for 'tensors' (buffer) ----
-#line 45
+#line 53
 T load_tensors(ivec4 idx) { return t_tensors[tf_buffer_word_lane(idx, pc.tensors_sizes, tensors_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
+#line 89
 layout(constant_id = 5) const int whole = 0;  // list_units
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
 // `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients

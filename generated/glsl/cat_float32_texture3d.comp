@@ -42,21 +42,22 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_out(ivec3 pos) { return imageLoad(t_out, pos); }
 T load_out(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.out_sizes, out_layout);
   return imageLoad(t_out, pl.xyz)[pl.w];
 }
-#line 68
+#line 78
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'tensors' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_tensors(ivec3 pos) { return imageLoad(t_tensors, pos); }
 T load_tensors(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.tensors_sizes, tensors_layout);
@@ -65,7 +66,7 @@ T load_tensors(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
+#line 89
 layout(constant_id = 5) const int whole = 0;  // list_units
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
 // `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients

@@ -60,27 +60,35 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 7) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 45
+#line 53
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 
 // ---- element access for 'weight' (buffer) ----
-#line 45
+#line 53
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 45
+#line 53
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
-layout(constant_id = 7) const int act = 0;  // activation_code
+#line 89
+layout(constant_id = 8) const int act = 0;  // activation_code
 
 #line 38 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
@@ -421,7 +429,7 @@ void main() {
       VEC4 r = conv_activation(acc0_0);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = r[l];
+        t_out[at + 0 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 140
@@ -429,7 +437,7 @@ void main() {
       VEC4 r = conv_activation(acc1_0);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = r[l];
+        t_out[at + 4 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 148
@@ -442,7 +450,7 @@ void main() {
       VEC4 r = conv_activation(acc0_1);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = r[l];
+        t_out[at + 0 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 140
@@ -450,7 +458,7 @@ void main() {
       VEC4 r = conv_activation(acc1_1);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = r[l];
+        t_out[at + 4 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 148
@@ -463,7 +471,7 @@ void main() {
       VEC4 r = conv_activation(acc0_2);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = r[l];
+        t_out[at + 0 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 140
@@ -471,7 +479,7 @@ void main() {
       VEC4 r = conv_activation(acc1_2);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = r[l];
+        t_out[at + 4 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 148
@@ -484,7 +492,7 @@ void main() {
       VEC4 r = conv_activation(acc0_3);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = r[l];
+        t_out[at + 0 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 140
@@ -492,7 +500,7 @@ void main() {
       VEC4 r = conv_activation(acc1_3);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = r[l];
+        t_out[at + 4 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 148
@@ -505,7 +513,7 @@ void main() {
       VEC4 r = conv_activation(acc0_4);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = r[l];
+        t_out[at + 0 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 140
@@ -513,7 +521,7 @@ void main() {
       VEC4 r = conv_activation(acc1_4);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = r[l];
+        t_out[at + 4 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 148
@@ -526,7 +534,7 @@ void main() {
       VEC4 r = conv_activation(acc0_5);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = r[l];
+        t_out[at + 0 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 140
@@ -534,7 +542,7 @@ void main() {
       VEC4 r = conv_activation(acc1_5);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = r[l];
+        t_out[at + 4 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 148
@@ -547,7 +555,7 @@ void main() {
       VEC4 r = conv_activation(acc0_6);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = r[l];
+        t_out[at + 0 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 140
@@ -555,7 +563,7 @@ void main() {
       VEC4 r = conv_activation(acc1_6);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = r[l];
+        t_out[at + 4 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 148
@@ -568,7 +576,7 @@ void main() {
       VEC4 r = conv_activation(acc0_7);
       int lanes = min(4, cout - co0 - 0);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 0 + l] = r[l];
+        t_out[at + 0 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 140
@@ -576,7 +584,7 @@ void main() {
       VEC4 r = conv_activation(acc1_7);
       int lanes = min(4, cout - co0 - 4);
       for (int l = 0; l < lanes; ++l) {
-        t_out[at + 4 + l] = r[l];
+        t_out[at + 4 + l] = tf_bf16_out(r[l]);
       }
     }
 #line 148

@@ -56,17 +56,25 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 7) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 66
+#line 76
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'input' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_input(ivec3 pos) { return imageLoad(t_input, pos); }
 T load_input(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.input_sizes, input_layout);
@@ -74,7 +82,7 @@ T load_input(ivec4 idx) {
 }
 
 // ---- element access for 'weight' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_weight(ivec3 pos) { return imageLoad(t_weight, pos); }
 T load_weight(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.weight_sizes, weight_layout);
@@ -82,10 +90,10 @@ T load_weight(ivec4 idx) {
 }
 
 // ---- element access for 'bias' (buffer) ----
-#line 45
+#line 53
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
-#line 20 "shaders/conv2d_pw.glsl.j2"
+#line 22 "shaders/conv2d_pw.glsl.j2"
 VEC4 conv_activation(VEC4 v) { return v; }
 
 #line 9 "shaders/_conv_pool.glsl.j2"

@@ -20,7 +20,7 @@ layout(constant_id = 6) const int weight_layout = 0;
 #line 13
 layout(constant_id = 7) const int bias_layout = 0;
 #line 13
-layout(constant_id = 10) const int texel_reads = 0;
+layout(constant_id = 11) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 21
@@ -66,17 +66,25 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 8) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 68
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
+#line 72
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, tf_bf16_out(v)); }
 
 // ---- element access for 'm' (buffer) ----
 
 // ---- element access for 'input' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_input(ivec3 pos) { return imageLoad(t_input, pos); }
 T load_input(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.input_sizes, input_layout);
@@ -84,7 +92,7 @@ T load_input(ivec4 idx) {
 }
 
 // ---- element access for 'weight' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_weight(ivec3 pos) { return imageLoad(t_weight, pos); }
 T load_weight(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.weight_sizes, weight_layout);
@@ -92,20 +100,20 @@ T load_weight(ivec4 idx) {
 }
 
 // ---- element access for 'bias' (buffer) ----
-#line 45
+#line 53
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
-layout(constant_id = 8) const int cout_ragged = 1;  // ragged
-#line 78
-layout(constant_id = 9) const int act = 0;  // activation_code
+#line 89
+layout(constant_id = 9) const int cout_ragged = 1;  // ragged
+#line 89
+layout(constant_id = 10) const int act = 0;  // activation_code
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 5) uniform samplerBuffer tb_m;
 layout(set = 0, binding = 1, std430) readonly buffer m_buf4 { vec4 t4_m[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks

@@ -38,22 +38,30 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T int
 #define VEC4 ivec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
+#line 53
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
-#line 21 "shaders/scan.glsl.j2"
+#line 23 "shaders/scan.glsl.j2"
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   int d = pc.scan_dim;
   int n = pc.out_sizes[d];
-#line 27
+#line 29
   ivec4 e = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   if (e[d] != 0) { return; }
   T s = T(0);
@@ -62,5 +70,5 @@ void main() {
     s += T(load_self(e));
     t_out[tf_buffer_word_lane(e, pc.out_sizes, out_layout).x] = s;
   }
-#line 58
+#line 60
 }

@@ -40,13 +40,14 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 49
+#line 57
 int load_input(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.input_sizes, input_layout);
   return bitfieldExtract(t_input[wl.x], 8 * wl.y, 8);
@@ -54,13 +55,13 @@ int load_input(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
+#line 89
 layout(constant_id = 5) const int tail = 1;  // units_tail
-#line 78
+#line 89
 layout(constant_id = 6) const int words = 0;  // quant_words
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 84
+#line 95
 const int tf_span = 16;
 #line 6 "shaders/_quant.glsl.j2"
 float tf_dequantize(int q, float scale, int zero_point) {

@@ -50,6 +50,7 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T float
 #define VEC4 vec4
 
@@ -58,13 +59,13 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'weight' (buffer) ----
 
 // ---- element access for 'indices' (buffer) ----
-#line 45
+#line 53
 int load_indices(ivec4 idx) { return t_indices[tf_buffer_word_lane(idx, pc.indices_sizes, indices_layout).x]; }
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 3) uniform samplerBuffer tb_weight;
 layout(set = 0, binding = 1, std430) readonly buffer weight_buf4 { f16vec4 t4_weight[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks

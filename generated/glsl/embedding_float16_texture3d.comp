@@ -50,19 +50,20 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 66
+#line 76
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'weight' (buffer) ----
 
 // ---- element access for 'indices' (texture3d) ----
-#line 56
+#line 64
 ivec4 load_texel_indices(ivec3 pos) { return imageLoad(t_indices, pos); }
 int load_indices(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.indices_sizes, indices_layout);
@@ -72,7 +73,7 @@ int load_indices(ivec4 idx) {
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 3) uniform samplerBuffer tb_weight;
 layout(set = 0, binding = 1, std430) readonly buffer weight_buf4 { f16vec4 t4_weight[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks

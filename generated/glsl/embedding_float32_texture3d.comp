@@ -44,17 +44,18 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 68
+#line 78
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'weight' (buffer) ----
 
 // ---- element access for 'indices' (texture3d) ----
-#line 56
+#line 64
 ivec4 load_texel_indices(ivec3 pos) { return imageLoad(t_indices, pos); }
 int load_indices(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.indices_sizes, indices_layout);
@@ -64,7 +65,7 @@ int load_indices(ivec4 idx) {
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 3) uniform samplerBuffer tb_weight;
 layout(set = 0, binding = 1, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks

@@ -40,13 +40,14 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T int
 #define VEC4 ivec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
+#line 53
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
 // `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients

@@ -42,6 +42,7 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T float
 #define VEC4 vec4
 
@@ -52,7 +53,7 @@ layout(push_constant) uniform PushConstants {
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks

@@ -36,20 +36,28 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
 
-#line 20 "shaders/global_avg_pool_wg.glsl.j2"
+#line 22 "shaders/global_avg_pool_wg.glsl.j2"
 shared VEC4 parts[gl_WorkGroupSize.x];  // each invocation's partial sum of its positions
 
 void main() {
@@ -58,9 +66,9 @@ void main() {
   int part = lid & 63;  // this invocation's share of H x W; parts[lid - part ..] are its unit's 64
   int unit = u >> 6;
   bool live = unit * 64 < pc.units;
-#line 29
+#line 31
   ivec4 idx = tf_buffer_word_to_idx(live ? unit : 0, pc.out_sizes, out_layout);
-#line 34
+#line 36
   int z = (idx.z >> 2) + ((pc.self_sizes.z + 3) >> 2) * idx.w;  // self's plane: texel c / 4 of batch n
   int W = pc.self_sizes.x;
   int HW = W * pc.self_sizes.y;
@@ -74,7 +82,7 @@ void main() {
   }
   if (!live || part != 0) { return; }
   VEC4 mean = parts[lid] / VEC4(HW);
-#line 48
-  t_out[unit] = mean[idx.z & 3];
-#line 56
+#line 50
+  t_out[unit] = tf_bf16_out(mean[idx.z & 3]);
+#line 58
 }

@@ -36,22 +36,30 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 68
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
+#line 72
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, tf_bf16_out(v)); }
 
 // ---- element access for 'self' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
 
-#line 20 "shaders/global_avg_pool_wg.glsl.j2"
+#line 22 "shaders/global_avg_pool_wg.glsl.j2"
 shared VEC4 parts[gl_WorkGroupSize.x];  // each invocation's partial sum of its positions
 
 void main() {
@@ -60,10 +68,10 @@ void main() {
   int part = lid & 63;  // this invocation's share of H x W; parts[lid - part ..] are its unit's 64
   int unit = u >> 6;
   bool live = unit * 64 < pc.units;
-#line 31
+#line 33
   ivec3 pos = tf_unit_to_texel(live ? unit : 0, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
-#line 34
+#line 36
   int z = (idx.z >> 2) + ((pc.self_sizes.z + 3) >> 2) * idx.w;  // self's plane: texel c / 4 of batch n
   int W = pc.self_sizes.x;
   int HW = W * pc.self_sizes.y;
@@ -77,11 +85,11 @@ void main() {
   }
   if (!live || part != 0) { return; }
   VEC4 mean = parts[lid] / VEC4(HW);
-#line 50
+#line 52
   if (tf_packed_dim(out_layout) == 2) {
     store_texel_out(pos, mix(mean, VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
   } else {
     store_texel_out(pos, VEC4(mean[idx.z & 3], 0, 0, 0));  // packed along W or H, both 1: lanes 1-3 pad
   }
-#line 56
+#line 58
 }

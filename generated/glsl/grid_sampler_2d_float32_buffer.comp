@@ -48,21 +48,29 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 6) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 45
+#line 53
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 
 // ---- element access for 'grid' (buffer) ----
-#line 45
+#line 53
 T load_grid(ivec4 idx) { return t_grid[tf_buffer_word_lane(idx, pc.grid_sizes, grid_layout).x]; }
 
 // torch's grid_sampler_compute_source_index: unnormalize, then (border) clip to the input.
-#line 21 "shaders/grid_sample.glsl.j2"
+#line 23 "shaders/grid_sample.glsl.j2"
 float source_index(float coord, int size) {
   precise float real = pc.align_corners != 0 ? (coord + 1.0) / 2.0 * float(size - 1)
                                              : ((coord + 1.0) * float(size) - 1.0) / 2.0;
@@ -94,7 +102,9 @@ T compute_out(ivec4 idx) {
   return T(r);
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
+#line 10 "shaders/_per_element.glsl.j2"
+#define compute_out(idx) tf_bf16_out(compute_out(idx))
+#line 12
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }

@@ -64,17 +64,25 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 7) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 66
+#line 76
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'input' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_input(ivec3 pos) { return imageLoad(t_input, pos); }
 T load_input(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.input_sizes, input_layout);
@@ -82,15 +90,15 @@ T load_input(ivec4 idx) {
 }
 
 // ---- element access for 'weight' (buffer) ----
-#line 45
+#line 53
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 45
+#line 53
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 // torch's moments (Welford updates) make the mean of a group holding an infinity NaN.
-#line 38 "shaders/group_norm.glsl.j2"
+#line 40 "shaders/group_norm.glsl.j2"
 float moments_mean(float mean) { return isinf(mean) ? uintBitsToFloat(0x7fc00000u) : mean; }
 
 // The box of input elements in the group of the element at `e`: its first index and extents.
@@ -137,7 +145,7 @@ vec2 group_stats(ivec4 e) {
 }
 
 // group_stats from whole texels: the input is packed along C (lane 2) and a group is whole texels.
-#line 85
+#line 87
 bool stats_by_texel() {
   return tf_packed_dim(input_layout) == 2 && pc.channel_dim == 2 && (pc.input_sizes.z / pc.groups) % 4 == 0;
 }
@@ -174,7 +182,7 @@ vec2 group_stats_by_texel(ivec4 e) {
 // x * scale + shift with scale = rstd * weight and shift = bias - mean * scale, as torch's CPU
 // kernel computes it, so that an infinite weight or bias gives torch's infinities and NaNs
 // (`precise`: the compiler may not fold it back into (x - mean) * scale + bias).
-#line 122
+#line 124
 float normalized(ivec4 e, vec2 st) {
   int c = e[pc.channel_dim];
   precise float scale = pc.has_weight != 0 ? st.y * load_weight(ivec4(c, 0, 0, 0)) : st.y;
@@ -185,18 +193,18 @@ float normalized(ivec4 e, vec2 st) {
 
 // The normalized element at `e`, with the statistics of lane k's group cached in st[k] (for the
 // group whose box starts at keys[k]).
-#line 148
+#line 150
 float row_element(ivec4 e, int k, inout vec2 st[4], inout ivec4 keys[4]) {
   ivec4 b;
   ivec4 x;
   group_box(e, b, x);
   if (b != keys[k]) {
-#line 156
-    st[k] = stats_by_texel() ? group_stats_by_texel(e) : group_stats(e);
 #line 158
+    st[k] = stats_by_texel() ? group_stats_by_texel(e) : group_stats(e);
+#line 160
     keys[k] = b;
   }
-#line 163
+#line 165
   return normalized(e, st[k]);
 }
 
@@ -207,7 +215,7 @@ void main() {
   ivec4 row = ivec4(0, u % sz.y, (u / sz.y) % sz.z, u / (sz.y * sz.z));
   vec2 st[4] = vec2[4](vec2(0.0), vec2(0.0), vec2(0.0), vec2(0.0));
   ivec4 keys[4] = ivec4[4](ivec4(-1), ivec4(-1), ivec4(-1), ivec4(-1));
-#line 180
+#line 182
   int pd = tf_packed_dim(out_layout);
   if (pd != 0 && row[pd] % 4 != 0) { return; }  // the texel's first row does it
   int n = pd == 0 ? tf_div_up(sz.x, 4) : sz.x;
@@ -222,5 +230,5 @@ void main() {
     }
     store_texel_out(tf_texel_pos_lane(idx, sz, out_layout).xyz, r);
   }
-#line 195
+#line 197
 }

@@ -52,6 +52,7 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T float
 #define VEC4 vec4
 
@@ -60,13 +61,13 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'self' (buffer) ----
 
 // ---- element access for 'index' (buffer) ----
-#line 45
+#line 53
 int load_index(ivec4 idx) { return t_index[tf_buffer_word_lane(idx, pc.index_sizes, index_layout).x]; }
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 3) uniform samplerBuffer tb_self;
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks

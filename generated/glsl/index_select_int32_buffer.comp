@@ -44,17 +44,18 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T int
 #define VEC4 ivec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
+#line 53
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'index' (buffer) ----
-#line 45
+#line 53
 T load_index(ivec4 idx) { return t_index[tf_buffer_word_lane(idx, pc.index_sizes, index_layout).x]; }
 
 #line 17 "shaders/index_select.glsl.j2"

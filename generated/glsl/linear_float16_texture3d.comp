@@ -56,17 +56,25 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 7) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 66
+#line 76
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'input' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_input(ivec3 pos) { return imageLoad(t_input, pos); }
 T load_input(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.input_sizes, input_layout);
@@ -74,11 +82,11 @@ T load_input(ivec4 idx) {
 }
 
 // ---- element access for 'weight' (buffer) ----
-#line 45
+#line 53
 T load_weight(ivec4 idx) { return t_weight[tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 45
+#line 53
 T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 #line 59 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
@@ -118,211 +126,211 @@ VEC4 cols_bias(ivec2 row, ivec4 w) {
 T elem_bias(ivec2 row, int w) { return t_bias[row.x + w]; }
 
 // The 8x8 tile at input row r0 and output column n0, for K % 4 == 0: every row starts on a vec4.
-#line 35 "shaders/linear.glsl.j2"
+#line 37 "shaders/linear.glsl.j2"
 void tile(int r0, int n0, int rows, int N, int K) {
-#line 37
+#line 39
   ivec2 a0 = row_input(min(r0 + 0, rows - 1));
-#line 37
+#line 39
   ivec2 a1 = row_input(min(r0 + 1, rows - 1));
-#line 37
+#line 39
   ivec2 a2 = row_input(min(r0 + 2, rows - 1));
-#line 37
+#line 39
   ivec2 a3 = row_input(min(r0 + 3, rows - 1));
-#line 37
+#line 39
   ivec2 a4 = row_input(min(r0 + 4, rows - 1));
-#line 37
+#line 39
   ivec2 a5 = row_input(min(r0 + 5, rows - 1));
-#line 37
+#line 39
   ivec2 a6 = row_input(min(r0 + 6, rows - 1));
-#line 37
+#line 39
   ivec2 a7 = row_input(min(r0 + 7, rows - 1));
-#line 40
+#line 42
   ivec2 w0 = row_weight(min(n0 + 0, N - 1));
-#line 40
+#line 42
   ivec2 w1 = row_weight(min(n0 + 1, N - 1));
-#line 40
+#line 42
   ivec2 w2 = row_weight(min(n0 + 2, N - 1));
-#line 40
+#line 42
   ivec2 w3 = row_weight(min(n0 + 3, N - 1));
-#line 40
+#line 42
   ivec2 w4 = row_weight(min(n0 + 4, N - 1));
-#line 40
+#line 42
   ivec2 w5 = row_weight(min(n0 + 5, N - 1));
-#line 40
+#line 42
   ivec2 w6 = row_weight(min(n0 + 6, N - 1));
-#line 40
+#line 42
   ivec2 w7 = row_weight(min(n0 + 7, N - 1));
-#line 43
-  VEC4 acc00 = VEC4(0);
-#line 43
-  VEC4 acc01 = VEC4(0);
-#line 43
-  VEC4 acc10 = VEC4(0);
-#line 43
-  VEC4 acc11 = VEC4(0);
-#line 43
-  VEC4 acc20 = VEC4(0);
-#line 43
-  VEC4 acc21 = VEC4(0);
-#line 43
-  VEC4 acc30 = VEC4(0);
-#line 43
-  VEC4 acc31 = VEC4(0);
-#line 43
-  VEC4 acc40 = VEC4(0);
-#line 43
-  VEC4 acc41 = VEC4(0);
-#line 43
-  VEC4 acc50 = VEC4(0);
-#line 43
-  VEC4 acc51 = VEC4(0);
-#line 43
-  VEC4 acc60 = VEC4(0);
-#line 43
-  VEC4 acc61 = VEC4(0);
-#line 43
-  VEC4 acc70 = VEC4(0);
-#line 43
-  VEC4 acc71 = VEC4(0);
 #line 45
+  VEC4 acc00 = VEC4(0);
+#line 45
+  VEC4 acc01 = VEC4(0);
+#line 45
+  VEC4 acc10 = VEC4(0);
+#line 45
+  VEC4 acc11 = VEC4(0);
+#line 45
+  VEC4 acc20 = VEC4(0);
+#line 45
+  VEC4 acc21 = VEC4(0);
+#line 45
+  VEC4 acc30 = VEC4(0);
+#line 45
+  VEC4 acc31 = VEC4(0);
+#line 45
+  VEC4 acc40 = VEC4(0);
+#line 45
+  VEC4 acc41 = VEC4(0);
+#line 45
+  VEC4 acc50 = VEC4(0);
+#line 45
+  VEC4 acc51 = VEC4(0);
+#line 45
+  VEC4 acc60 = VEC4(0);
+#line 45
+  VEC4 acc61 = VEC4(0);
+#line 45
+  VEC4 acc70 = VEC4(0);
+#line 45
+  VEC4 acc71 = VEC4(0);
+#line 47
   for (int k = 0; k < K; k += 4) {
-#line 47
-    VEC4 b0 = vec4a_weight(w0, k);
-#line 47
-    VEC4 b1 = vec4a_weight(w1, k);
-#line 47
-    VEC4 b2 = vec4a_weight(w2, k);
-#line 47
-    VEC4 b3 = vec4a_weight(w3, k);
-#line 47
-    VEC4 b4 = vec4a_weight(w4, k);
-#line 47
-    VEC4 b5 = vec4a_weight(w5, k);
-#line 47
-    VEC4 b6 = vec4a_weight(w6, k);
-#line 47
-    VEC4 b7 = vec4a_weight(w7, k);
 #line 49
+    VEC4 b0 = vec4a_weight(w0, k);
+#line 49
+    VEC4 b1 = vec4a_weight(w1, k);
+#line 49
+    VEC4 b2 = vec4a_weight(w2, k);
+#line 49
+    VEC4 b3 = vec4a_weight(w3, k);
+#line 49
+    VEC4 b4 = vec4a_weight(w4, k);
+#line 49
+    VEC4 b5 = vec4a_weight(w5, k);
+#line 49
+    VEC4 b6 = vec4a_weight(w6, k);
+#line 49
+    VEC4 b7 = vec4a_weight(w7, k);
+#line 51
     VEC4 x;
-#line 51
+#line 53
     x = vec4a_input(a0, k);
-#line 53
+#line 55
     acc00 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 53
+#line 55
     acc01 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 51
+#line 53
     x = vec4a_input(a1, k);
-#line 53
+#line 55
     acc10 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 53
+#line 55
     acc11 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 51
+#line 53
     x = vec4a_input(a2, k);
-#line 53
+#line 55
     acc20 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 53
+#line 55
     acc21 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 51
+#line 53
     x = vec4a_input(a3, k);
-#line 53
+#line 55
     acc30 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 53
+#line 55
     acc31 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 51
+#line 53
     x = vec4a_input(a4, k);
-#line 53
+#line 55
     acc40 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 53
+#line 55
     acc41 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 51
+#line 53
     x = vec4a_input(a5, k);
-#line 53
+#line 55
     acc50 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 53
+#line 55
     acc51 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 51
+#line 53
     x = vec4a_input(a6, k);
-#line 53
+#line 55
     acc60 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 53
+#line 55
     acc61 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 51
+#line 53
     x = vec4a_input(a7, k);
-#line 53
+#line 55
     acc70 += VEC4(dot(x, b0), dot(x, b1), dot(x, b2), dot(x, b3));
-#line 53
+#line 55
     acc71 += VEC4(dot(x, b4), dot(x, b5), dot(x, b6), dot(x, b7));
-#line 56
-  }
 #line 58
+  }
+#line 60
   VEC4 bias0 = pc.has_bias != 0 ? cols_bias(row_bias(0), min(ivec4(n0 + 0) + ivec4(0, 1, 2, 3), ivec4(N - 1))) : VEC4(0);
-#line 58
+#line 60
   VEC4 bias1 = pc.has_bias != 0 ? cols_bias(row_bias(0), min(ivec4(n0 + 4) + ivec4(0, 1, 2, 3), ivec4(N - 1))) : VEC4(0);
-#line 61
+#line 63
   if (r0 + 0 < rows) {
-#line 63
+#line 65
     if (n0 + 0 < N) { store4_out(r0 + 0, n0 + 0, acc00 + bias0); }
-#line 63
+#line 65
     if (n0 + 4 < N) { store4_out(r0 + 0, n0 + 4, acc01 + bias1); }
-#line 65
-  }
-#line 61
-  if (r0 + 1 < rows) {
-#line 63
-    if (n0 + 0 < N) { store4_out(r0 + 1, n0 + 0, acc10 + bias0); }
-#line 63
-    if (n0 + 4 < N) { store4_out(r0 + 1, n0 + 4, acc11 + bias1); }
-#line 65
-  }
-#line 61
-  if (r0 + 2 < rows) {
-#line 63
-    if (n0 + 0 < N) { store4_out(r0 + 2, n0 + 0, acc20 + bias0); }
-#line 63
-    if (n0 + 4 < N) { store4_out(r0 + 2, n0 + 4, acc21 + bias1); }
-#line 65
-  }
-#line 61
-  if (r0 + 3 < rows) {
-#line 63
-    if (n0 + 0 < N) { store4_out(r0 + 3, n0 + 0, acc30 + bias0); }
-#line 63
-    if (n0 + 4 < N) { store4_out(r0 + 3, n0 + 4, acc31 + bias1); }
-#line 65
-  }
-#line 61
-  if (r0 + 4 < rows) {
-#line 63
-    if (n0 + 0 < N) { store4_out(r0 + 4, n0 + 0, acc40 + bias0); }
-#line 63
-    if (n0 + 4 < N) { store4_out(r0 + 4, n0 + 4, acc41 + bias1); }
-#line 65
-  }
-#line 61
-  if (r0 + 5 < rows) {
-#line 63
-    if (n0 + 0 < N) { store4_out(r0 + 5, n0 + 0, acc50 + bias0); }
-#line 63
-    if (n0 + 4 < N) { store4_out(r0 + 5, n0 + 4, acc51 + bias1); }
-#line 65
-  }
-#line 61
-  if (r0 + 6 < rows) {
-#line 63
-    if (n0 + 0 < N) { store4_out(r0 + 6, n0 + 0, acc60 + bias0); }
-#line 63
-    if (n0 + 4 < N) { store4_out(r0 + 6, n0 + 4, acc61 + bias1); }
-#line 65
-  }
-#line 61
-  if (r0 + 7 < rows) {
-#line 63
-    if (n0 + 0 < N) { store4_out(r0 + 7, n0 + 0, acc70 + bias0); }
-#line 63
-    if (n0 + 4 < N) { store4_out(r0 + 7, n0 + 4, acc71 + bias1); }
-#line 65
-  }
 #line 67
+  }
+#line 63
+  if (r0 + 1 < rows) {
+#line 65
+    if (n0 + 0 < N) { store4_out(r0 + 1, n0 + 0, acc10 + bias0); }
+#line 65
+    if (n0 + 4 < N) { store4_out(r0 + 1, n0 + 4, acc11 + bias1); }
+#line 67
+  }
+#line 63
+  if (r0 + 2 < rows) {
+#line 65
+    if (n0 + 0 < N) { store4_out(r0 + 2, n0 + 0, acc20 + bias0); }
+#line 65
+    if (n0 + 4 < N) { store4_out(r0 + 2, n0 + 4, acc21 + bias1); }
+#line 67
+  }
+#line 63
+  if (r0 + 3 < rows) {
+#line 65
+    if (n0 + 0 < N) { store4_out(r0 + 3, n0 + 0, acc30 + bias0); }
+#line 65
+    if (n0 + 4 < N) { store4_out(r0 + 3, n0 + 4, acc31 + bias1); }
+#line 67
+  }
+#line 63
+  if (r0 + 4 < rows) {
+#line 65
+    if (n0 + 0 < N) { store4_out(r0 + 4, n0 + 0, acc40 + bias0); }
+#line 65
+    if (n0 + 4 < N) { store4_out(r0 + 4, n0 + 4, acc41 + bias1); }
+#line 67
+  }
+#line 63
+  if (r0 + 5 < rows) {
+#line 65
+    if (n0 + 0 < N) { store4_out(r0 + 5, n0 + 0, acc50 + bias0); }
+#line 65
+    if (n0 + 4 < N) { store4_out(r0 + 5, n0 + 4, acc51 + bias1); }
+#line 67
+  }
+#line 63
+  if (r0 + 6 < rows) {
+#line 65
+    if (n0 + 0 < N) { store4_out(r0 + 6, n0 + 0, acc60 + bias0); }
+#line 65
+    if (n0 + 4 < N) { store4_out(r0 + 6, n0 + 4, acc61 + bias1); }
+#line 67
+  }
+#line 63
+  if (r0 + 7 < rows) {
+#line 65
+    if (n0 + 0 < N) { store4_out(r0 + 7, n0 + 0, acc70 + bias0); }
+#line 65
+    if (n0 + 4 < N) { store4_out(r0 + 7, n0 + 4, acc71 + bias1); }
+#line 67
+  }
+#line 69
 }
 
 // The same tile for K % 4 != 0 (rows off the vec4 grid): element by element, 4 columns at a time.

@@ -42,15 +42,16 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 68
+#line 78
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'input' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_input(ivec3 pos) { return imageLoad(t_input, pos); }
 T load_input(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.input_sizes, input_layout);
@@ -58,7 +59,7 @@ T load_input(ivec4 idx) {
 }
 
 // ---- element access for 'weight' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_weight(ivec3 pos) { return imageLoad(t_weight, pos); }
 T load_weight(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.weight_sizes, weight_layout);
@@ -67,9 +68,9 @@ T load_weight(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
+#line 89
 layout(constant_id = 6) const int k_ragged = 1;  // ragged
-#line 78
+#line 89
 layout(constant_id = 7) const int n_ragged = 1;  // ragged
 // vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
 // binding has its view, read_ and read4_ in _prologue.glsl.j2.

@@ -42,37 +42,45 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 6) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T int
 #define VEC4 ivec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
+#line 53
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'other' (buffer) ----
-#line 45
+#line 53
 T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
-layout(constant_id = 6) const int a_class = 0;  // read_class
-#line 78
-layout(constant_id = 7) const int b_class = 0;  // read_class
-#line 78
-layout(constant_id = 8) const int tail = 1;  // units_tail
-#line 78
-layout(constant_id = 9) const int ragged = 1;  // ragged
-#line 78
-layout(constant_id = 10) const int rows4 = 0;  // row_groups
+#line 89
+layout(constant_id = 7) const int a_class = 0;  // read_class
+#line 89
+layout(constant_id = 8) const int b_class = 0;  // read_class
+#line 89
+layout(constant_id = 9) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 10) const int ragged = 1;  // ragged
+#line 89
+layout(constant_id = 11) const int rows4 = 0;  // row_groups
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 84
+#line 95
 const int tf_span = 16;
 
-#line 29 "shaders/binary.glsl.j2"
+#line 30 "shaders/binary.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
@@ -94,12 +102,12 @@ VEC4 read4_other(int k) { return VEC4(t4_other[k]); }
 T read_other(int w) { return T(t_other[w]); }
 
 // (an input that is a row goes through the row block path below instead)
-#line 38 "shaders/binary.glsl.j2"
+#line 39 "shaders/binary.glsl.j2"
 const bool vec4_path = (a_class == READ_DIRECT || a_class == READ_SINGLE)
     && (b_class == READ_DIRECT || b_class == READ_SINGLE);
 
 // vec4 word k of out (words 4k .. 4k + 3) as 'self' broadcasts to it (vec4_path classes only).
-#line 43
+#line 44
 VEC4 vec4_of_self(int k) {
   if (a_class == READ_DIRECT) { return VEC4(read4_self(k)); }
   return VEC4(read_self(0));
@@ -114,7 +122,7 @@ int word_of_self(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
 }
 // vec4 word k of out (words 4k .. 4k + 3) as 'other' broadcasts to it (vec4_path classes only).
-#line 43
+#line 44
 VEC4 vec4_of_other(int k) {
   if (b_class == READ_DIRECT) { return VEC4(read4_other(k)); }
   return VEC4(read_other(0));
@@ -129,7 +137,7 @@ int word_of_other(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).x;
 }
 
-#line 58
+#line 59
 #define VEC VEC4
 void unit_vec4(int k) {
   VEC4 X = vec4_of_self(k);
@@ -157,7 +165,7 @@ const bool row_block = (a_class == READ_ROW || b_class == READ_ROW)
 #define TF_BLOCK_PATH row_block
 
 // vec4 word k of out as 'self' broadcasts to it, r the row offset of word 4k.
-#line 86
+#line 87
 VEC4 row_vec4_of_self(int k, int r, int n) {
   if (a_class == READ_DIRECT) { return VEC4(read4_self(k)); }
   if (a_class == READ_SINGLE) { return VEC4(read_self(0)); }
@@ -168,7 +176,7 @@ VEC4 row_vec4_of_self(int k, int r, int n) {
   return VEC4(read_self(r), read_self(r1), read_self(r2), read_self(r3));
 }
 // vec4 word k of out as 'other' broadcasts to it, r the row offset of word 4k.
-#line 86
+#line 87
 VEC4 row_vec4_of_other(int k, int r, int n) {
   if (b_class == READ_DIRECT) { return VEC4(read4_other(k)); }
   if (b_class == READ_SINGLE) { return VEC4(read_other(0)); }
@@ -183,41 +191,41 @@ VEC4 row_vec4_of_other(int k, int r, int n) {
 // vec4 column c = u % (n / 4) of rows 4 (u / (n / 4)) .. + 3, so a row operand is one vec4 read
 // once, not once per word (on lavapipe every vec4 access costs about the same, cached or not:
 // it is gathered lane by lane; 9 accesses instead of 12 per invocation).
-#line 101
+#line 102
 #define VEC VEC4
 void unit_columns(int u, int n) {
   int m = n / 4;
   int c = u % m;
   int k = u * 4 - 3 * c;  // (4 (u / m)) m + c: the first row's word
-#line 107
+#line 108
   VEC4 row_self = a_class == READ_ROW ? VEC4(read4_self(c)) : VEC4(0);
-#line 107
+#line 108
   VEC4 row_other = b_class == READ_ROW ? VEC4(read4_other(c)) : VEC4(0);
-#line 110
+#line 111
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 0 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 0 * m, 0, n);
     t4_out[k + 0 * m] = ivec4(tf_truth(X) & tf_truth(Y));
   }
-#line 110
+#line 111
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 1 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 1 * m, 0, n);
     t4_out[k + 1 * m] = ivec4(tf_truth(X) & tf_truth(Y));
   }
-#line 110
+#line 111
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 2 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 2 * m, 0, n);
     t4_out[k + 2 * m] = ivec4(tf_truth(X) & tf_truth(Y));
   }
-#line 110
+#line 111
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 3 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 3 * m, 0, n);
     t4_out[k + 3 * m] = ivec4(tf_truth(X) & tf_truth(Y));
   }
-#line 116
+#line 117
 }
 #undef VEC
 
@@ -232,13 +240,13 @@ void unit_block(int u) {
   if (rows4 != 0) { unit_columns(u, n); return; }
   int r = first % n;
   int k = u * (tf_span / 4);
-#line 131
+#line 132
   {
     VEC4 X = row_vec4_of_self(k + 0, r, n);
     VEC4 Y = row_vec4_of_other(k + 0, r, n);
     t4_out[k + 0] = ivec4(tf_truth(X) & tf_truth(Y));
   }
-#line 137
+#line 138
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -247,13 +255,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 131
+#line 132
   {
     VEC4 X = row_vec4_of_self(k + 1, r, n);
     VEC4 Y = row_vec4_of_other(k + 1, r, n);
     t4_out[k + 1] = ivec4(tf_truth(X) & tf_truth(Y));
   }
-#line 137
+#line 138
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -262,13 +270,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 131
+#line 132
   {
     VEC4 X = row_vec4_of_self(k + 2, r, n);
     VEC4 Y = row_vec4_of_other(k + 2, r, n);
     t4_out[k + 2] = ivec4(tf_truth(X) & tf_truth(Y));
   }
-#line 137
+#line 138
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -277,13 +285,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 131
+#line 132
   {
     VEC4 X = row_vec4_of_self(k + 3, r, n);
     VEC4 Y = row_vec4_of_other(k + 3, r, n);
     t4_out[k + 3] = ivec4(tf_truth(X) & tf_truth(Y));
   }
-#line 147
+#line 148
 #undef VEC
 }
 

@@ -38,15 +38,23 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 68
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
+#line 72
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, tf_bf16_out(v)); }
 
 // ---- element access for 'self' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
@@ -54,7 +62,7 @@ T load_self(ivec4 idx) {
 }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 32 "shaders/reduce.glsl.j2"
+#line 34 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -65,16 +73,16 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 62
+#line 64
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // torch's stable form: m + log(sum exp(x - m)) with m the max, taken as 0 when it is +-inf
   // (all -inf gives log(0) = -inf, a +inf gives +inf); NaN spreads through m.
-#line 132
+#line 134
   R m = load_self(b);
-#line 46
+#line 48
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -85,10 +93,10 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 134
+#line 136
   m = tf_finite_or_zero(m);
   R acc = R(0);
-#line 46
+#line 48
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -99,28 +107,28 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 137
-  return tf_log(acc) + m;
 #line 139
+  return tf_log(acc) + m;
+#line 141
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 152
+#line 154
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
-#line 62
+#line 64
 #define R VEC4
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // torch's stable form: m + log(sum exp(x - m)) with m the max, taken as 0 when it is +-inf
   // (all -inf gives log(0) = -inf, a +inf gives +inf); NaN spreads through m.
-#line 132
+#line 134
   R m = load_texel_self(tf_texel_pos_lane(b, pc.self_sizes, self_layout).xyz);
-#line 46
+#line 48
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -131,10 +139,10 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 134
+#line 136
   m = tf_finite_or_zero(m);
   R acc = R(0);
-#line 46
+#line 48
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -145,25 +153,25 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 137
-  return tf_log(acc) + m;
 #line 139
+  return tf_log(acc) + m;
+#line 141
 }
 #undef R
 
-#line 161
+#line 163
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 171
+#line 173
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 177
+#line 179
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 183
+#line 185
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -171,10 +179,10 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 193
+#line 195
       }
     }
   }
   store_texel_out(pos, r);
-#line 201
+#line 203
 }

@@ -44,15 +44,23 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 6) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 68
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
+#line 72
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, tf_bf16_out(v)); }
 
 // ---- element access for 'self' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
@@ -60,19 +68,21 @@ T load_self(ivec4 idx) {
 }
 
 // ---- element access for 'mask' (texture3d) ----
-#line 56
+#line 64
 ivec4 load_texel_mask(ivec3 pos) { return imageLoad(t_mask, pos); }
 int load_mask(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.mask_sizes, mask_layout);
   return imageLoad(t_mask, pl.xyz)[pl.w];
 }
 
-#line 10 "shaders/masked_fill.glsl.j2"
+#line 12 "shaders/masked_fill.glsl.j2"
 T compute_out(ivec4 idx) {
   return load_mask(tf_broadcast(idx, pc.mask_sizes)) != 0 ? T(pc.value) : load_self(tf_broadcast(idx, pc.self_sizes));
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
+#line 10 "shaders/_per_element.glsl.j2"
+#define compute_out(idx) tf_bf16_out(compute_out(idx))
+#line 12
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }

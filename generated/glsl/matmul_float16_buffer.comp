@@ -50,17 +50,25 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 6) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
+#line 53
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // ---- element access for 'other' (buffer) ----
-#line 45
+#line 53
 T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x]; }
 #line 53 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
@@ -94,14 +102,14 @@ VEC4 cols_other(ivec2 row, ivec4 w) {
 T elem_other(ivec2 row, int w) { return t_other[row.x + w]; }
 
 // The value stored at out's logical index e = (n, m, batch z, batch w) from the product `acc`.
-#line 32 "shaders/matmul.glsl.j2"
+#line 36 "shaders/matmul.glsl.j2"
 T finish(T acc, ivec4 e) {
-#line 37
+#line 41
   return acc;
 }
 
 // out's element at WHCN index `idx` when an operand is 1-D: a dot product over K.
-#line 42
+#line 46
 T vector_product(ivec4 idx) {
   int v = pc.vector_operands;
   ivec4 e = v == 0 ? idx : (v == 1 ? ivec4(idx.x, 0, idx.yz) : (v == 2 ? ivec4(0, idx.xyz) : ivec4(0)));
@@ -116,7 +124,7 @@ T vector_product(ivec4 idx) {
 }
 
 // Where a tile reads and writes: out's rows, the first rows of its batch in A and B, and sizes.
-#line 57
+#line 61
 struct Tile {
   int m0;
   int n0;
@@ -137,203 +145,203 @@ void store_cols(Tile t, int i, int c, VEC4 v) {
 
 // The 8x8 tile when K and N are multiples of 4 (rows of A and B start on a vec4): per step of 4
 // along K, 8 vec4 of A rows and 8 of B rows (4 rows x 2 column groups) for 64 vec4 multiply-adds.
-#line 79
+#line 83
 void tile(Tile t) {
-#line 81
+#line 85
   ivec2 a0 = row_self(t.a_first + min(t.m0 + 0, t.M - 1));
-#line 81
+#line 85
   ivec2 a1 = row_self(t.a_first + min(t.m0 + 1, t.M - 1));
-#line 81
+#line 85
   ivec2 a2 = row_self(t.a_first + min(t.m0 + 2, t.M - 1));
-#line 81
+#line 85
   ivec2 a3 = row_self(t.a_first + min(t.m0 + 3, t.M - 1));
-#line 81
+#line 85
   ivec2 a4 = row_self(t.a_first + min(t.m0 + 4, t.M - 1));
-#line 81
+#line 85
   ivec2 a5 = row_self(t.a_first + min(t.m0 + 5, t.M - 1));
-#line 81
+#line 85
   ivec2 a6 = row_self(t.a_first + min(t.m0 + 6, t.M - 1));
-#line 81
+#line 85
   ivec2 a7 = row_self(t.a_first + min(t.m0 + 7, t.M - 1));
-#line 84
+#line 88
   int c0 = min(t.n0 + 0, t.N - 4);
-#line 84
+#line 88
   int c1 = min(t.n0 + 4, t.N - 4);
-#line 87
+#line 91
   VEC4 acc00 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc01 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc10 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc11 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc20 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc21 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc30 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc31 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc40 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc41 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc50 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc51 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc60 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc61 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc70 = VEC4(0);
-#line 87
+#line 91
   VEC4 acc71 = VEC4(0);
-#line 89
+#line 93
   for (int k = 0; k < t.K; k += 4) {
-#line 91
+#line 95
     ivec2 br0 = row_other(t.b_first + k + 0);
-#line 93
+#line 97
     VEC4 b00 = vec4a_other(br0, c0);
-#line 93
+#line 97
     VEC4 b01 = vec4a_other(br0, c1);
-#line 91
+#line 95
     ivec2 br1 = row_other(t.b_first + k + 1);
-#line 93
+#line 97
     VEC4 b10 = vec4a_other(br1, c0);
-#line 93
+#line 97
     VEC4 b11 = vec4a_other(br1, c1);
-#line 91
+#line 95
     ivec2 br2 = row_other(t.b_first + k + 2);
-#line 93
+#line 97
     VEC4 b20 = vec4a_other(br2, c0);
-#line 93
+#line 97
     VEC4 b21 = vec4a_other(br2, c1);
-#line 91
+#line 95
     ivec2 br3 = row_other(t.b_first + k + 3);
-#line 93
+#line 97
     VEC4 b30 = vec4a_other(br3, c0);
-#line 93
+#line 97
     VEC4 b31 = vec4a_other(br3, c1);
-#line 96
+#line 100
     VEC4 x;
-#line 98
+#line 102
     x = vec4a_self(a0, k);
-#line 100
+#line 104
     acc00 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 100
+#line 104
     acc01 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 98
+#line 102
     x = vec4a_self(a1, k);
-#line 100
+#line 104
     acc10 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 100
+#line 104
     acc11 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 98
+#line 102
     x = vec4a_self(a2, k);
-#line 100
+#line 104
     acc20 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 100
+#line 104
     acc21 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 98
+#line 102
     x = vec4a_self(a3, k);
-#line 100
+#line 104
     acc30 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 100
+#line 104
     acc31 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 98
+#line 102
     x = vec4a_self(a4, k);
-#line 100
+#line 104
     acc40 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 100
+#line 104
     acc41 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 98
+#line 102
     x = vec4a_self(a5, k);
-#line 100
+#line 104
     acc50 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 100
+#line 104
     acc51 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 98
+#line 102
     x = vec4a_self(a6, k);
-#line 100
+#line 104
     acc60 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 100
+#line 104
     acc61 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 98
+#line 102
     x = vec4a_self(a7, k);
-#line 100
+#line 104
     acc70 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 100
+#line 104
     acc71 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 103
+#line 107
   }
-#line 105
+#line 109
   if (t.m0 + 0 < t.M) {
-#line 107
-    if (t.n0 + 0 < t.N) { store_cols(t, 0, t.n0 + 0, acc00); }
-#line 107
-    if (t.n0 + 4 < t.N) { store_cols(t, 0, t.n0 + 4, acc01); }
-#line 109
-  }
-#line 105
-  if (t.m0 + 1 < t.M) {
-#line 107
-    if (t.n0 + 0 < t.N) { store_cols(t, 1, t.n0 + 0, acc10); }
-#line 107
-    if (t.n0 + 4 < t.N) { store_cols(t, 1, t.n0 + 4, acc11); }
-#line 109
-  }
-#line 105
-  if (t.m0 + 2 < t.M) {
-#line 107
-    if (t.n0 + 0 < t.N) { store_cols(t, 2, t.n0 + 0, acc20); }
-#line 107
-    if (t.n0 + 4 < t.N) { store_cols(t, 2, t.n0 + 4, acc21); }
-#line 109
-  }
-#line 105
-  if (t.m0 + 3 < t.M) {
-#line 107
-    if (t.n0 + 0 < t.N) { store_cols(t, 3, t.n0 + 0, acc30); }
-#line 107
-    if (t.n0 + 4 < t.N) { store_cols(t, 3, t.n0 + 4, acc31); }
-#line 109
-  }
-#line 105
-  if (t.m0 + 4 < t.M) {
-#line 107
-    if (t.n0 + 0 < t.N) { store_cols(t, 4, t.n0 + 0, acc40); }
-#line 107
-    if (t.n0 + 4 < t.N) { store_cols(t, 4, t.n0 + 4, acc41); }
-#line 109
-  }
-#line 105
-  if (t.m0 + 5 < t.M) {
-#line 107
-    if (t.n0 + 0 < t.N) { store_cols(t, 5, t.n0 + 0, acc50); }
-#line 107
-    if (t.n0 + 4 < t.N) { store_cols(t, 5, t.n0 + 4, acc51); }
-#line 109
-  }
-#line 105
-  if (t.m0 + 6 < t.M) {
-#line 107
-    if (t.n0 + 0 < t.N) { store_cols(t, 6, t.n0 + 0, acc60); }
-#line 107
-    if (t.n0 + 4 < t.N) { store_cols(t, 6, t.n0 + 4, acc61); }
-#line 109
-  }
-#line 105
-  if (t.m0 + 7 < t.M) {
-#line 107
-    if (t.n0 + 0 < t.N) { store_cols(t, 7, t.n0 + 0, acc70); }
-#line 107
-    if (t.n0 + 4 < t.N) { store_cols(t, 7, t.n0 + 4, acc71); }
-#line 109
-  }
 #line 111
+    if (t.n0 + 0 < t.N) { store_cols(t, 0, t.n0 + 0, acc00); }
+#line 111
+    if (t.n0 + 4 < t.N) { store_cols(t, 0, t.n0 + 4, acc01); }
+#line 113
+  }
+#line 109
+  if (t.m0 + 1 < t.M) {
+#line 111
+    if (t.n0 + 0 < t.N) { store_cols(t, 1, t.n0 + 0, acc10); }
+#line 111
+    if (t.n0 + 4 < t.N) { store_cols(t, 1, t.n0 + 4, acc11); }
+#line 113
+  }
+#line 109
+  if (t.m0 + 2 < t.M) {
+#line 111
+    if (t.n0 + 0 < t.N) { store_cols(t, 2, t.n0 + 0, acc20); }
+#line 111
+    if (t.n0 + 4 < t.N) { store_cols(t, 2, t.n0 + 4, acc21); }
+#line 113
+  }
+#line 109
+  if (t.m0 + 3 < t.M) {
+#line 111
+    if (t.n0 + 0 < t.N) { store_cols(t, 3, t.n0 + 0, acc30); }
+#line 111
+    if (t.n0 + 4 < t.N) { store_cols(t, 3, t.n0 + 4, acc31); }
+#line 113
+  }
+#line 109
+  if (t.m0 + 4 < t.M) {
+#line 111
+    if (t.n0 + 0 < t.N) { store_cols(t, 4, t.n0 + 0, acc40); }
+#line 111
+    if (t.n0 + 4 < t.N) { store_cols(t, 4, t.n0 + 4, acc41); }
+#line 113
+  }
+#line 109
+  if (t.m0 + 5 < t.M) {
+#line 111
+    if (t.n0 + 0 < t.N) { store_cols(t, 5, t.n0 + 0, acc50); }
+#line 111
+    if (t.n0 + 4 < t.N) { store_cols(t, 5, t.n0 + 4, acc51); }
+#line 113
+  }
+#line 109
+  if (t.m0 + 6 < t.M) {
+#line 111
+    if (t.n0 + 0 < t.N) { store_cols(t, 6, t.n0 + 0, acc60); }
+#line 111
+    if (t.n0 + 4 < t.N) { store_cols(t, 6, t.n0 + 4, acc61); }
+#line 113
+  }
+#line 109
+  if (t.m0 + 7 < t.M) {
+#line 111
+    if (t.n0 + 0 < t.N) { store_cols(t, 7, t.n0 + 0, acc70); }
+#line 111
+    if (t.n0 + 4 < t.N) { store_cols(t, 7, t.n0 + 4, acc71); }
+#line 113
+  }
+#line 115
 }
 
 // The same tile for other K or N (rows off the vec4 grid): element by element along K, 4 columns
@@ -353,14 +361,14 @@ void tile_unaligned(Tile t) {
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 131
+#line 135
   if (pc.vector_operands != 0) {
-#line 133
+#line 137
     t_out[u] = tf_to_float16(vector_product(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout)));
-#line 141
+#line 145
     return;
   }
-#line 144
+#line 148
   ivec4 os = pc.out_sizes;  // (N, M, batch z, batch w)
   int tiles_n = (os.x + 7) >> 3;
   int tiles_m = (os.y + 7) >> 3;

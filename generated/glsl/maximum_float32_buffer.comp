@@ -16,7 +16,7 @@ layout(constant_id = 4) const int self_layout = 0;
 #line 13
 layout(constant_id = 5) const int other_layout = 0;
 #line 13
-layout(constant_id = 11) const int texel_reads = 0;
+layout(constant_id = 12) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -44,6 +44,14 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 6) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
@@ -55,25 +63,25 @@ layout(push_constant) uniform PushConstants {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
-layout(constant_id = 6) const int a_class = 0;  // read_class
-#line 78
-layout(constant_id = 7) const int b_class = 0;  // read_class
-#line 78
-layout(constant_id = 8) const int tail = 1;  // units_tail
-#line 78
-layout(constant_id = 9) const int ragged = 1;  // ragged
-#line 78
-layout(constant_id = 10) const int rows4 = 0;  // row_groups
+#line 89
+layout(constant_id = 7) const int a_class = 0;  // read_class
+#line 89
+layout(constant_id = 8) const int b_class = 0;  // read_class
+#line 89
+layout(constant_id = 9) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 10) const int ragged = 1;  // ragged
+#line 89
+layout(constant_id = 11) const int rows4 = 0;  // row_groups
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 84
+#line 95
 const int tf_span = 16;
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 3) uniform samplerBuffer tb_self;
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -81,7 +89,7 @@ layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[];
 T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
 VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
-#line 93
+#line 104
 layout(set = 0, binding = 4) uniform samplerBuffer tb_other;
 layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { vec4 t4_other[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -90,7 +98,7 @@ T read_other(int w) { return texel_reads != 0 ? T(texelFetch(tb_other, w >> 2)[w
 VEC4 read4_other(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_other, k)) : VEC4(t4_other[k]); }
 T load_other(ivec4 idx) { return read_other(tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x); }
 
-#line 29 "shaders/binary.glsl.j2"
+#line 30 "shaders/binary.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
@@ -102,12 +110,12 @@ const int READ_SINGLE = 3;
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
 
 // (an input that is a row goes through the row block path below instead)
-#line 38 "shaders/binary.glsl.j2"
+#line 39 "shaders/binary.glsl.j2"
 const bool vec4_path = (a_class == READ_DIRECT || a_class == READ_SINGLE)
     && (b_class == READ_DIRECT || b_class == READ_SINGLE);
 
 // vec4 word k of out (words 4k .. 4k + 3) as 'self' broadcasts to it (vec4_path classes only).
-#line 43
+#line 44
 VEC4 vec4_of_self(int k) {
   if (a_class == READ_DIRECT) { return VEC4(read4_self(k)); }
   return VEC4(read_self(0));
@@ -122,7 +130,7 @@ int word_of_self(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
 }
 // vec4 word k of out (words 4k .. 4k + 3) as 'other' broadcasts to it (vec4_path classes only).
-#line 43
+#line 44
 VEC4 vec4_of_other(int k) {
   if (b_class == READ_DIRECT) { return VEC4(read4_other(k)); }
   return VEC4(read_other(0));
@@ -137,12 +145,12 @@ int word_of_other(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).x;
 }
 
-#line 58
+#line 59
 #define VEC VEC4
 void unit_vec4(int k) {
   VEC4 X = vec4_of_self(k);
   VEC4 Y = vec4_of_other(k);
-  t4_out[k] = vec4(tf_max(X, Y));
+  t4_out[k] = tf_bf16_out(tf_max(X, Y));
 }
 #undef VEC
 
@@ -150,7 +158,7 @@ void unit_vec4(int k) {
 void unit_word(int w) {
   T X = T(read_self(word_of_self(w)));
   T Y = T(read_other(word_of_other(w)));
-  t_out[w] = (tf_max(X, Y));
+  t_out[w] = tf_bf16_out(tf_max(X, Y));
 }
 #undef VEC
 
@@ -165,7 +173,7 @@ const bool row_block = (a_class == READ_ROW || b_class == READ_ROW)
 #define TF_BLOCK_PATH row_block
 
 // vec4 word k of out as 'self' broadcasts to it, r the row offset of word 4k.
-#line 86
+#line 87
 VEC4 row_vec4_of_self(int k, int r, int n) {
   if (a_class == READ_DIRECT) { return VEC4(read4_self(k)); }
   if (a_class == READ_SINGLE) { return VEC4(read_self(0)); }
@@ -176,7 +184,7 @@ VEC4 row_vec4_of_self(int k, int r, int n) {
   return VEC4(read_self(r), read_self(r1), read_self(r2), read_self(r3));
 }
 // vec4 word k of out as 'other' broadcasts to it, r the row offset of word 4k.
-#line 86
+#line 87
 VEC4 row_vec4_of_other(int k, int r, int n) {
   if (b_class == READ_DIRECT) { return VEC4(read4_other(k)); }
   if (b_class == READ_SINGLE) { return VEC4(read_other(0)); }
@@ -191,41 +199,41 @@ VEC4 row_vec4_of_other(int k, int r, int n) {
 // vec4 column c = u % (n / 4) of rows 4 (u / (n / 4)) .. + 3, so a row operand is one vec4 read
 // once, not once per word (on lavapipe every vec4 access costs about the same, cached or not:
 // it is gathered lane by lane; 9 accesses instead of 12 per invocation).
-#line 101
+#line 102
 #define VEC VEC4
 void unit_columns(int u, int n) {
   int m = n / 4;
   int c = u % m;
   int k = u * 4 - 3 * c;  // (4 (u / m)) m + c: the first row's word
-#line 107
+#line 108
   VEC4 row_self = a_class == READ_ROW ? VEC4(read4_self(c)) : VEC4(0);
-#line 107
+#line 108
   VEC4 row_other = b_class == READ_ROW ? VEC4(read4_other(c)) : VEC4(0);
-#line 110
+#line 111
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 0 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 0 * m, 0, n);
-    t4_out[k + 0 * m] = vec4(tf_max(X, Y));
+    t4_out[k + 0 * m] = tf_bf16_out(tf_max(X, Y));
   }
-#line 110
+#line 111
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 1 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 1 * m, 0, n);
-    t4_out[k + 1 * m] = vec4(tf_max(X, Y));
+    t4_out[k + 1 * m] = tf_bf16_out(tf_max(X, Y));
   }
-#line 110
+#line 111
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 2 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 2 * m, 0, n);
-    t4_out[k + 2 * m] = vec4(tf_max(X, Y));
+    t4_out[k + 2 * m] = tf_bf16_out(tf_max(X, Y));
   }
-#line 110
+#line 111
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 3 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 3 * m, 0, n);
-    t4_out[k + 3 * m] = vec4(tf_max(X, Y));
+    t4_out[k + 3 * m] = tf_bf16_out(tf_max(X, Y));
   }
-#line 116
+#line 117
 }
 #undef VEC
 
@@ -240,13 +248,13 @@ void unit_block(int u) {
   if (rows4 != 0) { unit_columns(u, n); return; }
   int r = first % n;
   int k = u * (tf_span / 4);
-#line 131
+#line 132
   {
     VEC4 X = row_vec4_of_self(k + 0, r, n);
     VEC4 Y = row_vec4_of_other(k + 0, r, n);
-    t4_out[k + 0] = vec4(tf_max(X, Y));
+    t4_out[k + 0] = tf_bf16_out(tf_max(X, Y));
   }
-#line 137
+#line 138
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -255,13 +263,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 131
+#line 132
   {
     VEC4 X = row_vec4_of_self(k + 1, r, n);
     VEC4 Y = row_vec4_of_other(k + 1, r, n);
-    t4_out[k + 1] = vec4(tf_max(X, Y));
+    t4_out[k + 1] = tf_bf16_out(tf_max(X, Y));
   }
-#line 137
+#line 138
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -270,13 +278,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 131
+#line 132
   {
     VEC4 X = row_vec4_of_self(k + 2, r, n);
     VEC4 Y = row_vec4_of_other(k + 2, r, n);
-    t4_out[k + 2] = vec4(tf_max(X, Y));
+    t4_out[k + 2] = tf_bf16_out(tf_max(X, Y));
   }
-#line 137
+#line 138
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -285,13 +293,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 131
+#line 132
   {
     VEC4 X = row_vec4_of_self(k + 3, r, n);
     VEC4 Y = row_vec4_of_other(k + 3, r, n);
-    t4_out[k + 3] = vec4(tf_max(X, Y));
+    t4_out[k + 3] = tf_bf16_out(tf_max(X, Y));
   }
-#line 147
+#line 148
 #undef VEC
 }
 

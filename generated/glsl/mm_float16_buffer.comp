@@ -20,7 +20,7 @@ layout(constant_id = 4) const int self_layout = 0;
 #line 13
 layout(constant_id = 5) const int mat2_layout = 0;
 #line 13
-layout(constant_id = 8) const int texel_reads = 0;
+layout(constant_id = 9) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -50,6 +50,14 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 6) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
@@ -61,15 +69,15 @@ layout(push_constant) uniform PushConstants {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
-layout(constant_id = 6) const int k_ragged = 1;  // ragged
-#line 78
-layout(constant_id = 7) const int n_ragged = 1;  // ragged
+#line 89
+layout(constant_id = 7) const int k_ragged = 1;  // ragged
+#line 89
+layout(constant_id = 8) const int n_ragged = 1;  // ragged
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 3) uniform samplerBuffer tb_self;
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -77,7 +85,7 @@ layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self
 T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
 VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
-#line 93
+#line 104
 layout(set = 0, binding = 4) uniform samplerBuffer tb_mat2;
 layout(set = 0, binding = 2, std430) readonly buffer mat2_buf4 { f16vec4 t4_mat2[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks

@@ -48,17 +48,25 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 6) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 66
+#line 76
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'self' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
@@ -66,7 +74,7 @@ T load_self(ivec4 idx) {
 }
 
 // ---- element access for 'mat2' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_mat2(ivec3 pos) { return imageLoad(t_mat2, pos); }
 T load_mat2(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.mat2_sizes, mat2_layout);
@@ -75,10 +83,10 @@ T load_mat2(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
-layout(constant_id = 6) const int k_ragged = 1;  // ragged
-#line 78
-layout(constant_id = 7) const int n_ragged = 1;  // ragged
+#line 89
+layout(constant_id = 7) const int k_ragged = 1;  // ragged
+#line 89
+layout(constant_id = 8) const int n_ragged = 1;  // ragged
 
 #line 37 "shaders/_mm_io.glsl.j2"
 VEC4 a_texel(int row, int k4, int batch) { return imageLoad(t_self, ivec3(k4, row, batch)); }

@@ -38,24 +38,32 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T int
 #define VEC4 ivec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 45
+#line 53
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
-layout(constant_id = 5) const int tail = 1;  // units_tail
-#line 78
-layout(constant_id = 6) const int ragged = 1;  // ragged
+#line 89
+layout(constant_id = 6) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 7) const int ragged = 1;  // ragged
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 84
+#line 95
 const int tf_span = 16;
 
 // vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
@@ -68,7 +76,7 @@ layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]
 VEC4 read4_self(int k) { return VEC4(t4_self[k]); }
 T read_self(int w) { return T(t_self[w]); }
 
-#line 25 "shaders/unary.glsl.j2"
+#line 26 "shaders/unary.glsl.j2"
 const bool vec4_path = true;
 
 #define VEC VEC4

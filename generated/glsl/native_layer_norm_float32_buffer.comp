@@ -22,7 +22,7 @@ layout(constant_id = 7) const int weight_layout = 0;
 #line 13
 layout(constant_id = 8) const int bias_layout = 0;
 #line 13
-layout(constant_id = 10) const int texel_reads = 0;
+layout(constant_id = 11) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -68,6 +68,14 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 9) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
@@ -85,13 +93,13 @@ layout(push_constant) uniform PushConstants {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
-layout(constant_id = 9) const int ragged = 1;  // ragged
+#line 89
+layout(constant_id = 10) const int ragged = 1;  // ragged
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 6) uniform samplerBuffer tb_input;
 layout(set = 0, binding = 3, std430) readonly buffer input_buf4 { vec4 t4_input[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -99,7 +107,7 @@ layout(set = 0, binding = 3, std430) readonly buffer input_buf4 { vec4 t4_input[
 T read_input(int w) { return texel_reads != 0 ? T(texelFetch(tb_input, w >> 2)[w & 3]) : T(t_input[w]); }
 VEC4 read4_input(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_input, k)) : VEC4(t4_input[k]); }
 T load_input(ivec4 idx) { return read_input(tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x); }
-#line 93
+#line 104
 layout(set = 0, binding = 7) uniform samplerBuffer tb_weight;
 layout(set = 0, binding = 4, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -107,7 +115,7 @@ layout(set = 0, binding = 4, std430) readonly buffer weight_buf4 { vec4 t4_weigh
 T read_weight(int w) { return texel_reads != 0 ? T(texelFetch(tb_weight, w >> 2)[w & 3]) : T(t_weight[w]); }
 VEC4 read4_weight(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_weight, k)) : VEC4(t4_weight[k]); }
 T load_weight(ivec4 idx) { return read_weight(tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x); }
-#line 93
+#line 104
 layout(set = 0, binding = 8) uniform samplerBuffer tb_bias;
 layout(set = 0, binding = 5, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -117,7 +125,7 @@ VEC4 read4_bias(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_bias, k)) 
 T load_bias(ivec4 idx) { return read_bias(tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x); }
 
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
-#line 41 "shaders/layer_norm.glsl.j2"
+#line 42 "shaders/layer_norm.glsl.j2"
 float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : float(read_weight(w)); }
 float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : float(read_bias(w)); }
 
@@ -137,13 +145,13 @@ float lanes_sum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 
 // torch's row moments (Welford updates) make the mean of a row holding an infinity NaN (an inf
 // at a few positions, the last of a full vector of 8 on AVX2, stays inf there: not copied).
-#line 61
+#line 62
 float moments_mean(float mean) { return isinf(mean) ? uintBitsToFloat(0x7fc00000u) : mean; }
 vec4 moments_mean(vec4 mean) { return mix(mean, vec4(uintBitsToFloat(0x7fc00000u)), isinf(mean)); }
 
 // The words of the row through `row` (row.x = 0) in a buffer of `sizes` and layout `lid`:
 // (first word, stride between consecutive w).
-#line 68
+#line 69
 ivec2 row_words(ivec4 row, ivec4 sizes, int lid) {
   int first = tf_buffer_word_lane(row, sizes, lid).x;
   int stride = sizes.x > 1 ? tf_buffer_word_lane(row + ivec4(1, 0, 0, 0), sizes, lid).x - first : 0;
@@ -160,13 +168,13 @@ layout(set = 0, binding = 1, std430) writeonly buffer mean_buf4 { vec4 t4_mean[]
 layout(set = 0, binding = 2, std430) writeonly buffer rstd_buf4 { vec4 t4_rstd[]; };
 
 // Input elements w .. w + 3 of the row at `rw` (all four inside the row).
-#line 77 "shaders/layer_norm.glsl.j2"
+#line 78 "shaders/layer_norm.glsl.j2"
 vec4 input4(ivec2 rw, int w) {
   int i = rw.x + w * rw.y;
   return vec4(read_input(i), read_input(i + rw.y), read_input(i + 2 * rw.y), read_input(i + 3 * rw.y));
 }
 // native_layer_norm's row statistics, at the row's unit of mean and rstd.
-#line 83
+#line 84
 void moments(ivec4 row, float mean, float rstd) {
   t_mean[tf_buffer_word_lane(row, pc.mean_sizes, mean_layout).x] = moments_mean(mean);
   t_rstd[tf_buffer_word_lane(row, pc.rstd_sizes, rstd_layout).x] = rstd;
@@ -174,7 +182,7 @@ void moments(ivec4 row, float mean, float rstd) {
 
 // Width-packed rows of whole vec4 words: the row `row` whose first words are `first_in`,
 // `first_out` (multiples of 4), `n4` vec4 words long.
-#line 91
+#line 92
 void vec4_row(ivec4 row, int first_in, int first_out, int n4, float width) {
   int a = first_in / 4, o = first_out / 4;
   vec4 s = vec4(0.0);
@@ -190,11 +198,11 @@ void vec4_row(ivec4 row, int first_in, int first_out, int n4, float width) {
     vec4 y = (vec4(read4_input(a + j)) - mean) * rstd;
     y = pc.has_weight != 0 ? y * vec4(read4_weight(j)) : y;
     y = pc.has_bias != 0 ? y + vec4(read4_bias(j)) : y;
-    t4_out[o + j] = vec4(y);
+    t4_out[o + j] = tf_bf16_out(y);
   }
-#line 109
+#line 110
   moments(row, mean, rstd);
-#line 111
+#line 112
 }
 
 void main() {
@@ -232,16 +240,16 @@ void main() {
   for (int w = 0; w < whole; w += 4) {
     vec4 y = (input4(rin, w) - mean) * rstd * weight4(w) + bias4(w);
     int o = rout.x + w * rout.y;
-    t_out[o] = y.x;
-    t_out[o + rout.y] = y.y;
-    t_out[o + 2 * rout.y] = y.z;
-    t_out[o + 3 * rout.y] = y.w;
+    t_out[o] = tf_bf16_out(y.x);
+    t_out[o + rout.y] = tf_bf16_out(y.y);
+    t_out[o + 2 * rout.y] = tf_bf16_out(y.z);
+    t_out[o + 3 * rout.y] = tf_bf16_out(y.w);
   }
   for (int w = whole; w < width; ++w) {
     float y = (read_input(rin.x + w * rin.y) - mean) * rstd * weight_at(w) + bias_at(w);
-    t_out[rout.x + w * rout.y] = y;
+    t_out[rout.x + w * rout.y] = tf_bf16_out(y);
   }
-#line 158
+#line 159
   moments(row, mean, rstd);
-#line 160
+#line 161
 }

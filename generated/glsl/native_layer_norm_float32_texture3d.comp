@@ -22,7 +22,7 @@ layout(constant_id = 7) const int weight_layout = 0;
 #line 13
 layout(constant_id = 8) const int bias_layout = 0;
 #line 13
-layout(constant_id = 10) const int texel_reads = 0;
+layout(constant_id = 11) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 21
@@ -68,23 +68,31 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 9) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 68
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
+#line 72
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, tf_bf16_out(v)); }
 
 // ---- element access for 'mean' (texture3d) ----
-#line 68
+#line 78
 void store_texel_mean(ivec3 pos, VEC4 v) { imageStore(t_mean, pos, v); }
 
 // ---- element access for 'rstd' (texture3d) ----
-#line 68
+#line 78
 void store_texel_rstd(ivec3 pos, VEC4 v) { imageStore(t_rstd, pos, v); }
 
 // ---- element access for 'input' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_input(ivec3 pos) { return imageLoad(t_input, pos); }
 T load_input(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.input_sizes, input_layout);
@@ -97,13 +105,13 @@ T load_input(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
-layout(constant_id = 9) const int ragged = 1;  // ragged
+#line 89
+layout(constant_id = 10) const int ragged = 1;  // ragged
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 6) uniform samplerBuffer tb_weight;
 layout(set = 0, binding = 4, std430) readonly buffer weight_buf4 { vec4 t4_weight[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -111,7 +119,7 @@ layout(set = 0, binding = 4, std430) readonly buffer weight_buf4 { vec4 t4_weigh
 T read_weight(int w) { return texel_reads != 0 ? T(texelFetch(tb_weight, w >> 2)[w & 3]) : T(t_weight[w]); }
 VEC4 read4_weight(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_weight, k)) : VEC4(t4_weight[k]); }
 T load_weight(ivec4 idx) { return read_weight(tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout).x); }
-#line 93
+#line 104
 layout(set = 0, binding = 7) uniform samplerBuffer tb_bias;
 layout(set = 0, binding = 5, std430) readonly buffer bias_buf4 { vec4 t4_bias[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -121,7 +129,7 @@ VEC4 read4_bias(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_bias, k)) 
 T load_bias(ivec4 idx) { return read_bias(tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x); }
 
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
-#line 41 "shaders/layer_norm.glsl.j2"
+#line 42 "shaders/layer_norm.glsl.j2"
 float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : float(read_weight(w)); }
 float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : float(read_bias(w)); }
 
@@ -141,12 +149,12 @@ float lanes_sum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
 
 // torch's row moments (Welford updates) make the mean of a row holding an infinity NaN (an inf
 // at a few positions, the last of a full vector of 8 on AVX2, stays inf there: not copied).
-#line 61
+#line 62
 float moments_mean(float mean) { return isinf(mean) ? uintBitsToFloat(0x7fc00000u) : mean; }
 vec4 moments_mean(vec4 mean) { return mix(mean, vec4(uintBitsToFloat(0x7fc00000u)), isinf(mean)); }
 
 // Width-packed: texel t of the row that starts at texel `pos`, lanes past W zeroed.
-#line 164
+#line 165
 vec4 row_texel(ivec3 pos, int t, bvec4 pad) {
   return mix(load_texel_input(pos + ivec3(t, 0, 0)), vec4(0.0), pad);
 }
@@ -179,10 +187,10 @@ void width_packed_row(ivec4 row) {
     vec4 y = (row_texel(pin, t, pad) - mean) * rstd * weight4(4 * t) + bias4(4 * t);
     store_texel_out(pout + ivec3(t, 0, 0), mix(y, vec4(0.0), pad));
   }
-#line 197
+#line 198
   store_texel_mean(tf_texel_pos_lane(row, pc.mean_sizes, mean_layout).xyz, vec4(moments_mean(mean), 0.0, 0.0, 0.0));
   store_texel_rstd(tf_texel_pos_lane(row, pc.rstd_sizes, rstd_layout).xyz, vec4(rstd, 0.0, 0.0, 0.0));
-#line 200
+#line 201
 }
 
 // Packed along H or C (pd): the four rows row .. row + 3 along pd, one per lane; lanes past the
@@ -209,10 +217,10 @@ void lane_rows(ivec4 row, int pd) {
     vec4 y = (load_texel_input(pin + ivec3(w, 0, 0)) - mean) * rstd * weight_at(w) + bias_at(w);
     store_texel_out(pout + ivec3(w, 0, 0), mix(y, vec4(0.0), pad));
   }
-#line 227
+#line 228
   store_texel_mean(tf_texel_pos_lane(row, pc.mean_sizes, mean_layout).xyz, mix(moments_mean(mean), vec4(0.0), pad));
   store_texel_rstd(tf_texel_pos_lane(row, pc.rstd_sizes, rstd_layout).xyz, mix(rstd, vec4(0.0), pad));
-#line 230
+#line 231
 }
 
 void main() {

@@ -42,15 +42,23 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 6) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 68
+#line 78
 void store_texel_out(ivec3 pos, ivec4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'self' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
@@ -58,7 +66,7 @@ T load_self(ivec4 idx) {
 }
 
 // ---- element access for 'other' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_other(ivec3 pos) { return imageLoad(t_other, pos); }
 T load_other(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.other_sizes, other_layout);
@@ -67,22 +75,22 @@ T load_other(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
-layout(constant_id = 6) const int a_class = 0;  // read_class
-#line 78
-layout(constant_id = 7) const int b_class = 0;  // read_class
-#line 78
-layout(constant_id = 8) const int tail = 1;  // units_tail
-#line 78
-layout(constant_id = 9) const int ragged = 1;  // ragged
-#line 78
-layout(constant_id = 10) const int rows4 = 0;  // row_groups
+#line 89
+layout(constant_id = 7) const int a_class = 0;  // read_class
+#line 89
+layout(constant_id = 8) const int b_class = 0;  // read_class
+#line 89
+layout(constant_id = 9) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 10) const int ragged = 1;  // ragged
+#line 89
+layout(constant_id = 11) const int rows4 = 0;  // row_groups
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 84
+#line 95
 const int tf_span = 4;
 
-#line 29 "shaders/binary.glsl.j2"
+#line 30 "shaders/binary.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
@@ -90,7 +98,7 @@ const int READ_SINGLE = 3;
 
 
 // The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 153
+#line 154
 VEC4 texel_of_self(ivec3 pos) {
   if (a_class == READ_DIRECT) { return load_texel_self(pos); }
   if (a_class == READ_SINGLE) { return VEC4(load_texel_self(ivec3(0)).x); }
@@ -105,7 +113,7 @@ VEC4 texel_of_self(ivec3 pos) {
   return pc.self_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 // The texel of 'other' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 153
+#line 154
 VEC4 texel_of_other(ivec3 pos) {
   if (b_class == READ_DIRECT) { return load_texel_other(pos); }
   if (b_class == READ_SINGLE) { return VEC4(load_texel_other(ivec3(0)).x); }
@@ -120,7 +128,7 @@ VEC4 texel_of_other(ivec3 pos) {
   return pc.other_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 
-#line 168
+#line 169
 #define VEC VEC4
 void unit_texel(ivec3 pos) {
   VEC4 X = texel_of_self(pos);

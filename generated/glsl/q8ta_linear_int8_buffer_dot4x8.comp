@@ -72,40 +72,41 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T int
 #define VEC4 ivec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 49
+#line 57
 int load_input(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.input_sizes, input_layout);
   return bitfieldExtract(t_input[wl.x], 8 * wl.y, 8);
 }
 
 // ---- element access for 'weight' (buffer) ----
-#line 49
+#line 57
 int load_weight(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.weight_sizes, weight_layout);
   return bitfieldExtract(t_weight[wl.x], 8 * wl.y, 8);
 }
 
 // ---- element access for 'weight_scales' (buffer) ----
-#line 45
+#line 53
 float load_weight_scales(ivec4 idx) { return t_weight_scales[tf_buffer_word_lane(idx, pc.weight_scales_sizes, weight_scales_layout).x]; }
 
 // ---- element access for 'weight_zero_points' (buffer) ----
-#line 45
+#line 53
 int load_weight_zero_points(ivec4 idx) { return t_weight_zero_points[tf_buffer_word_lane(idx, pc.weight_zero_points_sizes, weight_zero_points_layout).x]; }
 
 // ---- element access for 'bias' (buffer) ----
-#line 45
+#line 53
 float load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x]; }
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
+#line 89
 layout(constant_id = 9) const int act = 0;  // activation_code
 #line 43 "shaders/q8ta_linear.glsl.j2"
 int q8_pushed_activation() { return pc.activation; }

@@ -40,13 +40,14 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T int
 #define VEC4 ivec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 49
+#line 57
 int load_self(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.self_sizes, self_layout);
   return bitfieldExtract(t_self[wl.x], 8 * wl.y, 8);
@@ -54,7 +55,7 @@ int load_self(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
+#line 89
 layout(constant_id = 5) const int padded = 1;  // padded_words
 #line 6 "shaders/_quant.glsl.j2"
 float tf_dequantize(int q, float scale, int zero_point) {

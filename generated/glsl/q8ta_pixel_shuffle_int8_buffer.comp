@@ -52,13 +52,14 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T int
 #define VEC4 ivec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
-#line 49
+#line 57
 int load_self(ivec4 idx) {
   ivec2 wl = tf_buffer_word_lane(idx, pc.self_sizes, self_layout);
   return bitfieldExtract(t_self[wl.x], 8 * wl.y, 8);

@@ -24,7 +24,7 @@ layout(constant_id = 6) const int value_layout = 0;
 #line 13
 layout(constant_id = 7) const int attn_mask_layout = 0;
 #line 13
-layout(constant_id = 8) const int texel_reads = 0;
+layout(constant_id = 9) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -68,6 +68,14 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 8) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
@@ -80,13 +88,13 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'value' (buffer) ----
 
 // ---- element access for 'attn_mask' (buffer) ----
-#line 45
+#line 53
 T load_attn_mask(ivec4 idx) { return t_attn_mask[tf_buffer_word_lane(idx, pc.attn_mask_sizes, attn_mask_layout).x]; }
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 5) uniform samplerBuffer tb_query;
 layout(set = 0, binding = 1, std430) readonly buffer query_buf4 { f16vec4 t4_query[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -94,7 +102,7 @@ layout(set = 0, binding = 1, std430) readonly buffer query_buf4 { f16vec4 t4_que
 T read_query(int w) { return texel_reads != 0 ? T(texelFetch(tb_query, w >> 2)[w & 3]) : T(t_query[w]); }
 VEC4 read4_query(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_query, k)) : VEC4(t4_query[k]); }
 T load_query(ivec4 idx) { return read_query(tf_buffer_word_lane(idx, pc.query_sizes, query_layout).x); }
-#line 93
+#line 104
 layout(set = 0, binding = 6) uniform samplerBuffer tb_key;
 layout(set = 0, binding = 2, std430) readonly buffer key_buf4 { f16vec4 t4_key[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -102,7 +110,7 @@ layout(set = 0, binding = 2, std430) readonly buffer key_buf4 { f16vec4 t4_key[]
 T read_key(int w) { return texel_reads != 0 ? T(texelFetch(tb_key, w >> 2)[w & 3]) : T(t_key[w]); }
 VEC4 read4_key(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_key, k)) : VEC4(t4_key[k]); }
 T load_key(ivec4 idx) { return read_key(tf_buffer_word_lane(idx, pc.key_sizes, key_layout).x); }
-#line 93
+#line 104
 layout(set = 0, binding = 7) uniform samplerBuffer tb_value;
 layout(set = 0, binding = 3, std430) readonly buffer value_buf4 { f16vec4 t4_value[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -159,7 +167,7 @@ VEC4 cols_attn_mask(ivec2 row, ivec4 w) {
 }
 T elem_attn_mask(ivec2 row, int w) { return t_attn_mask[row.x + w]; }
 
-#line 54 "shaders/sdpa.glsl.j2"
+#line 56 "shaders/sdpa.glsl.j2"
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define NAN uintBitsToFloat(0x7fc00000u)
 #define ROWS 4  // = the grid's tile height
@@ -203,7 +211,7 @@ struct Row {
 // over the keys. 16 vec4 accumulators with constant indices, so that they can live in
 // registers rather than in an indexed private array; value columns past Ev are clamped into the
 // row on load.
-#line 99
+#line 101
 void attend16(Row w, int c0) {
   int E = pc.query_sizes.x;
   int S = pc.key_sizes.y;
@@ -237,9 +245,9 @@ void attend16(Row w, int c0) {
     }
     ivec2 vrow = row_value(w.v_first + s);
     for (int i = 0; i < 16; ++i) {
-#line 135
-      acc[i] += p * cols_value(vrow, min(ivec4(c0 + 4 * i) + ivec4(0, 1, 2, 3), ivec4(Ev - 1)));
 #line 137
+      acc[i] += p * cols_value(vrow, min(ivec4(c0 + 4 * i) + ivec4(0, 1, 2, 3), ivec4(Ev - 1)));
+#line 139
     }
   }
   // NaN scores poison the row; a fully masked row (m still -inf) is 0, as in torch
@@ -250,13 +258,13 @@ void attend16(Row w, int c0) {
 }
 
 // Elements w .. w + 3 of row r of out (w + 3 < W, W % 4 == 0).
-#line 150
+#line 152
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
 void store_vec4_out(int r, int w, VEC4 v) { t4_out[(r * pc.out_sizes.x + w) >> 2] = tf_to_float16(v); }  // float16: rounded once, here
 
 // Where a tile reads: its first row and how many keys it visits, the key and value rows of its
 // batch, each row's mask row.
-#line 158
+#line 160
 struct Tile {
   int l0;        // first query row
   int c0;        // first output column (a multiple of 64)

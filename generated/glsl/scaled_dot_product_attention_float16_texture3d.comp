@@ -66,17 +66,25 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 8) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 66
+#line 76
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'query' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_query(ivec3 pos) { return imageLoad(t_query, pos); }
 T load_query(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.query_sizes, query_layout);
@@ -84,7 +92,7 @@ T load_query(ivec4 idx) {
 }
 
 // ---- element access for 'key' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_key(ivec3 pos) { return imageLoad(t_key, pos); }
 T load_key(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.key_sizes, key_layout);
@@ -92,7 +100,7 @@ T load_key(ivec4 idx) {
 }
 
 // ---- element access for 'value' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_value(ivec3 pos) { return imageLoad(t_value, pos); }
 T load_value(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.value_sizes, value_layout);
@@ -100,7 +108,7 @@ T load_value(ivec4 idx) {
 }
 
 // ---- element access for 'attn_mask' (buffer) ----
-#line 45
+#line 53
 T load_attn_mask(ivec4 idx) { return t_attn_mask[tf_buffer_word_lane(idx, pc.attn_mask_sizes, attn_mask_layout).x]; }
 #line 59 "shaders/_rows.glsl.j2"
 void store4_out(int r, int w, VEC4 v) {
@@ -139,7 +147,7 @@ VEC4 cols_attn_mask(ivec2 row, ivec4 w) {
 }
 T elem_attn_mask(ivec2 row, int w) { return t_attn_mask[row.x + w]; }
 
-#line 54 "shaders/sdpa.glsl.j2"
+#line 56 "shaders/sdpa.glsl.j2"
 #define NEG_INF uintBitsToFloat(0xff800000u)
 #define NAN uintBitsToFloat(0x7fc00000u)
 #define ROWS 4  // = the grid's tile height
@@ -183,7 +191,7 @@ struct Row {
 // over the keys. 16 vec4 accumulators with constant indices, so that they can live in
 // registers rather than in an indexed private array; value columns past Ev are clamped into the
 // row on load.
-#line 99
+#line 101
 void attend16(Row w, int c0) {
   int E = pc.query_sizes.x;
   int S = pc.key_sizes.y;
@@ -217,9 +225,9 @@ void attend16(Row w, int c0) {
     }
     ivec2 vrow = row_value(w.v_first + s);
     for (int i = 0; i < 16; ++i) {
-#line 135
-      acc[i] += p * cols_value(vrow, min(ivec4(c0 + 4 * i) + ivec4(0, 1, 2, 3), ivec4(Ev - 1)));
 #line 137
+      acc[i] += p * cols_value(vrow, min(ivec4(c0 + 4 * i) + ivec4(0, 1, 2, 3), ivec4(Ev - 1)));
+#line 139
     }
   }
   // NaN scores poison the row; a fully masked row (m still -inf) is 0, as in torch
@@ -230,12 +238,12 @@ void attend16(Row w, int c0) {
 }
 
 // Elements w .. w + 3 of row r of out (w + 3 < W, W % 4 == 0).
-#line 153
+#line 155
 void store_vec4_out(int r, int w, VEC4 v) { store4_out(r, w, v); }
 
 // Where a tile reads: its first row and how many keys it visits, the key and value rows of its
 // batch, each row's mask row.
-#line 158
+#line 160
 struct Tile {
   int l0;        // first query row
   int c0;        // first output column (a multiple of 64)

@@ -36,15 +36,23 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 68
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
+#line 72
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, tf_bf16_out(v)); }
 
 // ---- element access for 'self' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
@@ -53,17 +61,17 @@ T load_self(ivec4 idx) {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
-layout(constant_id = 5) const int tail = 1;  // units_tail
-#line 78
-layout(constant_id = 6) const int ragged = 1;  // ragged
+#line 89
+layout(constant_id = 6) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 7) const int ragged = 1;  // ragged
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 84
+#line 95
 const int tf_span = 4;
 
 
-#line 42 "shaders/unary.glsl.j2"
+#line 43 "shaders/unary.glsl.j2"
 #define VEC VEC4
 void unit_texel(ivec3 pos) {
   VEC4 X = load_texel_self(pos);

@@ -14,7 +14,7 @@ layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
 #line 13
-layout(constant_id = 7) const int texel_reads = 0;
+layout(constant_id = 8) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -40,6 +40,14 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
@@ -49,19 +57,19 @@ layout(push_constant) uniform PushConstants {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
-layout(constant_id = 5) const int tail = 1;  // units_tail
-#line 78
-layout(constant_id = 6) const int ragged = 1;  // ragged
+#line 89
+layout(constant_id = 6) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 7) const int ragged = 1;  // ragged
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 84
+#line 95
 const int tf_span = 16;
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks
@@ -75,20 +83,20 @@ T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes
 #line 12 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
 
-#line 25 "shaders/unary.glsl.j2"
+#line 26 "shaders/unary.glsl.j2"
 const bool vec4_path = true;
 
 #define VEC VEC4
 void unit_vec4(int k) {
   VEC4 X = VEC4(read4_self(k));
-  t4_out[k] = vec4(tf_softshrink(X, pc.lambd));
+  t4_out[k] = tf_bf16_out(tf_softshrink(X, pc.lambd));
 }
 #undef VEC
 
 #define VEC T
 void unit_word(int w) {
   T X = T(read_self(w));
-  t_out[w] = (tf_softshrink(X, pc.lambd));
+  t_out[w] = tf_bf16_out(tf_softshrink(X, pc.lambd));
 }
 #undef VEC
 

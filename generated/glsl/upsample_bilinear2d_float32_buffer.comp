@@ -42,17 +42,25 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'input' (buffer) ----
-#line 45
+#line 53
 T load_input(ivec4 idx) { return t_input[tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x]; }
 
 // (i0, i1) and their weights (l0, l1) along one axis.
-#line 36 "shaders/upsample.glsl.j2"
+#line 38 "shaders/upsample.glsl.j2"
 void src_linear(int dst, float scale, int size, out ivec2 i, out vec2 l) {
   precise float real;
   if (pc.align_corners != 0) {
@@ -79,7 +87,9 @@ T compute_out(ivec4 idx) {
   return r;
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
+#line 10 "shaders/_per_element.glsl.j2"
+#define compute_out(idx) tf_bf16_out(compute_out(idx))
+#line 12
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }

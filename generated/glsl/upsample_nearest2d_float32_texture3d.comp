@@ -40,22 +40,30 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 68
-void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
+#line 72
+void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, tf_bf16_out(v)); }
 
 // ---- element access for 'input' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_input(ivec3 pos) { return imageLoad(t_input, pos); }
 T load_input(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.input_sizes, input_layout);
   return imageLoad(t_input, pl.xyz)[pl.w];
 }
 
-#line 25 "shaders/upsample.glsl.j2"
+#line 27 "shaders/upsample.glsl.j2"
 int src_index(int dst, float scale, int size) {
   precise float real = float(dst) * scale;
   return min(int(floor(real)), size - 1);
@@ -66,7 +74,9 @@ T compute_out(ivec4 idx) {
                           src_index(idx.y, pc.scale_h, pc.input_sizes.y), idx.z, idx.w));
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
+#line 10 "shaders/_per_element.glsl.j2"
+#define compute_out(idx) tf_bf16_out(compute_out(idx))
+#line 12
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }

@@ -46,17 +46,25 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+// A bfloat16 program's value (runtime/graph/bfloat16.py): 'out' is rounded to
+// bfloat16 at its store when the program sets bf16_out (decided once, when it is built).
+#line 41
+layout(constant_id = 5) const int bf16_out = 0;  // round_bfloat16
+float tf_bf16_out(float v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
+
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (texture3d) ----
 // Rounded to float16 here, to nearest even (a storage-image store may truncate, and saturate
 // past the largest finite value): the same rounding as a buffer store and torch's.
-#line 66
+#line 76
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, VEC4(tf_to_float16(v))); }
 
 // ---- element access for 'self' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_self(ivec3 pos) { return imageLoad(t_self, pos); }
 T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
@@ -64,7 +72,7 @@ T load_self(ivec4 idx) {
 }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 32 "shaders/reduce.glsl.j2"
+#line 34 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -75,16 +83,16 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 62
+#line 64
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 83
+#line 85
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0);
-#line 46
+#line 48
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -95,10 +103,10 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 86
+#line 88
   R mean = sum / R(count);
   R acc = R(0);
-#line 46
+#line 48
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -109,30 +117,30 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 89
+#line 91
   R v = tf_div_nonneg(acc, max(count - pc.correction, 0.0));
-#line 93
+#line 95
   return v;
-#line 139
+#line 141
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 152
+#line 154
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
-#line 62
+#line 64
 #define R VEC4
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 83
+#line 85
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0);
-#line 46
+#line 48
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -143,10 +151,10 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 86
+#line 88
   R mean = sum / R(count);
   R acc = R(0);
-#line 46
+#line 48
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -157,27 +165,27 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 89
+#line 91
   R v = tf_div_nonneg(acc, max(count - pc.correction, 0.0));
-#line 93
+#line 95
   return v;
-#line 139
+#line 141
 }
 #undef R
 
-#line 161
+#line 163
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 171
+#line 173
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 177
+#line 179
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 183
+#line 185
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -185,10 +193,10 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 193
+#line 195
       }
     }
   }
   store_texel_out(pos, r);
-#line 201
+#line 203
 }

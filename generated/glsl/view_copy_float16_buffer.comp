@@ -44,6 +44,7 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T float
 #define VEC4 vec4
 
@@ -53,25 +54,25 @@ layout(push_constant) uniform PushConstants {
 
 // Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
 // SPEC_RULES); each default is the general value, whose path is right for every node.
-#line 78
+#line 89
 layout(constant_id = 5) const int same_units = 0;  // same_order
-#line 78
+#line 89
 layout(constant_id = 6) const int same_shape = 0;  // same_sizes
-#line 78
+#line 89
 layout(constant_id = 7) const int transpose = 0;  // transpose4_texels
-#line 78
+#line 89
 layout(constant_id = 8) const int tail = 1;  // units_tail
-#line 78
+#line 89
 layout(constant_id = 9) const int findex = 0;  // float_index
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
-#line 84
+#line 95
 const int tf_span = 16;
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 2) uniform samplerBuffer tb_self;
 layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { f16vec4 t4_self[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks

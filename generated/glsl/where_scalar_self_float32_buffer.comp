@@ -46,13 +46,14 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T float
 #define VEC4 vec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'condition' (buffer) ----
-#line 45
+#line 53
 int load_condition(ivec4 idx) { return t_condition[tf_buffer_word_lane(idx, pc.condition_sizes, condition_layout).x]; }
 
 // ---- element access for 'other' (buffer) ----
@@ -60,7 +61,7 @@ int load_condition(ivec4 idx) { return t_condition[tf_buffer_word_lane(idx, pc.c
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
-#line 93
+#line 104
 layout(set = 0, binding = 3) uniform samplerBuffer tb_other;
 layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { vec4 t4_other[]; };
 // Word w, and vec4 word k (words 4k .. 4k + 3, all inside the tensor): the one place that picks

@@ -44,17 +44,18 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T int
 #define VEC4 ivec4
 
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'condition' (buffer) ----
-#line 45
+#line 53
 int load_condition(ivec4 idx) { return t_condition[tf_buffer_word_lane(idx, pc.condition_sizes, condition_layout).x]; }
 
 // ---- element access for 'other' (buffer) ----
-#line 45
+#line 53
 T load_other(ivec4 idx) { return t_other[tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x]; }
 
 #line 14 "shaders/where.glsl.j2"

@@ -44,15 +44,16 @@ layout(push_constant) uniform PushConstants {
 #include "indexing.glslh"
 #include "math.glslh"
 
+#line 46
 #define T int
 #define VEC4 ivec4
 
 // ---- element access for 'out' (texture3d) ----
-#line 68
+#line 78
 void store_texel_out(ivec3 pos, VEC4 v) { imageStore(t_out, pos, v); }
 
 // ---- element access for 'condition' (texture3d) ----
-#line 56
+#line 64
 ivec4 load_texel_condition(ivec3 pos) { return imageLoad(t_condition, pos); }
 int load_condition(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.condition_sizes, condition_layout);
@@ -60,7 +61,7 @@ int load_condition(ivec4 idx) {
 }
 
 // ---- element access for 'other' (texture3d) ----
-#line 56
+#line 64
 VEC4 load_texel_other(ivec3 pos) { return imageLoad(t_other, pos); }
 T load_other(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.other_sizes, other_layout);

@@ -33,17 +33,19 @@ ROUND_TARGET = "texelflow.round_bfloat16.default"
 # chosen, never computed: no rounding after them. Overloads that take a number (`where.ScalarOther`,
 # `scatter.value`) write that number, which torch rounds: they are rounded.
 MOVES = frozenset({
-    "_unsafe_view", "abs", "adaptive_max_pool1d", "adaptive_max_pool2d", "alias", "amax", "amin", "as_strided",
-    "cat", "chunk", "clone", "concat", "concatenate", "contiguous", "cummax", "cummin", "detach", "diagonal",
-    "embedding", "expand", "expand_as", "flatten", "flip", "gather", "index", "index_put", "index_select",
-    "kthvalue", "lift_fresh_copy", "masked_select", "max", "max_pool1d", "max_pool2d", "max_pool2d_with_indices",
-    "max_pool3d", "max_pool3d_with_indices", "maximum", "median", "min", "minimum", "mode", "movedim", "narrow",
-    "neg", "permute", "pixel_shuffle", "pixel_unshuffle", "relu", "repeat", "reshape", "roll", "scatter",
-    "select", "select_scatter", "slice", "slice_scatter", "sort", "split", "split_with_sizes", "squeeze", "stack",
-    "t", "take_along_dim", "tensor_split", "tile", "topk", "transpose", "tril", "triu", "unbind", "unflatten",
-    "unfold", "unsqueeze", "view", "view_as", "where",
+    "_unsafe_view", "abs", "adaptive_max_pool1d", "adaptive_max_pool2d", "alias", "amax", "amin",
+    "as_strided", "cat", "chunk", "clone", "concat", "concatenate", "contiguous", "cummax", "cummin",
+    "detach", "diagonal", "embedding", "expand", "expand_as", "flatten", "flip", "gather", "index",
+    "index_put", "index_select", "kthvalue", "lift_fresh_copy", "masked_select", "max", "max_pool1d",
+    "max_pool2d", "max_pool2d_with_indices", "max_pool3d", "max_pool3d_with_indices", "maximum", "median",
+    "min", "minimum", "mode", "movedim", "narrow", "neg", "permute", "pixel_shuffle", "pixel_unshuffle",
+    "relu", "repeat", "reshape", "roll", "scatter", "select", "select_scatter", "slice", "slice_scatter",
+    "sort", "split", "split_with_sizes", "squeeze", "stack", "t", "take_along_dim", "tensor_split", "tile",
+    "topk", "transpose", "tril", "triu", "unbind", "unflatten", "unfold", "unsqueeze", "view", "view_as",
+    "where",
 })
 CASTS = frozenset({"_to_copy", "to", "type_as"})
+DROPOUTS = frozenset({"alpha_dropout", "dropout", "feature_dropout"})
 # Ops whose number operand beside a bfloat16 tensor (a Python float, a 0-d float32 tensor) torch
 # rounds to bfloat16 before computing (`x + 0.3`, `x > 0.3`). mul, div and the activations' slopes
 # keep the number in float32 (torch computes them in float32 from the number as given).
@@ -53,15 +55,19 @@ ROUNDS_NUMBERS = frozenset({"add", "atan2", "eq", "fmod", "ge", "gt", "le", "lt"
 @dataclass
 class HeldAsFloat32:
     """What `held_as_float32` did: the caller's dtype of each bfloat16 user input (by placeholder
-    name) and of each user output (by position), and how many rounding nodes it added."""
+    name) and of each user output (by position), how many roundings it added, how many of them
+    `fold_roundings` moved into their producer's store, and how many fusion left out."""
 
     inputs: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)
     rounds: int = 0
+    at_store: int = 0
+    in_fusion: int = 0  # dropped between two ops fused into one kernel (fusion._round_inside_fusion)
 
     def summary(self) -> str:
-        return (f"bfloat16 held as float32 on the device: {self.rounds} rounding nodes (torch rounds each op's "
-                f"result to bfloat16); the caller passes and gets bfloat16")
+        inside = f", {self.in_fusion} left out inside fused kernels" if self.in_fusion else ""
+        return (f"bfloat16 held as float32 on the device: {self.rounds} roundings to bfloat16 (where torch rounds), "
+                f"{self.at_store} of them in their producer's store{inside}; the caller passes and gets bfloat16")
 
 
 def round_bfloat16_reference(self):
@@ -181,6 +187,10 @@ def _computes(orig, torch) -> bool:
         return False
     name = _name(target)
     overload = getattr(target, "_overloadname", "")
+    if name in DROPOUTS:  # in inference (train=False, or p=0): the input as it is
+        train = orig.kwargs.get("train", orig.args[2] if len(orig.args) > 2 else True)
+        p = orig.kwargs.get("p", orig.args[1] if len(orig.args) > 1 else 0.5)
+        return not (train is False or p == 0)
     if name in CASTS:
         src = orig.args[0].meta.get("val") if orig.args and hasattr(orig.args[0], "meta") else None
         return not _is_bf16(src, torch)  # bfloat16 to bfloat16 moves; anything else is rounded
@@ -251,3 +261,95 @@ def _program(ep, graph, report: HeldAsFloat32, torch):
         range_constraints=ep.range_constraints, module_call_graph=ep._module_call_graph,
         example_inputs=examples, constants={k: _float32(v, torch) for k, v in ep.constants.items()},
         verifiers=ep.verifiers)
+
+
+def rounds_at_store(op_name: str, cache: dict = {}) -> bool:
+    """Whether every shader variant of `op_name` can round its float32 `out` at the store (its
+    template's contract has a `round_bfloat16` shape class: shaders/_prologue.glsl.j2)."""
+    if op_name not in cache:
+        from texelflow.generated.variants import variants_of
+
+        found = variants_of(op_name)
+        cache[op_name] = bool(found) and all(
+            any(s.rule == "round_bfloat16" for s in v.spec_constants) for v in found)
+    return cache[op_name]
+
+
+# Device ops that move float32 values unchanged (besides the registry's identity ops): rounding
+# commutes with them, so a rounding after one can move to the store of the node before it.
+COMMUTES = frozenset({"permute_copy", "to_layout"})
+
+
+def _moved_from(graph, v):
+    """The value `v` is a move of (through COMMUTES and identity ops, each the only reader of its
+    input, which is no graph output), and the moves' nodes; `v` itself and [] when none."""
+    moves = []
+    while True:
+        node = v.producer
+        if node is None or not node.on_device or not (node.op.is_identity or node.op.name in COMMUTES):
+            return v, moves
+        src = next((x for _, x in node.tensor_args()), None)
+        if src is None or len(list(node.tensor_args())) != 1 or src.users != [node] or src in graph.outputs:
+            return v, moves
+        moves.append(node)
+        v = src
+
+
+def _rounded(v) -> bool:
+    """Whether `v` already holds bfloat16 values: a round_bfloat16's, or a store that rounds."""
+    node = v.producer
+    return node is not None and node.on_device and (node.op.name == "round_bfloat16" or node.round_bfloat16)
+
+
+def _bypass(graph, node) -> None:
+    """Remove round_bfloat16 `node`: its readers (and the graph's outputs) read its input."""
+    src, out = node.arg("self"), node.outputs[0][1]
+    for user in list(out.users):
+        user.args = [(k, src if a is out else [src if x is out else x for x in a] if isinstance(a, list) else a)
+                     for k, a in user.args]
+        src.users.append(user)
+    graph.outputs[:] = [src if v is out else v for v in graph.outputs]
+    for reader, values in graph.fx_inputs.items():  # what CPU fallbacks read
+        if any(v is out or isinstance(v, (list, tuple)) and any(x is out for x in v) for v in values):
+            graph.fx_inputs[reader] = [src if v is out else type(v)(src if x is out else x for x in v)
+                                       if isinstance(v, (list, tuple)) else v for v in values]
+    specs = getattr(graph, "output_specs", None)
+    if specs is not None:
+        graph.output_specs = [(kind, target, src if v is out else v) for kind, target, v in specs]
+    out.users.clear()
+    graph.nodes.remove(node)
+    graph.fx_inputs.pop(node, None)
+    src.users[:] = [u for u in src.users if u is not node]
+
+
+def fold_roundings(graph) -> int:
+    """Move each device round_bfloat16 into a producer's store where the producer's kernels can
+    round there and nothing else reads the unrounded value: one dispatch and one tensor fewer, the
+    same bits (the store applies the same tf_round_bfloat16). The producer may sit before moves
+    that commute with rounding (a permute, a view, dropout in inference). A rounding of a value
+    already rounded is dropped. Run after fusion and kernel choice (the producer is then the
+    node that dispatches). Returns how many roundings it moved or dropped."""
+    count = 0
+    for node in list(graph.nodes):
+        if not (node.on_device and node.op.name == "round_bfloat16"):
+            continue
+        src, out = node.arg("self"), node.outputs[0][1]
+        origin, moves = _moved_from(graph, src)
+        if _rounded(origin):
+            _bypass(graph, node)
+            count += 1
+            continue
+        if src.users != [node] or src in graph.outputs or src.dtype != "float32":
+            continue
+        producer = origin.producer
+        if (producer is None or not producer.on_device or not producer.outputs or producer.outputs[0][1] is not origin
+                or origin.users != ([moves[-1]] if moves else [node]) or origin in graph.outputs
+                or not rounds_at_store(producer.op.name)):
+            continue
+        _bypass(graph, node)  # the producer's store rounds: the moves after it move rounded values
+        producer.round_bfloat16 = True
+        producer.fused = producer.fused + [f"rounds to bfloat16 at its store ('{node.name}')"]
+        count += 1
+    if graph.bfloat16 is not None:
+        graph.bfloat16.at_store += count
+    return count

@@ -209,6 +209,8 @@ def _round_inside_fusion(graph: PlanGraph, node: Node) -> None:
     out.users.clear()
     _remove(graph, node)
     producer.fused = producer.fused + [f"bfloat16 rounding '{node.name}' dropped (fuses with '{reader.name}')"]
+    if graph.bfloat16 is not None:
+        graph.bfloat16.in_fusion += 1
 
 
 # ---- 0, 1, 2: decomposed ops, batch norm ----------------------------------------------------------------

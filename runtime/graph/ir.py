@@ -84,6 +84,7 @@ class Node:
     transition: bool = False  # a to_layout the planner inserted (never a user's clone)
     folded: bool = False  # an identity op whose input and output share memory: no dispatch
     fused: list[str] = field(default_factory=list)  # what the fusion pass merged into this node
+    round_bfloat16: bool = False  # a bfloat16 program's result, rounded at its store (bfloat16.fold_roundings)
 
     @property
     def on_device(self) -> bool:

@@ -62,7 +62,8 @@ def test_spec_name_clashing_with_a_push_constant_is_refused(scratch_repo: Path):
 def test_reflection_lists_each_shape_class_with_its_rule_and_general_default():
     add = VARIANTS["add_float32_buffer"]
     classes = {s.name: s for s in add.spec_constants if s.rule}
-    assert set(classes) == {"a_class", "b_class", "tail", "ragged", "rows4"}
+    assert set(classes) == {"bf16_out", "a_class", "b_class", "tail", "ragged", "rows4"}
+    assert classes["bf16_out"].rule == "round_bfloat16"  # a bfloat16 program's mark (runtime/graph/bfloat16.py)
     assert classes["a_class"].rule == "read_class" and dict(classes["a_class"].params) == {"read_class": "self", "of": "out"}
     for s in classes.values():  # the default is the general path, right for any node
         assert s.default == SPEC_RULES[s.rule].general
@@ -70,9 +71,12 @@ def test_reflection_lists_each_shape_class_with_its_rule_and_general_default():
     assert ids == list(range(len(ids)))  # layouts first (3, 4, 5), then the classes
     assert add.span == 16 and VARIANTS["add_float32_texture3d"].span == 4
     assert VARIANTS["clone_float32_buffer"].span == 16
-    # templates without a contract `spec` keep one unit per invocation and no classes
+    # templates without a contract `spec` keep one unit per invocation and no classes (conv2d's
+    # contract declares only the bfloat16 store)
     conv = next(v for v in VARIANTS.values() if v.op == "conv2d")
-    assert conv.span == 1 and not [s for s in conv.spec_constants if s.rule]
+    assert conv.span == 1 and [s.rule for s in conv.spec_constants if s.rule] == ["round_bfloat16"]
+    where = next(v for v in VARIANTS.values() if v.op == "where")
+    assert where.span == 1 and not [s for s in where.spec_constants if s.rule]
     assert OPS["add"].template == "binary"
 
 

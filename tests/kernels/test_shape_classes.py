@@ -282,7 +282,10 @@ def _run(device, op_name: str, sample: dict, reprs: dict, expected: dict, specia
     case = explicit_case(op, sample, _inputs(op, sample, specials), f"{op_name} {sample}")
     node, arrays = build_node(op, "float32", case)
     [spec] = node_dispatches(node, reprs, "float32")
-    assert spec.spec == expected, f"{op_name} {sample}: shape classes {spec.spec}, expected {expected}"
+    # (bf16_out marks a bfloat16 program's node, not a shape: 0 here; tests/kernels/test_bfloat16_stores.py)
+    classes = {k: v for k, v in spec.spec.items() if k != "bf16_out"}
+    assert spec.spec.get("bf16_out", 0) == 0
+    assert classes == expected, f"{op_name} {sample}: shape classes {classes}, expected {expected}"
     tensors, ins, in_arrays = {}, [], []
     for name, v in list(spec.tensors.items()):
         r = reprs[name]

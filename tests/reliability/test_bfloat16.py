@@ -172,15 +172,46 @@ def test_fused_activations_and_batch_norms_keep_fusing(device):
     assert "bfloat16 rounding" in plan.summary()
 
 
+def _roundings(prog) -> int:
+    return sum(1 for n in prog.plan.graph.nodes if n.op is not None and n.op.name == "round_bfloat16")
+
+
+@pytest.mark.parametrize("make,shape", [(Block, (2, 7, 32)), (Net, (1, 3, 9, 11))], ids=["block", "net"])
+def test_roundings_move_into_stores_bit_for_bit(device, monkeypatch, make, shape):
+    """fold_roundings moves every rounding but the input's into a producer's store (through
+    permutes, views and dropout), and the program gives the same bits as with round_bfloat16 nodes."""
+    from texelflow.runtime.graph import bfloat16
+
+    torch.manual_seed(1)
+    model = make().to(BF16).eval()
+    x = torch.randn(shape, dtype=BF16)
+    with texelflow.compile(model, (x,), device=device) as folded:
+        got = folded(x)
+        assert _roundings(folded) == 1  # the input's, where a float32 caller (a saved program) enters
+        report = folded.plan.graph.bfloat16
+        assert report.at_store + report.in_fusion == report.rounds - 1
+        assert "at its store" in folded.plan.summary()
+    monkeypatch.setattr(bfloat16, "fold_roundings", lambda graph: 0)
+    with texelflow.compile(model, (x,), device=device) as separate:
+        want = separate(x)
+        assert _roundings(separate) > 3
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        assert _same_bits(g, w) if g.is_floating_point() else torch.equal(g, w)
+
+
 def test_caller_passes_and_gets_bfloat16(device):
     model = Block().to(BF16).eval()
     x = torch.randn(1, 3, 32, dtype=BF16)
     with texelflow.compile(model, (x,), device=device) as prog:
         with pytest.raises(InputValueError, match="expected dtype bfloat16, got float32"):
             prog(x.float())
+        assert prog._fast is not None  # the planned fast call takes bfloat16 in and out (call_fast.py)
         first = prog(x)
         assert first.dtype == BF16
         assert torch.equal(prog(x), first)  # and again: the same answer each call
+        general = prog._general_call((x,))
+        assert general.dtype == BF16 and torch.equal(general, first)
 
 
 def test_cpu_fallback_inside_a_bfloat16_program(device):

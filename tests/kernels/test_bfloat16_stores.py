@@ -1,0 +1,84 @@
+"""Every shader variant that can round its output to bfloat16 at the store, with that path taken.
+
+A bfloat16 program (runtime/graph/bfloat16.py) moves a round_bfloat16 node into its producer's
+store where the producer's template declares the `round_bfloat16` shape class: the store then
+applies tf_round_bfloat16 (shaders/_prologue.glsl.j2). For each op that declares it, per storage of
+its output, one float32 variant runs every ops.yaml sample (with NaN and Inf injected where the registry
+test injects them) runs twice in one Program: once as the registry test runs it, once with the
+node marked. The marked output must be exactly the first one rounded to bfloat16 (torch's
+.bfloat16(), bit for bit, NaN for NaN), and padding must stay zero.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from texelflow.generated.ops import OPS
+from texelflow.generated.samples import SAMPLES
+from texelflow.generated.variants import VARIANTS
+
+from .nodecheck import (assert_padding_zero, build_node, combo_id, fits, injected_specials, run_nodes, sample_case,
+                        variant_cases)
+
+
+def _rounding_cases() -> list[tuple[str, dict]]:
+    """Per op whose template rounds a float32 `out` at the store, one float32 variant and
+    representation case per storage of `out` (the stores differ by out's storage; the inputs'
+    storages change only the loads, which the registry test covers)."""
+    seen, cases = set(), []
+    for vname, combo in variant_cases():
+        v = VARIANTS[vname]
+        key = (v.op, combo["out"].storage if "out" in combo else None)
+        if (v.dtype == "float32" and OPS[v.op].tensor_dtype("out", "float32") == "float32" and key not in seen
+                and any(s.rule == "round_bfloat16" for s in v.spec_constants)):
+            seen.add(key)
+            cases.append((vname, combo))
+    return cases
+
+
+CASES = _rounding_cases()
+
+
+def _rounded(x: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16).float().numpy()
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> bool:
+    nan = np.isnan(got) & np.isnan(want)
+    return bool(((got.view(np.uint32) == want.view(np.uint32)) | nan).all())
+
+
+def test_rounding_variants_exist():
+    """The templates of the ops a bfloat16 model computes with declare the shape class."""
+    ops = {VARIANTS[v].op for v, _ in CASES}
+    for name in ("add", "mul", "gelu", "exp", "layer_norm", "softmax", "sum", "linear_packed", "mm", "bmm",
+                 "conv2d", "conv2d_pw", "conv2d_dw", "scaled_dot_product_attention", "avg_pool2d"):
+        assert name in ops, f"{name} cannot round at its store"
+
+
+@pytest.mark.parametrize("vname,combo", CASES, ids=[f"{v}-{combo_id(OPS[VARIANTS[v].op], c)}" for v, c in CASES])
+def test_store_rounds_to_bfloat16(device, vname, combo):
+    op = OPS[VARIANTS[vname].op]
+    lacking = set(VARIANTS[vname].features) - set(device.enabled_features)
+    if lacking:
+        pytest.skip(f"{vname} needs device features {sorted(lacking)}, which this device lacks")
+    specials = injected_specials(op.name, "float32")
+    cases = [sample_case(op.name, "float32", index, values) for index in range(len(SAMPLES[op.name]))
+             for values in (((), specials) if specials else ((),))]
+    cases = [c for c in cases if fits(op, "float32", c, combo)]
+    assert cases, f"{vname}: no sample fits {combo_id(op, combo)}"
+    nodes = []
+    for case in cases:
+        for marked in (False, True):
+            node, arrays = build_node(op, "float32", case)
+            node.round_bfloat16 = marked
+            nodes.append((node, arrays))
+    results = run_nodes(device, nodes, combo, "float32", expect_variant=vname)
+    for i, case in enumerate(cases):
+        plain, marked = results[2 * i], results[2 * i + 1]
+        what = f"{vname} {combo_id(op, combo)} {case.label}"
+        assert _same(marked[0].got, _rounded(plain[0].got)), f"{what}: 'out' is not its float32 value rounded"
+        assert_padding_zero(marked[0], what)
+        for a, b in zip(plain[1:], marked[1:]):  # other outputs are never rounded
+            assert _same(np.asarray(a.got, np.float32), np.asarray(b.got, np.float32)), f"{what}: another output changed"
