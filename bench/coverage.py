@@ -109,6 +109,25 @@ def _bf16(x):
     return (x.to(torch.bfloat16) * 2).float()
 
 
+class HalfRmsNormBf16(nn.Module):
+    """A bfloat16 model as transformers' LLaMA code writes it: RMSNorm through float32 and back,
+    a linear, softmax in float32 cast back, a finfo(bfloat16).min causal mask."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, d))
+        self.proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, h):
+        dtype = h.dtype
+        x = h.to(torch.float32)
+        x = self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+        w = self.proj(x) @ x.transpose(-1, -2)
+        t = w.shape[-1]
+        w = w + torch.full((t, t), torch.finfo(dtype).min, dtype=dtype).triu(1)
+        return torch.softmax(w, dim=-1, dtype=torch.float32).to(dtype) @ x
+
+
 IDS = torch.tensor([[0, 5, 7, 9, 2, 1, 1], [0, 3, 4, 5, 6, 8, 2]])
 PADDED = torch.tensor([[5, 3, 2, 7, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]])
 MASK = (PADDED != 0).long()
@@ -194,6 +213,8 @@ CASES = {
     "antialias": (lambda x: F.interpolate(x, size=(4, 4), mode="bilinear", antialias=True), (_randn(1, 3, 9, 9),),
                   "antialiased downsampling"),
     "bfloat16": (_bf16, (_randn(3, 5),), "a bfloat16 cast"),
+    "bfloat16_model": (HalfRmsNormBf16().to(torch.bfloat16), (_randn(2, 6, 16).to(torch.bfloat16),),
+                       "a bfloat16 model: RMSNorm via float32, softmax(dtype=float32), finfo.min mask"),
 }
 
 

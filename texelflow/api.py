@@ -59,10 +59,19 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     timings: dict[str, float] = {}
     ep = export_program(model, example_inputs, timings)
     start = time.perf_counter()
+    original = ep
     ep, bfloat16 = held_as_float32(ep)  # bfloat16 tensors held as float32, rounded as torch rounds
     timings["decomposition"] = timings.get("decomposition", 0.0) + time.perf_counter() - start
     form, why = attention_form(subgroup)
-    graph = lower(ep, limits, timings, {SDPA_TARGET: f"attention as bmm + softmax + bmm: {why}"} if form == "gemm" else None)
+    decompose_first = {SDPA_TARGET: f"attention as bmm + softmax + bmm: {why}"} if form == "gemm" else None
+    try:
+        graph = lower(ep, limits, timings, decompose_first)
+    except Exception:
+        if bfloat16 is None:
+            raise
+        # never worse than before the rewrite: the original's bfloat16 nodes run on the CPU
+        ep, bfloat16 = original, None
+        graph = lower(ep, limits, timings, decompose_first)
     graph.bfloat16 = bfloat16
     start = time.perf_counter()
     graph = fuse_patterns(graph, limits, choose_kernels=False, subgroup=subgroup, costs=costs)

@@ -2,8 +2,8 @@
 
 A bfloat16 program (runtime/graph/bfloat16.py) moves a round_bfloat16 node into its producer's
 store where the producer's template declares the `round_bfloat16` shape class: the store then
-applies tf_round_bfloat16 (shaders/_prologue.glsl.j2). For each op that declares it, per storage of
-its output, one float32 variant runs every ops.yaml sample (with NaN and Inf injected where the registry
+applies tf_round_bfloat16 (shaders/_prologue.glsl.j2). For each template that declares it, per
+storage of its output, one float32 variant runs every ops.yaml sample (with NaN and Inf injected where the registry
 test injects them) runs twice in one Program: once as the registry test runs it, once with the
 node marked. The marked output must be exactly the first one rounded to bfloat16 (torch's
 .bfloat16(), bit for bit, NaN for NaN), and padding must stay zero.
@@ -23,13 +23,13 @@ from .nodecheck import (assert_padding_zero, build_node, combo_id, fits, injecte
 
 
 def _rounding_cases() -> list[tuple[str, dict]]:
-    """Per op whose template rounds a float32 `out` at the store, one float32 variant and
-    representation case per storage of `out` (the stores differ by out's storage; the inputs'
-    storages change only the loads, which the registry test covers)."""
+    """Per template that rounds a float32 `out` at the store, one float32 variant and
+    representation case per storage of `out`: the store is the template's code (the op's own
+    expression, OP, is what the registry test checks), and it differs by out's storage only."""
     seen, cases = set(), []
     for vname, combo in variant_cases():
         v = VARIANTS[vname]
-        key = (v.op, combo["out"].storage if "out" in combo else None)
+        key = (OPS[v.op].template, combo["out"].storage if "out" in combo else None)
         if (v.dtype == "float32" and OPS[v.op].tensor_dtype("out", "float32") == "float32" and key not in seen
                 and any(s.rule == "round_bfloat16" for s in v.spec_constants)):
             seen.add(key)
@@ -50,11 +50,15 @@ def _same(got: np.ndarray, want: np.ndarray) -> bool:
 
 
 def test_rounding_variants_exist():
-    """The templates of the ops a bfloat16 model computes with declare the shape class."""
-    ops = {VARIANTS[v].op for v, _ in CASES}
+    """The templates of the ops a bfloat16 model computes with declare the shape class, and every
+    template that declares it has a case here."""
+    from texelflow.runtime.graph.bfloat16 import rounds_at_store
+
     for name in ("add", "mul", "gelu", "exp", "layer_norm", "softmax", "sum", "linear_packed", "mm", "bmm",
-                 "conv2d", "conv2d_pw", "conv2d_dw", "scaled_dot_product_attention", "avg_pool2d"):
-        assert name in ops, f"{name} cannot round at its store"
+                 "conv2d", "conv2d_pw", "conv2d_dw", "scaled_dot_product_attention", "avg_pool2d", "addmm"):
+        assert rounds_at_store(name), f"{name} cannot round at its store"
+    declared = {OPS[v.op].template for v in VARIANTS.values() if any(s.rule == "round_bfloat16" for s in v.spec_constants)}
+    assert declared == {OPS[VARIANTS[v].op].template for v, _ in CASES}
 
 
 @pytest.mark.parametrize("vname,combo", CASES, ids=[f"{v}-{combo_id(OPS[VARIANTS[v].op], c)}" for v, c in CASES])
