@@ -2607,6 +2607,36 @@ OPS: dict[str, OpEntry] = {
             'detach_int8_buffer',
         ),
     ),
+    'digamma': OpEntry(
+        name='digamma',
+        targets=(
+            'aten.digamma.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'digamma_float16_buffer',
+            'digamma_float16_texture3d',
+            'digamma_float32_buffer',
+            'digamma_float32_texture3d',
+        ),
+    ),
     'div': OpEntry(
         name='div',
         targets=(
@@ -3928,6 +3958,36 @@ OPS: dict[str, OpEntry] = {
             'leaky_relu_float32_texture3d',
         ),
     ),
+    'lgamma': OpEntry(
+        name='lgamma',
+        targets=(
+            'aten.lgamma.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'lgamma_float16_buffer',
+            'lgamma_float16_texture3d',
+            'lgamma_float32_buffer',
+            'lgamma_float32_texture3d',
+        ),
+    ),
     'lift_fresh_copy': OpEntry(
         name='lift_fresh_copy',
         targets=(
@@ -4489,6 +4549,39 @@ OPS: dict[str, OpEntry] = {
             'log_softmax_float16_texture3d',
             'log_softmax_float32_buffer',
             'log_softmax_float32_texture3d',
+        ),
+    ),
+    'logcumsumexp': OpEntry(
+        name='logcumsumexp',
+        targets=(
+            'aten.logcumsumexp.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('scan_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
+        ),
+        checks=(),
+        grid=('per_output_unit',),
+        template='scan',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'logcumsumexp_float16_buffer',
+            'logcumsumexp_float16_texture3d',
+            'logcumsumexp_float32_buffer',
+            'logcumsumexp_float32_texture3d',
         ),
     ),
     'logical_and': OpEntry(
@@ -7847,6 +7940,7 @@ TARGETS: dict[str, str] = {
     'aten.cumprod.default': 'cumprod',
     'aten.cumsum.default': 'cumsum',
     'aten.detach.default': 'detach',
+    'aten.digamma.default': 'digamma',
     'aten.div.Scalar': 'div_scalar',
     'aten.div.Scalar_mode': 'div_mode_scalar',
     'aten.div.Tensor': 'div',
@@ -7885,6 +7979,7 @@ TARGETS: dict[str, str] = {
     'aten.le.Scalar': 'le_scalar',
     'aten.le.Tensor': 'le',
     'aten.leaky_relu.default': 'leaky_relu',
+    'aten.lgamma.default': 'lgamma',
     'aten.lift_fresh_copy.default': 'lift_fresh_copy',
     'aten.linalg_vector_norm.default': 'linalg_vector_norm',
     'aten.linear.default': 'linear',
@@ -7894,6 +7989,7 @@ TARGETS: dict[str, str] = {
     'aten.log2.default': 'log2',
     'aten.log_sigmoid.default': 'log_sigmoid',
     'aten.log_softmax.int': 'log_softmax',
+    'aten.logcumsumexp.default': 'logcumsumexp',
     'aten.logical_and.default': 'logical_and',
     'aten.logical_not.default': 'logical_not',
     'aten.logical_or.default': 'logical_or',

@@ -60,34 +60,37 @@ T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
+#line 26 "shaders/scan.glsl.j2"
+#define COMBINE(a, b) ((a) + (b))
+#define START 0
 
-#line 23 "shaders/scan.glsl.j2"
+#line 30
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   int d = pc.scan_dim;
   int n = pc.out_sizes[d];
-#line 38
+#line 45
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 e = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   if (e[d] != 0) { return; }
   bool along_lanes = d == tf_packed_dim(out_layout);
   int step = along_lanes ? 4 : 1;
-  VEC4 s = VEC4(0);
+  VEC4 s = VEC4(START);
   for (int j = 0; j < n; j += step) {
     e[d] = j;
     ivec3 p = tf_texel_pos_lane(e, pc.out_sizes, out_layout).xyz;
     VEC4 v = VEC4(load_texel_self(p));
     if (along_lanes) {  // s holds the line's total so far in every lane
-      v.x += s.w;
-      v.y += v.x;
-      v.z += v.y;
-      v.w += v.z;
+      v.x = COMBINE(v.x, s.w);
+      v.y = COMBINE(v.y, v.x);
+      v.z = COMBINE(v.z, v.y);
+      v.w = COMBINE(v.w, v.z);
       s = v;
     } else {
-      s += v;
+      s = COMBINE(s, v);
     }
     store_texel_out(p, mix(s, VEC4(0), tf_padding_lanes(p, pc.out_sizes, out_layout)));
   }
-#line 60
+#line 67
 }

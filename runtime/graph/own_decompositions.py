@@ -26,7 +26,9 @@ with a bool mask and one value as a where, with one 1-D index as a where of gath
 accumulating, a one-hot product); `scatter_add` and `scatter` by a one-hot comparison of the index
 with the positions along the dim (a sum of the sources it selects, or the last one);
 `argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
-least of them, in int32, widened by a cast the device holds narrowed. `_safe_softmax` (in torch's
+least of them, in int32, widened by a cast the device holds narrowed; `cummax` and `cummin` as a
+running max (min) by doubling (log2 n maximums with shifted copies) and the running max of the
+positions that set it. `_safe_softmax` (in torch's
 attention decomposition) as a softmax and a where on the row max. `cumsum` with a dtype as a cast
 and a cumsum; `number ** tensor` as a tensor pow; `round` to decimals by a scale of 10^d. `div`
 with a rounding mode and `floor_divide`
@@ -539,6 +541,62 @@ def max_dim(self, dim, keepdim=False):
 
 def min_dim(self, dim, keepdim=False):
     return _arg_extreme(self, dim, keepdim, largest=False)
+
+
+def _running(x, dim: int, largest: bool):
+    """The running max (min) of x along `dim` by doubling: after the step of shift k (1, 2, 4, ...)
+    each element holds the extreme of the 2k elements up to it, so ceil(log2 n) steps of a
+    maximum (minimum) with a shifted copy cover the line. The copy's first k places hold the
+    line's first element, which the extreme of every prefix already counts (so they change
+    nothing): moves only (slice, expand, cat), so int64 ids the device holds narrowed stay so.
+    NaN propagates forward, as maximum and minimum propagate it."""
+    import torch
+
+    aten = torch.ops.aten
+    n, k = x.shape[dim], 1
+    pick = aten.maximum.default if largest else aten.minimum.default
+    while k < n:
+        size = list(x.shape)
+        size[dim] = k
+        first = aten.expand.default(aten.slice.Tensor(x, dim, 0, 1), size)
+        x = pick(x, aten.cat.default([first, aten.slice.Tensor(x, dim, 0, n - k)], dim))
+        k *= 2
+    return x
+
+
+def _cum_extreme(self, dim: int, largest: bool):
+    """torch.cummax / cummin: the running extreme (_running), and the index of the last element
+    that set it: torch's kernel takes x where x >= the running max (so ties take the later index)
+    or x is NaN (and after a NaN only another NaN). The element that set the value equals it, or is
+    NaN, so the indices are the running max of its position where it does and -1 elsewhere, in
+    int32, widened by a cast the device holds narrowed (narrowing.py)."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dim() == 0:
+        return aten.clone.default(self), aten._to_copy.default(aten.mul.Scalar(self, 0), dtype=torch.int64)
+    d = dim % self.dim()
+    n = self.shape[d]
+    floating = self.dtype.is_floating_point
+    if not floating and self.dtype not in (torch.int32, torch.int64):
+        raise ValueError("a running extreme of floats or int32 / int64")
+    values = _running(self, d, largest)
+    hit = aten.eq.Tensor(self, values)
+    if floating:
+        hit = aten.logical_or.default(hit, aten.ne.Tensor(self, self))
+    shape = [1] * self.dim()
+    shape[d] = n
+    positions = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), shape)
+    last = _running(aten.where.ScalarOther(hit, positions, -1), d, True)
+    return values, aten._to_copy.default(last, dtype=torch.int64)
+
+
+def cummax(self, dim):
+    return _cum_extreme(self, dim, largest=True)
+
+
+def cummin(self, dim):
+    return _cum_extreme(self, dim, largest=False)
 
 
 def safe_softmax(self, dim, dtype=None):
@@ -1335,6 +1393,8 @@ OWN_DECOMPOSITIONS = {
     "aten.fmin.default": _nan_ignoring(largest=False),
     "aten.bilinear.default": bilinear,
     "aten.aminmax.default": aminmax,
+    "aten.cummax.default": cummax,
+    "aten.cummin.default": cummin,
     "aten._safe_softmax.default": safe_softmax,
     "aten.argmax.default": argmax,
     "aten.argmin.default": argmin,

@@ -34,19 +34,19 @@ def test_plan_accepts_an_exported_program():
 
 
 class CpuOpModel(torch.nn.Module):
-    """logcumsumexp has no Vulkan kernel: the one node that runs on the CPU, between two device ops."""
+    """special.erfcx has no Vulkan kernel: the one node that runs on the CPU, between two device ops."""
 
     def forward(self, x):
-        return torch.logcumsumexp(x.relu(), 1) * 2
+        return torch.special.erfcx(x.relu()) * 2
 
 
 def test_plan_reports_fallbacks_and_permutes():
     plan = texelflow.plan(*tiny_mixer())
     assert plan.fallbacks == [] and plan.num_permutes == 1
     plan = texelflow.plan(CpuOpModel(), (torch.randn(3, 5),))
-    assert plan.fallbacks == [("logcumsumexp", "no Vulkan op implements aten.logcumsumexp.default")]
+    assert plan.fallbacks == [("special_erfcx", "no Vulkan op implements aten.special_erfcx.default")]
     dot = plan.to_dot()
-    assert dot.startswith("digraph plan {") and "CPU: aten.logcumsumexp.default" in dot
+    assert dot.startswith("digraph plan {") and "CPU: aten.special_erfcx.default" in dot
     # Transitions are drawn as diamonds. tiny_mixer has none since permute_copy re-lays out for
     # free (its conv's CP output leaves the permute WP for the layer norm); tiny_resnet keeps one.
     assert "shape=diamond" in texelflow.plan(*tiny_resnet()).to_dot()

@@ -3,10 +3,13 @@
 A bfloat16 program (runtime/graph/bfloat16.py) moves a round_bfloat16 node into its producer's
 store where the producer's template declares the `round_bfloat16` shape class: the store then
 applies tf_round_bfloat16 (shaders/_prologue.glsl.j2). For each template that declares it, per
-storage of its output, one float32 variant runs every ops.yaml sample (with NaN and Inf injected where the registry
-test injects them) runs twice in one Program: once as the registry test runs it, once with the
-node marked. The marked output must be exactly the first one rounded to bfloat16 (torch's
-.bfloat16(), bit for bit, NaN for NaN), and padding must stay zero.
+storage of its output, one float32 variant runs every ops.yaml sample (with NaN and Inf injected
+where the registry test injects them) with the node marked. Every value of the output must be one bfloat16 holds,
+and match torch's answer rounded to bfloat16 within the template's tolerance or one bfloat16
+step; padding must stay zero. (That the store's rounding is torch's bit for bit is
+tests/reliability/test_bfloat16.py's: the rounding kernel on ties, NaN and Inf, and whole programs
+with the roundings in the stores against the same programs with round_bfloat16 nodes. Only the
+marked pipeline is built here: the registry test builds the unmarked one.)
 """
 from __future__ import annotations
 
@@ -18,8 +21,8 @@ from texelflow.generated.ops import OPS
 from texelflow.generated.samples import SAMPLES
 from texelflow.generated.variants import VARIANTS
 
-from .nodecheck import (assert_padding_zero, build_node, combo_id, fits, injected_specials, run_nodes, sample_case,
-                        variant_cases)
+from .nodecheck import (assert_matches, assert_padding_zero, build_node, combo_id, fits, injected_specials, run_nodes,
+                        sample_case, tolerance, variant_cases)
 
 
 def _rounding_cases() -> list[tuple[str, dict]]:
@@ -74,15 +77,28 @@ def test_store_rounds_to_bfloat16(device, vname, combo):
     assert cases, f"{vname}: no sample fits {combo_id(op, combo)}"
     nodes = []
     for case in cases:
-        for marked in (False, True):
-            node, arrays = build_node(op, "float32", case)
-            node.round_bfloat16 = marked
-            nodes.append((node, arrays))
+        node, arrays = build_node(op, "float32", case)
+        node.round_bfloat16 = True
+        nodes.append((node, arrays))
     results = run_nodes(device, nodes, combo, "float32", expect_variant=vname)
-    for i, case in enumerate(cases):
-        plain, marked = results[2 * i], results[2 * i + 1]
+    for case, outs in zip(cases, results):
         what = f"{vname} {combo_id(op, combo)} {case.label}"
-        assert _same(marked[0].got, _rounded(plain[0].got)), f"{what}: 'out' is not its float32 value rounded"
-        assert_padding_zero(marked[0], what)
-        for a, b in zip(plain[1:], marked[1:]):  # other outputs are never rounded
-            assert _same(np.asarray(a.got, np.float32), np.asarray(b.got, np.float32)), f"{what}: another output changed"
+        got, want = outs[0].got, np.asarray(case.want[0], np.float32)
+        stored = got.view(np.uint32)
+        assert not (stored & 0xFFFF)[~np.isnan(got)].any(), f"{what}: 'out' holds values bfloat16 cannot"
+        assert_matches_bfloat16(got, want, op.name, what)
+        assert_padding_zero(outs[0], what)
+        for out, w in zip(outs[1:], case.want[1:]):  # other outputs are never rounded
+            assert_matches(out.got, w, op.name, what)
+
+
+def assert_matches_bfloat16(got: np.ndarray, want: np.ndarray, op_name: str, what: str) -> None:
+    """`got` against torch's float32 answer rounded to bfloat16: bit for bit for a bit-exact
+    template, else within the template's tolerance or one bfloat16 step (2**-7 relative: two
+    roundings of nearly equal values differ by one step), whichever is wider."""
+    want = _rounded(want)
+    tol = tolerance(op_name)
+    if tol is None:
+        assert _same(got, want), f"{what}: differs from torch's answer rounded to bfloat16"
+        return
+    np.testing.assert_allclose(got, want, rtol=max(tol[0], 2.0 ** -7), atol=tol[1], equal_nan=True, err_msg=what)
