@@ -16,7 +16,7 @@ program before lowering, and the rest of texelflow sees a float32 program:
   program, which numpy runs without bfloat16) gets torch's answer too.
 
 The caller still passes and gets bfloat16 tensors: the call converts, exactly, at the boundary
-(`PlanGraph.caller_dtypes`, runtime/program.py). Declined (the program keeps torch's bfloat16
+(`PlanGraph.bfloat16`, runtime/program.py and runtime/call_fast.py). Declined (the program keeps torch's bfloat16
 nodes, which run on the CPU as before): a program whose forward writes a bfloat16 buffer (the call
 writes it back into the model's own tensor) and any graph torch's fake tensors cannot re-propagate.
 """
@@ -27,22 +27,22 @@ import dataclasses
 from dataclasses import dataclass, field
 
 BF16 = "bfloat16"
-ROUND_TARGET = "texelflow.round_bfloat16.default"
 
 # aten ops (by overload packet) whose bfloat16 results are bfloat16 values of their inputs, moved or
-# chosen, never computed: no rounding after them. Overloads that take a number (`where.ScalarOther`,
-# `scatter.value`) write that number, which torch rounds: they are rounded.
+# chosen, never computed: no rounding after them. Overloads that take a number (`where.ScalarOther`)
+# write that number, which torch rounds: they are rounded. (A rounding too many changes nothing,
+# rounding being idempotent; ops that may sum, as index_put and scatter with accumulate or reduce,
+# are left out.)
 MOVES = frozenset({
     "_unsafe_view", "abs", "adaptive_max_pool1d", "adaptive_max_pool2d", "alias", "amax", "amin",
     "as_strided", "cat", "chunk", "clone", "concat", "concatenate", "contiguous", "cummax", "cummin",
     "detach", "diagonal", "embedding", "expand", "expand_as", "flatten", "flip", "gather", "index",
-    "index_put", "index_select", "kthvalue", "lift_fresh_copy", "masked_select", "max", "max_pool1d",
-    "max_pool2d", "max_pool2d_with_indices", "max_pool3d", "max_pool3d_with_indices", "maximum", "median",
-    "min", "minimum", "mode", "movedim", "narrow", "neg", "permute", "pixel_shuffle", "pixel_unshuffle",
-    "relu", "repeat", "reshape", "roll", "scatter", "select", "select_scatter", "slice", "slice_scatter",
-    "sort", "split", "split_with_sizes", "squeeze", "stack", "t", "take_along_dim", "tensor_split", "tile",
-    "topk", "transpose", "tril", "triu", "unbind", "unflatten", "unfold", "unsqueeze", "view", "view_as",
-    "where",
+    "index_select", "kthvalue", "lift_fresh_copy", "masked_select", "max", "max_pool1d", "max_pool2d",
+    "max_pool2d_with_indices", "max_pool3d", "max_pool3d_with_indices", "maximum", "median", "min", "minimum",
+    "mode", "movedim", "narrow", "neg", "permute", "pixel_shuffle", "pixel_unshuffle", "relu", "repeat",
+    "reshape", "roll", "select", "select_scatter", "slice", "slice_scatter", "sort", "split",
+    "split_with_sizes", "squeeze", "stack", "t", "take_along_dim", "tensor_split", "tile", "topk",
+    "transpose", "tril", "triu", "unbind", "unflatten", "unfold", "unsqueeze", "view", "view_as", "where",
 })
 CASTS = frozenset({"_to_copy", "to", "type_as"})
 DROPOUTS = frozenset({"alpha_dropout", "dropout", "feature_dropout"})
