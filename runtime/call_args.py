@@ -113,7 +113,7 @@ def check_tensor(i: int, spec: TensorSpec, x):
                               f"(the program was compiled for fixed shapes)")
     x = x.detach().contiguous()
     if spec.device_dtype is not None and spec.device_dtype != spec.dtype:
-        if x.is_floating_point():  # bfloat16 held as float32: widened exactly, here once
+        if spec.dtype == "bfloat16":  # held as float32: widened exactly, here once
             return x.to(getattr(torch, spec.device_dtype))
         check_fits(label, spec, x)
     return x
