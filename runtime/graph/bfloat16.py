@@ -153,7 +153,14 @@ def _rewrite(ep, torch):
             report.rounds += _round_numbers(graph, node, before, op, torch)
         if not any(_is_bf16(v, torch) for v in vals):
             continue
-        if _computes(orig, torch):
+        if _computes(orig, torch) and _float32_cast(orig, torch):  # now float32 to float32: the rounding alone
+            src = node.args[0]
+            with graph.inserting_after(node):
+                rounded = graph.create_node("call_function", op, (src,), name=f"{node.name}_bf16")
+            node.replace_all_uses_with(rounded)
+            graph.erase_node(node)
+            report.rounds += 1
+        elif _computes(orig, torch):
             if isinstance(orig.meta.get("val"), (tuple, list)):
                 report.rounds += _round_items(graph, node, vals, op, torch)
             else:
@@ -195,6 +202,16 @@ def _computes(orig, torch) -> bool:
         src = orig.args[0].meta.get("val") if orig.args and hasattr(orig.args[0], "meta") else None
         return not _is_bf16(src, torch)  # bfloat16 to bfloat16 moves; anything else is rounded
     return name not in MOVES or "scalar" in overload.lower() or overload == "value"
+
+
+def _float32_cast(orig, torch) -> bool:
+    """Whether `orig` casts a float32 tensor to bfloat16 (autocast's casts of weights and inputs):
+    held as float32, only its rounding is left, which reads the float32 tensor itself (so a
+    weight's rounding folds into a constant its linear prepacks)."""
+    if _name(orig.target) not in CASTS or not orig.args or not hasattr(orig.args[0], "meta"):
+        return False
+    src = orig.args[0].meta.get("val")
+    return isinstance(src, torch.Tensor) and src.dtype == torch.float32 and _is_bf16(orig.meta.get("val"), torch)
 
 
 def _round_after(graph, node, op) -> int:

@@ -53,11 +53,11 @@ class ConstantFolder:
         self.state.update(getattr(ep, "constants", {}) or {})
 
     def candidate(self, node, ins: list) -> bool:
-        """Whether `node` computes a constant: an ATen op, not random nor in-place, whose tensor
-        inputs are all constants (or an op that reads only their shapes)."""
+        """Whether `node` computes a constant: an ATen op (or texelflow's round_bfloat16), not random
+        nor in-place, whose tensor inputs are all constants (or an op that reads only their shapes)."""
         torch = self.torch
         target = node.target
-        if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "texelflow"):
             return False
         if target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags:
             return False
@@ -66,6 +66,11 @@ class ConstantFolder:
         if str(target) in SHAPE_ONLY:
             return True
         return all(isinstance(v, Value) and v.role is Role.CONST and v.source not in self.mutated for v in ins)
+
+    def rounded_constant(self, node, ins: list) -> bool:
+        """A bfloat16 program's rounding of a constant (runtime/graph/bfloat16.py: autocast's cast of
+        a float32 weight): folded, so the weight stays a constant its linear or conv prepacks."""
+        return str(node.target) == "texelflow.round_bfloat16.default" and self.candidate(node, ins)
 
     def free_view(self, node, ins: list) -> bool:
         """A view-like op (the registry's `identity` flag) of constants: folded even though it could

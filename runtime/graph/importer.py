@@ -5,9 +5,11 @@ torchao's convert_pt2e included), or an ExportedProgram. torch.export's graph ke
 (linear, layer_norm, scaled_dot_product_attention, ...), which is what the registry implements,
 so the program is not re-traced through `run_decompositions`: lowering decomposes, alone, only
 the nodes that need it, and rebinds in-place ops on fresh tensors (`relu_`) itself
-(`inplace.py`). The one exception is a graph with other mutations (a buffer's `add_`, a write
-seen through a view): torch.export's graph is not functional then, and `run_decompositions({})`
-(which functionalizes and keeps every composite op) is run once.
+(`inplace.py`). The exceptions are a graph with other mutations (a buffer's `add_`, a write
+seen through a view: torch.export's graph is not functional then) and one with higher-order ops
+(`with torch.no_grad():` or `torch.autocast` inside forward, each a submodule call):
+`run_decompositions({})` (which functionalizes, inlines those submodules, autocast as its casts,
+and keeps every composite op) is run once.
 
 The user's module is never changed, not even for a moment: it is exported through a shallow
 copy (its parameters and buffers shared, not copied) whose modules have `training` False.
@@ -51,8 +53,9 @@ def export_program(model, example_inputs: Sequence = (), timings: dict | None = 
     timings["export"] = time.perf_counter() - start
     start = time.perf_counter()
     mutating = mutating_nodes(ep)
-    if mutating and local_functionals(ep.graph) is None:  # else lowering rebinds them itself
-        ep = _functionalize(ep, mutating)
+    wrapped = higher_order_nodes(ep)
+    if wrapped or mutating and local_functionals(ep.graph) is None:  # else lowering rebinds them itself
+        ep = _functionalize(ep, mutating or wrapped)
     timings["decomposition"] = timings.get("decomposition", 0.0) + time.perf_counter() - start
     return ep
 
@@ -88,6 +91,17 @@ def mutating_nodes(ep) -> list[str]:
             if schema is not None and schema.is_mutable:
                 names.append(node.name)
     return names
+
+
+def higher_order_nodes(ep) -> list[str]:
+    """Names of the graph's higher-order ops: `with torch.no_grad():` or `torch.autocast` inside
+    forward (wrap_with_set_grad_enabled, wrap_with_autocast, each calling a submodule), which
+    `run_decompositions` inlines (autocast as the casts it makes), and control flow (torch.cond,
+    while_loop), which stays and lowering refuses."""
+    import torch
+
+    return [n.name for n in ep.graph.nodes
+            if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)]
 
 
 def _functionalize(ep, mutating: list[str]):

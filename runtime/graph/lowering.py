@@ -187,6 +187,11 @@ def _lower(ep, texture_limits, timings, decompose_first, input_bounds: dict | No
                 continue
             if node.meta.get("val") is None and not node.users:
                 continue  # a runtime assertion (aten._assert_tensor_metadata, ...): nothing to compute
+            if isinstance(node.target, torch._ops.HigherOrderOperator):  # (the importer inlined the rest)
+                raise _unsupported(
+                    f"node '{node.name}' is {node.target.name()} (data-dependent control flow, such as "
+                    f"torch.cond or torch.while_loop): texelflow compiles straight-line graphs; compute both "
+                    f"branches and select with torch.where")
             _check_static(node, node.meta.get("val"), torch)
             ins = [values[a.name] for a in node.all_input_nodes]
             if pairs and (complex_pairs.is_complex(node.meta.get("val"), torch) or
@@ -200,7 +205,7 @@ def _lower(ep, texture_limits, timings, decompose_first, input_bounds: dict | No
                 ins = folder.widen(graph, ins, wide)
             values[node.name] = ctx.lower_call(node, node.name, ins, target=functional)
             if functional is None and (ctx.last_fallback is not None or folder.free_view(node, ins) or
-                                       folder.reads_fold(graph, node, ins)):
+                                       folder.rounded_constant(node, ins) or folder.reads_fold(graph, node, ins)):
                 values[node.name] = _constant_rescue(ctx, folder, node, ins, mark) or values[node.name]
             if functional is not None:  # every later use of the written tensor reads the result
                 names = written.setdefault(node.args[0].name, [node.args[0].name])
