@@ -2972,6 +2972,36 @@ OPS: dict[str, OpEntry] = {
             'erfc_float32_texture3d',
         ),
     ),
+    'erfinv': OpEntry(
+        name='erfinv',
+        targets=(
+            'aten.erfinv.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'erfinv_float16_buffer',
+            'erfinv_float16_texture3d',
+            'erfinv_float32_buffer',
+            'erfinv_float32_texture3d',
+        ),
+    ),
     'exp': OpEntry(
         name='exp',
         targets=(
@@ -7950,6 +7980,7 @@ TARGETS: dict[str, str] = {
     'aten.eq.Tensor': 'eq',
     'aten.erf.default': 'erf',
     'aten.erfc.default': 'erfc',
+    'aten.erfinv.default': 'erfinv',
     'aten.exp.default': 'exp',
     'aten.expand.default': 'expand',
     'aten.expand_copy.default': 'expand',
