@@ -84,7 +84,7 @@ class FastCall:
         one = self.one
         if one is not None:
             return one.clone()
-        tensors = [_fresh(view, bool_, caller) if view is not None else _fresh(self.from_numpy(transfer.read()), False, caller)
+        tensors = [_fresh(view, bool_, caller) if view is not None else _converted(self.from_numpy(transfer.read()), caller)
                    for view, transfer, bool_, caller in self.reads]
         if self.result_type is None:
             return tensors[self.outputs[0]]
@@ -97,12 +97,17 @@ class FastCall:
         return self.program.call_with(self.write, args, self.read)
 
 
-def _fresh(t, bool_: bool, caller):
-    """A new tensor of a read output: bool from int32 lanes, the caller's dtype (bfloat16 held as
-    float32, converted exactly), else a copy (a view of mapped memory is overwritten next call)."""
+def _fresh(view, bool_: bool, caller):
+    """A new tensor from a view of an output's mapped bytes (overwritten by the next call): bool
+    from int32 lanes, the caller's dtype (bfloat16 held as float32, converted exactly), else a copy."""
     if bool_:
-        return t != 0
-    return t.to(caller) if caller is not None else t.clone()
+        return view != 0
+    return view.to(caller) if caller is not None else view.clone()
+
+
+def _converted(t, caller):
+    """An output read through numpy (already a new array) in the caller's dtype."""
+    return t.to(caller) if caller is not None else t
 
 
 def plan_fast_call(prog):

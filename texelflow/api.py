@@ -84,7 +84,6 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     graph = optimize_permutes(graph, PERMUTES if permutes is None else permutes, limits)
     timings["permutes"] = time.perf_counter() - start
     if bfloat16 is not None:
-        graph.bfloat16 = bfloat16
         fold_roundings(graph)  # last: the producers are the nodes that dispatch
     result = plan_graph(graph, planner, limits, time_limit, costs)
     start = time.perf_counter()
@@ -93,7 +92,6 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     timings["planning"] = result.seconds
     result.timings = timings
     result.exported = ep
-    result.graph.bfloat16 = bfloat16
     return result
 
 

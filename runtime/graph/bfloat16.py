@@ -318,7 +318,7 @@ def _rounded(v) -> bool:
     return node is not None and node.on_device and (node.op.name == "round_bfloat16" or node.round_bfloat16)
 
 
-def _bypass(graph, node) -> None:
+def bypass(graph, node) -> None:
     """Remove round_bfloat16 `node`: its readers (and the graph's outputs) read its input."""
     src, out = node.arg("self"), node.outputs[0][1]
     for user in list(out.users):
@@ -353,7 +353,7 @@ def fold_roundings(graph) -> int:
         src, out = node.arg("self"), node.outputs[0][1]
         origin, moves = _moved_from(graph, src)
         if _rounded(origin):
-            _bypass(graph, node)
+            bypass(graph, node)
             count += 1
             continue
         if src.users != [node] or src in graph.outputs or src.dtype != "float32":
@@ -363,7 +363,7 @@ def fold_roundings(graph) -> int:
                 or origin.users != ([moves[-1]] if moves else [node]) or origin in graph.outputs
                 or not rounds_at_store(producer.op.name)):
             continue
-        _bypass(graph, node)  # the producer's store rounds: the moves after it move rounded values
+        bypass(graph, node)  # the producer's store rounds: the moves after it move rounded values
         producer.round_bfloat16 = True
         producer.fused = producer.fused + [f"rounds to bfloat16 at its store ('{node.name}')"]
         count += 1

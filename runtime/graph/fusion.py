@@ -204,10 +204,9 @@ def _round_inside_fusion(graph: PlanGraph, node: Node) -> None:
     wanted = FUSES_INTO.get(producer.op.name, ())
     if not ("batch_norm" in wanted and reader.op.name == "batch_norm" or "activation" in wanted and _activation(reader)):
         return
-    reader.args = [(k, src if a is out else a) for k, a in reader.args]
-    src.users.append(reader)
-    out.users.clear()
-    _remove(graph, node)
+    from .bfloat16 import bypass
+
+    bypass(graph, node)
     producer.fused = producer.fused + [f"bfloat16 rounding '{node.name}' dropped (fuses with '{reader.name}')"]
     if graph.bfloat16 is not None:
         graph.bfloat16.in_fusion += 1
