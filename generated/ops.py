@@ -283,6 +283,42 @@ OPS: dict[str, OpEntry] = {
             'adaptive_avg_pool2d_float32_texture3d_texture3d',
         ),
     ),
+    'adaptive_max_pool2d_values': OpEntry(
+        name='adaptive_max_pool2d_values',
+        targets=(
+            'texelflow.adaptive_max_pool2d_values.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('output_size', 'int_list'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(),
+        checks=(
+            Check('rank', (('rank', (('self', (3, 4)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='adaptive_pool2d',
+        shader_axes=('dtype', 'in_storage', 'out_storage'),
+        variants=(
+            'adaptive_max_pool2d_values_float16_buffer_buffer',
+            'adaptive_max_pool2d_values_float16_buffer_texture3d',
+            'adaptive_max_pool2d_values_float16_texture3d_buffer',
+            'adaptive_max_pool2d_values_float16_texture3d_texture3d',
+            'adaptive_max_pool2d_values_float32_buffer_buffer',
+            'adaptive_max_pool2d_values_float32_buffer_texture3d',
+            'adaptive_max_pool2d_values_float32_texture3d_buffer',
+            'adaptive_max_pool2d_values_float32_texture3d_texture3d',
+        ),
+    ),
     'add': OpEntry(
         name='add',
         targets=(
@@ -8113,6 +8149,7 @@ TARGETS: dict[str, str] = {
     'dim_order_ops._clone_dim_order.default': 'clone_dim_order',
     'quantized_decomposed.dequantize_per_tensor.default': 'dequantize_per_tensor',
     'quantized_decomposed.quantize_per_tensor.default': 'quantize_per_tensor',
+    'texelflow.adaptive_max_pool2d_values.default': 'adaptive_max_pool2d_values',
     'texelflow.add_act.default': 'add_act',
     'texelflow.cast_to_float16.default': 'cast_to_float16',
     'texelflow.cast_to_float32.default': 'cast_to_float32',

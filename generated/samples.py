@@ -68,6 +68,16 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'output_size': (4, 4), 'self': (5, 6, 6)},
         {'output_size': (1, 2), 'self': (2, 7, 1, 3)},
     ),
+    'adaptive_max_pool2d_values': (
+        {'output_size': (1, 1), 'self': (1, 5, 7, 7)},
+        {'output_size': (3, 2), 'self': (2, 6, 7, 5)},
+        {'output_size': (5, 7), 'self': (1, 9, 5, 7)},
+        {'output_size': (2, 3), 'self': (3, 7, 5)},
+        {'output_size': (7, 7), 'self': (1, 3, 5, 5)},
+        {'output_size': (2, 3), 'self': (1, 3, 7, 9)},
+        {'output_size': (1, 2), 'self': (2, 7, 1, 3)},
+        {'output_size': (4, 6), 'self': (1, 1, 13, 13)},
+    ),
     'add': (
         {'alpha': 2, 'other': (2, 3, 5, 7), 'self': (2, 3, 5, 7)},
         {'other': (7,), 'self': (7,)},

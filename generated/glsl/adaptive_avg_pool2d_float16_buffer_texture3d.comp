@@ -65,17 +65,24 @@ T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, s
 
 // [start, end) of the input positions pooled into output position i, along a dim of `n_in`
 // inputs and `n_out` outputs.
-#line 21 "shaders/adaptive_pool2d.glsl.j2"
+#line 25 "shaders/adaptive_pool2d.glsl.j2"
 ivec2 pool_window(int i, int n_in, int n_out) { return ivec2(i * n_in / n_out, ((i + 1) * n_in + n_out - 1) / n_out); }
 
+#line 33
+T pool_step(T m, T v) { return m + v; }
+VEC4 pool_step(VEC4 m, VEC4 v) { return m + v; }
+#define TF_POOL_START(t) t(0)
+#define TF_POOL_END(sum, count) ((sum) / (count))
+
+#line 39
 T compute_out(ivec4 idx) {
   ivec2 ys = pool_window(idx.y, pc.self_sizes.y, pc.out_sizes.y);
   ivec2 xs = pool_window(idx.x, pc.self_sizes.x, pc.out_sizes.x);
-  T sum = T(0);
+  T sum = TF_POOL_START(T);
   for (int y = ys.x; y < ys.y; ++y) {
-    for (int x = xs.x; x < xs.y; ++x) { sum += load_self(ivec4(x, y, idx.z, idx.w)); }
+    for (int x = xs.x; x < xs.y; ++x) { sum = pool_step(sum, load_self(ivec4(x, y, idx.z, idx.w))); }
   }
-  return sum / T((ys.y - ys.x) * (xs.y - xs.x));
+  return TF_POOL_END(sum, T((ys.y - ys.x) * (xs.y - xs.x)));
 }
 
 #line 10 "shaders/_per_element.glsl.j2"

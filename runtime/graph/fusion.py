@@ -81,6 +81,7 @@ DECOMPOSED_BN = "aten._native_batch_norm_legit_no_training.default"
 DECOMPOSED_CONV = "aten.convolution.default"
 PADDING_MODE_CONVS = {"aten.conv2d.padding": ("conv2d", 4), "aten.conv1d.padding": ("conv1d", 3)}  # -> (op, rank)
 ADAPTIVE_MAX_POOL = "aten.adaptive_max_pool2d.default"
+ADAPTIVE_MAX_POOL_1D = "aten.adaptive_max_pool1d.default"
 CONV_DW_TARGET = "texelflow.conv2d_dw.default"
 # conv or add op -> the op that also applies an activation (step 5)
 WITH_ACTIVATION = {"conv2d": "conv2d_act", "conv2d_dw": "conv2d_dw_act", "add": "add_act",
@@ -115,6 +116,8 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
             _explicit_padding_conv(graph, node, texture_limits)
         elif node.target == ADAPTIVE_MAX_POOL:
             _tiled_adaptive_max_pool(graph, node, texture_limits)
+        elif node.target == ADAPTIVE_MAX_POOL_1D:
+            _adaptive_max_pool1d(graph, node, texture_limits)
     from .quantized import fold_round_trips, fuse_quantized  # (it imports this module's graph surgery)
 
     fuse_quantized(graph, texture_limits, subgroup)  # before float fusion takes a quantized chain's conv or relu
@@ -279,25 +282,57 @@ def _gpu_global_pools(graph: PlanGraph, limits, subgroup, gemm: str | None) -> N
 
 
 def _tiled_adaptive_max_pool(graph: PlanGraph, node: Node, limits) -> None:
-    """adaptive_max_pool2d whose windows tile the input (H, W multiples of the output size: torch's
-    windows are then [i * k, (i + 1) * k)) and whose indices nobody reads, as max_pool2d."""
+    """adaptive_max_pool2d whose indices nobody reads: as max_pool2d where its windows tile the
+    input (H, W multiples of the output size: torch's windows are then [i * k, (i + 1) * k)),
+    else as adaptive_max_pool2d_values (torch's windows of unequal size, one by one)."""
     x = node.arg("self")
     if not isinstance(x, Value) or len(x.shape) not in (3, 4) or len(node.outputs) != 2:
         return
     out, indices = node.outputs[0][1], node.outputs[1][1]
     (h, w), (oh, ow) = x.shape[-2:], out.shape[-2:]
     if indices.users or indices in graph.outputs:
-        node.fallback = "adaptive_max_pool2d's indices are read: only its values run on Vulkan (as max_pool2d)"
+        node.fallback = "adaptive_max_pool2d's indices are read: only its values run on Vulkan"
         return
-    if oh == 0 or ow == 0 or h % oh or w % ow:
-        node.fallback = (f"adaptive_max_pool2d of {h}x{w} to {oh}x{ow}: windows of unequal size run on the CPU "
-                         f"(on Vulkan only when the output size divides the input's, as max_pool2d)")
-        return
-    window = [h // oh, w // ow]
-    pool = Node(node.name, node.target, OPS["max_pool2d"],
-                [("self", x), ("kernel_size", window), ("stride", window)], [("out", out)], fx=node.fx)
+    if oh and ow and h % oh == 0 and w % ow == 0:
+        window = [h // oh, w // ow]
+        pool = Node(node.name, node.target, OPS["max_pool2d"],
+                    [("self", x), ("kernel_size", window), ("stride", window)], [("out", out)], fx=node.fx)
+    else:
+        op = OPS["adaptive_max_pool2d_values"]
+        pool = Node(node.name, op.targets[0], op, [("self", x), ("output_size", [oh, ow])], [("out", out)],
+                    fx=node.fx)
     _replace(graph, node, pool)
     pool.fallback = partition_reason(pool, limits)
+
+
+def _adaptive_max_pool1d(graph: PlanGraph, node: Node, limits) -> None:
+    """adaptive_max_pool1d whose indices nobody reads (`F.adaptive_max_pool1d(x, 1)`, a text
+    CNN's max over time) as view(x, [.., 1, L]) -> adaptive_max_pool2d_values -> view back; left
+    as it is unless all three run on Vulkan."""
+    x = node.arg("self")
+    if not isinstance(x, Value) or len(x.shape) not in (2, 3) or len(node.outputs) != 2:
+        return
+    out, indices = node.outputs[0][1], node.outputs[1][1]
+    if indices.users or indices in graph.outputs:
+        node.fallback = "adaptive_max_pool1d's indices are read: only its values run on Vulkan"
+        return
+    lead, length, size = list(x.shape[:-1]), x.shape[-1], out.shape[-1]
+    view_op, pool_op = OPS["view_copy"], OPS["adaptive_max_pool2d_values"]
+    to_2d = Node(f"{node.name}/as_2d", "aten.view.default", view_op, [("self", x), ("size", lead + [1, length])], [])
+    to_2d.outputs = [("out", Value(f"{node.name}/as_2d", tuple(lead + [1, length]), x.dtype, Role.NODE, producer=to_2d))]
+    pool = Node(f"{node.name}/pool", pool_op.targets[0], pool_op, [("self", to_2d.outputs[0][1]), ("output_size", [1, size])], [])
+    pool.outputs = [("out", Value(f"{node.name}/pool", tuple(lead + [1, size]), x.dtype, Role.NODE, producer=pool))]
+    back = Node(node.name, "aten.view.default", view_op, [("self", pool.outputs[0][1]), ("size", list(out.shape))],
+                [("out", out)])
+    if any(partition_reason(m, limits) for m in (to_2d, pool, back)):
+        return
+    back.fused = node.fused + ["adaptive_max_pool1d as adaptive_max_pool2d_values over [.., 1, L]"]
+    at = graph.nodes.index(node)
+    _replace(graph, node, back)
+    for m in (pool, to_2d):
+        graph.nodes.insert(at, m)
+        for _, v in m.tensor_args():
+            v.users.append(m)
 
 
 def _conv1d_as_conv2d(graph: PlanGraph, node: Node, limits) -> None:
@@ -842,6 +877,13 @@ def round_trip_reference(y, rt_scale=0.0, rt_zero_point=0, rt_min=-128, rt_max=1
     q = torch.clamp(torch.round(y * inv) + rt_zero_point, rt_min, rt_max)
     q = torch.where(torch.isnan(q), torch.full_like(q, rt_zero_point), q)
     return (q - rt_zero_point) * rt_scale
+
+
+def adaptive_max_pool2d_values_reference(self, output_size):
+    """What adaptive_max_pool2d_values computes: adaptive_max_pool2d's values."""
+    import torch
+
+    return torch.nn.functional.adaptive_max_pool2d(self, output_size)
 
 
 def global_avg_pool_reference(self):

@@ -1345,6 +1345,19 @@ def _promoted(name: str, overload: str = "Tensor"):
 PROMOTED_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge")
 
 
+def promoted_where(condition, self, other):
+    """torch.where of values of two dtypes (heaviside's decomposition: where(x == 0, values,
+    where(x < 0, 0, 1)), a float and an int64) with both cast to the promoted dtype first."""
+    import torch
+
+    if self.dtype == other.dtype:
+        raise NotApplicable("no dtypes to promote")
+    common = torch.result_type(self, other)
+    a = self if self.dtype == common else torch.ops.aten._to_copy.default(self, dtype=common)
+    b = other if other.dtype == common else torch.ops.aten._to_copy.default(other, dtype=common)
+    return torch.ops.aten.where.self(condition, a, b)
+
+
 def _lead_broadcast(target: str, inner=None):
     """An elementwise op of rank > 4 whose operand broadcasts inside WHCN's N (the dims but the last
     3, which the kernels fold into one: a [1, 3, 1, 1, 6] scale of a [2, 3, 4, 5, 6] video tensor)
@@ -1410,6 +1423,7 @@ OWN_DECOMPOSITIONS = {
     **{f"aten.{n}.{'default' if n in ('maximum', 'minimum') else 'Tensor'}":
        _promoted(n, "default" if n in ("maximum", "minimum") else "Tensor") for n in PROMOTED_BINARY},
     **{f"aten.{n}.Scalar": _bool_compared(n) for n in ("eq", "ne", "lt", "le", "gt", "ge")},
+    "aten.where.self": promoted_where,
     "aten.unfold.default": unfold,
     "aten._to_copy.default": to_copy,
     "aten.copy.default": copy,

@@ -263,6 +263,7 @@ NO_TORCH_TARGET = {
     "linear_gemv_wg": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "conv2d_pw_gemv_wg": "texelflow.runtime.graph.prepack_matmul.conv2d_pw_gemv_reference",
     "global_avg_pool_wg": "texelflow.runtime.graph.fusion.global_avg_pool_reference",
+    "adaptive_max_pool2d_values": "texelflow.runtime.graph.fusion.adaptive_max_pool2d_values_reference",
     "linear_wg_splitk": "texelflow.runtime.graph.prepack_matmul.linear_wg_splitk_reference",
     "linear_splitk_sum": "texelflow.runtime.graph.prepack_matmul.linear_splitk_sum_reference",
     "conv2d_pw_act": "texelflow.runtime.graph.prepack_conv.conv2d_pw_reference",
@@ -608,6 +609,7 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "amin": None,
     "softmax": (1e-5, 1e-6),  # exp and log approximations, a sum in another order
     "adaptive_pool2d": (1e-5, 1e-5),  # a sum of up to 49 elements, then a division
+    "adaptive_max_pool2d_values": None,  # the max selects an element
     "global_avg_pool_wg": (1e-5, 1e-5),  # the same sums in 64 parts, then a division
     "group_norm": (1e-4, 1e-4),  # mean and variance reductions, rsqrt
     "scan": (1e-5, 1e-4),  # running float32 sums of up to 1000 terms (torch adds float32 in float64)

@@ -608,33 +608,71 @@ def test_third_party_cnn_matches_eager(name, device):
 
 
 class AdaptiveMaxUneven(nn.Module):
-    """AdaptiveMaxPool2d whose windows overlap (7 -> 3), and one whose indices are read."""
+    """AdaptiveMaxPool2d whose windows overlap (7 -> 3, 8 -> 3), one whose windows tile the input,
+    and one whose indices are read."""
 
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv2d(3, 5, 3, padding=1)
-        self.uneven = nn.AdaptiveMaxPool2d((3, 2))
+        self.uneven = nn.AdaptiveMaxPool2d((3, 3))
+        self.tiled = nn.AdaptiveMaxPool2d((7, 4))
         self.with_indices = nn.AdaptiveMaxPool2d(2, return_indices=True)
 
     def forward(self, x):
         y = self.conv(x)
         values, indices = self.with_indices(y)
-        return self.uneven(y), values, indices
+        return self.uneven(y), self.tiled(y), values, indices
 
 
-def test_adaptive_max_pool_that_cannot_run_on_vulkan_says_why_and_still_matches(device):
+def test_adaptive_max_pool_runs_on_vulkan_unless_its_indices_are_read(device):
     torch.manual_seed(0)
     model, x = AdaptiveMaxUneven().eval(), torch.randn(2, 3, 7, 8)
+    x[0, 1, 2, 3] = float("nan")  # the conv spreads it over a 3 x 3 patch: NaN windows, as torch's
     with texelflow.compile(model, (x,), device=device) as prog:
         reasons = dict(prog.plan.fallbacks)
+        kernels = {n.name: n.op.name for n in prog.plan.graph.nodes if n.op is not None}
         got = prog(x)
-    assert set(reasons) == {"adaptive_max_pool2d", "adaptive_max_pool2d_1"}, reasons
-    assert "indices are read" in reasons["adaptive_max_pool2d"]  # (forward calls it first)
-    assert "windows of unequal size" in reasons["adaptive_max_pool2d_1"]
+    assert set(reasons) == {"adaptive_max_pool2d"}, reasons  # (forward calls it first)
+    assert "indices are read" in reasons["adaptive_max_pool2d"]
+    assert kernels["adaptive_max_pool2d_1"] == "adaptive_max_pool2d_values"
+    assert kernels["adaptive_max_pool2d_2"] == "max_pool2d"
     with torch.no_grad():
         want = model(x)
-    assert torch.equal(got[2], want[2])  # the indices
-    check = compare(got[:2], want[:2])
+    assert torch.equal(got[3], want[3])  # the indices
+    for g, w in zip(got[:3], want[:3]):
+        assert torch.equal(g.isnan(), w.isnan())
+    check = compare([g.nan_to_num() for g in got[:3]], [w.nan_to_num() for w in want[:3]])
+    assert check.max_abs <= TOLERANCE * check.max_ref, check  # (the conv's sums differ in order)
+
+
+class TextCnn(nn.Module):
+    """A text CNN's max over time (`F.adaptive_max_pool1d(x, 1)`), pooling to 3 of 7 positions,
+    and a rank-2 input's pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(4, 6, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return (F.adaptive_max_pool1d(y, 1).squeeze(-1), F.adaptive_max_pool1d(y, 3),
+                F.adaptive_max_pool1d(y[0], 5))
+
+
+def test_adaptive_max_pool1d_runs_on_vulkan(device):
+    torch.manual_seed(0)
+    model, x = TextCnn().eval(), torch.randn(2, 4, 7)
+    x[1, 2, 4] = float("nan")
+    with texelflow.compile(model, (x,), device=device) as prog:
+        assert prog.plan.fallbacks == [], prog.plan.fallbacks
+        kernels = [n.op.name for n in prog.plan.graph.nodes if n.op is not None]
+        got = prog(x)
+    assert kernels.count("adaptive_max_pool2d_values") == 3, kernels
+    with torch.no_grad():
+        want = model(x)
+    for g, w in zip(got, want):
+        assert torch.equal(g.isnan(), w.isnan())
+    check = compare([g.nan_to_num() for g in got], [w.nan_to_num() for w in want])
     assert check.max_abs <= TOLERANCE * check.max_ref, check
 
 

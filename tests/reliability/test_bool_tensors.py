@@ -124,6 +124,21 @@ def test_mixed_dtype_comparison_promotes_on_the_device(device):
             prog.close()
 
 
+def test_where_of_two_dtypes_and_heaviside_promote_on_the_device(device):
+    """torch.where between a float and an int, and between an int and a bool, casts the narrower
+    side to the promoted dtype first (own_decompositions' `promoted_where`); heaviside decomposes
+    into such a where. Every node runs on the device, with torch's answer and dtype."""
+    x = torch.tensor([[NAN, INF, -INF, 0.0, -0.0, 1.5], [2.0, -1.0, 0.5, NAN, 3.0, -0.0]])
+    ids = torch.tensor([[3, -2, 7, 0, 1, -5], [2, 2, -1, 4, 0, 9]], dtype=torch.int32)
+    m = x > 0
+    got, want = _run(device, lambda a, i: torch.where(a > 0, a, i), x, ids)
+    _same(got, want)
+    got, want = _run(device, lambda i, b: torch.where(i > 1, i, b), ids, m)
+    _same(got, want)
+    got, want = _run(device, lambda a: torch.heaviside(a, torch.tensor(0.5)), x)
+    _same(got, want)
+
+
 def test_any_all_and_bitwise_not_run_on_the_device(device):
     """`any` (every overload) and `all` (torch decomposes it through any) as a max of truth values,
     NaN true as in torch; `~` of bools and of int32 at its extremes; no CPU node."""
