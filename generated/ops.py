@@ -3068,6 +3068,36 @@ OPS: dict[str, OpEntry] = {
             'exp_float32_texture3d',
         ),
     ),
+    'exp2': OpEntry(
+        name='exp2',
+        targets=(
+            'aten.exp2.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(),
+        grid=('per_output_unit',),
+        template='unary',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'exp2_float16_buffer',
+            'exp2_float16_texture3d',
+            'exp2_float32_buffer',
+            'exp2_float32_texture3d',
+        ),
+    ),
     'expand': OpEntry(
         name='expand',
         targets=(
@@ -8018,6 +8048,7 @@ TARGETS: dict[str, str] = {
     'aten.erfc.default': 'erfc',
     'aten.erfinv.default': 'erfinv',
     'aten.exp.default': 'exp',
+    'aten.exp2.default': 'exp2',
     'aten.expand.default': 'expand',
     'aten.expand_copy.default': 'expand',
     'aten.expm1.default': 'expm1',

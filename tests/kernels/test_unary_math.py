@@ -1,4 +1,4 @@
-"""The transcendental unary ops (exp, tanh, erf, erfc, sigmoid, silu, gelu in both modes) of
+"""The transcendental unary ops (exp, exp2, tanh, erf, erfc, sigmoid, silu, gelu in both modes) of
 shaders/include/math.glslh, on lavapipe, against torch.
 
 Two kinds of check: accuracy over a dense range against a float64 reference (the bounds below are
@@ -25,7 +25,7 @@ SQRT_2_OVER_PI = 0.7978845608028654
 CASES = [("exp", {}), ("tanh", {}), ("erf", {}), ("erfc", {}), ("sigmoid", {}), ("silu", {}),
          ("gelu", {"approximate": "none"}), ("gelu", {"approximate": "tanh"}),
          ("sinh", {}), ("cosh", {}), ("asinh", {}), ("acosh", {}), ("atanh", {}), ("tan", {}),
-         ("atan", {}), ("asin", {}), ("acos", {})]
+         ("atan", {}), ("asin", {}), ("acos", {}), ("exp2", {})]
 
 
 def _reference64(name: str, args: dict, x: torch.Tensor) -> torch.Tensor:
@@ -35,7 +35,7 @@ def _reference64(name: str, args: dict, x: torch.Tensor) -> torch.Tensor:
         return 0.5 * x * torch.special.erfc(-x / 2 ** 0.5)
     if name == "gelu":
         return x * torch.sigmoid(2 * SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
-    return {"exp": torch.exp, "tanh": torch.tanh, "erf": torch.erf, "erfc": torch.special.erfc, "sigmoid": torch.sigmoid, "silu": F.silu,
+    return {"exp": torch.exp, "exp2": torch.exp2, "tanh": torch.tanh, "erf": torch.erf, "erfc": torch.special.erfc, "sigmoid": torch.sigmoid, "silu": F.silu,
             "sinh": torch.sinh, "cosh": torch.cosh, "asinh": torch.asinh, "acosh": torch.acosh, "atanh": torch.atanh,
             "tan": torch.tan, "atan": torch.atan, "asin": torch.asin, "acos": torch.acos}[name](x)
 
@@ -56,6 +56,8 @@ ACCURACY.update({"sinh": (2e-6, 89.4), "cosh": (1e-6, 89.4), "asinh": (1e-6, 1e3
                  "atanh": (1.5e-6, 1.0), "tan": (1e-6, 1e4)})
 # Cephes' reductions and polynomials for atan, asin and acos (measured 1.6e-7, 2.5e-7, 1.4e-7).
 ACCURACY.update({"atan": (5e-7, 1e30), "asin": (5e-7, 1.0), "acos": (5e-7, 1.0)})
+# exp2: exp's polynomial on an exact reduction (tf_exp2), everywhere it is finite.
+ACCURACY.update({"exp2": (5e-7, 127.9)})
 
 
 def _dense(span: float) -> np.ndarray:
@@ -142,6 +144,21 @@ def test_awkward_shapes_and_specials(device, name, args, vname, combo):
         cases.append(explicit_case(op, {"self": shape, **args}, {"self": x}, f"{shape} {args}"))
     failures = check_variant(device, vname, combo, cases)
     assert not failures, "\n".join(msg for _, msg in failures[:3])
+
+
+def test_exp2_of_integers_is_exact_down_to_subnormals(device):
+    """2^k for every integer k from -149 (float32's smallest subnormal) to 128 (+inf), and the
+    halves between them, as torch gives them: integers exactly, the rest within the accuracy bound."""
+    ks = np.arange(-149, 129, dtype=np.float32)
+    for x in (ks, ks + np.float32(0.5)):
+        row = np.concatenate([x, np.zeros(-x.size % 4, np.float32)])[None]
+        for vname, combo in _variants("exp2", "float32"):
+            got, want = _run(device, vname, combo, {}, row)
+            if x is ks:
+                assert np.array_equal(got, want), (vname, got[got != want][:4], want[got != want][:4])
+            else:
+                ok = np.isclose(got, want, rtol=5e-7, atol=0) | (np.abs(want) < 1.2e-38)  # subnormals: 1 ulp is 1.4e-45
+                assert ok.all(), (vname, x[~ok[0, :x.size]][:4])
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
