@@ -128,6 +128,23 @@ class HalfRmsNormBf16(nn.Module):
         return torch.softmax(w, dim=-1, dtype=torch.float32).to(dtype) @ x
 
 
+def _longformer_chunks(h):
+    b, t, d = h.shape
+    h = h.view(b, t // 4, 4, d)
+    size, stride = list(h.size()), list(h.stride())
+    size[1], stride[1] = size[1] * 2 - 1, stride[1] // 2
+    return h.as_strided(size=size, stride=stride)
+
+
+def _top_p(logits):
+    """transformers' top-p (nucleus) filter: sort, cumsum of softmax, shift the mask, scatter back."""
+    ordered, order = torch.sort(logits, descending=True)
+    drop = torch.cumsum(F.softmax(ordered, -1), -1) > 0.9
+    drop[..., 1:] = drop[..., :-1].clone()
+    drop[..., 0] = False
+    return logits.masked_fill(drop.scatter(1, order, drop), -float("inf"))
+
+
 IDS = torch.tensor([[0, 5, 7, 9, 2, 1, 1], [0, 3, 4, 5, 6, 8, 2]])
 PADDED = torch.tensor([[5, 3, 2, 7, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]])
 MASK = (PADDED != 0).long()
@@ -212,6 +229,12 @@ CASES = {
                      "logcumsumexp, cummax"),
     "antialias": (lambda x: F.interpolate(x, size=(4, 4), mode="bilinear", antialias=True), (_randn(1, 3, 9, 9),),
                   "antialiased downsampling"),
+    "adaptive_max": (lambda x: F.adaptive_max_pool2d(x, (2, 3)).sum(-1) + F.adaptive_max_pool1d(x.flatten(2), 1),
+                     (_randn(1, 3, 7, 9),), "adaptive max pooling of unequal windows, 1-D and 2-D"),
+    "heaviside_exp2": (lambda x: torch.heaviside(x, torch.tensor(0.5)) + torch.exp2(x), (_randn(3, 5),),
+                       "heaviside (a where of two dtypes), exp2"),
+    "as_strided": (_longformer_chunks, (_randn(2, 12, 3),), "Longformer's overlapping chunks: as_strided"),
+    "top_p": (_top_p, (_randn(2, 10),), "top-p filtering: a shifted bool mask, scatter"),
     "bfloat16": (_bf16, (_randn(3, 5),), "a bfloat16 cast"),
     "bfloat16_model": (HalfRmsNormBf16().to(torch.bfloat16), (_randn(2, 6, 16).to(torch.bfloat16),),
                        "a bfloat16 model: RMSNorm via float32, softmax(dtype=float32), finfo.min mask"),

@@ -1119,7 +1119,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('tensors', 'out'),
         ),
-        dtypes=('float32', 'float16', 'int32'),
+        dtypes=('float32', 'float16', 'int32', 'bool'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1135,6 +1135,8 @@ OPS: dict[str, OpEntry] = {
         template='cat',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'cat_bool_buffer',
+            'cat_bool_texture3d',
             'cat_float16_buffer',
             'cat_float16_texture3d',
             'cat_float32_buffer',
@@ -1299,7 +1301,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'float16', 'int32'),
+        dtypes=('float32', 'float16', 'int32', 'bool'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -1317,6 +1319,8 @@ OPS: dict[str, OpEntry] = {
         template='pad',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'constant_pad_nd_bool_buffer',
+            'constant_pad_nd_bool_texture3d',
             'constant_pad_nd_float16_buffer',
             'constant_pad_nd_float16_texture3d',
             'constant_pad_nd_float32_buffer',
@@ -3222,7 +3226,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'float16', 'int32'),
+        dtypes=('float32', 'float16', 'int32', 'bool'),
         dtype_of=(),
         flags=frozenset(['supports_highdim']),
         weights=(),
@@ -3236,6 +3240,8 @@ OPS: dict[str, OpEntry] = {
         template='flip',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'flip_bool_buffer',
+            'flip_bool_texture3d',
             'flip_float16_buffer',
             'flip_float16_texture3d',
             'flip_float32_buffer',
@@ -3800,7 +3806,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'float16', 'int32'),
+        dtypes=('float32', 'float16', 'int32', 'bool'),
         dtype_of=(('index', 'int32'),),
         flags=frozenset([]),
         weights=(),
@@ -3814,6 +3820,8 @@ OPS: dict[str, OpEntry] = {
         template='index_select',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'index_select_bool_buffer',
+            'index_select_bool_texture3d',
             'index_select_float16_buffer',
             'index_select_float16_texture3d',
             'index_select_float32_buffer',
@@ -6622,7 +6630,7 @@ OPS: dict[str, OpEntry] = {
         sync=(
             ('self', 'out'),
         ),
-        dtypes=('float32', 'float16', 'int32'),
+        dtypes=('float32', 'float16', 'int32', 'bool'),
         dtype_of=(),
         flags=frozenset([]),
         weights=(),
@@ -6636,6 +6644,8 @@ OPS: dict[str, OpEntry] = {
         template='roll',
         shader_axes=('dtype', 'storage'),
         variants=(
+            'roll_bool_buffer',
+            'roll_bool_texture3d',
             'roll_float16_buffer',
             'roll_float16_texture3d',
             'roll_float32_buffer',

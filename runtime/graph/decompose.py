@@ -152,6 +152,21 @@ def _onednn_off(torch):
         torch._C._set_mkldnn_enabled(enabled)
 
 
+def _storage_readers():
+    import torch
+
+    return frozenset({torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default})
+
+
+def _at_offset(torch, fake, offset: int):
+    """`fake` as a view `offset` elements into a storage of its own (as_strided reads a view's
+    storage offset; empty_strided makes none)."""
+    if not offset:
+        return fake
+    span = 1 + sum((n - 1) * s for n, s in zip(fake.shape, fake.stride())) if fake.numel() else 0
+    return torch.empty(offset + span, dtype=fake.dtype).as_strided(fake.shape, fake.stride(), offset)
+
+
 def _trace(fn, node, inputs):
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -160,6 +175,8 @@ def _trace(fn, node, inputs):
     with mode:
         fakes = [torch.empty_strided(tuple(a.meta["val"].shape), tuple(a.meta["val"].stride()),
                                      dtype=a.meta["val"].dtype) for a in inputs]
+        if node.target in _storage_readers():  # ops that read the storage, not the elements: a view's offset too
+            fakes = [_at_offset(torch, f, a.meta["val"].storage_offset()) for f, a in zip(fakes, inputs)]
 
     def call(*tensors):
         by_node = dict(zip(inputs, tensors))

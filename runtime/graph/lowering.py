@@ -204,6 +204,8 @@ def _lower(ep, texture_limits, timings, decompose_first, input_bounds: dict | No
             if wide is not None:  # a constant broadcast inside WHCN's N: widened over it, not expanded per call
                 ins = folder.widen(graph, ins, wide)
             values[node.name] = ctx.lower_call(node, node.name, ins, target=functional)
+            if ctx.last_fallback is not None and target_name(node.target) in STORAGE_READERS:
+                _check_storage_read(node, ctx.last_fallback)
             if functional is None and (ctx.last_fallback is not None or folder.free_view(node, ins) or
                                        folder.rounded_constant(node, ins) or folder.reads_fold(graph, node, ins)):
                 values[node.name] = _constant_rescue(ctx, folder, node, ins, mark) or values[node.name]
@@ -628,6 +630,22 @@ def _restore(graph: PlanGraph, node: Node) -> None:
         if v.role is Role.CONST and v.literal is not None and v not in graph.constants:
             graph.constants.append(v)
     graph.nodes.append(node)
+
+
+STORAGE_READERS = frozenset({"aten.as_strided.default", "aten.as_strided_copy.default"})
+
+
+def _check_storage_read(node, reason: str) -> None:
+    """An as_strided left on the CPU must read only its input's own elements from a tensor of
+    its own (offset 0, contiguous): the CPU side receives the input's values, not the storage of
+    the tensor it was a view of, so any other read would give another answer than torch's."""
+    val = node.all_input_nodes[0].meta.get("val") if node.all_input_nodes else None
+    view = val is not None and (val.storage_offset() != 0 or not val.is_contiguous())
+    if view or "outside its input's elements" in reason:
+        raise _unsupported(
+            f"node '{node.name}' ({target_name(node.target)}) reads storage positions that are not elements of "
+            f"its input{' (a view of another tensor)' if view else ''}: texelflow holds each tensor's elements, not "
+            f"torch's storage; take the elements by slicing, unfold or index instead")
 
 
 def _unsupported(message: str):

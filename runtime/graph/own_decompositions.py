@@ -244,6 +244,77 @@ def gather(self, dim, index, sparse_grad=False):
     return aten.reshape.default(flat, list(index.shape))
 
 
+def _digits(shape, strides) -> list[tuple[int, int, int | None]]:
+    """(stride, row-major weight, the next larger stride or None) of each dim of a view that
+    moves (size > 1, stride > 0), by falling stride: a storage offset's digit along a dim is
+    (offset % next larger stride) // stride, greedily, as for a permuted slice of a block."""
+    weights = [math.prod(shape[k + 1:]) for k in range(len(shape))]
+    moving = sorted(((st, weights[k]) for k, (n, st) in enumerate(zip(shape, strides)) if n > 1 and st > 0),
+                    reverse=True)
+    return [(st, w, moving[j - 1][0] if j else None) for j, (st, w) in enumerate(moving)]
+
+
+def _view_index(p, shape, strides, base: int):
+    """The flat (row-major) index into a view of `shape`, `strides` and storage offset `base` of
+    the element at each storage position of the int array `p`, or None where some position holds
+    no element of the view (_digits, then a check that the digits give p back)."""
+    import numpy as np
+
+    rel = p - base
+    flat = np.zeros_like(p)
+    back = np.full_like(p, base)
+    sizes = {st: n for n, st in zip(shape, strides)}
+    for st, w, larger in _digits(shape, strides):
+        digit = (rel if larger is None else rel % larger) // st
+        if (digit >= sizes[st]).any():
+            return None
+        flat += digit * w
+        back += digit * st
+    return flat if (rel >= 0).all() and np.array_equal(back, p) else None
+
+
+def as_strided(self, size, stride, storage_offset=None):
+    """x.as_strided(size, stride, offset) (Longformer's overlapping chunks, sliding windows
+    written by strides) as one index_select of x flattened: output element e reads storage
+    position offset + sum(e_k stride_k), which is x's element whose own position (x's storage
+    offset plus its index times x's strides, a view's included: `x.t().as_strided(..)`) is that.
+    The flat index is worked out from numbers alone, so lowering folds it into a constant. A read
+    of a position that holds no element of x (storage outside the view) is not this."""
+    import numpy as np
+    import torch
+
+    aten = torch.ops.aten
+    size, stride = [int(n) for n in size], [int(s) for s in stride]
+    base, shape, strides = self.storage_offset(), list(self.shape), list(self.stride())
+    offset = base if storage_offset is None else int(storage_offset)
+    if not size or 0 in size or self.numel() == 0:
+        raise NotImplementedError("as_strided to or of an empty or 0-d tensor")
+    p = np.full(size, offset, dtype=np.int64)
+    for k, (n, st) in enumerate(zip(size, stride)):
+        p = p + (np.arange(n) * st).reshape([n if j == k else 1 for j in range(len(size))])
+    flat = _view_index(p, shape, strides, base)
+    if flat is None or self.numel() >= 2 ** 31:
+        raise NotImplementedError("as_strided reading storage outside its input's elements")
+    # the same index as ops on numbers (folded): the storage positions, then their digits
+    pos = aten.add.Scalar(aten.mul.Scalar(aten.reshape.default(
+        aten.arange.start_step(0, 1, 1, dtype=torch.int32), [1] * len(size)), 0), offset)
+    for k, (n, st) in enumerate(zip(size, stride)):
+        if n > 1 and st != 0:
+            pos = aten.add.Tensor(pos, _positions(n, k, len(size), st))
+    rel = aten.sub.Scalar(pos, base)
+    linear = None
+    for st, w, larger in _digits(shape, strides):
+        digit = aten.div.Tensor_mode(rel if larger is None else aten.remainder.Scalar(rel, larger), st,
+                                     rounding_mode="floor")
+        term = aten.mul.Scalar(digit, w)
+        linear = term if linear is None else aten.add.Tensor(linear, term)
+    if linear is None:
+        linear = aten.mul.Scalar(rel, 0)
+    linear = aten.expand.default(linear, size)
+    picked = aten.index_select.default(aten.reshape.default(self, [-1]), 0, aten.reshape.default(linear, [-1]))
+    return aten.reshape.default(picked, size)
+
+
 def take_along_dim(self, indices, dim=None):
     """torch.take_along_dim: self and indices broadcast but along `dim`, then gather (negative
     entries count from the end); with no dim, both flattened."""
@@ -1469,6 +1540,8 @@ OWN_DECOMPOSITIONS = {
     "aten.max.default": max_all,
     "aten.min.default": min_all,
     "aten.take_along_dim.default": take_along_dim,
+    "aten.as_strided.default": as_strided,
+    "aten.as_strided_copy.default": as_strided,
     "aten.instance_norm.default": instance_norm,
     "aten.repeat.default": repeat,
     "aten.split_with_sizes.default": split_with_sizes,

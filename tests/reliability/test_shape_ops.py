@@ -241,3 +241,40 @@ def test_unused_split_pieces_dispatch_nothing(device):
     dropped with everything only they read."""
     plan = _run(device, Call(lambda x: x.tensor_split(3, 1)[2] * 2), (torch.randn(2, 9),))
     assert plan.fallbacks == [] and dict(plan.dispatches) == {"slice": 1, "mul": 1}
+
+
+def _longformer_chunks(h):
+    """Longformer's `_chunk`: windows of 2w overlapping by w, written with as_strided."""
+    b, t, d = h.shape
+    h = (h * 2).view(b, t // 4, 4, d)
+    size, stride = list(h.size()), list(h.stride())
+    size[1], stride[1] = size[1] * 2 - 1, stride[1] // 2
+    return h.as_strided(size=size, stride=stride)
+
+
+AS_STRIDED = {
+    "longformer_chunks": (_longformer_chunks, (3, 12, 5)),
+    "broadcast_stride_0": (lambda x: x.as_strided((3, 4), (0, 1), 1) + 1, (5, 2)),
+    "of_a_transpose": (lambda x: x.t().as_strided((2, 3), (1, 2)), (3, 4)),
+    "of_a_slice_own_offset": (lambda x: x[1:].as_strided((2, 3), (1, 2)), (3, 4)),
+    "of_a_slice_given_offset": (lambda x: x[1:].as_strided((2, 3), (1, 2), 5), (3, 4)),
+    "of_a_column_slice": (lambda x: x[:, 1:].as_strided((2, 2), (4, 1)), (3, 4)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(AS_STRIDED))
+def test_as_strided_reads_its_inputs_elements_on_the_device(device, name):
+    """as_strided as a gather of its input's elements (own_decompositions.as_strided), views of
+    other tensors included: each storage position read maps back to the element that holds it."""
+    fn, shape = AS_STRIDED[name]
+    x = torch.randn(*shape)
+    x.view(-1)[0] = float("-inf")
+    plan = _run(device, Call(fn), (x,))
+    assert plan.fallbacks == [], plan.fallbacks
+
+
+@pytest.mark.parametrize("fn", [lambda x: x[:, 1:].as_strided((2, 2), (4, 3)),  # x[1, 0]: sliced away
+                                lambda x: x[1:].as_strided((2, 3), (1, 2), 1)])  # before the slice
+def test_as_strided_outside_its_input_is_one_clear_error(fn):
+    with pytest.raises(texelflow.UnsupportedModelError, match="reads storage positions that are not elements"):
+        texelflow.plan(Call(fn), (torch.randn(3, 4),))
