@@ -40,6 +40,14 @@ class Built:
         n.meta["val"] = val
         return n
 
+    def item(self, n, i: int):
+        """Output `i` of a node whose op returns several (var_mean's var and mean)."""
+        import operator
+
+        m = self.graph.call_function(operator.getitem, (n, i))
+        m.meta["val"] = n.meta["val"][i]
+        return m
+
     def module(self, out):
         self.graph.output(out)
         return self.torch.fx.GraphModule(self.torch.nn.Module(), self.graph)

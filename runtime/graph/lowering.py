@@ -10,6 +10,7 @@ tensors are rebound here (`inplace.py`), identity-like nodes become the registry
 
 from __future__ import annotations
 
+import math
 import operator
 import time
 from typing import Sequence
@@ -352,6 +353,69 @@ ROW_OPS = {
 }
 
 
+# Reductions, running ops and softmaxes whose kernels take rank <= 4, or a rank 5+ tensor only
+# along its last 3 dims (lowering merges a rank 5+ input's dims: _merged_dims).
+ALONG_ONE_DIM = frozenset({"aten.cumsum.default", "aten.cumprod.default", "aten.logcumsumexp.default",
+                           "aten.softmax.int", "aten.log_softmax.int", "aten._softmax.default",
+                           "aten._log_softmax.default"})
+MERGED_DIM_TARGETS = ALONG_ONE_DIM | frozenset({
+    "aten.sum.dim_IntList", "aten.sum.default", "aten.mean.dim", "aten.mean.default", "aten.amax.default",
+    "aten.amin.default", "aten.prod.dim_int", "aten.prod.default", "aten.logsumexp.default", "aten.var.correction",
+    "aten.var_mean.correction", "aten.linalg_vector_norm.default"})
+
+
+def _merged_shape(key: str, shape: list[int], kwargs: dict) -> list[int] | None:
+    """The rank <= 4 shape `_merged_dims` reshapes to, with kwargs' `dim` (and `keepdim`: False)
+    rewritten in place for it; None where more than 4 groups remain."""
+    rank = len(shape)
+    if key in ALONG_ONE_DIM:
+        d = kwargs["dim"] % rank
+        kwargs["dim"] = 1
+        return [math.prod(shape[:d]), shape[d], math.prod(shape[d + 1:])]
+    if "dim" not in kwargs:  # sum / mean / prod of every element
+        return [math.prod(shape)]
+    dims = kwargs["dim"]
+    dims = list(range(rank)) if dims is None or dims == [] else [dims] if isinstance(dims, int) else list(dims)
+    reduced = {d % rank for d in dims}
+    groups: list[list] = []  # [is reduced, size]
+    for k, n in enumerate(shape):
+        if n == 1:
+            continue
+        if groups and groups[-1][0] == (k in reduced):
+            groups[-1][1] *= n
+        else:
+            groups.append([k in reduced, n])
+    if not any(r for r, _ in groups):  # only size-1 dims reduced: nothing to merge for
+        return None
+    if len(groups) > 4:  # kept and reduced dims interleave: the caller permutes the reduced ones last
+        kept = [n for r, n in groups if not r]
+        groups = ([[False, math.prod(kept)]] if kept else []) + [[True, math.prod(n for r, n in groups if r)]]
+    new_dims = [i for i, (r, _) in enumerate(groups) if r]
+    if isinstance(kwargs["dim"], int):
+        if len(new_dims) != 1:
+            return None
+        kwargs["dim"] = new_dims[0]
+    else:
+        kwargs["dim"] = new_dims
+    if "keepdim" in kwargs:
+        kwargs["keepdim"] = False
+    return [n for _, n in groups]
+
+
+def _reduced_last(key: str, shape: list[int], dims) -> list[int] | None:
+    """The permutation _merged_dims applies first where kept and reduced dims (of size > 1)
+    interleave in more than 4 runs: kept dims in order, then reduced ones; else None."""
+    if key in ALONG_ONE_DIM or dims is None or dims == [] or isinstance(dims, int):
+        return None
+    rank = len(shape)
+    reduced = {d % rank for d in dims}
+    flags = [k in reduced for k, n in enumerate(shape) if n != 1]
+    runs = sum(1 for j, f in enumerate(flags) if j == 0 or f != flags[j - 1])
+    if runs <= 4:
+        return None
+    return [k for k in range(rank) if k not in reduced] + sorted(reduced)
+
+
 class _Lowering:
     """One lowering pass: the IR being built and the fx value map (fx name -> Value or list)."""
 
@@ -391,6 +455,8 @@ class _Lowering:
             return self._result(node, ir_node)
         if ir_node.fallback is not None and target is None:
             flat = self._rows_of_rank3(node, name, ins, depth, mark, ir_node)
+            if flat is None:
+                flat = self._merged_dims(node, name, ins, depth, mark, ir_node)
             if flat is not None:
                 return flat
         start = time.perf_counter()
@@ -462,6 +528,58 @@ class _Lowering:
         rows = built.call(torch.ops.aten.reshape.default, args[0], [-1, shape[-2], shape[-1]])
         out = built.call(node.target, rows, *args[1:], **kwargs)
         out = built.call(torch.ops.aten.reshape.default, out, list(val.shape))
+        _truncate(self.graph, *mark)
+        result, why = self._lowered_pieces(built.module(out), name, ins, depth)
+        if why is None:
+            self.last_fallback = None
+            return result
+        _truncate(self.graph, *mark)
+        _restore(self.graph, ir_node)
+        self.last_fallback, self.last_cause = ir_node.fallback, cause
+        return None
+
+    def _merged_dims(self, node, name: str, ins: list, depth: int, mark: tuple, ir_node: Node):
+        """A reduction or running op (MERGED_DIM_TARGETS) of a rank > 4 tensor, which its kernel
+        cannot take: neighbouring dims that are all reduced, or all kept, merged by a reshape
+        (size-1 dims dropped), the op over the merged dims, its result(s) reshaped to torch's
+        (a video model's mean over [T, H, W] of [B, C, T, H, W] runs over [B, C, T H W]; a
+        cumsum or softmax along dim d over [before d, d, after d]; kept and reduced dims that
+        interleave in more than 4 runs permuted apart first). None where it does not apply (more than 4
+        groups remain) or the pieces do not all run on the device; the node is as it was then."""
+        torch = self.torch
+        key = target_name(node.target)
+        inputs = node.all_input_nodes
+        if key not in MERGED_DIM_TARGETS or not inputs or node.args[0] is not inputs[0]:
+            return None
+        first = inputs[0].meta.get("val")
+        if not isinstance(first, torch.Tensor) or first.dim() <= 4:
+            return None
+        from torch.fx.operator_schemas import normalize_function
+
+        normal = normalize_function(node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+        if normal is None:
+            return None
+        kwargs = dict(normal.kwargs)
+        merged = _merged_shape(key, list(first.shape), kwargs)
+        if merged is None:
+            return None
+        from .fx_build import Built
+
+        cause = self.last_cause
+        built = Built([(tuple(a.meta["val"].shape), a.meta["val"].dtype) for a in inputs])
+        kwargs.pop("input" if "input" in kwargs else "self")  # (normalize_function names it input)
+        x = built.inputs[0]
+        order = _reduced_last(key, list(first.shape), normal.kwargs.get("dim"))
+        if order is not None:
+            x = built.call(torch.ops.aten.permute.default, x, order)
+        x = built.call(torch.ops.aten.reshape.default, x, merged)
+        out = built.call(node.target, x, **kwargs)
+        val = node.meta.get("val")
+        if isinstance(val, (tuple, list)):
+            out = tuple(built.call(torch.ops.aten.reshape.default, built.item(out, i), list(v.shape))
+                        for i, v in enumerate(val))
+        else:
+            out = built.call(torch.ops.aten.reshape.default, out, list(val.shape))
         _truncate(self.graph, *mark)
         result, why = self._lowered_pieces(built.module(out), name, ins, depth)
         if why is None:
