@@ -235,6 +235,10 @@ CASES = {
                        "heaviside (a where of two dtypes), exp2"),
     "as_strided": (_longformer_chunks, (_randn(2, 12, 3),), "Longformer's overlapping chunks: as_strided"),
     "top_p": (_top_p, (_randn(2, 10),), "top-p filtering: a shifted bool mask, scatter"),
+    "stft_log_mel": (lambda x: torch.log(torch.stft(x, 32, 8, window=torch.hann_window(32), return_complex=True).abs() ** 2
+                                         + 1e-6), (_randn(2, 100),), "a log spectrogram: torch.stft in forward"),
+    "video_pool": (lambda x: x.mean((2, 3, 4)) + x.amax((0, 2, 4)).sum(), (_randn(2, 3, 4, 5, 6),),
+                   "a video model's pooling of [B, C, T, H, W]: rank-5 reductions"),
     "bfloat16": (_bf16, (_randn(3, 5),), "a bfloat16 cast"),
     "bfloat16_model": (HalfRmsNormBf16().to(torch.bfloat16), (_randn(2, 6, 16).to(torch.bfloat16),),
                        "a bfloat16 model: RMSNorm via float32, softmax(dtype=float32), finfo.min mask"),

@@ -9,7 +9,8 @@ the nodes that need it, and rebinds in-place ops on fresh tensors (`relu_`) itse
 seen through a view: torch.export's graph is not functional then) and one with higher-order ops
 (`with torch.no_grad():` or `torch.autocast` inside forward, each a submodule call):
 `run_decompositions({})` (which functionalizes, inlines those submodules, autocast as its casts,
-and keeps every composite op) is run once.
+and keeps every composite op) is run once; with own_decompositions.PROGRAM_DECOMPOSITIONS as its
+table where the graph calls one of those (torch.stft, whose pieces are complex).
 
 The user's module is never changed, not even for a moment: it is exported through a shallow
 copy (its parameters and buffers shared, not copied) whose modules have `training` False.
@@ -54,8 +55,9 @@ def export_program(model, example_inputs: Sequence = (), timings: dict | None = 
     start = time.perf_counter()
     mutating = mutating_nodes(ep)
     wrapped = higher_order_nodes(ep)
-    if wrapped or mutating and local_functionals(ep.graph) is None:  # else lowering rebinds them itself
-        ep = _functionalize(ep, mutating or wrapped)
+    table = program_decompositions(ep)
+    if table or wrapped or mutating and local_functionals(ep.graph) is None:  # else lowering rebinds them itself
+        ep = _functionalize(ep, mutating or wrapped or list(table), table)
     timings["decomposition"] = timings.get("decomposition", 0.0) + time.perf_counter() - start
     return ep
 
@@ -104,14 +106,31 @@ def higher_order_nodes(ep) -> list[str]:
             if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)]
 
 
-def _functionalize(ep, mutating: list[str]):
+def program_decompositions(ep) -> dict:
+    """The decomposition table of own_decompositions.PROGRAM_DECOMPOSITIONS for the targets `ep`
+    calls (torch.stft: frames, a window and a complex DFT), keyed by OpOverload; empty if none."""
+    from .own_decompositions import PROGRAM_DECOMPOSITIONS
+
+    table, unfit = {}, set()
+    for n in ep.graph.nodes:
+        name = str(n.target) if n.op == "call_function" else ""
+        if name in PROGRAM_DECOMPOSITIONS:
+            fits, fn = PROGRAM_DECOMPOSITIONS[name]
+            table[n.target] = fn
+            if not fits(n):  # (a table entry applies to every node of its op: all or none)
+                unfit.add(n.target)
+    return {t: fn for t, fn in table.items() if t not in unfit}
+
+
+def _functionalize(ep, mutating: list[str], table: dict | None = None):
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_LEAFSPEC_WARNING, category=FutureWarning)
-            return ep.run_decompositions({})
+            return ep.run_decompositions(dict(table or {}))
     except Exception as exc:
-        raise _export_error(f"torch.export could not functionalize the in-place ops ({', '.join(mutating[:3])})",
-                            exc) from exc
+        what = (f"decompose {', '.join(sorted(str(t) for t in table))}" if table else
+                f"functionalize the in-place ops ({', '.join(mutating[:3])})")
+        raise _export_error(f"torch.export could not {what}", exc) from exc
 
 
 def _unsupported(message: str):

@@ -1551,6 +1551,52 @@ OWN_DECOMPOSITIONS = {
 }
 
 
+def stft_frames(self, n_fft, hop_length=None, win_length=None, window=None, normalized=False, onesided=None,
+                return_complex=None, align_to_window=None):
+    """torch.stft of a real signal as torch defines it: frames of n_fft every hop_length (unfold),
+    times the window (ones where None; one shorter than n_fft centred by zeros), the DFT of each
+    frame (rfft where onesided, as by default), scaled by n_fft^-1/2 where normalized, frequencies
+    before frames. torch.stft's centring (a reflect or constant pad) comes before aten.stft and
+    stays its own node. Applied to the whole program before lowering (importer.py), since the
+    pieces are complex: the DFT runs as complex_pairs' real GEMM."""
+    import torch
+
+    hop = hop_length or n_fft // 4
+    length = win_length or n_fft
+    frames = self.unfold(-1, n_fft, hop)
+    if window is None:
+        window = torch.ones(length, dtype=self.dtype)
+    if length < n_fft:
+        left = (n_fft - length) // 2
+        window = torch.nn.functional.pad(window, (left, n_fft - length - left))
+    frames = frames * window
+    spec = torch.fft.rfft(frames, dim=-1) if onesided is not False else torch.fft.fft(frames, dim=-1)
+    if normalized:
+        spec = spec * n_fft ** -0.5
+    spec = spec.transpose(-1, -2)
+    return spec if return_complex else torch.view_as_real(spec)
+
+
+def stft_fits(node) -> bool:
+    """Whether stft_frames takes this aten.stft node: a real float32 signal and window, not
+    aligned to the window."""
+    import torch
+
+    def real(a):
+        val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        return val is None if a is None else (val is not None and val.dtype == torch.float32)
+
+    args = dict(zip(("self", "n_fft", "hop_length", "win_length", "window", "normalized", "onesided",
+                     "return_complex", "align_to_window"), node.args), **node.kwargs)
+    return real(args["self"]) and real(args.get("window")) and not args.get("align_to_window")
+
+
+# Whole-program decompositions (importer.py runs them through run_decompositions before lowering),
+# each with the test of a node it takes: ops whose pieces are complex, which complex_pairs rewrites
+# as a program, not node by node.
+PROGRAM_DECOMPOSITIONS = {"aten.stft.default": (stft_fits, stft_frames)}
+
+
 def _with_lead_broadcasts(table: dict) -> dict:
     """`table` with every target of a registry op that checks `broadcast_foldable` wrapped by
     _lead_broadcast (its own decomposition, if any, kept for the other cases)."""

@@ -1115,3 +1115,42 @@ class FourierLengths(nn.Module):
 def test_fourier_lengths_pad_and_trim_as_torch(device):
     x = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(8))
     runs_whole_and_matches(FourierLengths(), (x,), device)
+
+
+class LogMel(nn.Module):
+    """An audio front end inside forward, as torchaudio's MelSpectrogram computes it: torch.stft
+    (centred by a reflect pad, a Hann window) to a power spectrum, a mel filter bank, a log."""
+
+    def __init__(self, n_fft: int = 32, hop: int = 8, mels: int = 6):
+        super().__init__()
+        self.n_fft, self.hop = n_fft, hop
+        self.register_buffer("window", torch.hann_window(n_fft))
+        self.register_buffer("fbank", torch.rand(n_fft // 2 + 1, mels, generator=torch.Generator().manual_seed(9)))
+
+    def forward(self, wave):
+        spec = torch.stft(wave, self.n_fft, self.hop, window=self.window, return_complex=True).abs() ** 2
+        return torch.log(spec.transpose(1, 2) @ self.fbank + 1e-6)
+
+
+class StftForms(nn.Module):
+    """stft's other arguments: no centring with a window shorter than n_fft (zero-padded to it),
+    no window, normalized, two-sided, constant centring, a 1-D signal, return_complex=False."""
+
+    def forward(self, x):
+        return torch.cat([
+            torch.stft(x, 16, 5, window=torch.hamming_window(12), win_length=12, center=False,
+                       return_complex=True).abs().flatten(1),
+            torch.view_as_real(torch.stft(x, 20, window=torch.ones(20), normalized=True, return_complex=True)).flatten(1),
+            torch.view_as_real(torch.stft(x, 8, 4, window=torch.ones(8), onesided=False, return_complex=True)).flatten(1),
+            torch.stft(x, 16, 4, window=torch.hann_window(16), pad_mode="constant", return_complex=True).real.flatten(1),
+            torch.stft(x[0], 16, 6, window=torch.hann_window(16), return_complex=True).abs().flatten()[None].expand(2, -1),
+        ], 1)
+
+
+def test_stft_front_end_runs_as_frames_and_a_dft(device):
+    """torch.stft decomposed over the whole program before lowering (frames by unfold, a window,
+    rfft as complex_pairs' DFT matrices): no CPU node, torch's answer."""
+    x = torch.randn(2, 100, generator=torch.Generator().manual_seed(10))
+    prog = runs_whole_and_matches(LogMel(), (x,), device)
+    assert not any("stft" in n.target or "fft" in n.target for n in prog.plan.graph.nodes)
+    runs_whole_and_matches(StftForms(), (x,), device)
