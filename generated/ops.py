@@ -106,6 +106,7 @@ OPS: dict[str, OpEntry] = {
             Push('softmax_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
         ),
         checks=(
+            Check('loop_trips', (('kind', 'softmax'), ('loop_trips', 'self'), ('of', 'out'))),
             Check('dim_unfolded', (('dim_unfolded', 'dim'), ('of', 'self'))),
         ),
         grid=('per_row', 'out'),
@@ -142,6 +143,7 @@ OPS: dict[str, OpEntry] = {
             Push('softmax_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
         ),
         checks=(
+            Check('loop_trips', (('kind', 'softmax'), ('loop_trips', 'self'), ('of', 'out'))),
             Check('dim_unfolded', (('dim_unfolded', 'dim'), ('of', 'self'))),
         ),
         grid=('per_row', 'out'),
@@ -268,6 +270,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(
             Check('rank', (('rank', (('self', (3, 4)),)),)),
+            Check('loop_trips', (('kind', 'adaptive_pool'), ('loop_trips', 'self'), ('of', 'out'))),
         ),
         grid=('per_output_unit',),
         template='adaptive_pool2d',
@@ -304,6 +307,7 @@ OPS: dict[str, OpEntry] = {
         push=(),
         checks=(
             Check('rank', (('rank', (('self', (3, 4)),)),)),
+            Check('loop_trips', (('kind', 'adaptive_pool'), ('loop_trips', 'self'), ('of', 'out'))),
         ),
         grid=('per_output_unit',),
         template='adaptive_pool2d',
@@ -460,7 +464,9 @@ OPS: dict[str, OpEntry] = {
             Push('beta', 'float', 'arg', (('arg', 'beta'),)),
             Push('alpha', 'float', 'arg', (('arg', 'alpha'),)),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'matmul'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='matmul',
         shader_axes=('dtype', 'storage'),
@@ -530,7 +536,9 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'reduce'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='reduce',
         shader_axes=('dtype', 'storage'),
@@ -566,7 +574,9 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'reduce'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='reduce',
         shader_axes=('dtype', 'storage'),
@@ -764,6 +774,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('rank', (('rank', (('self', (3, 4)),)),)),
+            Check('loop_trips', (('kind', 'pool'), ('loop_trips', 'self'), ('of', 'out'))),
         ),
         grid=('per_output_unit',),
         template='pool2d',
@@ -819,6 +830,41 @@ OPS: dict[str, OpEntry] = {
             'batch_norm_float16_texture3d',
             'batch_norm_float32_buffer',
             'batch_norm_float32_texture3d',
+        ),
+    ),
+    'bitonic_step': OpEntry(
+        name='bitonic_step',
+        targets=(
+            'texelflow.bitonic_step.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('j', 'int'),
+            Arg('k', 'int'),
+            Arg('descending', 'int', default=0),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_BUFFER'),
+        ),
+        sync=(
+        ),
+        dtypes=('float32',),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('j', 'int', 'arg', (('arg', 'j'),)),
+            Push('k', 'int', 'arg', (('arg', 'k'),)),
+            Push('descending', 'int', 'arg', (('arg', 'descending'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('self', (3, 3)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='bitonic_step',
+        shader_axes=('dtype',),
+        variants=(
+            'bitonic_step_float32',
         ),
     ),
     'bitwise_and': OpEntry(
@@ -1007,7 +1053,9 @@ OPS: dict[str, OpEntry] = {
         flags=frozenset([]),
         weights=(),
         push=(),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'matmul'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_tile', 'out', 16, 8, 0, 1),
         template='mm_tiled',
         shader_axes=('dtype', 'storage'),
@@ -2529,7 +2577,9 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('scan_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'scan'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='scan',
         shader_axes=('dtype', 'storage'),
@@ -2563,7 +2613,9 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('scan_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'scan'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='scan',
         shader_axes=('dtype', 'storage'),
@@ -3550,6 +3602,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('rank', (('rank', (('input', (2, 3, 4)),)),)),
+            Check('loop_trips', (('kind', 'group_norm'), ('loop_trips', 'input'), ('of', 'out'))),
         ),
         grid=('per_row', 'out'),
         template='group_norm',
@@ -3950,6 +4003,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('normalized_last', (('normalized_last', 'normalized_shape'), ('of', 'input'))),
+            Check('loop_trips', (('kind', 'layer_norm'), ('loop_trips', 'input'), ('of', 'out'))),
         ),
         grid=('per_row', 'out'),
         template='layer_norm',
@@ -4153,7 +4207,9 @@ OPS: dict[str, OpEntry] = {
             Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
             Push('ord', 'float', 'arg', (('arg', 'ord'),)),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'reduce'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='reduce',
         shader_axes=('dtype', 'storage'),
@@ -4643,6 +4699,7 @@ OPS: dict[str, OpEntry] = {
             Push('softmax_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
         ),
         checks=(
+            Check('loop_trips', (('kind', 'softmax'), ('loop_trips', 'self'), ('of', 'out'))),
             Check('dim_unfolded', (('dim_unfolded', 'dim'), ('of', 'self'))),
         ),
         grid=('per_row', 'out'),
@@ -4677,7 +4734,9 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('scan_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'scan'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='scan',
         shader_axes=('dtype', 'storage'),
@@ -4848,7 +4907,9 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'reduce'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='reduce',
         shader_axes=('dtype', 'storage'),
@@ -4983,7 +5044,9 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('vector_operands', 'int', 'hook', (('hook', 'matmul_vector_operands'),)),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'matmul'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='matmul',
         shader_axes=('dtype', 'storage'),
@@ -5063,6 +5126,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('rank', (('rank', (('self', (3, 4)),)),)),
+            Check('loop_trips', (('kind', 'pool'), ('loop_trips', 'self'), ('of', 'out'))),
         ),
         grid=('per_output_unit',),
         template='pool2d',
@@ -5134,7 +5198,9 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'reduce'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='reduce',
         shader_axes=('dtype', 'storage'),
@@ -5230,7 +5296,9 @@ OPS: dict[str, OpEntry] = {
         flags=frozenset([]),
         weights=(),
         push=(),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'matmul'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_tile', 'out', 16, 8, 0, 1),
         template='mm_tiled',
         shader_axes=('dtype', 'storage'),
@@ -5450,6 +5518,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('rank', (('rank', (('input', (2, 3, 4)),)),)),
+            Check('loop_trips', (('kind', 'group_norm'), ('loop_trips', 'input'), ('of', 'out'))),
         ),
         grid=('per_row', 'out'),
         template='group_norm',
@@ -5492,6 +5561,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('normalized_last', (('normalized_last', 'normalized_shape'), ('of', 'input'))),
+            Check('loop_trips', (('kind', 'layer_norm'), ('loop_trips', 'input'), ('of', 'out'))),
         ),
         grid=('per_row', 'out'),
         template='layer_norm',
@@ -5812,7 +5882,9 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'reduce'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='reduce',
         shader_axes=('dtype', 'storage'),
@@ -7154,6 +7226,7 @@ OPS: dict[str, OpEntry] = {
             Push('softmax_dim', 'int', 'whcn_dim', (('of', 'self'), ('whcn_dim', 'dim'))),
         ),
         checks=(
+            Check('loop_trips', (('kind', 'softmax'), ('loop_trips', 'self'), ('of', 'out'))),
             Check('dim_unfolded', (('dim_unfolded', 'dim'), ('of', 'self'))),
         ),
         grid=('per_row', 'out'),
@@ -7330,7 +7403,9 @@ OPS: dict[str, OpEntry] = {
             Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
             Push('correction', 'float', 'arg', (('arg', 'correction'), ('none', 1.0))),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'reduce'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='reduce',
         shader_axes=('dtype', 'storage'),
@@ -7439,7 +7514,9 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'reduce'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='reduce',
         shader_axes=('dtype', 'storage'),
@@ -7795,7 +7872,9 @@ OPS: dict[str, OpEntry] = {
             Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
             Push('correction', 'float', 'arg', (('arg', 'correction'), ('none', 1.0))),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'reduce'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='reduce',
         shader_axes=('dtype', 'storage'),
@@ -7832,7 +7911,9 @@ OPS: dict[str, OpEntry] = {
             Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
             Push('correction', 'float', 'arg', (('arg', 'correction'), ('none', 1.0))),
         ),
-        checks=(),
+        checks=(
+            Check('loop_trips', (('kind', 'reduce'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
         grid=('per_output_unit',),
         template='reduce',
         shader_axes=('dtype', 'storage'),
@@ -8192,6 +8273,7 @@ TARGETS: dict[str, str] = {
     'quantized_decomposed.quantize_per_tensor.default': 'quantize_per_tensor',
     'texelflow.adaptive_max_pool2d_values.default': 'adaptive_max_pool2d_values',
     'texelflow.add_act.default': 'add_act',
+    'texelflow.bitonic_step.default': 'bitonic_step',
     'texelflow.cast_to_float16.default': 'cast_to_float16',
     'texelflow.cast_to_float32.default': 'cast_to_float32',
     'texelflow.cast_to_int32.default': 'cast_to_int32',

@@ -232,6 +232,13 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'bias': (3,), 'cudnn_enabled': False, 'eps': 1e-05, 'input': (2, 3, 2, 3, 5), 'momentum': 0.1, 'running_mean': (3,), 'running_var': (3,), 'training': False, 'weight': (3,)},
         {'bias': (5,), 'cudnn_enabled': False, 'eps': 1e-05, 'input': (2, 5, 2, 3, 2, 3), 'momentum': 0.1, 'running_mean': (5,), 'running_var': (5,), 'training': False, 'weight': (5,)},
     ),
+    'bitonic_step': (
+        {'descending': 0, 'j': 1, 'k': 2, 'self': (3, 8, 2)},
+        {'descending': 1, 'j': 2, 'k': 4, 'self': (3, 8, 2)},
+        {'descending': 0, 'j': 4, 'k': 16, 'self': (1, 16, 2)},
+        {'descending': 1, 'j': 1, 'k': 2, 'self': (5, 2, 2)},
+        {'descending': 0, 'j': 8, 'k': 32, 'self': (2, 64, 2)},
+    ),
     'bitwise_and': (
         {'other': (2, 3, 5, 7), 'self': (2, 3, 5, 7)},
         {'other': (7,), 'self': (7,)},

@@ -247,6 +247,83 @@ def _reduction_at_most(node: NodeFacts, p: dict) -> str | None:
     return None
 
 
+# lavapipe (Mesa's llvmpipe) stops every loop of an invocation once their iterations together reach
+# 65535 (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS, shared by every loop of a shader, nested ones
+# included, counted once per SIMD batch) and carries on: the kernel silently computes from part
+# of its data. Kernels that loop over a reduced extent in one invocation are refused past it (with
+# some room), so the node is decomposed into smaller pieces or runs on the CPU, on every device:
+# a plan does not depend on the device. The trip counts below are upper bounds of each template's
+# loops per invocation, measured on lavapipe at the sizes where it breaks (tests/reliability/
+# test_loop_limit.py): reduce 8 per reduced element (4 lanes of a texel, 2 passes), softmax 5 along W (2 W rows per element of
+# another dim), scan 1, layer_norm 1, group_norm 8 per element of a group, pools 2 (adaptive 8:
+# 4 lanes a texel), matmul 2 per K.
+LOOP_TRIPS_LIMIT = 60000
+
+
+def _reduced_elements(node: NodeFacts) -> tuple[int, int]:
+    """(elements reduced into one output, the innermost reduced dim's size) of a reduction of
+    `self` over `dim` (None, [] or absent: every dim)."""
+    shape = tuple(node.shape("self"))
+    try:
+        dims = node.value("dim")
+    except (KeyError, AttributeError):
+        dims = None
+    rank = len(shape)
+    dims = list(range(rank)) if dims is None or dims == [] else [dims] if isinstance(dims, int) else list(dims)
+    dims = sorted({d % rank for d in dims}) if rank else []
+    elements = math.prod(shape[d] for d in dims) if dims else 1
+    return elements, (shape[dims[-1]] if dims else 1)
+
+
+def _trips(node: NodeFacts, kind: str) -> int:
+    if kind == "reduce":  # each of a texel's 4 lanes may reduce its own elements, var in two passes
+        e, inner = _reduced_elements(node)
+        return 8 * (e + e // max(inner, 1)) + 16
+    if kind in ("softmax", "scan"):
+        shape = tuple(node.shape("self"))
+        if not shape:
+            return 1
+        d = node.value("dim") % len(shape)
+        n, w = shape[d], shape[-1]
+        if kind == "scan":
+            return n + 16
+        return 5 * n + 16 if d == len(shape) - 1 else (2 * n + 3) * w + 16
+    if kind == "layer_norm":
+        return math.prod(node.value("normalized_shape")) + 64
+    if kind == "group_norm":
+        shape = tuple(node.shape("input"))
+        groups = node.value("num_groups") if node.value("group") is None else node.value("group")
+        g = math.prod(shape) // max(shape[0] * max(int(groups or 1), 1), 1) if shape else 1
+        return 8 * (g + g // max(shape[-1], 1)) + 4 * shape[-1] + 64
+    if kind in ("adaptive_pool", "pool"):
+        shape = tuple(node.shape("self"))
+        if kind == "pool":
+            kw, kh = pair_wh(node.value("kernel_size"))
+            window, rows = kw * kh, kh
+        else:
+            out = tuple(node.shape("out"))
+            rows = -(-shape[-2] // out[-2]) + 1
+            window = rows * (-(-shape[-1] // out[-1]) + 1)
+            return 8 * (window + rows) + 16
+        return 2 * (window + rows) + 16
+    if kind == "matmul":
+        return 2 * tuple(node.shape("self"))[-1] + 16
+    raise KeyError(kind)
+
+
+@_rule(CHECK_RULES, "loop_trips", None, required=("kind", "of"))
+def _loop_trips(node: NodeFacts, p: dict) -> str | None:
+    """`{loop_trips: INPUT, kind: KIND, of: TENSOR}`: the loops of one invocation computing `of`
+    over tensor INPUT (KIND: reduce, softmax, scan, layer_norm, group_norm, pool, adaptive_pool,
+    matmul: how the template loops) stay within LOOP_TRIPS_LIMIT iterations, under the 65535 at
+    which lavapipe cuts every loop of an invocation short."""
+    trips = _trips(node, p["kind"])
+    if trips > LOOP_TRIPS_LIMIT:
+        return (f"one invocation computing '{p['of']}' would loop about {trips} times, past the "
+                f"{LOOP_TRIPS_LIMIT} iterations a kernel may loop on lavapipe (which cuts loops short at 65535)")
+    return None
+
+
 def run_checks(node: NodeFacts, checks: Sequence) -> str | None:
     """The first failing check's reason, or None. `checks`: items with `.rule` and `.params`."""
     for check in checks:

@@ -61,15 +61,15 @@ T load_self(ivec4 idx) {
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
 
-#line 28 "shaders/softmax.glsl.j2"
+#line 29 "shaders/softmax.glsl.j2"
 #define TF_SOFTMAX(x, m, s) (exp((x) - (m)) / (s))
 
-#line 33
+#line 34
 float neg_inf() { return uintBitsToFloat(0xff800000u); }
 
 // The self texel whose lane 0 is at `e`; with `one_line`, lanes past the end of the packed dim
 // are -inf, so that they add nothing to a max or to a sum of exp.
-#line 72
+#line 73
 vec4 texel(ivec4 e, bool one_line) {
   vec4 v = load_texel_self(tf_texel_pos_lane(e, pc.self_sizes, self_layout).xyz);
   if (one_line) {

@@ -54,17 +54,17 @@ vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
 // ---- element access for 'self' (buffer) ----
 #line 53
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
-#line 26 "shaders/scan.glsl.j2"
+#line 27 "shaders/scan.glsl.j2"
 #define COMBINE(a, b) ((a) * (b))
 #define START 1
 
-#line 30
+#line 31
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   int d = pc.scan_dim;
   int n = pc.out_sizes[d];
-#line 36
+#line 37
   ivec4 e = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   if (e[d] != 0) { return; }
   T s = T(START);
@@ -73,5 +73,5 @@ void main() {
     s = COMBINE(s, T(load_self(e)));
     t_out[tf_buffer_word_lane(e, pc.out_sizes, out_layout).x] = tf_bf16_out(s);
   }
-#line 67
+#line 68
 }

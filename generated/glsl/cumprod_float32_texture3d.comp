@@ -60,17 +60,17 @@ T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
-#line 26 "shaders/scan.glsl.j2"
+#line 27 "shaders/scan.glsl.j2"
 #define COMBINE(a, b) ((a) * (b))
 #define START 1
 
-#line 30
+#line 31
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   int d = pc.scan_dim;
   int n = pc.out_sizes[d];
-#line 45
+#line 46
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 e = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   if (e[d] != 0) { return; }
@@ -92,5 +92,5 @@ void main() {
     }
     store_texel_out(p, mix(s, VEC4(0), tf_padding_lanes(p, pc.out_sizes, out_layout)));
   }
-#line 67
+#line 68
 }

@@ -76,7 +76,7 @@ VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) 
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 34 "shaders/reduce.glsl.j2"
+#line 35 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -87,18 +87,18 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 64
+#line 65
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // torch's linalg.vector_norm: 2 (sqrt of the sum of squares), inf / -inf (max / min of |x|),
   // 0 (the count of nonzeros, NaN included), else (sum |x|^ord)^(1 / ord).
-#line 107
+#line 108
   if (isinf(pc.ord)) {
     R acc = abs(load_self(b));
     if (pc.ord > 0.0) {
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -109,9 +109,9 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 111
+#line 112
     } else {
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -122,13 +122,13 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 113
+#line 114
     }
     return acc;
   }
   R acc = R(0);
   if (pc.ord == 2.0) {
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -139,11 +139,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 119
+#line 120
     return tf_sqrt(acc);
   }
   if (pc.ord == 1.0) {
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -154,11 +154,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 123
+#line 124
     return acc;
   }
   if (pc.ord == 0.0) {
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -169,10 +169,10 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 127
+#line 128
     return acc;
   }
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -183,18 +183,18 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 130
+#line 131
   return tf_pow(acc, R(1.0 / pc.ord));
-#line 141
+#line 142
 }
 #undef R
 
-#line 163
+#line 164
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 167
+#line 168
   ivec4 o = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   t_out[u] = tf_to_float16(compute_out(o));
-#line 203
+#line 204
 }

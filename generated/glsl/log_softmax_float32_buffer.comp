@@ -67,14 +67,14 @@ T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w &
 VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
 
-#line 30 "shaders/softmax.glsl.j2"
+#line 31 "shaders/softmax.glsl.j2"
 #define TF_SOFTMAX(x, m, s) ((x) - (m) - log(s))
 
-#line 33
+#line 34
 float neg_inf() { return uintBitsToFloat(0xff800000u); }
 
 // (max, sum of exp(x - max)) of self along lane d, from index r (r[d] = 0).
-#line 37
+#line 38
 vec2 line_stats(ivec4 r, int d) {
   int n = pc.self_sizes[d];
   float m = neg_inf();

@@ -94,14 +94,14 @@ VEC4 cols_other(ivec2 row, ivec4 w) { return imageLoad(t_other, ivec3(w.x >> 2, 
 T elem_other(ivec2 row, int w) { return imageLoad(t_other, ivec3(w >> 2, row))[w & 3]; }
 
 // The value stored at out's logical index e = (n, m, batch z, batch w) from the product `acc`.
-#line 36 "shaders/matmul.glsl.j2"
+#line 37 "shaders/matmul.glsl.j2"
 T finish(T acc, ivec4 e) {
-#line 41
+#line 42
   return acc;
 }
 
 // out's element at WHCN index `idx` when an operand is 1-D: a dot product over K.
-#line 46
+#line 47
 T vector_product(ivec4 idx) {
   int v = pc.vector_operands;
   ivec4 e = v == 0 ? idx : (v == 1 ? ivec4(idx.x, 0, idx.yz) : (v == 2 ? ivec4(0, idx.xyz) : ivec4(0)));
@@ -116,7 +116,7 @@ T vector_product(ivec4 idx) {
 }
 
 // Where a tile reads and writes: out's rows, the first rows of its batch in A and B, and sizes.
-#line 61
+#line 62
 struct Tile {
   int m0;
   int n0;
@@ -137,203 +137,203 @@ void store_cols(Tile t, int i, int c, VEC4 v) {
 
 // The 8x8 tile when K and N are multiples of 4 (rows of A and B start on a vec4): per step of 4
 // along K, 8 vec4 of A rows and 8 of B rows (4 rows x 2 column groups) for 64 vec4 multiply-adds.
-#line 83
+#line 84
 void tile(Tile t) {
-#line 85
+#line 86
   ivec2 a0 = row_self(t.a_first + min(t.m0 + 0, t.M - 1));
-#line 85
+#line 86
   ivec2 a1 = row_self(t.a_first + min(t.m0 + 1, t.M - 1));
-#line 85
+#line 86
   ivec2 a2 = row_self(t.a_first + min(t.m0 + 2, t.M - 1));
-#line 85
+#line 86
   ivec2 a3 = row_self(t.a_first + min(t.m0 + 3, t.M - 1));
-#line 85
+#line 86
   ivec2 a4 = row_self(t.a_first + min(t.m0 + 4, t.M - 1));
-#line 85
+#line 86
   ivec2 a5 = row_self(t.a_first + min(t.m0 + 5, t.M - 1));
-#line 85
+#line 86
   ivec2 a6 = row_self(t.a_first + min(t.m0 + 6, t.M - 1));
-#line 85
+#line 86
   ivec2 a7 = row_self(t.a_first + min(t.m0 + 7, t.M - 1));
-#line 88
+#line 89
   int c0 = min(t.n0 + 0, t.N - 4);
-#line 88
+#line 89
   int c1 = min(t.n0 + 4, t.N - 4);
-#line 91
+#line 92
   VEC4 acc00 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc01 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc10 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc11 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc20 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc21 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc30 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc31 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc40 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc41 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc50 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc51 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc60 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc61 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc70 = VEC4(0);
-#line 91
+#line 92
   VEC4 acc71 = VEC4(0);
-#line 93
+#line 94
   for (int k = 0; k < t.K; k += 4) {
-#line 95
+#line 96
     ivec2 br0 = row_other(t.b_first + k + 0);
-#line 97
+#line 98
     VEC4 b00 = vec4a_other(br0, c0);
-#line 97
+#line 98
     VEC4 b01 = vec4a_other(br0, c1);
-#line 95
+#line 96
     ivec2 br1 = row_other(t.b_first + k + 1);
-#line 97
+#line 98
     VEC4 b10 = vec4a_other(br1, c0);
-#line 97
+#line 98
     VEC4 b11 = vec4a_other(br1, c1);
-#line 95
+#line 96
     ivec2 br2 = row_other(t.b_first + k + 2);
-#line 97
+#line 98
     VEC4 b20 = vec4a_other(br2, c0);
-#line 97
+#line 98
     VEC4 b21 = vec4a_other(br2, c1);
-#line 95
+#line 96
     ivec2 br3 = row_other(t.b_first + k + 3);
-#line 97
+#line 98
     VEC4 b30 = vec4a_other(br3, c0);
-#line 97
+#line 98
     VEC4 b31 = vec4a_other(br3, c1);
-#line 100
+#line 101
     VEC4 x;
-#line 102
+#line 103
     x = vec4a_self(a0, k);
-#line 104
+#line 105
     acc00 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 104
+#line 105
     acc01 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 102
+#line 103
     x = vec4a_self(a1, k);
-#line 104
+#line 105
     acc10 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 104
+#line 105
     acc11 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 102
+#line 103
     x = vec4a_self(a2, k);
-#line 104
+#line 105
     acc20 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 104
+#line 105
     acc21 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 102
+#line 103
     x = vec4a_self(a3, k);
-#line 104
+#line 105
     acc30 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 104
+#line 105
     acc31 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 102
+#line 103
     x = vec4a_self(a4, k);
-#line 104
+#line 105
     acc40 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 104
+#line 105
     acc41 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 102
+#line 103
     x = vec4a_self(a5, k);
-#line 104
+#line 105
     acc50 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 104
+#line 105
     acc51 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 102
+#line 103
     x = vec4a_self(a6, k);
-#line 104
+#line 105
     acc60 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 104
+#line 105
     acc61 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 102
+#line 103
     x = vec4a_self(a7, k);
-#line 104
+#line 105
     acc70 += x.x * b00 + x.y * b10 + x.z * b20 + x.w * b30;
-#line 104
+#line 105
     acc71 += x.x * b01 + x.y * b11 + x.z * b21 + x.w * b31;
-#line 107
+#line 108
   }
-#line 109
+#line 110
   if (t.m0 + 0 < t.M) {
-#line 111
+#line 112
     if (t.n0 + 0 < t.N) { store_cols(t, 0, t.n0 + 0, acc00); }
-#line 111
+#line 112
     if (t.n0 + 4 < t.N) { store_cols(t, 0, t.n0 + 4, acc01); }
-#line 113
+#line 114
   }
-#line 109
+#line 110
   if (t.m0 + 1 < t.M) {
-#line 111
+#line 112
     if (t.n0 + 0 < t.N) { store_cols(t, 1, t.n0 + 0, acc10); }
-#line 111
+#line 112
     if (t.n0 + 4 < t.N) { store_cols(t, 1, t.n0 + 4, acc11); }
-#line 113
+#line 114
   }
-#line 109
+#line 110
   if (t.m0 + 2 < t.M) {
-#line 111
+#line 112
     if (t.n0 + 0 < t.N) { store_cols(t, 2, t.n0 + 0, acc20); }
-#line 111
+#line 112
     if (t.n0 + 4 < t.N) { store_cols(t, 2, t.n0 + 4, acc21); }
-#line 113
+#line 114
   }
-#line 109
+#line 110
   if (t.m0 + 3 < t.M) {
-#line 111
+#line 112
     if (t.n0 + 0 < t.N) { store_cols(t, 3, t.n0 + 0, acc30); }
-#line 111
+#line 112
     if (t.n0 + 4 < t.N) { store_cols(t, 3, t.n0 + 4, acc31); }
-#line 113
+#line 114
   }
-#line 109
+#line 110
   if (t.m0 + 4 < t.M) {
-#line 111
+#line 112
     if (t.n0 + 0 < t.N) { store_cols(t, 4, t.n0 + 0, acc40); }
-#line 111
+#line 112
     if (t.n0 + 4 < t.N) { store_cols(t, 4, t.n0 + 4, acc41); }
-#line 113
+#line 114
   }
-#line 109
+#line 110
   if (t.m0 + 5 < t.M) {
-#line 111
+#line 112
     if (t.n0 + 0 < t.N) { store_cols(t, 5, t.n0 + 0, acc50); }
-#line 111
+#line 112
     if (t.n0 + 4 < t.N) { store_cols(t, 5, t.n0 + 4, acc51); }
-#line 113
+#line 114
   }
-#line 109
+#line 110
   if (t.m0 + 6 < t.M) {
-#line 111
+#line 112
     if (t.n0 + 0 < t.N) { store_cols(t, 6, t.n0 + 0, acc60); }
-#line 111
+#line 112
     if (t.n0 + 4 < t.N) { store_cols(t, 6, t.n0 + 4, acc61); }
-#line 113
+#line 114
   }
-#line 109
+#line 110
   if (t.m0 + 7 < t.M) {
-#line 111
+#line 112
     if (t.n0 + 0 < t.N) { store_cols(t, 7, t.n0 + 0, acc70); }
-#line 111
+#line 112
     if (t.n0 + 4 < t.N) { store_cols(t, 7, t.n0 + 4, acc71); }
-#line 113
+#line 114
   }
-#line 115
+#line 116
 }
 
 // The same tile for other K or N (rows off the vec4 grid): element by element along K, 4 columns
@@ -353,18 +353,18 @@ void tile_unaligned(Tile t) {
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 135
+#line 136
   if (pc.vector_operands != 0) {
-#line 139
+#line 140
     ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
     ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
     VEC4 r = VEC4(0);
     for (int j = 0; j < 4 && idx.x + j < pc.out_sizes.x; ++j) { r[j] = vector_product(idx + ivec4(j, 0, 0, 0)); }
     store_texel_out(pos, r);
-#line 145
+#line 146
     return;
   }
-#line 148
+#line 149
   ivec4 os = pc.out_sizes;  // (N, M, batch z, batch w)
   int tiles_n = (os.x + 7) >> 3;
   int tiles_m = (os.y + 7) >> 3;

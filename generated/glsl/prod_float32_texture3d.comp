@@ -62,7 +62,7 @@ T load_self(ivec4 idx) {
 }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 34 "shaders/reduce.glsl.j2"
+#line 35 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -73,14 +73,14 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 64
+#line 65
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
-#line 73
+#line 74
   R acc = R(1);
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -91,26 +91,26 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 81
+#line 82
   return acc;
-#line 141
+#line 142
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 154
+#line 155
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
-#line 64
+#line 65
 #define R VEC4
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
-#line 73
+#line 74
   R acc = R(1);
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -121,25 +121,25 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 81
+#line 82
   return acc;
-#line 141
+#line 142
 }
 #undef R
 
-#line 163
+#line 164
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 173
+#line 174
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 179
+#line 180
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 185
+#line 186
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -147,10 +147,10 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 195
+#line 196
       }
     }
   }
   store_texel_out(pos, r);
-#line 203
+#line 204
 }

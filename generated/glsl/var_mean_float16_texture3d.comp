@@ -84,7 +84,7 @@ T load_self(ivec4 idx) {
 }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 34 "shaders/reduce.glsl.j2"
+#line 35 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -95,16 +95,16 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 64
+#line 65
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 85
+#line 86
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0);
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -115,10 +115,10 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 88
+#line 89
   R mean = sum / R(count);
   R acc = R(0);
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -129,24 +129,24 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 91
+#line 92
   R v = tf_div_nonneg(acc, max(count - pc.correction, 0.0));
-#line 95
+#line 96
   return v;
-#line 141
+#line 142
 }
 #undef R
-#line 64
+#line 65
 #define R T
 R compute_mean(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // var_mean's mean by torch's running (Welford) update, in the same order, so that an infinity
   // gives torch's result: +-inf when it comes last, else NaN (inf - inf).
-#line 100
+#line 101
   R acc = R(0);
   float k = 0.0;
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -157,28 +157,28 @@ R compute_mean(ivec4 o) {
       }
     }
   }
-#line 103
+#line 104
   return acc;
-#line 141
+#line 142
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 154
+#line 155
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
-#line 64
+#line 65
 #define R VEC4
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 85
+#line 86
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0);
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -189,10 +189,10 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 88
+#line 89
   R mean = sum / R(count);
   R acc = R(0);
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -203,24 +203,24 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 91
+#line 92
   R v = tf_div_nonneg(acc, max(count - pc.correction, 0.0));
-#line 95
+#line 96
   return v;
-#line 141
+#line 142
 }
 #undef R
-#line 64
+#line 65
 #define R VEC4
 R compute_mean_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // var_mean's mean by torch's running (Welford) update, in the same order, so that an infinity
   // gives torch's result: +-inf when it comes last, else NaN (inf - inf).
-#line 100
+#line 101
   R acc = R(0);
   float k = 0.0;
-#line 48
+#line 49
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -231,29 +231,29 @@ R compute_mean_texel(ivec4 o) {
       }
     }
   }
-#line 103
+#line 104
   return acc;
-#line 141
+#line 142
 }
 #undef R
 
-#line 163
+#line 164
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 173
+#line 174
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 177
+#line 178
   VEC4 rm = VEC4(0);
-#line 179
+#line 180
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 183
+#line 184
     rm = mix(compute_mean_texel(idx), VEC4(0), pad);
-#line 185
+#line 186
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -261,14 +261,14 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 193
+#line 194
         rm[k] = compute_mean(e);
-#line 195
+#line 196
       }
     }
   }
   store_texel_out(pos, r);
-#line 200
+#line 201
   store_texel_mean(pos, rm);
-#line 203
+#line 204
 }

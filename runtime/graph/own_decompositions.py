@@ -350,6 +350,10 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
     import torch
 
     aten = torch.ops.aten
+    if k > TOPK_MAX_K and self.dim() > 0 and self.dtype == torch.float32 and 0 < k <= self.shape[dim % self.dim()]:
+        values, places = _bitonic_sort(self, dim, descending=largest)  # the first k of the sorted lines
+        d = dim % self.dim()
+        return aten.slice.Tensor(values, d, 0, k), aten.slice.Tensor(places, d, 0, k)
     if k > TOPK_MAX_K:
         raise NotImplementedError(f"topk with k = {k}, above {TOPK_MAX_K} rounds")
     if self.dim() == 0:
@@ -404,6 +408,99 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
 SORT_MAX_PAIRS = 1 << 22
 
 
+# Lines longer than this sort by a bitonic network (bitonic_step nodes) rather than by ranks,
+# whatever SORT_MAX_PAIRS says: n^2 comparisons outgrow log2(n)^2 / 2 steps of n.
+BITONIC_MIN_LENGTH = 1024
+BITONIC_MAX_LENGTH = 1 << 24  # positions ride as float32 beside the values: exact below 2^24
+
+
+def bitonic_step_reference(self, j, k, descending=0):
+    """texelflow.bitonic_step in torch: self [L, N, 2] of (value, position) pairs, each element
+    its own pair's or its partner's (i ^ j), as shaders/bitonic_step.glsl.j2 computes it."""
+    import torch
+
+    n = self.shape[1]
+    i = torch.arange(n)
+    p = i ^ j
+    a, b = self, self[:, p]
+    av, ai, bv, bi = a[..., 0], a[..., 1], b[..., 0], b[..., 1]
+    an, bn = av.isnan(), bv.isnan()
+    ahead = (av > bv) | (an & ~bn) if descending else (av < bv) | (~an & bn)
+    first = ahead | (((av == bv) | (an & bn)) & (ai < bi))
+    keep = torch.where((i < p) == ((i & k) == 0), first, ~first)
+    return torch.where(keep[..., None], a, b)
+
+
+_BITONIC_OP = []
+
+
+def bitonic_op(torch):
+    """torch.ops.texelflow.bitonic_step.default, registered on first use (CPU and fake kernels:
+    the sort decomposition is traced with it, and a node of it left on the CPU runs it)."""
+    if not _BITONIC_OP:
+        if not hasattr(torch.ops.texelflow, "bitonic_step"):
+            lib = torch.library.Library("texelflow", "FRAGMENT")
+            lib.define("bitonic_step(Tensor self, int j, int k, int descending=0) -> Tensor")
+            lib.impl("bitonic_step", bitonic_step_reference, "CompositeExplicitAutograd")
+            lib.impl("bitonic_step", lambda self, j, k, descending=0: torch.empty_like(self), "Meta")
+            _BITONIC_OP.append(lib)  # the Library must outlive this call, or torch drops the op
+        _BITONIC_OP.append(torch.ops.texelflow.bitonic_step.default)
+    return _BITONIC_OP[-1]
+
+
+def _bitonic_sort(self, dim: int, descending: bool):
+    """(values, int64 positions) of torch.sort of float32 `self` along `dim` by a bitonic network:
+    each line as (value, position) pairs [L, N, 2], N the next power of two, padded with pairs
+    that sort last (NaN, or -inf when descending, at positions past the line: after every real
+    element, NaNs included, since equal values go by position), then log2(N) (log2(N) + 1) / 2
+    bitonic_step nodes, the first n pairs kept. Stable, NaN the largest, as `sort` below."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dtype != torch.float32:
+        raise NotImplementedError(f"a bitonic sort of {self.dtype} (positions ride as float32 beside float32 values)")
+    d = dim % self.dim()
+    n = self.shape[d]
+    if n > BITONIC_MAX_LENGTH:
+        raise NotImplementedError(f"a sort of lines of {n}, above {BITONIC_MAX_LENGTH}")
+    order = [k for k in range(self.dim()) if k != d] + [d]
+    moved = self if d == self.dim() - 1 else aten.permute.default(self, order)
+    lines = math.prod(moved.shape[:-1])
+    x = aten.reshape.default(moved, [lines, n])
+    size = 1 << max(n - 1, 1).bit_length()
+    if size > n:
+        x = aten.constant_pad_nd.default(x, [0, size - n], float("-inf") if descending else float("nan"))
+    where = aten._to_copy.default(_positions(size, 1, 2), dtype=torch.float32)
+    pairs = aten.stack.default([x, aten.expand.default(where, [lines, size])], 2)
+    step = bitonic_op(torch)
+    k = 2
+    while k <= size:
+        j = k // 2
+        while j >= 1:
+            pairs = step(pairs, j, k, int(descending))
+            j //= 2
+        k *= 2
+    values = aten.slice.Tensor(aten.select.int(pairs, 2, 0), 1, 0, n)
+    places = aten.slice.Tensor(aten.select.int(pairs, 2, 1), 1, 0, n)
+    places = aten._to_copy.default(aten._to_copy.default(places, dtype=torch.int32), dtype=torch.int64)
+    back = [order.index(k) for k in range(self.dim())]
+    out = []
+    for t in (values, places):
+        t = aten.reshape.default(t, list(moved.shape))
+        out.append(t if d == self.dim() - 1 else aten.permute.default(t, back))
+    return out[0], out[1]
+
+
+def _long_lines(self, dim) -> bool:
+    """Whether torch.sort of `self` along `dim` takes the bitonic network: lines of at least
+    BITONIC_MIN_LENGTH, or more pairs than the ranks may compare."""
+    if self.dim() == 0:
+        return False
+    d = dim % self.dim()
+    n = self.shape[d]
+    return n >= BITONIC_MIN_LENGTH or self.numel() * n > SORT_MAX_PAIRS
+
+
 def sort(self, dim=-1, descending=False, stable=False):
     """torch.sort by ranks: element i's place is the count of elements that come before it (less,
     or greater when descending; NaN counts as the largest; equal ones by position, so the order
@@ -416,6 +513,8 @@ def sort(self, dim=-1, descending=False, stable=False):
     aten = torch.ops.aten
     if self.dim() == 0:
         return aten.alias.default(self), aten.zeros_like.default(self, dtype=torch.int64)
+    if _long_lines(self, dim):
+        return _bitonic_sort(self, dim, descending)
     n, x = _lines(self, dim, "sort")
     rank = _ranks(x, descending)
     i, j = _positions(n, 1, 4), _positions(n, 2, 4)
@@ -686,10 +785,13 @@ def safe_softmax(self, dim, dtype=None):
 
 def cumsum(self, dim, dtype=None):
     """cumsum with a `dtype` (DETR's `(~mask).cumsum(1, dtype=torch.float32)` position encoding):
-    the input cast to it, then a cumsum that keeps its dtype. torch's kernel adds in that dtype too."""
+    the input cast to it, then a cumsum that keeps its dtype. torch's kernel adds in that dtype too.
+    Without one, a line too long for one invocation runs in blocks (cumsum_long)."""
     import torch
 
-    if dtype is None or dtype == self.dtype or dtype not in (torch.float32, torch.float16):
+    if dtype is None or dtype == self.dtype:
+        return cumsum_long(self, dim)  # (a long line in blocks; else the node keeps its reason)
+    if dtype not in (torch.float32, torch.float16):
         raise ValueError("only a cast to a float dtype the device sums in helps")  # (the trace fails: no pieces)
     return torch.ops.aten.cumsum.default(torch.ops.aten._to_copy.default(self, dtype=dtype), dim)
 
@@ -812,6 +914,291 @@ def sum_of_bools(self, dim=None, keepdim=False, dtype=None):
         raise NotApplicable("not a sum of bools")
     ints = to_copy(self, dtype=torch.int32)
     return aten.sum.dim_IntList(ints, dim, keepdim) if dim is not None else aten.sum.default(ints)
+
+
+# Reductions longer than a kernel may loop in one invocation (shaders/node_rules.py's loop_trips:
+# lavapipe cuts loops short past 65535 iterations) run in two rounds: blocks of SPLIT_BLOCK
+# elements, then the blocks' results.
+SPLIT_BLOCK = 4096
+
+
+def _split_reduce(kind: str, self, dim, keepdim: bool):
+    """sum, mean, amax or amin of `self` over `dim` (None or []: every dim) in two rounds: the
+    reduced dims moved last and merged into one of e elements, padded to whole blocks of
+    SPLIT_BLOCK with the reduction's identity (0, -inf or +inf; NaN still spreads), each block
+    reduced, then the blocks' results (a mean is the sum over e). Only for more than SPLIT_BLOCK
+    elements, else the node keeps its own reason."""
+    import torch
+
+    aten = torch.ops.aten
+    rank = self.dim()
+    dims = list(range(rank)) if dim is None or dim == [] else [dim] if isinstance(dim, int) else list(dim)
+    dims = sorted({d % rank for d in dims}) if rank else []
+    e = math.prod(self.shape[d] for d in dims)
+    if e <= SPLIT_BLOCK:
+        raise NotApplicable("a reduction short enough for one round")
+    kept = [d for d in range(rank) if d not in dims]
+    x = self if kept + dims == list(range(rank)) else aten.permute.default(self, kept + dims)
+    lines = math.prod(self.shape[d] for d in kept)
+    x = aten.reshape.default(x, [lines, e])
+    blocks = -(-e // SPLIT_BLOCK)
+    if blocks * SPLIT_BLOCK > e:
+        if self.dtype.is_floating_point:
+            fill = {"amax": float("-inf"), "amin": float("inf")}.get(kind, 0.0)
+        else:
+            info = torch.iinfo(torch.int32)  # int64 ids run as int32 (narrowing.py)
+            fill = {"amax": -(2 ** 30), "amin": 2 ** 30}.get(kind, 0)  # exact as the pad kernel's float
+        x = aten.constant_pad_nd.default(x, [0, blocks * SPLIT_BLOCK - e], fill)
+    x = aten.reshape.default(x, [lines, blocks, SPLIT_BLOCK])
+    if kind in ("sum", "mean"):
+        total = aten.sum.dim_IntList(aten.sum.dim_IntList(x, [2]), [1])
+        if kind == "mean":
+            total = aten.div.Scalar(total, e)
+    else:
+        op = aten.amax.default if kind == "amax" else aten.amin.default
+        total = op(op(x, [2]), [1])
+    shape = [1 if d in dims else n for d, n in enumerate(self.shape)] if keepdim else [self.shape[d] for d in kept]
+    return aten.reshape.default(total, shape)
+
+
+def sum_dim(self, dim=None, keepdim=False, dtype=None):
+    """A sum of bools (sum_of_bools), or a long one in two rounds (_split_reduce)."""
+    import torch
+
+    if self.dtype == torch.bool:
+        return sum_of_bools(self, dim, keepdim, dtype)
+    if dtype is not None and dtype != self.dtype:
+        raise NotApplicable("a sum into another dtype")
+    return _split_reduce("sum", self, dim, keepdim)
+
+
+def sum_all(self, dtype=None):
+    return sum_dim(self, None, False, dtype)
+
+
+def mean_dim(self, dim=None, keepdim=False, dtype=None):
+    """A long mean in two rounds (_split_reduce)."""
+    if dtype is not None and dtype != self.dtype:
+        raise NotApplicable("a mean into another dtype")
+    return _split_reduce("mean", self, dim, keepdim)
+
+
+def mean_all(self, dtype=None):
+    return mean_dim(self, None, False, dtype)
+
+
+def amax_split(self, dim=(), keepdim=False):
+    return _split_reduce("amax", self, list(dim), keepdim)
+
+
+def amin_split(self, dim=(), keepdim=False):
+    return _split_reduce("amin", self, list(dim), keepdim)
+
+
+def _long(n: int) -> None:
+    """Refuse (the node keeps its own reason) a line short enough for its own kernel."""
+    if n <= SPLIT_BLOCK:
+        raise NotApplicable("a line short enough for its own kernel")
+
+
+def _softmax_pieces(x, dim: int, log: bool):
+    """softmax or log_softmax of a long line as torch defines them, from reductions that split:
+    m = amax, e = exp(x - m), then e / sum(e) or x - m - log(sum(e)). A row of -inf gives NaN,
+    an inf or a NaN spreads over its row, as torch's kernels."""
+    import torch
+
+    aten = torch.ops.aten
+    m = aten.amax.default(x, [dim], True)
+    shifted = aten.sub.Tensor(x, m)
+    total = aten.sum.dim_IntList(aten.exp.default(shifted), [dim], True)
+    if log:
+        return aten.sub.Tensor(shifted, aten.log.default(total))
+    return aten.div.Tensor(aten.exp.default(shifted), total)
+
+
+def softmax_long(self, dim, half_to_float=False, dtype=None):
+    """softmax along a line longer than one invocation may loop (shaders/node_rules.py's
+    loop_trips: the vocabulary of a language model's head) from reductions that split."""
+    if self.dim() == 0 or half_to_float or dtype not in (None, self.dtype):
+        raise NotApplicable("a softmax of a scalar or into another dtype")
+    _long(self.shape[dim % self.dim()])
+    return _softmax_pieces(self, dim % self.dim(), log=False)
+
+
+def log_softmax_long(self, dim, half_to_float=False, dtype=None):
+    if self.dim() == 0 or half_to_float or dtype not in (None, self.dtype):
+        raise NotApplicable("a log_softmax of a scalar or into another dtype")
+    _long(self.shape[dim % self.dim()])
+    return _softmax_pieces(self, dim % self.dim(), log=True)
+
+
+def _moments(x, dims: list, correction):
+    """(variance with `correction`, mean) of x over dims, keepdim, from sums that split."""
+    import torch
+
+    aten = torch.ops.aten
+    n = math.prod(x.shape[d] for d in dims)
+    mean = aten.mean.dim(x, dims, True)
+    d = aten.sub.Tensor(x, mean)
+    var = aten.div.Scalar(aten.sum.dim_IntList(aten.mul.Tensor(d, d), dims, True), max(n - correction, 0))
+    return var, mean
+
+
+def _dims(x, dim) -> list:
+    rank = x.dim()
+    dims = list(range(rank)) if dim is None or dim == [] else [dim] if isinstance(dim, int) else list(dim)
+    return sorted({d % rank for d in dims})
+
+
+def var_mean_long(self, dim=None, *, correction=None, keepdim=False):
+    """var_mean over more elements than one invocation may loop: the mean, then the sum of
+    squared deviations over (N - correction), each a reduction that splits."""
+    import torch
+
+    if self.dim() == 0:
+        raise NotApplicable("a scalar's moments")
+    dims = _dims(self, dim)
+    _long(math.prod(self.shape[d] for d in dims))
+    var, mean = _moments(self, dims, 1 if correction is None else correction)
+    if not keepdim:
+        shape = [n for d, n in enumerate(self.shape) if d not in dims]
+        var, mean = torch.ops.aten.reshape.default(var, shape), torch.ops.aten.reshape.default(mean, shape)
+    return var, mean
+
+
+def var_long(self, dim=None, *, correction=None, keepdim=False):
+    return var_mean_long(self, dim, correction=correction, keepdim=keepdim)[0]
+
+
+def std_long(self, dim=None, *, correction=None, keepdim=False):
+    import torch
+
+    return torch.ops.aten.sqrt.default(var_long(self, dim, correction=correction, keepdim=keepdim))
+
+
+def _normalized(x, dims: list, eps: float):
+    """(x - mean) * rsqrt(var + eps) over dims (biased variance), with mean and rstd (keepdim)."""
+    import torch
+
+    aten = torch.ops.aten
+    var, mean = _moments(x, dims, 0)
+    rstd = aten.rsqrt.default(aten.add.Scalar(var, eps))
+    return aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd), mean, rstd
+
+
+def layer_norm_long(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    """layer_norm over a last dim longer than one invocation may loop: its moments from
+    reductions that split, then (x - mean) * rstd * weight + bias."""
+    import torch
+
+    aten = torch.ops.aten
+    if len(normalized_shape) != 1:
+        return layer_norm(input, normalized_shape, weight, bias, eps, cudnn_enable)
+    _long(input.shape[-1])
+    y, _, _ = _normalized(input, [input.dim() - 1], eps)
+    if weight is not None:
+        y = aten.mul.Tensor(y, weight)
+    return y if bias is None else aten.add.Tensor(y, bias)
+
+
+def group_norm_long(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+    """group_norm whose groups hold more elements than one invocation may loop: [N, G, rest]
+    normalized over rest from reductions that split, then the per-channel weight and bias."""
+    import torch
+
+    aten = torch.ops.aten
+    n, c = input.shape[0], input.shape[1]
+    _long(input.numel() // max(n * num_groups, 1))
+    flat = aten.reshape.default(input, [n, num_groups, -1])
+    y = aten.reshape.default(_normalized(flat, [2], eps)[0], list(input.shape))
+    lanes = [1, c] + [1] * (input.dim() - 2)
+    if weight is not None:
+        y = aten.mul.Tensor(y, aten.reshape.default(weight, lanes))
+    return y if bias is None else aten.add.Tensor(y, aten.reshape.default(bias, lanes))
+
+
+def cumsum_long(self, dim, dtype=None):
+    """cumsum along a line longer than one invocation may loop, in blocks: each block's running
+    sum, plus the running sum of the blocks before it (a cumsum of the blocks' totals, shifted
+    by one block)."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dim() == 0 or (dtype is not None and dtype != self.dtype):
+        raise NotApplicable("a scalar's or another dtype's cumsum")
+    d = dim % self.dim()
+    n = self.shape[d]
+    _long(n)
+    order = [k for k in range(self.dim()) if k != d] + [d]
+    moved = self if d == self.dim() - 1 else aten.permute.default(self, order)
+    lines = math.prod(moved.shape[:-1])
+    blocks = -(-n // SPLIT_BLOCK)
+    x = aten.reshape.default(moved, [lines, n])
+    if blocks * SPLIT_BLOCK > n:
+        x = aten.constant_pad_nd.default(x, [0, blocks * SPLIT_BLOCK - n], 0)
+    x = aten.reshape.default(x, [lines, blocks, SPLIT_BLOCK])
+    inner = aten.cumsum.default(x, 2)
+    totals = aten.slice.Tensor(inner, 2, SPLIT_BLOCK - 1, SPLIT_BLOCK)  # [lines, blocks, 1]
+    before = aten.sub.Tensor(aten.cumsum.default(totals, 1), totals)  # the blocks before each
+    out = aten.add.Tensor(inner, before)
+    out = aten.slice.Tensor(aten.reshape.default(out, [lines, blocks * SPLIT_BLOCK]), 1, 0, n)
+    out = aten.reshape.default(out, list(moved.shape))
+    return out if d == self.dim() - 1 else aten.permute.default(out, [order.index(k) for k in range(self.dim())])
+
+
+def vector_norm_long(self, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """torch.linalg.vector_norm over more elements than one invocation may loop, from reductions
+    that split: max / min of |x| for +-inf, the count of non-zeros for 0, sqrt of the sum of
+    squares for 2, else the sum of |x|^ord to the 1 / ord."""
+    import torch
+
+    aten = torch.ops.aten
+    if self.dim() == 0 or (dtype is not None and dtype != self.dtype):
+        raise NotApplicable("a scalar's norm or one into another dtype")
+    dims = _dims(self, dim)
+    _long(math.prod(self.shape[d] for d in dims))
+    a = aten.abs.default(self)
+    if ord == float("inf"):
+        return aten.amax.default(a, dims, keepdim)
+    if ord == float("-inf"):
+        return aten.amin.default(a, dims, keepdim)
+    if ord == 0:
+        return aten.sum.dim_IntList(aten._to_copy.default(aten.ne.Scalar(self, 0), dtype=self.dtype), dims, keepdim)
+    if ord == 2:
+        return aten.sqrt.default(aten.sum.dim_IntList(aten.mul.Tensor(self, self), dims, keepdim))
+    if ord == 1:
+        return aten.sum.dim_IntList(a, dims, keepdim)
+    return aten.pow.Tensor_Scalar(aten.sum.dim_IntList(aten.pow.Tensor_Scalar(a, ord), dims, keepdim), 1.0 / ord)
+
+
+def adaptive_avg_pool2d(self, output_size):
+    """adaptive_avg_pool2d to 1 x 1 (global average pooling) as a mean over H and W, which a
+    long window takes in two rounds; other output sizes keep the node's own reason."""
+    import torch
+
+    if [int(n) for n in output_size] != [1, 1] or self.dim() not in (3, 4):
+        raise NotApplicable("adaptive pooling to more than one element")
+    return torch.ops.aten.mean.dim(self, [-2, -1], True)
+
+
+def matmul_split_k(self, other):
+    """A matmul of a long K (past the loops one invocation may run, shaders/node_rules.py) as the
+    sum of matmuls of K slices of SPLIT_K."""
+    import torch
+
+    aten = torch.ops.aten
+    k = self.shape[-1]
+    if self.dim() < 2 or other.dim() < 2 or k <= SPLIT_K:
+        raise NotApplicable("a matmul of a short K")
+    out = None
+    for start in range(0, k, SPLIT_K):
+        end = min(start + SPLIT_K, k)
+        part = aten.matmul.default(aten.slice.Tensor(self, -1, start, end), aten.slice.Tensor(other, -2, start, end))
+        out = part if out is None else aten.add.Tensor(out, part)
+    return out
+
+
+SPLIT_K = 16384
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
@@ -1517,11 +1904,27 @@ OWN_DECOMPOSITIONS = {
     "aten._cdist_forward.default": cdist_forward,
     "aten.col2im.default": col2im,
     "aten.searchsorted.Tensor": searchsorted,
-    "aten.layer_norm.default": layer_norm,
+    "aten.layer_norm.default": layer_norm_long,
+    "aten.softmax.int": softmax_long,
+    "aten._softmax.default": softmax_long,
+    "aten.log_softmax.int": log_softmax_long,
+    "aten._log_softmax.default": log_softmax_long,
+    "aten.var.correction": var_long,
+    "aten.std.correction": std_long,
+    "aten.var_mean.correction": var_mean_long,
+    "aten.group_norm.default": group_norm_long,
+    "aten.linalg_vector_norm.default": vector_norm_long,
     "aten.std_mean.correction": std_mean,
     "aten.rrelu.default": rrelu,
-    "aten.sum.dim_IntList": sum_of_bools,
-    "aten.sum.default": sum_of_bools,
+    "aten.sum.dim_IntList": sum_dim,
+    "aten.sum.default": sum_all,
+    "aten.mean.dim": mean_dim,
+    "aten.mean.default": mean_all,
+    "aten.amax.default": amax_split,
+    "aten.amin.default": amin_split,
+    "aten.adaptive_avg_pool2d.default": adaptive_avg_pool2d,
+    "aten._adaptive_avg_pool2d.default": adaptive_avg_pool2d,
+    "aten.matmul.default": matmul_split_k,
     "aten.topk.default": topk,
     "aten.sort.default": sort,
     "aten.sort.stable": sort_stable,

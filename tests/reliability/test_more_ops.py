@@ -174,8 +174,8 @@ def test_var_without_degrees_of_freedom_is_nan_or_inf(device):
 @pytest.mark.parametrize("fn,reason", [
     (lambda x: torch.special.erfcx(x), "aten.special_erfcx.default"),
     (lambda x: torch.linalg.vector_norm(x, dim=1, dtype=torch.float64), "dtype float64"),
-    (lambda x: x.reshape(1, 2, 3, 5, 7).var(1), "more than 4 dims"),  # the reduce kernel takes rank <= 4
-], ids=["erfcx", "norm-dtype", "var-rank5"])
+    (lambda x: torch.i0(x), "aten.i0.default"),
+], ids=["erfcx", "norm-dtype", "i0"])
 def test_unsupported_forms_fall_back_with_a_reason(fn, reason):
     plan = texelflow.plan(Call(fn), (_random(2, 3, 5, 7),))
     assert plan.fallbacks, "expected a CPU fallback"
@@ -284,7 +284,8 @@ def test_windows_and_wrapped_pads_run_on_the_device(device):
 def test_topk_runs_on_the_device(device):
     """A mixture-of-experts router (top-2 of the logits, softmax over them, the experts' ids),
     the smallest k, NaN and Inf among the values: values as torch's, ids torch's where no values
-    tie; a k past the decomposition's rounds runs on the CPU with its reason."""
+    tie; a k past the decomposition's rounds sorts the lines (a bitonic network), or for int32
+    values runs on the CPU with its reason."""
     logits = _random(6, 8, seed=7)
     special = _special((5, 7))
 
@@ -298,7 +299,12 @@ def test_topk_runs_on_the_device(device):
     assert got[1].dtype == torch.int64 and torch.equal(got[1], want[1])
     for g, w in zip(got[2:], want[2:], strict=True):
         torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
-    with texelflow.compile(Call(lambda a: a.topk(17, dim=-1)[0] * 2), (_random(2, 20),), device=device) as prog:
+    x = _random(2, 20)
+    with texelflow.compile(Call(lambda a: a.topk(17, dim=-1)[0] * 2), (x,), device=device) as prog:
+        assert prog.plan.fallbacks == [] and prog.plan.dispatches["bitonic_step"] > 0  # float32: sorted
+        torch.testing.assert_close(prog(x), x.topk(17, dim=-1)[0] * 2, rtol=0, atol=0)
+    ints = lambda a: a.to(torch.int32).topk(17, dim=-1)[0] * 2  # noqa: E731  (no bitonic sort of int32)
+    with texelflow.compile(Call(ints), (x,), device=device) as prog:
         (name, why), = prog.plan.fallbacks
         assert name == "topk" and "\n" not in why and "k = 17, above 16" in why, why
 
@@ -425,7 +431,8 @@ def test_grid_sample_runs_on_the_device(mode, padding, align, device):
 def test_sort_and_argsort_run_on_the_device(device):
     """torch.sort and argsort of short lines (token pruning's argsort of scores): values with NaN
     and Inf in torch's places, indices as torch's stable sort; a line too long for the pairwise
-    ranks runs on the CPU with its reason."""
+    ranks runs as a bitonic network (tests/reliability/test_long_sorts.py), or for int32 values on
+    the CPU with its reason."""
     x = _special((5, 7))
 
     def fn(a):
@@ -435,9 +442,10 @@ def test_sort_and_argsort_run_on_the_device(device):
     got, want = _run(device, fn, x)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
-    with texelflow.compile(Call(lambda a: a.sort(-1)[0] * 2), (_random(8, 2048),), device=device) as prog:
+    ints = lambda a: a.to(torch.int32).sort(-1)[0] * 2  # noqa: E731  (long lines of int32: no bitonic sort)
+    with texelflow.compile(Call(ints), (_random(8, 2048),), device=device) as prog:
         (name, why), = prog.plan.fallbacks
-        assert name == "sort" and "pairs" in why and "\n" not in why, why
+        assert name == "sort" and "bitonic sort of torch.int32" in why and "\n" not in why, why
 
 
 def test_position_ids_from_arange_compare_on_the_device(device):

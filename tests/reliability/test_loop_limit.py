@@ -1,0 +1,108 @@
+"""Kernels that loop long in one invocation, against lavapipe's loop limit.
+
+Mesa's llvmpipe (lavapipe) ends every loop of an invocation once their iterations together reach
+65535 (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS, shared by all loops of a shader, nested ones
+included) and goes on with what it has: before this check, a softmax over a 32,000-word vocabulary
+in a buffer, a mean over a 300 x 300 map or a GroupNorm over 64 x 64 x 10 channels came back
+silently wrong. The `loop_trips` check (shaders/node_rules.py) refuses such a node, and its
+decomposition (own_decompositions: reductions in blocks of SPLIT_BLOCK, softmax, norms and
+moments from those, cumsum in blocks, matmul in K slices) keeps it on the device. Each case here
+runs in the planner's representations and in buffers (the element-by-element paths), and must be
+torch's answer with no CPU node; the sizes are past the limit, and just inside each bound.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import texelflow
+from texelflow.shaders.node_rules import LOOP_TRIPS_LIMIT
+
+from .models import Call
+
+BUFFERS = (1, 1, 1)  # texture limits no tensor fits: every tensor in a buffer
+
+
+def _x(*shape, seed=0):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    flat = x.view(-1)
+    flat[7], flat[-3] = 4.0, -5.0
+    return x
+
+
+PAST_THE_LIMIT = {
+    "softmax_vocab": (lambda x: x.softmax(-1), (_x(2, 32000),)),
+    "log_softmax_vocab": (lambda x: x.log_softmax(-1), (_x(1, 50257),)),
+    "softmax_dim0": (lambda x: x.softmax(0), (_x(20000, 3),)),
+    "argmax_vocab": (lambda x: x.argmax(-1), (_x(3, 50257),)),
+    "mean_hw_300": (lambda x: x.mean((2, 3)), (_x(1, 3, 300, 300),)),
+    "global_avg_pool_300": (lambda x: F.adaptive_avg_pool2d(x, 1), (_x(1, 3, 300, 300),)),
+    "sum_all": (lambda x: x.sum(), (_x(1000, 300),)),
+    "amax_row": (lambda x: x.amax(-1, keepdim=True), (_x(2, 100000),)),
+    "amin_interleaved": (lambda x: x.amin((0, 2)), (_x(100, 3, 400),)),
+    "var_row": (lambda x: x.var(-1), (_x(2, 70000),)),
+    "std_mean": (lambda x: torch.std_mean(x, (1, 2)), (_x(2, 300, 300),)),
+    "vector_norm": (lambda x: torch.linalg.vector_norm(x, dim=-1) + x.norm(p=1, dim=-1), (_x(2, 40000),)),
+    "logsumexp": (lambda x: x.logsumexp(-1), (_x(2, 40000),)),
+    "cumsum_row": (lambda x: x.cumsum(-1), (_x(2, 70001),)),
+    "cumsum_dim0": (lambda x: x.cumsum(0), (_x(70001, 2),)),
+    "layer_norm_row": (lambda x: F.layer_norm(x, (70000,)), (_x(1, 70000),)),
+    "group_norm_sd_unet": (torch.nn.GroupNorm(4, 16), (_x(1, 16, 64, 64),)),
+    "matmul_long_k": (lambda x, y: x @ y, (_x(2, 40000), _x(40000, 3, seed=1))),
+}
+
+
+@pytest.mark.parametrize("limits", [None, BUFFERS], ids=["planned", "buffers"])
+@pytest.mark.parametrize("name", sorted(PAST_THE_LIMIT))
+def test_long_loops_split_and_stay_on_the_device(device, name, limits):
+    fn, inputs = PAST_THE_LIMIT[name]
+    model = fn if isinstance(fn, torch.nn.Module) else Call(fn)
+    with texelflow.compile(model, inputs, device=device, texture_limits=limits) as prog:
+        assert prog.plan.fallbacks == [], prog.plan.fallbacks
+        got = prog(*inputs)
+    with torch.no_grad():
+        want = model(*inputs)
+    got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+    for g, w in zip(got, want):
+        if w.dtype == torch.int64:
+            assert torch.equal(g, w)
+        else:
+            torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-5 * float(w.abs().max()))
+
+
+JUST_INSIDE = {
+    "sum_row": (lambda x: x.sum(-1), (_x(2, 7400),)),
+    "mean_hw_texels": (lambda x: x.mean((2, 3)), (_x(1, 3, 73, 100),)),
+    "var_c_w": (lambda x: x.var((1, 3)), (_x(2, 7, 3, 1050),)),
+    "softmax_row": (lambda x: x.softmax(-1), (_x(3, 11900),)),
+    "softmax_dim1": (lambda x: x.softmax(1), (_x(1, 4000, 7),)),
+    "cumsum_row": (lambda x: x.cumsum(-1), (_x(2, 59000),)),
+    "layer_norm_row": (lambda x: F.layer_norm(x, (59000,)), (_x(2, 59000),)),
+    "group_norm_wide": (torch.nn.GroupNorm(4, 8), (_x(2, 8, 10, 350),)),
+    "avg_pool_window": (lambda x: F.avg_pool2d(x, (100, 280)), (_x(1, 3, 100, 280),)),
+    "matmul_k": (lambda x, y: x @ y, (_x(2, 29000), _x(29000, 3, seed=1))),
+}
+
+
+@pytest.mark.parametrize("limits", [None, BUFFERS], ids=["planned", "buffers"])
+@pytest.mark.parametrize("name", sorted(JUST_INSIDE))
+def test_loops_just_inside_the_bound_run_whole(device, name, limits):
+    """Sizes the check lets through run as one kernel, and correctly: the bounds hold."""
+    fn, inputs = JUST_INSIDE[name]
+    model = fn if isinstance(fn, torch.nn.Module) else Call(fn)
+    with texelflow.compile(model, inputs, device=device, texture_limits=limits) as prog:
+        assert prog.plan.fallbacks == [], prog.plan.fallbacks
+        assert len([n for n in prog.plan.graph.nodes if n.op is not None and n.op.name not in (
+            "view_copy", "reshape", "alias_copy")]) == 1, [n.op.name for n in prog.plan.graph.nodes if n.op]
+        got = prog(*inputs)
+    with torch.no_grad():
+        want = model(*inputs)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5 * float(want.abs().max()))
+
+
+def test_a_pool_past_the_limit_runs_on_the_cpu_with_its_reason():
+    x = _x(1, 2, 300, 300)
+    plan = texelflow.plan(Call(lambda t: F.max_pool2d(t, 300)), (x,))
+    [(_, reason)] = plan.fallbacks
+    assert f"past the {LOOP_TRIPS_LIMIT} iterations a kernel may loop on lavapipe" in reason
