@@ -327,12 +327,7 @@ def _adaptive_max_pool1d(graph: PlanGraph, node: Node, limits) -> None:
     if any(partition_reason(m, limits) for m in (to_2d, pool, back)):
         return
     back.fused = node.fused + ["adaptive_max_pool1d as adaptive_max_pool2d_values over [.., 1, L]"]
-    at = graph.nodes.index(node)
-    _replace(graph, node, back)
-    for m in (pool, to_2d):
-        graph.nodes.insert(at, m)
-        for _, v in m.tensor_args():
-            v.users.append(m)
+    _replace_by_chain(graph, node, [to_2d, pool, back])
 
 
 def _conv1d_as_conv2d(graph: PlanGraph, node: Node, limits) -> None:
@@ -364,9 +359,14 @@ def _conv1d_as_conv2d(graph: PlanGraph, node: Node, limits) -> None:
         graph.constants.remove(w2d)
         return
     back.fused = node.fused + ["conv1d as conv2d over [N, C, L, 1]"]
+    _replace_by_chain(graph, node, [to_2d, conv, back])
+
+
+def _replace_by_chain(graph: PlanGraph, node: Node, chain: list[Node]) -> None:
+    """`node` replaced by the nodes of `chain` in order, the last taking its place and outputs."""
     at = graph.nodes.index(node)
-    _replace(graph, node, back)
-    for m in (conv, to_2d):
+    _replace(graph, node, chain[-1])
+    for m in reversed(chain[:-1]):
         graph.nodes.insert(at, m)
         for _, v in m.tensor_args():
             v.users.append(m)

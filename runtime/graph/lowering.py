@@ -528,8 +528,13 @@ class _Lowering:
         rows = built.call(torch.ops.aten.reshape.default, args[0], [-1, shape[-2], shape[-1]])
         out = built.call(node.target, rows, *args[1:], **kwargs)
         out = built.call(torch.ops.aten.reshape.default, out, list(val.shape))
+        return self._spliced(built.module(out), name, ins, depth, mark, ir_node, cause)
+
+    def _spliced(self, pieces, name: str, ins: list, depth: int, mark: tuple, ir_node: Node, cause: str):
+        """The value(s) of `pieces` (a rewrite of ir_node's fx node) lowered in its place, or None
+        with the node restored as it was (its reason and cause too) where a piece needs the CPU."""
         _truncate(self.graph, *mark)
-        result, why = self._lowered_pieces(built.module(out), name, ins, depth)
+        result, why = self._lowered_pieces(pieces, name, ins, depth)
         if why is None:
             self.last_fallback = None
             return result
@@ -580,15 +585,7 @@ class _Lowering:
                         for i, v in enumerate(val))
         else:
             out = built.call(torch.ops.aten.reshape.default, out, list(val.shape))
-        _truncate(self.graph, *mark)
-        result, why = self._lowered_pieces(built.module(out), name, ins, depth)
-        if why is None:
-            self.last_fallback = None
-            return result
-        _truncate(self.graph, *mark)
-        _restore(self.graph, ir_node)
-        self.last_fallback, self.last_cause = ir_node.fallback, cause
-        return None
+        return self._spliced(built.module(out), name, ins, depth, mark, ir_node, cause)
 
     def _lowered_pieces(self, pieces, name: str, ins: list, depth: int):
         """_lower_pieces one level deeper, an exception as the reason."""

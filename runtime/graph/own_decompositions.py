@@ -346,7 +346,8 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
     torch's order: NaN counts as the largest (first with largest, last without). Among equal
     values (NaNs included) the earliest position comes first, where torch leaves the order
     unspecified; the result is sorted whatever `sorted` asks (torch's unsorted order is
-    unspecified too)."""
+    unspecified too). A larger k of float32 lines sorts them (_bitonic_sort) and keeps the
+    first k."""
     import torch
 
     aten = torch.ops.aten
