@@ -2337,6 +2337,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('rank', (('rank', (('input', (3,)),)),)),
+            Check('loop_trips', (('kind', 'conv_transpose'), ('loop_trips', 'input'), ('of', 'out'))),
         ),
         grid=('per_output_unit',),
         template='conv_transpose1d',
@@ -2381,6 +2382,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('rank', (('rank', (('input', (4,)),)),)),
+            Check('loop_trips', (('kind', 'conv_transpose'), ('loop_trips', 'input'), ('of', 'out'))),
         ),
         grid=('per_output_unit',),
         template='conv_transpose2d',

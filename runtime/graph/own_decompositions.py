@@ -1199,6 +1199,40 @@ def matmul_split_k(self, other):
     return out
 
 
+# A transposed conv loops over every tap and input channel of its group in one invocation
+# (shaders/node_rules.py's loop_trips, conv_transpose): past this many, the input channels are
+# taken in slices.
+CONV_T_TRIPS = 28000
+
+
+def conv_transpose_split(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """A transposed conv of more input channels than one invocation may loop over (a wide
+    decoder's or vocoder's upsampling) as the sum of transposed convs of input-channel slices
+    (input and the constant weight sliced alike), the bias added once."""
+    import torch
+
+    aten = torch.ops.aten
+    taps = math.prod(weight.shape[2:])
+    chunk = max(1, CONV_T_TRIPS // (2 * taps))
+    if groups != 1 or input.shape[1] <= chunk:
+        raise NotApplicable("a transposed conv of few input channels, or of groups")
+    op = aten.conv_transpose2d.input
+    n = input.dim() - 2
+    lists = [[v] * n if isinstance(v, int) else list(v) for v in (stride, padding, output_padding, dilation)]
+    if n == 1:  # a 1-D one as a 2-D one of height 1 (torch traces conv_transpose1d as convolution)
+        (s,), (p,), (o,), (d,) = lists
+        out = conv_transpose_split(aten.unsqueeze.default(input, 2), aten.unsqueeze.default(weight, 2), bias,
+                                   [1, s], [0, p], [0, o], groups, [1, d])
+        return aten.squeeze.dim(out, 2)
+    out = None
+    for start in range(0, input.shape[1], chunk):
+        end = min(start + chunk, input.shape[1])
+        part = op(aten.slice.Tensor(input, 1, start, end), aten.slice.Tensor(weight, 0, start, end),
+                  bias if out is None else None, lists[0], lists[1], lists[2], 1, lists[3])
+        out = part if out is None else aten.add.Tensor(out, part)
+    return out
+
+
 SPLIT_K = 16384
 
 
@@ -1926,6 +1960,10 @@ OWN_DECOMPOSITIONS = {
     "aten.adaptive_avg_pool2d.default": adaptive_avg_pool2d,
     "aten._adaptive_avg_pool2d.default": adaptive_avg_pool2d,
     "aten.matmul.default": matmul_split_k,
+    "aten.mm.default": matmul_split_k,
+    "aten.bmm.default": matmul_split_k,
+    "aten.conv_transpose2d.input": conv_transpose_split,
+    "aten.conv_transpose1d.default": conv_transpose_split,
     "aten.topk.default": topk,
     "aten.sort.default": sort,
     "aten.sort.stable": sort_stable,

@@ -6,7 +6,8 @@ included) and goes on with what it has: before this check, a softmax over a 32,0
 in a buffer, a mean over a 300 x 300 map or a GroupNorm over 64 x 64 x 10 channels came back
 silently wrong. The `loop_trips` check (shaders/node_rules.py) refuses such a node, and its
 decomposition (own_decompositions: reductions in blocks of SPLIT_BLOCK, softmax, norms and
-moments from those, cumsum in blocks, matmul in K slices) keeps it on the device. Each case here
+moments from those, cumsum in blocks, matmul in K slices, transposed convs in input-channel
+slices) keeps it on the device. Each case here
 runs in the planner's representations and in buffers (the element-by-element paths), and must be
 torch's answer with no CPU node; the sizes are past the limit, and just inside each bound.
 """
@@ -50,6 +51,10 @@ PAST_THE_LIMIT = {
     "layer_norm_row": (lambda x: F.layer_norm(x, (70000,)), (_x(1, 70000),)),
     "group_norm_sd_unet": (torch.nn.GroupNorm(4, 16), (_x(1, 16, 64, 64),)),
     "matmul_long_k": (lambda x, y: x @ y, (_x(2, 40000), _x(40000, 3, seed=1))),
+    "mm_long_k": (lambda x, w: torch.nn.functional.linear(x, w), (_x(2, 50000), _x(3, 50000, seed=1))),
+    "bmm_long_k": (torch.bmm, (_x(2, 3, 40000), _x(2, 40000, 2, seed=1))),
+    "conv_transpose2d_wide": (torch.nn.ConvTranspose2d(2048, 4, 4, 2, 1, output_padding=1), (_x(1, 2048, 3, 3),)),
+    "conv_transpose1d_vocoder": (torch.nn.ConvTranspose1d(4096, 4, 16, 8, 4), (_x(1, 4096, 10),)),
 }
 
 
@@ -82,6 +87,8 @@ JUST_INSIDE = {
     "group_norm_wide": (torch.nn.GroupNorm(4, 8), (_x(2, 8, 10, 350),)),
     "avg_pool_window": (lambda x: F.avg_pool2d(x, (100, 280)), (_x(1, 3, 100, 280),)),
     "matmul_k": (lambda x, y: x @ y, (_x(2, 29000), _x(29000, 3, seed=1))),
+    "conv_transpose2d": (torch.nn.ConvTranspose2d(1536, 4, 4, 2), (_x(1, 1536, 3, 3),)),
+    "conv_transpose1d": (torch.nn.ConvTranspose1d(1024, 4, 16, 8, 4), (_x(1, 1024, 10),)),
 }
 
 
