@@ -1488,6 +1488,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('rank', (('rank', (('input', (4,)),)),)),
+            Check('loop_trips', (('kind', 'conv'), ('loop_trips', 'input'), ('of', 'out'))),
         ),
         grid=('per_row', 'out'),
         template='conv2d',
@@ -1535,6 +1536,7 @@ OPS: dict[str, OpEntry] = {
         ),
         checks=(
             Check('rank', (('rank', (('input', (4,)),)),)),
+            Check('loop_trips', (('kind', 'conv'), ('loop_trips', 'input'), ('of', 'out'))),
         ),
         grid=('per_row', 'out'),
         template='conv2d_act',

@@ -256,7 +256,8 @@ def _reduction_at_most(node: NodeFacts, p: dict) -> str | None:
 # loops per invocation, measured on lavapipe at the sizes where it breaks (tests/reliability/
 # test_loop_limit.py): reduce 8 per reduced element (4 lanes of a texel, 2 passes), softmax 5 along W (2 W rows per element of
 # another dim), scan 1, layer_norm 1, group_norm 8 per element of a group, pools 2 (adaptive 8:
-# 4 lanes a texel), matmul 2 per K, transposed convs 2 per tap and input channel of a group.
+# 4 lanes a texel), matmul 2 per K, transposed convs 2 per tap and input channel of a group,
+# convs 2 per tap and input channel of a group (1 per 2 where groups = 1: a texel of 4 a step).
 LOOP_TRIPS_LIMIT = 60000
 
 
@@ -308,6 +309,11 @@ def _trips(node: NodeFacts, kind: str) -> int:
         return 2 * (window + rows) + 16
     if kind == "matmul":
         return 2 * tuple(node.shape("self"))[-1] + 16
+    if kind == "conv":  # grouped convs channel by channel; others 4 channels (a texel) a step
+        w = tuple(node.shape("weight"))
+        groups = max(int(node.value("groups") or 1), 1)
+        taps = math.prod(w[1:])
+        return (2 * taps if groups > 1 else taps // 2) + 64
     if kind == "conv_transpose":  # every tap, in a SIMD batch whose lanes need different ones
         cin_g = tuple(node.shape("input"))[1] // max(int(node.value("groups") or 1), 1)
         return 2 * math.prod(tuple(node.shape("weight"))[2:]) * cin_g + 64
@@ -318,7 +324,7 @@ def _trips(node: NodeFacts, kind: str) -> int:
 def _loop_trips(node: NodeFacts, p: dict) -> str | None:
     """`{loop_trips: INPUT, kind: KIND, of: TENSOR}`: the loops of one invocation computing `of`
     over tensor INPUT (KIND: reduce, softmax, scan, layer_norm, group_norm, pool, adaptive_pool,
-    matmul, conv_transpose: how the template loops) stay within LOOP_TRIPS_LIMIT iterations, under the 65535 at
+    matmul, conv, conv_transpose: how the template loops) stay within LOOP_TRIPS_LIMIT iterations, under the 65535 at
     which lavapipe cuts every loop of an invocation short."""
     trips = _trips(node, p["kind"])
     if trips > LOOP_TRIPS_LIMIT:

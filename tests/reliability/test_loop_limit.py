@@ -108,8 +108,17 @@ def test_loops_just_inside_the_bound_run_whole(device, name, limits):
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5 * float(want.abs().max()))
 
 
-def test_a_pool_past_the_limit_runs_on_the_cpu_with_its_reason():
-    x = _x(1, 2, 300, 300)
-    plan = texelflow.plan(Call(lambda t: F.max_pool2d(t, 300)), (x,))
-    [(_, reason)] = plan.fallbacks
+GROUPED_WEIGHT = torch.randn(8, 2048, 5, 5, generator=torch.Generator().manual_seed(2)) * 0.01
+
+
+@pytest.mark.parametrize("fn,shape", [
+    (lambda t: F.max_pool2d(t, 300), (1, 2, 300, 300)),
+    (lambda t: F.conv2d(t, GROUPED_WEIGHT, padding=2, groups=4), (1, 8192, 5, 5)),  # 2,048 channels x 25 taps a group
+], ids=["pool_window", "grouped_conv"])
+def test_what_has_no_decomposition_runs_on_the_cpu_with_its_reason(device, fn, shape):
+    x = _x(*shape)
+    with texelflow.compile(Call(fn), (x,), device=device) as prog:
+        [(_, reason)] = prog.plan.fallbacks
+        got = prog(x)
     assert f"past the {LOOP_TRIPS_LIMIT} iterations a kernel may loop on lavapipe" in reason
+    torch.testing.assert_close(got, fn(x), rtol=0, atol=0)
