@@ -860,6 +860,12 @@ class _Context:
                     self._error(file, iline, f"{where}: check '{rule.name}' names '{bad[0]}', which the op does "
                                 f"not have{did_you_mean(str(bad[0]), by_arg)}")
                     continue
+                wrong = [(k, params[k], allowed) for k, allowed in rule.choices if params.get(k) not in allowed]
+                if wrong:
+                    k, got, allowed = wrong[0]
+                    self._error(file, iline, f"{where}: check '{rule.name}' takes {k} one of {', '.join(allowed)}, "
+                                f"not '{got}'{did_you_mean(str(got), allowed)}")
+                    continue
                 result.append(CheckSpec(rule.name, tuple(sorted((k, _freeze(v)) for k, v in params.items()))))
         return result
 

@@ -32,15 +32,17 @@ class Rule:
     type: str | None  # int, float or ivec4; None: the argument's kind decides (rule `arg`)
     fn: Callable
     doc: str
+    choices: tuple = ()  # (parameter, its allowed values) pairs, checked by `make gen`
 
 
 PUSH_RULES: dict[str, Rule] = {}
 CHECK_RULES: dict[str, Rule] = {}
 
 
-def _rule(table: dict, name: str, type_: str | None, required=(), optional=()):
+def _rule(table: dict, name: str, type_: str | None, required=(), optional=(), choices=None):
     def register(fn):
-        table[name] = Rule(name, tuple(required), tuple(optional), type_, fn, (fn.__doc__ or "").strip())
+        table[name] = Rule(name, tuple(required), tuple(optional), type_, fn, (fn.__doc__ or "").strip(),
+                           tuple((k, tuple(v)) for k, v in (choices or {}).items()))
         return fn
 
     return register
@@ -254,17 +256,18 @@ def _reduction_at_most(node: NodeFacts, p: dict) -> str | None:
 # some room), so the node is decomposed into smaller pieces or runs on the CPU, on every device:
 # a plan does not depend on the device. The trip counts below are upper bounds of each template's
 # loops per invocation, measured on lavapipe at the sizes where it breaks (tests/reliability/
-# test_loop_limit.py): reduce 8 per reduced element (4 lanes of a texel, 2 passes), softmax 5 along W (2 W rows per element of
-# another dim), scan 1, layer_norm 1, group_norm 8 per element of a group, pools 2 (adaptive 8:
-# 4 lanes a texel), matmul 2 per K, transposed convs 2 per tap and input channel of a group,
-# convs 2 per tap and input channel of a group (1 per 2 where groups = 1: a texel of 4 a step).
+# test_loop_limit.py): reduce 8 per reduced element (4 lanes of a texel, 2 passes), softmax 5
+# along W (2 W rows per element of another dim), scan 1, layer_norm 1, group_norm 8 per element
+# of a group, pools 2 (adaptive 8: 4 lanes a texel), matmul 2 per K, transposed convs 2 per tap
+# and input channel of a group, convs 2 per tap and input channel of a group (1 per 2 where
+# groups = 1: a texel of 4 channels a step).
 LOOP_TRIPS_LIMIT = 60000
 
 
-def _reduced_elements(node: NodeFacts) -> tuple[int, int]:
+def _reduced_elements(node: NodeFacts, tensor: str) -> tuple[int, int]:
     """(elements reduced into one output, the innermost reduced dim's size) of a reduction of
-    `self` over `dim` (None, [] or absent: every dim)."""
-    shape = tuple(node.shape("self"))
+    `tensor` over `dim` (None, [] or absent: every dim)."""
+    shape = tuple(node.shape(tensor))
     try:
         dims = node.value("dim")
     except (KeyError, AttributeError):
@@ -276,12 +279,17 @@ def _reduced_elements(node: NodeFacts) -> tuple[int, int]:
     return elements, (shape[dims[-1]] if dims else 1)
 
 
-def _trips(node: NodeFacts, kind: str) -> int:
+LOOP_KINDS = ("reduce", "softmax", "scan", "layer_norm", "group_norm", "pool", "adaptive_pool", "matmul", "conv",
+              "conv_transpose")
+
+
+def _trips(node: NodeFacts, kind: str, tensor: str) -> int:
+    """An upper bound of the loop iterations of one invocation of a `kind` template over `tensor`."""
     if kind == "reduce":  # each of a texel's 4 lanes may reduce its own elements, var in two passes
-        e, inner = _reduced_elements(node)
+        e, inner = _reduced_elements(node, tensor)
         return 8 * (e + e // max(inner, 1)) + 16
     if kind in ("softmax", "scan"):
-        shape = tuple(node.shape("self"))
+        shape = tuple(node.shape(tensor))
         if not shape:
             return 1
         d = node.value("dim") % len(shape)
@@ -292,12 +300,12 @@ def _trips(node: NodeFacts, kind: str) -> int:
     if kind == "layer_norm":
         return math.prod(node.value("normalized_shape")) + 64
     if kind == "group_norm":
-        shape = tuple(node.shape("input"))
+        shape = tuple(node.shape(tensor))
         groups = node.value("num_groups") if node.value("group") is None else node.value("group")
         g = math.prod(shape) // max(shape[0] * max(int(groups or 1), 1), 1) if shape else 1
         return 8 * (g + g // max(shape[-1], 1)) + 4 * shape[-1] + 64
     if kind in ("adaptive_pool", "pool"):
-        shape = tuple(node.shape("self"))
+        shape = tuple(node.shape(tensor))
         if kind == "pool":
             kw, kh = pair_wh(node.value("kernel_size"))
             window, rows = kw * kh, kh
@@ -308,25 +316,25 @@ def _trips(node: NodeFacts, kind: str) -> int:
             return 8 * (window + rows) + 16
         return 2 * (window + rows) + 16
     if kind == "matmul":
-        return 2 * tuple(node.shape("self"))[-1] + 16
+        return 2 * tuple(node.shape(tensor))[-1] + 16
     if kind == "conv":  # grouped convs channel by channel; others 4 channels (a texel) a step
         w = tuple(node.shape("weight"))
         groups = max(int(node.value("groups") or 1), 1)
         taps = math.prod(w[1:])
         return (2 * taps if groups > 1 else taps // 2) + 64
     if kind == "conv_transpose":  # every tap, in a SIMD batch whose lanes need different ones
-        cin_g = tuple(node.shape("input"))[1] // max(int(node.value("groups") or 1), 1)
+        cin_g = tuple(node.shape(tensor))[1] // max(int(node.value("groups") or 1), 1)
         return 2 * math.prod(tuple(node.shape("weight"))[2:]) * cin_g + 64
     raise KeyError(kind)
 
 
-@_rule(CHECK_RULES, "loop_trips", None, required=("kind", "of"))
+@_rule(CHECK_RULES, "loop_trips", None, required=("kind", "of"), choices={"kind": LOOP_KINDS})
 def _loop_trips(node: NodeFacts, p: dict) -> str | None:
     """`{loop_trips: INPUT, kind: KIND, of: TENSOR}`: the loops of one invocation computing `of`
-    over tensor INPUT (KIND: reduce, softmax, scan, layer_norm, group_norm, pool, adaptive_pool,
-    matmul, conv, conv_transpose: how the template loops) stay within LOOP_TRIPS_LIMIT iterations, under the 65535 at
-    which lavapipe cuts every loop of an invocation short."""
-    trips = _trips(node, p["kind"])
+    over tensor INPUT (KIND, one of LOOP_KINDS: how the template loops) stay within
+    LOOP_TRIPS_LIMIT iterations, under the 65535 at which lavapipe cuts every loop of an
+    invocation short."""
+    trips = _trips(node, p["kind"], p["loop_trips"])
     if trips > LOOP_TRIPS_LIMIT:
         return (f"one invocation computing '{p['of']}' would loop about {trips} times, past the "
                 f"{LOOP_TRIPS_LIMIT} iterations a kernel may loop on lavapipe (which cuts loops short at 65535)")

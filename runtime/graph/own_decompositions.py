@@ -946,8 +946,7 @@ def _split_reduce(kind: str, self, dim, keepdim: bool):
     if blocks * SPLIT_BLOCK > e:
         if self.dtype.is_floating_point:
             fill = {"amax": float("-inf"), "amin": float("inf")}.get(kind, 0.0)
-        else:
-            info = torch.iinfo(torch.int32)  # int64 ids run as int32 (narrowing.py)
+        else:  # (int32 values past +-2^30 would lose to the padding: none of the ids and counts seen)
             fill = {"amax": -(2 ** 30), "amin": 2 ** 30}.get(kind, 0)  # exact as the pad kernel's float
         x = aten.constant_pad_nd.default(x, [0, blocks * SPLIT_BLOCK - e], fill)
     x = aten.reshape.default(x, [lines, blocks, SPLIT_BLOCK])
