@@ -14,9 +14,10 @@ def _texture_limits(texture_limits, device):
 
     if texture_limits is not None:
         return tuple(texture_limits)
-    if device is not None:
+    if device is not None:  # the device's texture extents, and its largest storage buffer in bytes
         ext = device.limits.max_image_extent_3d
-        return (min(ext[0], TEXTURE_LIMITS[0]), min(ext[1], TEXTURE_LIMITS[1]), min(ext[2], TEXTURE_LIMITS[2]))
+        return (min(ext[0], TEXTURE_LIMITS[0]), min(ext[1], TEXTURE_LIMITS[1]), min(ext[2], TEXTURE_LIMITS[2]),
+                int(device.limits.max_storage_buffer_range))
     return TEXTURE_LIMITS
 
 

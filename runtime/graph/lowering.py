@@ -965,7 +965,8 @@ def partition_reason(node: Node, limits, fits: dict | None = None) -> str | None
     empty = _empty_tensors(node, limits, fits)
     if empty:
         shapes = tensor_shapes(node)
-        return f"no representation fits {empty[0]} {list(shapes[empty[0]])} (texture limits {tuple(limits)})"
+        bound = f", buffers up to {limits[3]} bytes" if len(limits) > 3 else ""
+        return f"no representation fits {empty[0]} {list(shapes[empty[0]])} (texture limits {tuple(limits[:3])}{bound})"
     return None
 
 

@@ -23,7 +23,7 @@ from texelflow.generated.layouts import (
     PackedDimInfo,
     Storage,
 )
-from texelflow.shaders.geometry import fits_texture
+from texelflow.shaders.geometry import buffer_words, fits_texture
 
 _STORAGE_RANK = {s: i for i, s in enumerate(STORAGE_PREFERENCE)}
 _LAYOUT_RANK = {l: i for i, l in enumerate(LAYOUT_PREFERENCE)}
@@ -215,9 +215,13 @@ def _named(name: str) -> TensorRepSet:
 
 @functools.lru_cache(maxsize=4096)
 def _valid_mask(shape: tuple[int, ...], limits: tuple[int, ...]) -> int:
-    """Bits of the representations a tensor of `shape` can have under the texture limits."""
+    """Bits of the representations a tensor of `shape` can have under the texture limits (x, y,
+    z extents) and, where `limits` has a fourth entry, the device's largest storage buffer in
+    bytes (maxStorageBufferRange: 4-byte words counted, an upper bound for every dtype)."""
     mask = _ALL & ~_STORAGE_MASK[Storage.TEXTURE_3D]
     for i, r in enumerate(REPRS):
         if r.storage == Storage.TEXTURE_3D and fits_texture(shape, r.layout, limits, r.storage):
             mask |= 1 << i
+        elif r.storage == Storage.BUFFER and len(limits) > 3 and 4 * buffer_words(shape, r.layout) > limits[3]:
+            mask &= ~(1 << i)
     return mask
