@@ -1814,6 +1814,17 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     return out, placeholder, size, placeholder
 
 
+def _to_common_dtype(a, b):
+    """a and b cast to torch's promoted dtype of the two (the one already in it left as it is);
+    NotApplicable where their dtypes are equal (the node's reason stays its own)."""
+    import torch
+
+    if a.dtype == b.dtype:
+        raise NotApplicable("no dtypes to promote")
+    common = torch.result_type(a, b)
+    return tuple(t if t.dtype == common else torch.ops.aten._to_copy.default(t, dtype=common) for t in (a, b))
+
+
 def _promoted(name: str, overload: str = "Tensor"):
     """A binary op of tensors of different dtypes (`weights * (ids == e)`, float times bool) as
     torch computes it: each tensor cast to the promoted dtype first (a bool or int32 to float is
@@ -1823,12 +1834,9 @@ def _promoted(name: str, overload: str = "Tensor"):
     def decomposition(self, other, *args, **kwargs):
         import torch
 
-        if not (isinstance(self, torch.Tensor) and isinstance(other, torch.Tensor)) or self.dtype == other.dtype:
+        if not (isinstance(self, torch.Tensor) and isinstance(other, torch.Tensor)):
             raise NotApplicable("no dtypes to promote")
-        common = torch.result_type(self, other)
-        a = self if self.dtype == common else torch.ops.aten._to_copy.default(self, dtype=common)
-        b = other if other.dtype == common else torch.ops.aten._to_copy.default(other, dtype=common)
-        return getattr(getattr(torch.ops.aten, name), overload)(a, b, *args, **kwargs)
+        return getattr(getattr(torch.ops.aten, name), overload)(*_to_common_dtype(self, other), *args, **kwargs)
 
     decomposition.__name__ = f"promoted_{name}"
     return decomposition
@@ -1842,12 +1850,7 @@ def promoted_where(condition, self, other):
     where(x < 0, 0, 1)), a float and an int64) with both cast to the promoted dtype first."""
     import torch
 
-    if self.dtype == other.dtype:
-        raise NotApplicable("no dtypes to promote")
-    common = torch.result_type(self, other)
-    a = self if self.dtype == common else torch.ops.aten._to_copy.default(self, dtype=common)
-    b = other if other.dtype == common else torch.ops.aten._to_copy.default(other, dtype=common)
-    return torch.ops.aten.where.self(condition, a, b)
+    return torch.ops.aten.where.self(condition, *_to_common_dtype(self, other))
 
 
 def _lead_broadcast(target: str, inner=None):

@@ -58,17 +58,24 @@ PAST_THE_LIMIT = {
 }
 
 
+def _run(device, fn, inputs, limits, check_plan=lambda plan: None):
+    """(got, want) as tuples: `fn` compiled (its plan with no CPU node, then `check_plan`d) and run
+    on `inputs`, and torch's answer."""
+    model = fn if isinstance(fn, torch.nn.Module) else Call(fn)
+    with texelflow.compile(model, inputs, device=device, texture_limits=limits) as prog:
+        assert prog.plan.fallbacks == [], prog.plan.fallbacks
+        check_plan(prog.plan)
+        got = prog(*inputs)
+    with torch.no_grad():
+        want = model(*inputs)
+    return (got, want) if isinstance(want, tuple) else ((got,), (want,))
+
+
 @pytest.mark.parametrize("limits", [None, BUFFERS], ids=["planned", "buffers"])
 @pytest.mark.parametrize("name", sorted(PAST_THE_LIMIT))
 def test_long_loops_split_and_stay_on_the_device(device, name, limits):
     fn, inputs = PAST_THE_LIMIT[name]
-    model = fn if isinstance(fn, torch.nn.Module) else Call(fn)
-    with texelflow.compile(model, inputs, device=device, texture_limits=limits) as prog:
-        assert prog.plan.fallbacks == [], prog.plan.fallbacks
-        got = prog(*inputs)
-    with torch.no_grad():
-        want = model(*inputs)
-    got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
+    got, want = _run(device, fn, inputs, limits)
     for g, w in zip(got, want):
         if w.dtype == torch.int64:
             assert torch.equal(g, w)
@@ -97,14 +104,12 @@ JUST_INSIDE = {
 def test_loops_just_inside_the_bound_run_whole(device, name, limits):
     """Sizes the check lets through run as one kernel, and correctly: the bounds hold."""
     fn, inputs = JUST_INSIDE[name]
-    model = fn if isinstance(fn, torch.nn.Module) else Call(fn)
-    with texelflow.compile(model, inputs, device=device, texture_limits=limits) as prog:
-        assert prog.plan.fallbacks == [], prog.plan.fallbacks
-        assert len([n for n in prog.plan.graph.nodes if n.op is not None and n.op.name not in (
-            "view_copy", "reshape", "alias_copy")]) == 1, [n.op.name for n in prog.plan.graph.nodes if n.op]
-        got = prog(*inputs)
-    with torch.no_grad():
-        want = model(*inputs)
+
+    def one_kernel(plan):
+        assert len([n for n in plan.graph.nodes if n.op is not None and n.op.name not in (
+            "view_copy", "reshape", "alias_copy")]) == 1, [n.op.name for n in plan.graph.nodes if n.op]
+
+    (got,), (want,) = _run(device, fn, inputs, limits, one_kernel)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5 * float(want.abs().max()))
 
 
