@@ -244,6 +244,12 @@ def _elementwise_cases(quick: bool) -> list[Case]:
         add("mul", torch.mul, (shape, shape), shape)
     for shapes in (row, odd_row):
         add("add row bias", torch.add, shapes, shapes[0])
+    # broadcasts that are not a row along the packed dim: a per-channel scale, a keepdim statistic
+    # (RMSNorm's rsqrt), a position table over batches (buffers: read as runs, node_rules.READ_RUNS)
+    chan = (1, 64, 96, 96) if not quick else (1, 64, 32, 32)
+    add("mul channel scale", torch.mul, (chan, (1, chan[1], 1, 1)), chan)
+    add("mul keepdim statistic", torch.mul, ((1, 256, 512), (1, 256, 1)), (1, 256, 512))
+    add("add position table", torch.add, ((8, 197, 384), (197, 384)), (8, 197, 384))
     for shape in (big, odd):
         add("relu", torch.relu, (shape,), shape, (0, 0))
         add("exp", torch.exp, (shape,), shape)
@@ -296,6 +302,8 @@ def _copy_cases(quick: bool) -> list[Case]:
              lambda x: x.transpose(2, 0, 3, 1, 4), buf_wp, buf_wp),
             ("select (ViT-S q of qkv)", "select", (3, 1, 6, 197, 64), {"dim": 0, "index": 0}, lambda x: x[0],
              buf_wp, buf_wp),
+            ("expand (grouped-query heads)", "expand", (1, 4, 1, 256, 64), {"size": [1, 4, 2, 256, 64]},
+             lambda x: np.broadcast_to(x, (1, 4, 2, 256, 64)), buf_wp, buf_wp),
             ("permute (ConvNeXt NCHW -> NHWC)", "permute_copy", (1, 40, 56, 56), {"dims": [0, 2, 3, 1]},
              lambda x: x.transpose(0, 2, 3, 1), tex_cp, tex_wp),
             # W = 56: 14 texels a row, rows not of whole chunks of 4 texels

@@ -3182,6 +3182,7 @@ OPS: dict[str, OpEntry] = {
         push=(
             Push('self_lead', 'ivec4', 'hook', (('hook', 'self_lead_sizes'),)),
             Push('out_lead', 'ivec4', 'hook', (('hook', 'out_lead_sizes'),)),
+            Push('self_runs', 'ivec4', 'hook', (('hook', 'expand_runs'),)),
         ),
         checks=(
             Check('rank', (('rank', (('out', (0, 1, 2, 3, 4, 5, 6, 7)), ('self', (0, 1, 2, 3, 4, 5, 6, 7)))),)),

@@ -100,6 +100,16 @@ def self_lead_sizes(node: NodeFacts):
 
 
 @hook("ivec4")
+def expand_runs(node: NodeFacts):
+    """expand's broadcast runs (i1, p1, i2, p2) in torch's contiguous order (node_rules
+    contiguous_runs); (1, 1, 1, 1) where they do not apply, a value the kernel then never reads
+    (its shape class contiguous_runs is 0)."""
+    from .node_rules import contiguous_runs
+
+    return contiguous_runs(node.shape("self"), node.shape("out")) or (1, 1, 1, 1)
+
+
+@hook("ivec4")
 def out_lead_sizes(node: NodeFacts):
     """`out`'s dims folded into N, innermost first (see _lead_sizes)."""
     return _lead_sizes(node.shape("out"))

@@ -428,14 +428,96 @@ def _same_as(facts: SpecFacts, p: dict) -> int:
 
 
 READ_GENERAL, READ_DIRECT, READ_ROW, READ_SINGLE = 0, 1, 2, 3
+# Runs (buffers only): the input's word for out's word w is (w / i1) % p1 + ((w / i2) % p2) p1,
+# indexing.glslh tf_runs. 4 + mode + 3 * two: mode 0 when a vec4 word of out reads one input
+# word (i1 % 4 == 0), 1 when it reads one whole input vec4 (i1 == 1, p1 % 4 == 0), 2 otherwise
+# (lane by lane); two when the input keeps a second block of out's dims.
+READ_RUNS = 4
+RUNS_SCALAR, RUNS_VEC4, RUNS_LANES = 0, 1, 2
+
+
+def buffer_dim_order(layout) -> tuple[int, ...] | None:
+    """The WHCN dims of a float buffer of one element per word, fastest first (the word of the
+    element at idx is idx's linear number in this order, as indexing.glslh tf_buffer_word_lane
+    computes it), or None for a blocked layout."""
+    from texelflow.generated.layouts import LAYOUT_INFO
+
+    info = LAYOUT_INFO[layout]
+    if info.family != "float" or info.buffer_block != 1 or info.outer_block != 1:
+        return None
+    pd, od = info.packed_dim, info.outer_dim
+    rest = tuple(d for d in range(4) if d not in (pd, od))
+    return ((od, pd) if info.block_transposed else (pd, od)) + rest
+
+
+def broadcast_runs(out_sizes, in_sizes, order) -> tuple[int, int, int, int] | None:
+    """(i1, p1, i2, p2) such that an input of sizes `in_sizes` broadcast to `out_sizes`, both held
+    in dim order `order` (fastest first), has its element for out's word w at word
+    (w / i1) % p1 + ((w / i2) % p2) p1: out's dims in order fall in runs of broadcast dims
+    (size 1 in the input) and kept ones, and the input keeps at most two runs (p2 = 1 with one).
+    None when the sizes do not broadcast or the input keeps more than two runs."""
+    if any(a not in (1, b) for a, b in zip(in_sizes, out_sizes)):
+        return None
+    runs = [1, 1, 1, 1]
+    block = 0  # 0 before the first kept run, 1 in it, 2 after it, 3 in the second, 4 after it
+    span = 1
+    for d in order:
+        n = out_sizes[d]
+        if n == 1:
+            continue
+        if in_sizes[d] > 1:
+            if block == 4:
+                return None
+            if block in (0, 2):
+                runs[2 * (block // 2)] = span
+                block += 1
+            runs[1 if block == 1 else 3] *= n
+        elif block in (1, 3):
+            block += 1
+        span *= n
+    return tuple(runs)
+
+
+def contiguous_runs(in_shape, out_shape) -> tuple[int, int, int, int] | None:
+    """broadcast_runs of torch shapes (any rank) held contiguously, the last dim fastest: the
+    word order of a width-packed buffer of one element per word, whatever the rank."""
+    rank = len(out_shape)
+    if len(in_shape) > rank:
+        return None
+    padded = (1,) * (rank - len(in_shape)) + tuple(in_shape)
+    return broadcast_runs(tuple(reversed(tuple(out_shape))), tuple(reversed(padded)), range(rank))
+
+
+def _runs_class(facts: SpecFacts, a: str, b: str) -> int:
+    """READ_RUNS + mode + 3 * two for input `a` read by `of` = b in buffers, or READ_GENERAL."""
+    from texelflow.generated.layouts import STORAGE_INFO
+
+    ra, rb = facts.repr(a), facts.repr(b)
+    if STORAGE_INFO[ra.storage].is_image or STORAGE_INFO[rb.storage].is_image:
+        return READ_GENERAL
+    oa, ob = buffer_dim_order(ra.layout), buffer_dim_order(rb.layout)
+    if oa is None or ob is None:
+        return READ_GENERAL
+    sa, sb = _whcn_of(facts, a), _whcn_of(facts, b)
+    if [d for d in oa if sa[d] > 1] != [d for d in ob if sa[d] > 1]:
+        return READ_GENERAL  # the input holds its kept dims in another order
+    runs = broadcast_runs(sb, sa, ob)
+    if runs is None:
+        return READ_GENERAL
+    i1, p1, _, p2 = runs
+    mode = RUNS_SCALAR if i1 % 4 == 0 else RUNS_VEC4 if i1 == 1 and p1 % 4 == 0 else RUNS_LANES
+    return READ_RUNS + mode + 3 * int(p2 > 1)
 
 
 @_spec_rule("read_class", READ_GENERAL, required=("of",), tensor_params=("read_class", "of"))
 def _read_class(facts: SpecFacts, p: dict) -> int:
     """How an input broadcast to `of` is read: 1 direct (`of`'s sizes and representation: at
     `of`'s own unit), 2 a row along `of`'s packed dim (the same representation, sizes 1 in every
-    other dim: a bias; element idx is element idx[packed] of the row), 3 a single element, 0
-    anything else (the general broadcast index math). An absent input (a Scalar) reads 0."""
+    other dim: a bias; element idx is element idx[packed] of the row), 3 a single element, 4-9
+    runs (buffers of one element per word holding the input's dims in `of`'s order: its word
+    is (w / i1) % p1 + ((w / i2) % p2) p1 for `of`'s word w, READ_RUNS + mode + 3 * two, see
+    READ_RUNS), 0 anything else (the general broadcast index math). An absent input (a Scalar)
+    reads 0."""
     from texelflow.generated.layouts import LAYOUT_INFO
 
     a, b = p["read_class"], p["of"]
@@ -449,7 +531,28 @@ def _read_class(facts: SpecFacts, p: dict) -> int:
         return READ_SINGLE
     pd = LAYOUT_INFO[facts.repr(b).layout].packed_dim
     row = tuple(sb[d] if d == pd else 1 for d in range(4))
-    return READ_ROW if same and sa == row else READ_GENERAL
+    if same and sa == row:
+        return READ_ROW
+    return _runs_class(facts, a, b)
+
+
+@_spec_rule("contiguous_runs", 0, required=("of",), tensor_params=("contiguous_runs", "of"))
+def _contiguous_runs(facts: SpecFacts, p: dict) -> int:
+    """For a copy that broadcasts tensor `contiguous_runs` to `of` (expand): 1 + (a second run)
+    when both are width-packed buffers of one element per word (held in torch's contiguous order
+    at any rank) and the input keeps at most two runs of `of`'s dims (contiguous_runs: its word
+    for `of`'s word w is (w / i1) % p1 + ((w / i2) % p2) p1), else 0 (the general index math)."""
+    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+
+    a, b = p["contiguous_runs"], p["of"]
+    for name in (a, b):
+        r = facts.repr(name)
+        if STORAGE_INFO[r.storage].is_image or buffer_dim_order(r.layout) != (0, 1, 2, 3):
+            return 0
+        if LAYOUT_INFO[r.layout].packed_dim != 0:
+            return 0
+    runs = contiguous_runs(facts.shape(a), facts.shape(b))
+    return 0 if runs is None else 1 + int(runs[3] > 1)
 
 
 @_spec_rule("same_order", 0, required=("of",), tensor_params=("same_order", "of"))

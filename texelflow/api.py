@@ -50,6 +50,7 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     from texelflow.runtime.graph.fusion import choose_conv_kernels, fuse_patterns
     from texelflow.runtime.graph.importer import export_program
     from texelflow.runtime.graph.lowering import lower
+    from texelflow.runtime.graph.own_decompositions import DECOMPOSE_FIRST
     from texelflow.runtime.graph.permutes import optimize_permutes
     from texelflow.runtime.graph.permutes.dim_order import apply_dim_orders
     from texelflow.runtime.graph.plan import plan_graph
@@ -64,7 +65,9 @@ def _plan(model, example_inputs, planner, limits, time_limit, permutes=None, con
     ep, bfloat16 = held_as_float32(ep)  # bfloat16 tensors held as float32, rounded as torch rounds
     timings["decomposition"] = timings.get("decomposition", 0.0) + time.perf_counter() - start
     form, why = attention_form(subgroup)
-    decompose_first = {SDPA_TARGET: f"attention as bmm + softmax + bmm: {why}"} if form == "gemm" else None
+    decompose_first = dict(DECOMPOSE_FIRST)
+    if form == "gemm":
+        decompose_first[SDPA_TARGET] = f"attention as bmm + softmax + bmm: {why}"
     try:
         graph = lower(ep, limits, timings, decompose_first)
     except Exception:

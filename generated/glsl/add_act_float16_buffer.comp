@@ -20,7 +20,7 @@ layout(constant_id = 4) const int self_layout = 0;
 #line 13
 layout(constant_id = 5) const int other_layout = 0;
 #line 13
-layout(constant_id = 12) const int texel_reads = 0;
+layout(constant_id = 13) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -87,6 +87,8 @@ layout(constant_id = 9) const int tail = 1;  // units_tail
 layout(constant_id = 10) const int ragged = 1;  // ragged
 #line 89
 layout(constant_id = 11) const int rows4 = 0;  // row_groups
+#line 89
+layout(constant_id = 12) const int findex = 0;  // float_index
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 95
@@ -112,11 +114,12 @@ T read_other(int w) { return texel_reads != 0 ? T(texelFetch(tb_other, w >> 2)[w
 VEC4 read4_other(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_other, k)) : VEC4(t4_other[k]); }
 T load_other(ivec4 idx) { return read_other(tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x); }
 
-#line 30 "shaders/binary.glsl.j2"
+#line 34 "shaders/binary.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
 const int READ_SINGLE = 3;
+const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 lane by lane) + 3 with a second run
 
 // vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
 // binding has its view, read_ and read4_ in _prologue.glsl.j2.
@@ -124,15 +127,30 @@ const int READ_SINGLE = 3;
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
 
 // (an input that is a row goes through the row block path below instead)
-#line 39 "shaders/binary.glsl.j2"
-const bool vec4_path = (a_class == READ_DIRECT || a_class == READ_SINGLE)
-    && (b_class == READ_DIRECT || b_class == READ_SINGLE);
+// (runs read lane by lane, mode 2, go word by word: their unrolled vec4 form costs lavapipe's
+// compiler more than it saves)
+#line 46 "shaders/binary.glsl.j2"
+const bool vec4_path = (a_class == READ_DIRECT || a_class == READ_SINGLE
+                        || (a_class >= READ_RUNS && (a_class - READ_RUNS) % 3 != 2))
+    && (b_class == READ_DIRECT || b_class == READ_SINGLE || (b_class >= READ_RUNS && (b_class - READ_RUNS) % 3 != 2));
+
+// 'self''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
+#line 52
+ivec4 runs_self = ivec4(1);
+
+// The word of 'self' that word w of out reads where it reads runs (a_class >= READ_RUNS).
+int runs_word_self(int w) {
+  const int mode = (a_class >= READ_RUNS ? a_class - READ_RUNS : 0) % 3;
+  return tf_runs_word(w, runs_self, mode != 1, a_class >= READ_RUNS + 3, findex);
+}
 
 // vec4 word k of out (words 4k .. 4k + 3) as 'self' broadcasts to it (vec4_path classes only).
-#line 44
 VEC4 vec4_of_self(int k) {
   if (a_class == READ_DIRECT) { return VEC4(read4_self(k)); }
-  return VEC4(read_self(0));
+  if (a_class == READ_SINGLE) { return VEC4(read_self(0)); }
+  const int mode = (a_class >= READ_RUNS ? a_class - READ_RUNS : 0) % 3;
+  if (mode == 0) { return VEC4(read_self(runs_word_self(4 * k))); }
+  return VEC4(read4_self(runs_word_self(4 * k) / 4));  // mode 1 (mode 2 goes word by word)
 }
 
 // The word of 'self' that word w of out reads.
@@ -140,14 +158,27 @@ int word_of_self(int w) {
   if (a_class == READ_DIRECT) { return w; }
   if (a_class == READ_SINGLE) { return 0; }
   if (a_class == READ_ROW) { return w % pc.out_sizes[tf_packed_dim(out_layout)]; }
+  if (a_class >= READ_RUNS) { return runs_word_self(w); }
   ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
   return tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
 }
+// 'other''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
+#line 52
+ivec4 runs_other = ivec4(1);
+
+// The word of 'other' that word w of out reads where it reads runs (b_class >= READ_RUNS).
+int runs_word_other(int w) {
+  const int mode = (b_class >= READ_RUNS ? b_class - READ_RUNS : 0) % 3;
+  return tf_runs_word(w, runs_other, mode != 1, b_class >= READ_RUNS + 3, findex);
+}
+
 // vec4 word k of out (words 4k .. 4k + 3) as 'other' broadcasts to it (vec4_path classes only).
-#line 44
 VEC4 vec4_of_other(int k) {
   if (b_class == READ_DIRECT) { return VEC4(read4_other(k)); }
-  return VEC4(read_other(0));
+  if (b_class == READ_SINGLE) { return VEC4(read_other(0)); }
+  const int mode = (b_class >= READ_RUNS ? b_class - READ_RUNS : 0) % 3;
+  if (mode == 0) { return VEC4(read_other(runs_word_other(4 * k))); }
+  return VEC4(read4_other(runs_word_other(4 * k) / 4));  // mode 1 (mode 2 goes word by word)
 }
 
 // The word of 'other' that word w of out reads.
@@ -155,11 +186,18 @@ int word_of_other(int w) {
   if (b_class == READ_DIRECT) { return w; }
   if (b_class == READ_SINGLE) { return 0; }
   if (b_class == READ_ROW) { return w % pc.out_sizes[tf_packed_dim(out_layout)]; }
+  if (b_class >= READ_RUNS) { return runs_word_other(w); }
   ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
   return tf_buffer_word_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).x;
 }
 
-#line 59
+#line 80
+void prepare_runs() {
+  if (a_class >= READ_RUNS) { runs_self = tf_runs(pc.out_sizes, pc.self_sizes, out_layout); }
+  if (b_class >= READ_RUNS) { runs_other = tf_runs(pc.out_sizes, pc.other_sizes, out_layout); }
+}
+#define TF_PREPARE prepare_runs()
+
 #define VEC VEC4
 void unit_vec4(int k) {
   VEC4 X = vec4_of_self(k);
@@ -183,11 +221,11 @@ void unit_word(int w) {
 // n % 4 == 0 (not `ragged`: r stays a multiple of 4), else four words gathered lane by lane (any
 // n >= 1, a row may wrap several times in one vec4); direct and single operands as in unit_vec4.
 const bool row_block = (a_class == READ_ROW || b_class == READ_ROW)
-    && a_class != READ_GENERAL && b_class != READ_GENERAL;
+    && a_class != READ_GENERAL && b_class != READ_GENERAL && a_class < READ_RUNS && b_class < READ_RUNS;
 #define TF_BLOCK_PATH row_block
 
 // vec4 word k of out as 'self' broadcasts to it, r the row offset of word 4k.
-#line 87
+#line 114
 VEC4 row_vec4_of_self(int k, int r, int n) {
   if (a_class == READ_DIRECT) { return VEC4(read4_self(k)); }
   if (a_class == READ_SINGLE) { return VEC4(read_self(0)); }
@@ -198,7 +236,7 @@ VEC4 row_vec4_of_self(int k, int r, int n) {
   return VEC4(read_self(r), read_self(r1), read_self(r2), read_self(r3));
 }
 // vec4 word k of out as 'other' broadcasts to it, r the row offset of word 4k.
-#line 87
+#line 114
 VEC4 row_vec4_of_other(int k, int r, int n) {
   if (b_class == READ_DIRECT) { return VEC4(read4_other(k)); }
   if (b_class == READ_SINGLE) { return VEC4(read_other(0)); }
@@ -213,41 +251,41 @@ VEC4 row_vec4_of_other(int k, int r, int n) {
 // vec4 column c = u % (n / 4) of rows 4 (u / (n / 4)) .. + 3, so a row operand is one vec4 read
 // once, not once per word (on lavapipe every vec4 access costs about the same, cached or not:
 // it is gathered lane by lane; 9 accesses instead of 12 per invocation).
-#line 102
+#line 129
 #define VEC VEC4
 void unit_columns(int u, int n) {
   int m = n / 4;
   int c = u % m;
   int k = u * 4 - 3 * c;  // (4 (u / m)) m + c: the first row's word
-#line 108
+#line 135
   VEC4 row_self = a_class == READ_ROW ? VEC4(read4_self(c)) : VEC4(0);
-#line 108
+#line 135
   VEC4 row_other = b_class == READ_ROW ? VEC4(read4_other(c)) : VEC4(0);
-#line 111
+#line 138
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 0 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 0 * m, 0, n);
     t4_out[k + 0 * m] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
-#line 111
+#line 138
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 1 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 1 * m, 0, n);
     t4_out[k + 1 * m] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
-#line 111
+#line 138
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 2 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 2 * m, 0, n);
     t4_out[k + 2 * m] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
-#line 111
+#line 138
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 3 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 3 * m, 0, n);
     t4_out[k + 3 * m] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
-#line 117
+#line 144
 }
 #undef VEC
 
@@ -262,13 +300,13 @@ void unit_block(int u) {
   if (rows4 != 0) { unit_columns(u, n); return; }
   int r = first % n;
   int k = u * (tf_span / 4);
-#line 132
+#line 159
   {
     VEC4 X = row_vec4_of_self(k + 0, r, n);
     VEC4 Y = row_vec4_of_other(k + 0, r, n);
     t4_out[k + 0] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
-#line 138
+#line 165
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -277,13 +315,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 132
+#line 159
   {
     VEC4 X = row_vec4_of_self(k + 1, r, n);
     VEC4 Y = row_vec4_of_other(k + 1, r, n);
     t4_out[k + 1] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
-#line 138
+#line 165
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -292,13 +330,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 132
+#line 159
   {
     VEC4 X = row_vec4_of_self(k + 2, r, n);
     VEC4 Y = row_vec4_of_other(k + 2, r, n);
     t4_out[k + 2] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
-#line 138
+#line 165
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -307,21 +345,24 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 132
+#line 159
   {
     VEC4 X = row_vec4_of_self(k + 3, r, n);
     VEC4 Y = row_vec4_of_other(k + 3, r, n);
     t4_out[k + 3] = tf_to_float16(tf_clamp(X + VEC(pc.alpha) * Y, VEC(pc.activation == 0 ? 0.0 : pc.act_min), VEC(pc.activation == 0 ? uintBitsToFloat(0x7f800000u) : pc.act_max)));
   }
-#line 148
+#line 175
 #undef VEC
 }
 
-#line 18 "shaders/_span_main.glsl.j2"
+#line 19 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   int first = u * tf_span;
   if (first >= pc.units) { return; }
+#ifdef TF_PREPARE
+  TF_PREPARE;
+#endif
 #ifdef TF_BLOCK_PATH
   if (TF_BLOCK_PATH) { unit_block(u); return; }
 #endif
@@ -332,30 +373,30 @@ void main() {
       // invocations), so one access's SIMD lanes touch neighbouring vec4 words, not words a span
       // apart (on lavapipe: the trivial copy with 4 vec4s per invocation moves 8-9% more this way).
       int g = pc.units / tf_span;
-#line 33
+#line 37
       unit_vec4(u + 0 * g);
-#line 33
+#line 37
       unit_vec4(u + 1 * g);
-#line 33
+#line 37
       unit_vec4(u + 2 * g);
-#line 33
+#line 37
       unit_vec4(u + 3 * g);
-#line 35
+#line 39
       return;
     }
     // A partial span somewhere: invocation u's own words, as vec4s where its span is whole (on
     // lavapipe a runtime guard on interleaved words measured 25-30% slower than this).
     if (first + tf_span <= pc.units) {
       int k = u * (tf_span / 4);
-#line 42
+#line 46
       unit_vec4(k + 0);
-#line 42
+#line 46
       unit_vec4(k + 1);
-#line 42
+#line 46
       unit_vec4(k + 2);
-#line 42
+#line 46
       unit_vec4(k + 3);
-#line 44
+#line 48
       return;
     }
   }

@@ -85,20 +85,23 @@ layout(constant_id = 9) const int tail = 1;  // units_tail
 layout(constant_id = 10) const int ragged = 1;  // ragged
 #line 89
 layout(constant_id = 11) const int rows4 = 0;  // row_groups
+#line 89
+layout(constant_id = 12) const int findex = 0;  // float_index
 
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 95
 const int tf_span = 4;
 
-#line 30 "shaders/binary.glsl.j2"
+#line 34 "shaders/binary.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
 const int READ_SINGLE = 3;
+const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 lane by lane) + 3 with a second run
 
 
 // The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 154
+#line 181
 VEC4 texel_of_self(ivec3 pos) {
   if (a_class == READ_DIRECT) { return load_texel_self(pos); }
   if (a_class == READ_SINGLE) { return VEC4(load_texel_self(ivec3(0)).x); }
@@ -113,7 +116,7 @@ VEC4 texel_of_self(ivec3 pos) {
   return pc.self_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 // The texel of 'other' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 154
+#line 181
 VEC4 texel_of_other(ivec3 pos) {
   if (b_class == READ_DIRECT) { return load_texel_other(pos); }
   if (b_class == READ_SINGLE) { return VEC4(load_texel_other(ivec3(0)).x); }
@@ -128,7 +131,7 @@ VEC4 texel_of_other(ivec3 pos) {
   return pc.other_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 
-#line 169
+#line 196
 #define VEC VEC4
 void unit_texel(ivec3 pos) {
   VEC4 X = texel_of_self(pos);
@@ -140,7 +143,7 @@ void unit_texel(ivec3 pos) {
   }
 }
 
-#line 51 "shaders/_span_main.glsl.j2"
+#line 55 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);

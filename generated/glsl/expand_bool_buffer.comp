@@ -31,6 +31,8 @@ layout(push_constant) uniform PushConstants {
 #line 27
   ivec4 out_lead;
 #line 27
+  ivec4 self_runs;
+#line 27
   int units;
 #line 29
 } pc;
@@ -49,6 +51,13 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'self' (buffer) ----
 #line 53
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 89
+layout(constant_id = 5) const int runs = 0;  // contiguous_runs
+#line 89
+layout(constant_id = 6) const int findex = 0;  // float_index
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
 // `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients
 // (tf_divmod), which lavapipe vectorises.
@@ -84,7 +93,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
   s[7] = 1;
 }
 
-#line 17 "shaders/expand.glsl.j2"
+#line 24 "shaders/expand.glsl.j2"
 T compute_out(ivec4 idx) {
   int e[8];
   tf_unfold8(idx, pc.out_lead, e);
@@ -96,11 +105,16 @@ T compute_out(ivec4 idx) {
   return load_self(tf_fold8(e, pc.self_lead));
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
+#line 36
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 16
+  if (runs != 0) {
+    int w = tf_runs_word(u, pc.self_runs, true, runs == 2, findex);
+#line 44
+    t_out[u] = t_self[w];  // the same dtype: word for word
+#line 46
+    return;
+  }
   t_out[u] = compute_out(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout));
-#line 29
 }

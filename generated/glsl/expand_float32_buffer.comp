@@ -14,7 +14,7 @@ layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
 #line 13
-layout(constant_id = 5) const int texel_reads = 0;
+layout(constant_id = 7) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -33,6 +33,8 @@ layout(push_constant) uniform PushConstants {
 #line 27
   ivec4 out_lead;
 #line 27
+  ivec4 self_runs;
+#line 27
   int units;
 #line 29
 } pc;
@@ -49,6 +51,13 @@ layout(push_constant) uniform PushConstants {
 // ---- element access for 'out' (buffer) ----
 
 // ---- element access for 'self' (buffer) ----
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 89
+layout(constant_id = 5) const int runs = 0;  // contiguous_runs
+#line 89
+layout(constant_id = 6) const int findex = 0;  // float_index
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
@@ -96,7 +105,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
   s[7] = 1;
 }
 
-#line 17 "shaders/expand.glsl.j2"
+#line 24 "shaders/expand.glsl.j2"
 T compute_out(ivec4 idx) {
   int e[8];
   tf_unfold8(idx, pc.out_lead, e);
@@ -108,11 +117,16 @@ T compute_out(ivec4 idx) {
   return load_self(tf_fold8(e, pc.self_lead));
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
+#line 36
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 16
+  if (runs != 0) {
+    int w = tf_runs_word(u, pc.self_runs, true, runs == 2, findex);
+#line 42
+    t_out[u] = read_self(w);
+#line 46
+    return;
+  }
   t_out[u] = compute_out(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout));
-#line 29
 }

@@ -31,6 +31,8 @@ layout(push_constant) uniform PushConstants {
 #line 27
   ivec4 out_lead;
 #line 27
+  ivec4 self_runs;
+#line 27
   int units;
 #line 29
 } pc;
@@ -55,6 +57,13 @@ T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
+
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 89
+layout(constant_id = 5) const int runs = 0;  // contiguous_runs
+#line 89
+layout(constant_id = 6) const int findex = 0;  // float_index
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
 // `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients
 // (tf_divmod), which lavapipe vectorises.
@@ -90,7 +99,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
   s[7] = 1;
 }
 
-#line 17 "shaders/expand.glsl.j2"
+#line 24 "shaders/expand.glsl.j2"
 T compute_out(ivec4 idx) {
   int e[8];
   tf_unfold8(idx, pc.out_lead, e);

@@ -1101,20 +1101,96 @@ def layer_norm_long(input, normalized_shape, weight=None, bias=None, eps=1e-5, c
     return y if bias is None else aten.add.Tensor(y, bias)
 
 
-def group_norm_long(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
-    """group_norm whose groups hold more elements than one invocation may loop: [N, G, rest]
-    normalized over rest from reductions that split, then the per-channel weight and bias."""
+def _group_pilots(input, num_groups: int):
+    """Each group's first element (sample n, the group's first channel, spatial index 0) at every
+    channel of the group: [N, C, 1, ...], input's rank. Subtracting it leaves a group's statistics
+    but its mean unchanged and keeps the sums that follow small."""
     import torch
 
     aten = torch.ops.aten
     n, c = input.shape[0], input.shape[1]
-    _long(input.numel() // max(n * num_groups, 1))
-    flat = aten.reshape.default(input, [n, num_groups, -1])
-    y = aten.reshape.default(_normalized(flat, [2], eps)[0], list(input.shape))
-    lanes = [1, c] + [1] * (input.dim() - 2)
+    first = input
+    for d in range(2, input.dim()):  # spatial index 0 first: the channel slice then moves N C words
+        first = aten.slice.Tensor(first, d, 0, 1)
+    first = aten.slice.Tensor(first, 1, 0, c, c // num_groups)  # [N, G, 1, ...]
+    pilots = aten.expand.default(aten.reshape.default(first, [n, num_groups, 1]), [n, num_groups, c // num_groups])
+    return aten.reshape.default(pilots, [n, c] + [1] * (input.dim() - 2))
+
+
+def _group_scale_shift(shifted, num_groups: int, weight, bias, eps: float):
+    """group_norm's per-(sample, channel) scale and shift, [N, C], for `shifted`, the input less
+    its group pilots (_group_pilots), with its group statistics: mean (of `shifted`) and rstd,
+    [N, G, 1]. y = shifted scale + shift, scale = rstd weight, shift = bias - mean scale: torch's
+    CPU formula on the shifted input. The statistics come from each row's mean and biased
+    variance (a reduction along the last dim, two passes over rows of W elements), combined by
+    the law of total variance: a group's rows are blocks of equal size, so its variance is the
+    mean of theirs plus the variance of their means. The pilots keep every sum near zero: a map
+    whose mean is large against its spread loses nothing to the sums' rounding, which the
+    kernels' running sums would (15-25x torch's pairwise error at a mean of 500)."""
+    import torch
+
+    aten = torch.ops.aten
+    n, c = shifted.shape[0], shifted.shape[1]
+    if shifted.dim() > 2:
+        var_r, mean_r = aten.var_mean.correction(shifted, [shifted.dim() - 1], correction=0, keepdim=False)
+    else:
+        var_r, mean_r = None, shifted  # [N, C]: one element per channel
+    per = mean_r.numel() // (n * num_groups)  # rows in a group
+    means = aten.reshape.default(mean_r, [n, num_groups, per])
+    var_of_means, mean = aten.var_mean.correction(means, [2], correction=0, keepdim=True)
+    var = var_of_means if var_r is None else aten.add.Tensor(
+        aten.mean.dim(aten.reshape.default(var_r, [n, num_groups, per]), [2], True), var_of_means)
+    rstd = aten.rsqrt.default(aten.add.Scalar(var, eps))
+    channels = c // num_groups
+    scale = aten.reshape.default(aten.expand.default(rstd, [n, num_groups, channels]), [n, c])
     if weight is not None:
-        y = aten.mul.Tensor(y, aten.reshape.default(weight, lanes))
-    return y if bias is None else aten.add.Tensor(y, aten.reshape.default(bias, lanes))
+        scale = aten.mul.Tensor(scale, weight)
+    mean_c = aten.reshape.default(aten.expand.default(mean, [n, num_groups, channels]), [n, c])
+    shift = aten.neg.default(aten.mul.Tensor(mean_c, scale))
+    if bias is not None:
+        shift = aten.add.Tensor(shift, bias)
+    return scale, shift, mean, rstd
+
+
+def _scaled_shifted(input, scale, shift):
+    """input (N, C, ...) * scale + shift, both [N, C], broadcast over the spatial dims."""
+    import torch
+
+    aten = torch.ops.aten
+    lanes = [input.shape[0], input.shape[1]] + [1] * (input.dim() - 2)
+    return aten.add.Tensor(aten.mul.Tensor(input, aten.reshape.default(scale, lanes)),
+                           aten.reshape.default(shift, lanes))
+
+
+def group_norm_by_channels(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+    """group_norm as the input less its group pilots, per-row statistics, their combination per
+    group, then one scale and shift per (sample, channel) (_group_scale_shift): a row reduction and
+    three passes over the input, where the group_norm kernel recomputes a group's statistics for each of its rows
+    (and cannot loop over a group past lavapipe's loop limit)."""
+    import torch
+
+    if input.dim() < 2 or input.shape[1] % num_groups or input.dtype not in (torch.float32, torch.float16):
+        raise NotApplicable("a group_norm of fewer than 2 dims, uneven groups or an integer input")
+    shifted = torch.ops.aten.sub.Tensor(input, _group_pilots(input, num_groups))
+    scale, shift, _, _ = _group_scale_shift(shifted, num_groups, weight, bias, eps)
+    return _scaled_shifted(shifted, scale, shift)
+
+
+def native_group_norm_by_channels(input, weight, bias, N, C, HxW, group, eps):
+    """native_group_norm (out, mean [N, G], rstd [N, G]) as group_norm_by_channels computes it."""
+    import torch
+
+    aten = torch.ops.aten
+    if input.dim() < 2 or input.shape[1] % group or input.dtype not in (torch.float32, torch.float16):
+        raise NotApplicable("a group_norm of fewer than 2 dims, uneven groups or an integer input")
+    pilots = _group_pilots(input, group)
+    shifted = aten.sub.Tensor(input, pilots)
+    scale, shift, mean, rstd = _group_scale_shift(shifted, group, weight, bias, eps)
+    n, c = input.shape[0], input.shape[1]
+    group_pilots = aten.slice.Tensor(aten.reshape.default(pilots, [n, group, c // group]), 2, 0, 1)  # [N, G, 1]
+    mean = aten.add.Tensor(mean, group_pilots)  # the input's mean: the shifted one plus the pilot
+    return (_scaled_shifted(shifted, scale, shift), aten.reshape.default(mean, [n, group]),
+            aten.reshape.default(rstd, [n, group]))
 
 
 def cumsum_long(self, dim, dtype=None):
@@ -1949,7 +2025,8 @@ OWN_DECOMPOSITIONS = {
     "aten.var.correction": var_long,
     "aten.std.correction": std_long,
     "aten.var_mean.correction": var_mean_long,
-    "aten.group_norm.default": group_norm_long,
+    "aten.group_norm.default": group_norm_by_channels,
+    "aten.native_group_norm.default": native_group_norm_by_channels,
     "aten.linalg_vector_norm.default": vector_norm_long,
     "aten.std_mean.correction": std_mean,
     "aten.rrelu.default": rrelu,
@@ -2033,6 +2110,15 @@ def stft_fits(node) -> bool:
     args = dict(zip(("self", "n_fft", "hop_length", "win_length", "window", "normalized", "onesided",
                      "return_complex", "align_to_window"), node.args), **node.kwargs)
     return real(args["self"]) and real(args.get("window")) and not args.get("align_to_window")
+
+
+# Ops that run whole on the device but faster as their decomposition here, on every device, with
+# the reason the plan gives (lowering's `decompose_first`; the whole op stays where a piece cannot).
+DECOMPOSE_FIRST = {
+    target: "statistics per row, then one scale and shift per channel: the group_norm kernel "
+            "recomputes its group's statistics for every row it writes"
+    for target in ("aten.group_norm.default", "aten.native_group_norm.default")
+}
 
 
 # Whole-program decompositions (importer.py runs them through run_decompositions before lowering),

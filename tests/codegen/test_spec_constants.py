@@ -62,7 +62,7 @@ def test_spec_name_clashing_with_a_push_constant_is_refused(scratch_repo: Path):
 def test_reflection_lists_each_shape_class_with_its_rule_and_general_default():
     add = VARIANTS["add_float32_buffer"]
     classes = {s.name: s for s in add.spec_constants if s.rule}
-    assert set(classes) == {"bf16_out", "a_class", "b_class", "tail", "ragged", "rows4"}
+    assert set(classes) == {"bf16_out", "a_class", "b_class", "tail", "ragged", "rows4", "findex"}
     assert classes["bf16_out"].rule == "round_bfloat16"  # a bfloat16 program's mark (runtime/graph/bfloat16.py)
     assert classes["a_class"].rule == "read_class" and dict(classes["a_class"].params) == {"read_class": "self", "of": "out"}
     for s in classes.values():  # the default is the general path, right for any node

@@ -36,6 +36,7 @@ from .nodecheck import (
 
 BUF_WP = TensorRepr(Storage.BUFFER, Layout.WIDTH_PACKED)
 BUF_CP = TensorRepr(Storage.BUFFER, Layout.CHANNELS_PACKED)
+BUF_HP = TensorRepr(Storage.BUFFER, Layout.HEIGHT_PACKED)
 TEX_CP = TensorRepr(Storage.TEXTURE_3D, Layout.CHANNELS_PACKED)
 TEX_WP = TensorRepr(Storage.TEXTURE_3D, Layout.WIDTH_PACKED)
 
@@ -44,67 +45,83 @@ CASES = [
     # binary: each input's read class (1 direct, 2 a row along out's packed dim, 3 a single
     # element, 0 general broadcast); 16 words per invocation in buffers
     ("add-direct-tail", "add", {"self": [2, 3, 5, 7], "other": [2, 3, 5, 7], "alpha": 2.0}, BUF_WP,
-     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0}),  # 210 words: 13 spans and 2 words
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),  # 210 words: 13 spans and 2 words
     ("add-direct-whole-spans", "add", {"self": [4, 8, 16], "other": [4, 8, 16], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 1}),
+     {"a_class": 1, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 1, "findex": 1}),
     ("add-row-bias", "add", {"self": [2, 5, 3, 7], "other": [7], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
     ("add-row-bias-vec4", "add", {"self": [2, 3, 5, 8], "other": [8], "alpha": -1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0, "rows4": 0}),
+     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0, "rows4": 0, "findex": 1}),
     ("add-channel-bias-nhwc", "add", {"self": [2, 6, 3, 5], "other": [6, 1, 1], "alpha": 1.0}, BUF_CP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
     ("mul-channel-scale-nhwc-vec4", "mul", {"self": [1, 8, 3, 5], "other": [8, 1, 1]}, BUF_CP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 0, "rows4": 0}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 0, "rows4": 0, "findex": 1}),
     ("add-zero-dim-tensor", "add", {"self": [3, 5, 7], "other": [], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 3, "tail": 1, "ragged": 1, "rows4": 0}),
+     {"a_class": 1, "b_class": 3, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
     ("div-by-single-vec4", "div", {"self": [2, 4, 8], "other": [1]}, BUF_WP,
-     {"a_class": 1, "b_class": 3, "tail": 0, "ragged": 0, "rows4": 1}),
+     {"a_class": 1, "b_class": 3, "tail": 0, "ragged": 0, "rows4": 1, "findex": 1}),
     # the row block path (one `%` per invocation, the row offset stepped with a wrap): rows
     # shorter than a vec4 that wrap inside one, a row on the left, rows of 4, rank 5, many spans
     ("add-row-3-wraps-in-vec4-rank5", "add", {"self": [2, 1, 3, 2, 3], "other": [3], "alpha": 0.5}, BUF_WP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
     ("mul-row-left-5", "mul", {"self": [5], "other": [3, 7, 5]}, BUF_WP,
-     {"a_class": 2, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0}),
+     {"a_class": 2, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
     ("sub-row-4-tail", "sub", {"self": [3, 5, 4], "other": [4], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 0, "rows4": 0}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 0, "rows4": 0, "findex": 1}),
     ("add-row-33-many-spans", "add", {"self": [1, 7, 33], "other": [33], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
     # `rows4`: one vec4 column of 4 rows per invocation, the row operand read once
     ("add-row-bias-columns", "add", {"self": [2, 4, 3, 8], "other": [8], "alpha": 2.0}, BUF_WP,
-     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0, "rows4": 1}),
+     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0, "rows4": 1, "findex": 1}),
     ("mul-channel-scale-nhwc-columns", "mul", {"self": [1, 12, 4, 5], "other": [12, 1, 1]}, BUF_CP,
-     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0, "rows4": 1}),
+     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0, "rows4": 1, "findex": 1}),
     ("sub-row-columns-rank5", "sub", {"self": [2, 2, 2, 3, 8], "other": [8], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0, "rows4": 1}),
+     {"a_class": 1, "b_class": 2, "tail": 0, "ragged": 0, "rows4": 1, "findex": 1}),
     ("div-row-12-whole-spans", "div", {"self": [12], "other": [4, 1, 12]}, BUF_WP,
-     {"a_class": 2, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 1}),
-    ("mul-broadcast-both", "mul", {"self": [3, 1, 7], "other": [5, 1]}, BUF_CP,
-     {"a_class": 0, "b_class": 0, "tail": 1, "ragged": 1, "rows4": 0}),
+     {"a_class": 2, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 1, "findex": 1}),
+    # runs (4 + mode + 3 with a second run; mode 0 one input word a vec4 word of out, 1 one
+    # input vec4, 2 lane by lane): out's words in dim-order runs the input keeps or broadcasts
+    ("mul-broadcast-both-lanes-nhwc", "mul", {"self": [3, 1, 7], "other": [5, 1]}, BUF_CP,
+     {"a_class": 6, "b_class": 6, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
+    ("mul-per-sample-channel-scale", "mul", {"self": [2, 4, 3, 8], "other": [2, 4, 1, 1]}, BUF_WP,
+     {"a_class": 1, "b_class": 4, "tail": 0, "ragged": 0, "rows4": 1, "findex": 1}),  # GroupNorm's scale
+    ("mul-keepdim-row-statistic", "mul", {"self": [2, 7, 12], "other": [2, 7, 1]}, BUF_WP,
+     {"a_class": 1, "b_class": 4, "tail": 1, "ragged": 0, "rows4": 0, "findex": 1}),  # RMSNorm's rsqrt
+    ("add-plane-over-batches", "add", {"self": [3, 5, 8], "other": [5, 8], "alpha": 1.0}, BUF_WP,
+     {"a_class": 1, "b_class": 5, "tail": 1, "ragged": 0, "rows4": 0, "findex": 1}),  # a position table
+    ("sub-two-runs-scalar", "sub", {"self": [2, 3, 4, 8], "other": [2, 1, 4, 1], "alpha": 1.0}, BUF_WP,
+     {"a_class": 1, "b_class": 7, "tail": 0, "ragged": 0, "rows4": 1, "findex": 1}),
+    ("div-two-runs-vec4", "div", {"self": [2, 1, 5, 8], "other": [2, 3, 5, 8]}, BUF_WP,
+     {"a_class": 8, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 0, "findex": 1}),
+    ("mul-channel-scale-hp-lanes", "mul", {"self": [1, 6, 5, 7], "other": [1, 6, 1, 1]}, BUF_HP,
+     {"a_class": 1, "b_class": 6, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
+    ("mul-channel-scale-hp-scalar", "mul", {"self": [1, 6, 4, 8], "other": [1, 6, 1, 1]}, BUF_HP,
+     {"a_class": 1, "b_class": 4, "tail": 0, "ragged": 0, "rows4": 1, "findex": 1}),
     ("mul-one-element", "mul", {"self": [1], "other": [1]}, BUF_WP,
-     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0}),
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
     ("add-rank5-direct", "add", {"self": [2, 1, 3, 2, 5], "other": [2, 1, 3, 2, 5], "alpha": 1.0}, BUF_WP,
-     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0}),
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
     ("add-rank5-broadcast", "add", {"self": [2, 2, 3, 1, 5], "other": [3, 2, 1], "alpha": 1.0}, BUF_WP,
-     {"a_class": 0, "b_class": 0, "tail": 1, "ragged": 1, "rows4": 0}),  # out [2, 2, 3, 2, 5]: 120 words
+     {"a_class": 9, "b_class": 6, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),  # out [2, 2, 3, 2, 5]: 120 words
     # textures: 4 texels of a row per invocation; `tail` when the x extent is not a multiple of 4
     ("add-texture-ragged", "add", {"self": [2, 5, 3, 7], "other": [2, 5, 3, 7], "alpha": 1.0}, TEX_CP,
-     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0}),
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
     ("mul-texture-packed-div4", "mul", {"self": [1, 8, 3, 8], "other": [1, 8, 3, 8]}, TEX_CP,
-     {"a_class": 1, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 0}),
+     {"a_class": 1, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 0, "findex": 1}),
     ("mul-texture-row-tail", "mul", {"self": [1, 8, 3, 6], "other": [1, 8, 3, 6]}, TEX_CP,
-     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 0, "rows4": 0}),
+     {"a_class": 1, "b_class": 1, "tail": 1, "ragged": 0, "rows4": 0, "findex": 1}),
     ("mul-texture-channel-scale", "mul", {"self": [1, 6, 5, 7], "other": [1, 6, 1, 1]}, TEX_CP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0}),  # MobileNetV3's squeeze-excitation
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),  # MobileNetV3's squeeze-excitation
     ("mul-texture-channel-scale-batch2", "mul", {"self": [1, 8, 1, 1], "other": [2, 8, 3, 4]}, TEX_CP,
-     {"a_class": 2, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 0}),
+     {"a_class": 2, "b_class": 1, "tail": 0, "ragged": 0, "rows4": 0, "findex": 1}),
     ("add-texture-row-wp", "add", {"self": [3, 5, 9], "other": [9], "alpha": 1.0}, TEX_WP,
-     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0}),
+     {"a_class": 1, "b_class": 2, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
     ("add-texture-single", "add", {"self": [2, 5, 3, 7], "other": [1], "alpha": 1.0}, TEX_CP,
-     {"a_class": 1, "b_class": 3, "tail": 1, "ragged": 1, "rows4": 0}),
+     {"a_class": 1, "b_class": 3, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),
     ("sub-texture-broadcast", "sub", {"self": [1, 3, 1, 5], "other": [2, 1, 7, 1], "alpha": 1.0}, TEX_WP,
-     {"a_class": 0, "b_class": 0, "tail": 1, "ragged": 1, "rows4": 0}),  # x extent ceil(5 / 4) = 2: a partial span
+     {"a_class": 0, "b_class": 0, "tail": 1, "ragged": 1, "rows4": 0, "findex": 1}),  # x extent ceil(5 / 4) = 2: a partial span
     ("sub-texture-broadcast-whole-spans", "sub", {"self": [1, 3, 1, 13], "other": [2, 1, 7, 1], "alpha": 1.0}, TEX_WP,
-     {"a_class": 0, "b_class": 0, "tail": 0, "ragged": 1, "rows4": 0}),  # x extent ceil(13 / 4) = 4
+     {"a_class": 0, "b_class": 0, "tail": 0, "ragged": 1, "rows4": 0, "findex": 1}),  # x extent ceil(13 / 4) = 4
     # unary: 16 words or 4 texels of a row per invocation
     ("relu-buffer-tail", "relu", {"self": [3, 5, 7]}, BUF_WP, {"tail": 1, "ragged": 1}),
     ("exp-buffer-whole", "exp", {"self": [2, 4, 8]}, BUF_WP, {"tail": 0, "ragged": 0}),
@@ -253,6 +270,17 @@ PERMUTES = [
     ("buffer-to-texture", [1, 6, 3, 4], [0, 2, 3, 1], BUF_CP, TEX_WP, {"units_match": 0, "tail": 0, "findex": 1}),
 ]
 
+# expand between width-packed buffers: out's word w reads self's word (w / i1) % p1 + ((w / i2) %
+# p2) p1 where self keeps at most two runs of out's dims (`runs` 1 or 2), else the general path
+EXPANDS = [
+    ("grouped-query-heads", [1, 4, 1, 6, 8], [1, 4, 2, 6, 8], BUF_WP, {"runs": 2, "findex": 1}),
+    ("row-over-batches", [5, 7], [3, 5, 7], BUF_WP, {"runs": 1, "findex": 1}),
+    ("column-repeated", [5, 1], [5, 6], BUF_WP, {"runs": 1, "findex": 1}),
+    ("three-kept-runs", [2, 1, 3, 1, 5], [2, 3, 3, 2, 5], BUF_WP, {"runs": 0, "findex": 1}),
+    ("channels-packed", [1, 6, 1, 1], [2, 6, 3, 5], BUF_CP, {"runs": 0, "findex": 1}),
+    ("texture", [1, 6, 1, 1], [2, 6, 3, 5], TEX_CP, {"runs": 0, "findex": 1}),
+]
+
 
 def _inputs(op, sample, specials: bool) -> dict:
     rng = np.random.default_rng(7)
@@ -327,6 +355,12 @@ def test_permute_shape_classes(device, case):
     _run(device, "permute_copy", {"self": shape, "dims": dims}, {"self": r_in, "out": r_out}, expected)
 
 
+@pytest.mark.parametrize("case", EXPANDS, ids=[c[0] for c in EXPANDS])
+def test_expand_shape_classes(device, case):
+    _, shape, size, r, expected = case
+    _run(device, "expand", {"self": shape, "size": size}, {"self": r, "out": r}, expected)
+
+
 def test_model_size_elementwise_at_every_class(device):
     """A ResNet stage's add (64 x 56 x 56, whole spans) and an odd one (63 x 55 x 57): direct on
     buffers and textures, with NaN / Inf, beside the general path."""
@@ -334,7 +368,7 @@ def test_model_size_elementwise_at_every_class(device):
         tail = int(np.prod(shape) % 16 != 0)
         _run(device, "add", {"self": shape, "other": shape, "alpha": 1.0}, {n: BUF_WP for n in ("self", "other", "out")},
              {"a_class": 1, "b_class": 1, "tail": tail, "ragged": int(shape[-1] % 4 != 0),
-              "rows4": int(shape[-1] % 4 == 0 and np.prod(shape[:-1]) % 4 == 0)})
+              "rows4": int(shape[-1] % 4 == 0 and np.prod(shape[:-1]) % 4 == 0), "findex": 1})
         _run(device, "relu", {"self": shape}, {"self": TEX_CP, "out": TEX_CP},
              {"tail": int(shape[-1] % 4 != 0), "ragged": int(shape[1] % 4 != 0)})
 

@@ -91,7 +91,6 @@ JUST_INSIDE = {
     "softmax_dim1": (lambda x: x.softmax(1), (_x(1, 4000, 7),)),
     "cumsum_row": (lambda x: x.cumsum(-1), (_x(2, 59000),)),
     "layer_norm_row": (lambda x: F.layer_norm(x, (59000,)), (_x(2, 59000),)),
-    "group_norm_wide": (torch.nn.GroupNorm(4, 8), (_x(2, 8, 10, 350),)),
     "avg_pool_window": (lambda x: F.avg_pool2d(x, (100, 280)), (_x(1, 3, 100, 280),)),
     "matmul_k": (lambda x, y: x @ y, (_x(2, 29000), _x(29000, 3, seed=1))),
     "conv_transpose2d": (torch.nn.ConvTranspose2d(1536, 4, 4, 2), (_x(1, 1536, 3, 3),)),
