@@ -431,7 +431,7 @@ READ_GENERAL, READ_DIRECT, READ_ROW, READ_SINGLE = 0, 1, 2, 3
 # Runs (buffers only): the input's word for out's word w is (w / i1) % p1 + ((w / i2) % p2) p1,
 # indexing.glslh tf_runs. 4 + mode + 3 * two: mode 0 when a vec4 word of out reads one input
 # word (i1 % 4 == 0), 1 when it reads one whole input vec4 (i1 == 1, p1 % 4 == 0), 2 otherwise
-# (lane by lane); two when the input keeps a second block of out's dims.
+# (binary.glsl.j2 goes word by word); two when the input keeps a second run of out's dims.
 READ_RUNS = 4
 RUNS_SCALAR, RUNS_VEC4, RUNS_LANES = 0, 1, 2
 

@@ -97,7 +97,7 @@ const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
 const int READ_SINGLE = 3;
-const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 lane by lane) + 3 with a second run
+const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by word) + 3 with a second run
 
 
 // The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
@@ -143,7 +143,7 @@ void unit_texel(ivec3 pos) {
   }
 }
 
-#line 55 "shaders/_span_main.glsl.j2"
+#line 56 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);

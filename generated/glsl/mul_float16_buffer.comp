@@ -111,7 +111,7 @@ const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
 const int READ_SINGLE = 3;
-const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 lane by lane) + 3 with a second run
+const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by word) + 3 with a second run
 
 // vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
 // binding has its view, read_ and read4_ in _prologue.glsl.j2.
@@ -347,7 +347,7 @@ void unit_block(int u) {
 #undef VEC
 }
 
-#line 19 "shaders/_span_main.glsl.j2"
+#line 20 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   int first = u * tf_span;
@@ -365,30 +365,30 @@ void main() {
       // invocations), so one access's SIMD lanes touch neighbouring vec4 words, not words a span
       // apart (on lavapipe: the trivial copy with 4 vec4s per invocation moves 8-9% more this way).
       int g = pc.units / tf_span;
-#line 37
+#line 38
       unit_vec4(u + 0 * g);
-#line 37
+#line 38
       unit_vec4(u + 1 * g);
-#line 37
+#line 38
       unit_vec4(u + 2 * g);
-#line 37
+#line 38
       unit_vec4(u + 3 * g);
-#line 39
+#line 40
       return;
     }
     // A partial span somewhere: invocation u's own words, as vec4s where its span is whole (on
     // lavapipe a runtime guard on interleaved words measured 25-30% slower than this).
     if (first + tf_span <= pc.units) {
       int k = u * (tf_span / 4);
-#line 46
+#line 47
       unit_vec4(k + 0);
-#line 46
+#line 47
       unit_vec4(k + 1);
-#line 46
+#line 47
       unit_vec4(k + 2);
-#line 46
+#line 47
       unit_vec4(k + 3);
-#line 48
+#line 49
       return;
     }
   }
