@@ -6,7 +6,9 @@ views, which no Vulkan kernel computes, and `unbind` into a slice and a squeeze 
 copies where a texture's squeeze moves texels). Here each output is one `slice` or one `select`
 node, so a split runs as one dispatch per piece and each piece gets its own planned
 representation. `repeat` (and `tile`, which torch decomposes to it) becomes one expand and a view.
-Norms: `instance_norm` as a group norm, or elementwise with running statistics; `layer_norm` over
+Norms: `group_norm` (always, lowering's `decompose_first`) as the input less each group's first
+element, row statistics combined per group and one scale and shift per channel; `instance_norm`
+as a group norm, or elementwise with running statistics; `layer_norm` over
 several trailing dims as one over their product; `std_mean` as var_mean and a square root.
 Ops torch keeps whole: `any` (and so `all`, which torch decomposes through it) as a max of truth
 values; `bitwise_not`; `clamp` with tensor bounds; `index` with integer index tensors, as one
@@ -1162,11 +1164,11 @@ def _scaled_shifted(input, scale, shift):
                            aten.reshape.default(shift, lanes))
 
 
-def group_norm_by_channels(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+def group_norm_by_rows(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
     """group_norm as the input less its group pilots, per-row statistics, their combination per
-    group, then one scale and shift per (sample, channel) (_group_scale_shift): a row reduction and
-    three passes over the input, where the group_norm kernel recomputes a group's statistics for each of its rows
-    (and cannot loop over a group past lavapipe's loop limit)."""
+    group, then one scale and shift per (sample, channel) (_group_scale_shift): a row reduction
+    and three passes over the input, where the group_norm kernel recomputes a group's statistics
+    for each of its rows (and cannot loop over a group past lavapipe's loop limit)."""
     import torch
 
     if input.dim() < 2 or input.shape[1] % num_groups or input.dtype not in (torch.float32, torch.float16):
@@ -1176,8 +1178,8 @@ def group_norm_by_channels(input, num_groups, weight=None, bias=None, eps=1e-5, 
     return _scaled_shifted(shifted, scale, shift)
 
 
-def native_group_norm_by_channels(input, weight, bias, N, C, HxW, group, eps):
-    """native_group_norm (out, mean [N, G], rstd [N, G]) as group_norm_by_channels computes it."""
+def native_group_norm_by_rows(input, weight, bias, N, C, HxW, group, eps):
+    """native_group_norm (out, mean [N, G], rstd [N, G]) as group_norm_by_rows computes it."""
     import torch
 
     aten = torch.ops.aten
@@ -2025,8 +2027,8 @@ OWN_DECOMPOSITIONS = {
     "aten.var.correction": var_long,
     "aten.std.correction": std_long,
     "aten.var_mean.correction": var_mean_long,
-    "aten.group_norm.default": group_norm_by_channels,
-    "aten.native_group_norm.default": native_group_norm_by_channels,
+    "aten.group_norm.default": group_norm_by_rows,
+    "aten.native_group_norm.default": native_group_norm_by_rows,
     "aten.linalg_vector_norm.default": vector_norm_long,
     "aten.std_mean.correction": std_mean,
     "aten.rrelu.default": rrelu,
@@ -2115,8 +2117,8 @@ def stft_fits(node) -> bool:
 # Ops that run whole on the device but faster as their decomposition here, on every device, with
 # the reason the plan gives (lowering's `decompose_first`; the whole op stays where a piece cannot).
 DECOMPOSE_FIRST = {
-    target: "statistics per row, then one scale and shift per channel: the group_norm kernel "
-            "recomputes its group's statistics for every row it writes"
+    target: "the input less each group's first element, statistics per row, then one scale and shift "
+            "per channel: the group_norm kernel recomputes its group's statistics for every row it writes"
     for target in ("aten.group_norm.default", "aten.native_group_norm.default")
 }
 
