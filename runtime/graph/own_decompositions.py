@@ -925,12 +925,24 @@ def sum_of_bools(self, dim=None, keepdim=False, dtype=None):
 SPLIT_BLOCK = 4096
 
 
+def _split_block(e: int) -> int:
+    """The block of a split reduction over e elements: the largest divisor of e from SPLIT_BLOCK
+    down to SPLIT_BLOCK / 4, so that the line splits into whole blocks with no padding (a
+    vocabulary of 50,257 = 29 x 1,733; 32,000 = 8 x 4,000), else SPLIT_BLOCK and a padded last
+    block. The pad is a copy of the whole line, as long as the reductions that follow."""
+    for block in range(SPLIT_BLOCK, SPLIT_BLOCK // 4 - 1, -1):
+        if e % block == 0:
+            return block
+    return SPLIT_BLOCK
+
+
 def _split_reduce(kind: str, self, dim, keepdim: bool):
     """sum, mean, amax or amin of `self` over `dim` (None or []: every dim) in two rounds: the
-    reduced dims moved last and merged into one of e elements, padded to whole blocks of
-    SPLIT_BLOCK with the reduction's identity (0, -inf or +inf; NaN still spreads), each block
-    reduced, then the blocks' results (a mean is the sum over e). Only for more than SPLIT_BLOCK
-    elements, else the node keeps its own reason."""
+    reduced dims moved last and merged into one of e elements, cut into whole blocks
+    (_split_block; where none divides e, padded to whole blocks of SPLIT_BLOCK with the
+    reduction's identity, 0, -inf or +inf, NaN still spreading), each block reduced, then the
+    blocks' results (a mean is the sum over e). Only for more than SPLIT_BLOCK elements, else the
+    node keeps its own reason."""
     import torch
 
     aten = torch.ops.aten
@@ -944,14 +956,15 @@ def _split_reduce(kind: str, self, dim, keepdim: bool):
     x = self if kept + dims == list(range(rank)) else aten.permute.default(self, kept + dims)
     lines = math.prod(self.shape[d] for d in kept)
     x = aten.reshape.default(x, [lines, e])
-    blocks = -(-e // SPLIT_BLOCK)
-    if blocks * SPLIT_BLOCK > e:
+    block = _split_block(e)
+    blocks = -(-e // block)
+    if blocks * block > e:
         if self.dtype.is_floating_point:
             fill = {"amax": float("-inf"), "amin": float("inf")}.get(kind, 0.0)
         else:  # (int32 values past +-2^30 would lose to the padding: none of the ids and counts seen)
             fill = {"amax": -(2 ** 30), "amin": 2 ** 30}.get(kind, 0)  # exact as the pad kernel's float
-        x = aten.constant_pad_nd.default(x, [0, blocks * SPLIT_BLOCK - e], fill)
-    x = aten.reshape.default(x, [lines, blocks, SPLIT_BLOCK])
+        x = aten.constant_pad_nd.default(x, [0, blocks * block - e], fill)
+    x = aten.reshape.default(x, [lines, blocks, block])
     if kind in ("sum", "mean"):
         total = aten.sum.dim_IntList(aten.sum.dim_IntList(x, [2]), [1])
         if kind == "mean":

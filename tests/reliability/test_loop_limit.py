@@ -41,6 +41,9 @@ PAST_THE_LIMIT = {
     "global_avg_pool_300": (lambda x: F.adaptive_avg_pool2d(x, 1), (_x(1, 3, 300, 300),)),
     "sum_all": (lambda x: x.sum(), (_x(1000, 300),)),
     "amax_row": (lambda x: x.amax(-1, keepdim=True), (_x(2, 100000),)),
+    # lines no block of 1,024-4,096 divides: the last block padded with the reduction's identity
+    "mean_row_padded": (lambda x: x.mean(-1), (_x(2, 70001),)),
+    "amax_row_padded": (lambda x: x.amax(-1), (_x(3, 65537) - 10.0,)),
     "amin_interleaved": (lambda x: x.amin((0, 2)), (_x(100, 3, 400),)),
     "var_row": (lambda x: x.var(-1), (_x(2, 70000),)),
     "std_mean": (lambda x: torch.std_mean(x, (1, 2)), (_x(2, 300, 300),)),
