@@ -542,15 +542,13 @@ def _contiguous_runs(facts: SpecFacts, p: dict) -> int:
     when both are width-packed buffers of one element per word (held in torch's contiguous order
     at any rank) and the input keeps at most two runs of `of`'s dims (contiguous_runs: its word
     for `of`'s word w is (w / i1) % p1 + ((w / i2) % p2) p1), else 0 (the general index math)."""
-    from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
+    from texelflow.generated.layouts import STORAGE_INFO
 
     a, b = p["contiguous_runs"], p["of"]
     for name in (a, b):
         r = facts.repr(name)
         if STORAGE_INFO[r.storage].is_image or buffer_dim_order(r.layout) != (0, 1, 2, 3):
-            return 0
-        if LAYOUT_INFO[r.layout].packed_dim != 0:
-            return 0
+            return 0  # (0, 1, 2, 3): width-packed, W fastest, then H, C, N
     runs = contiguous_runs(facts.shape(a), facts.shape(b))
     return 0 if runs is None else 1 + int(runs[3] > 1)
 

@@ -1116,6 +1116,15 @@ def layer_norm_long(input, normalized_shape, weight=None, bias=None, eps=1e-5, c
     return y if bias is None else aten.add.Tensor(y, bias)
 
 
+def _groups_fit(input, num_groups: int) -> None:
+    """Refuse (the node keeps the group_norm kernel) fewer than 2 dims, channels that do not split
+    into whole groups, or a dtype the pieces do not take."""
+    import torch
+
+    if input.dim() < 2 or input.shape[1] % num_groups or input.dtype not in (torch.float32, torch.float16):
+        raise NotApplicable("a group_norm of fewer than 2 dims, uneven groups or an integer input")
+
+
 def _group_pilots(input, num_groups: int):
     """Each group's first element (sample n, the group's first channel, spatial index 0) at every
     channel of the group: [N, C, 1, ...], input's rank. Subtracting it leaves a group's statistics
@@ -1184,8 +1193,7 @@ def group_norm_by_rows(input, num_groups, weight=None, bias=None, eps=1e-5, cudn
     for each of its rows (and cannot loop over a group past lavapipe's loop limit)."""
     import torch
 
-    if input.dim() < 2 or input.shape[1] % num_groups or input.dtype not in (torch.float32, torch.float16):
-        raise NotApplicable("a group_norm of fewer than 2 dims, uneven groups or an integer input")
+    _groups_fit(input, num_groups)
     shifted = torch.ops.aten.sub.Tensor(input, _group_pilots(input, num_groups))
     scale, shift, _, _ = _group_scale_shift(shifted, num_groups, weight, bias, eps)
     return _scaled_shifted(shifted, scale, shift)
@@ -1196,8 +1204,7 @@ def native_group_norm_by_rows(input, weight, bias, N, C, HxW, group, eps):
     import torch
 
     aten = torch.ops.aten
-    if input.dim() < 2 or input.shape[1] % group or input.dtype not in (torch.float32, torch.float16):
-        raise NotApplicable("a group_norm of fewer than 2 dims, uneven groups or an integer input")
+    _groups_fit(input, group)
     pilots = _group_pilots(input, group)
     shifted = aten.sub.Tensor(input, pilots)
     scale, shift, mean, rstd = _group_scale_shift(shifted, group, weight, bias, eps)
