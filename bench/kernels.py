@@ -250,6 +250,21 @@ def _elementwise_cases(quick: bool) -> list[Case]:
     add("mul channel scale", torch.mul, (chan, (1, chan[1], 1, 1)), chan)
     add("mul keepdim statistic", torch.mul, ((1, 256, 512), (1, 256, 1)), (1, 256, 512))
     add("add position table", torch.add, ((8, 197, 384), (197, 384)), (8, 197, 384))
+    # reductions along a line (compensated sums, math.glslh tf_sum_add): RMSNorm's statistic, a
+    # global pool, a transformer's layer norm and attention softmax; the planner's representation
+    # and buffers, as the model would run them
+    for name, fn, shape, out_shape in (
+            ("mean rows (RMSNorm statistic)", lambda x: x.mean(-1, keepdim=True), (256, 2048), (256, 1)),
+            ("mean map (global pool)", lambda x: x.mean((2, 3)), (1, 256, 28, 28), (1, 256)),
+            ("layer_norm rows", lambda x: torch.nn.functional.layer_norm(x, (x.shape[-1],)), (197, 384), (197, 384)),
+            ("softmax rows (ViT-S scores)", lambda x: torch.softmax(x, -1), (6, 197, 197), (6, 197, 197))):
+        if quick:
+            shape, out_shape = (min(shape[0], 64), *shape[1:]), (min(out_shape[0], 64), *out_shape[1:])
+        for buffers_only in (False, True):
+            def build(device, fn=fn, shape=shape, buffers_only=buffers_only):
+                return CompiledRunner(device, _module(fn), (torch.randn(shape, generator=g),), buffers_only, (1e-5, 1e-5))
+            cases.append(Case(f"{name}{' (buffers forced)' if buffers_only else ''}", "x".join(map(str, shape)), build,
+                              _nbytes(shape, out_shape)))
     for shape in (big, odd):
         add("relu", torch.relu, (shape,), shape, (0, 0))
         add("exp", torch.exp, (shape,), shape)

@@ -1382,6 +1382,9 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'dim': 0, 'self': ()},
         {'dim': 2, 'self': (2, 1, 3, 2, 5)},
         {'dim': -1, 'self': (2, 1, 3, 2, 5)},
+        {'dim': -1, 'self': (3, 5, 8)},
+        {'dim': 1, 'self': (2, 8, 3, 5)},
+        {'dim': 2, 'self': (1, 3, 4, 2)},
     ),
     'logcumsumexp': (
         {'dim': -1, 'self': (2, 3, 5, 7)},
@@ -2156,6 +2159,9 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'dim': 0, 'self': ()},
         {'dim': 2, 'self': (2, 1, 3, 2, 5)},
         {'dim': -1, 'self': (2, 1, 3, 2, 5)},
+        {'dim': -1, 'self': (3, 5, 8)},
+        {'dim': 1, 'self': (2, 8, 3, 5)},
+        {'dim': 2, 'self': (1, 3, 4, 2)},
     ),
     'softplus': (
         {'self': (2, 5, 3, 7)},

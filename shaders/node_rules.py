@@ -257,7 +257,7 @@ def _reduction_at_most(node: NodeFacts, p: dict) -> str | None:
 # a plan does not depend on the device. The trip counts below are upper bounds of each template's
 # loops per invocation, measured on lavapipe at the sizes where it breaks (tests/reliability/
 # test_loop_limit.py): reduce 8 per reduced element (4 lanes of a texel, 2 passes), softmax 5
-# along W (2 W rows per element of another dim), scan 1, layer_norm 1, group_norm 8 per element
+# per element of the lines it takes (one line along W; about W / n lines along a dim of n), scan 1, layer_norm 1, group_norm 8 per element
 # of a group, pools 2 (adaptive 8: 4 lanes a texel), matmul 2 per K, transposed convs 2 per tap
 # and input channel of a group, convs 2 per tap and input channel of a group (1 per 2 where
 # groups = 1: a texel of 4 channels a step).
@@ -296,7 +296,8 @@ def _trips(node: NodeFacts, kind: str, tensor: str) -> int:
         n, w = shape[d], shape[-1]
         if kind == "scan":
             return n + 16
-        return 5 * n + 16 if d == len(shape) - 1 else (2 * n + 3) * w + 16
+        # softmax: an invocation per W-row, taking the lines along d in turn: about w / n lines of n
+        return 5 * n + 16 if d == len(shape) - 1 else -(-w // n) * (5 * n + 3) + 16
     if kind == "layer_norm":
         return math.prod(node.value("normalized_shape")) + 64
     if kind == "group_norm":
@@ -613,6 +614,22 @@ def _ragged(facts: SpecFacts, p: dict) -> int:
 
     name = p["ragged"]
     return int(_whcn_of(facts, name)[LAYOUT_INFO[facts.repr(name).layout].packed_dim] % 4 != 0)
+
+
+@_spec_rule("packed_lines", 0, required=("dim",), tensor_params=("packed_lines",))
+def _packed_lines(facts: SpecFacts, p: dict) -> int:
+    """1 when the node works along lines of its argument `dim` (a torch dim) that is the tensor's
+    packed dim (in its planned layout) and a multiple of 4 long: in a one-element-per-word buffer
+    every line is then whole vec4 words, read and written four at a time (softmax.glsl.j2)."""
+    from texelflow.generated.layouts import LAYOUT_INFO
+
+    name = p["packed_lines"]
+    shape = tuple(facts.shape(name))
+    if not shape:
+        return 0
+    d = facts.value(p["dim"]) % len(shape)
+    whcn = len(shape) - 1 - d
+    return int(whcn == LAYOUT_INFO[facts.repr(name).layout].packed_dim and shape[d] % 4 == 0)
 
 
 INT8_WORDS_GENERAL, INT8_WORDS_LOOKUP, INT8_WORDS_SAME = 0, 1, 2

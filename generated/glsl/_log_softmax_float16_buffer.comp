@@ -18,7 +18,7 @@ layout(constant_id = 3) const int out_layout = 0;
 #line 13
 layout(constant_id = 4) const int self_layout = 0;
 #line 13
-layout(constant_id = 6) const int texel_reads = 0;
+layout(constant_id = 7) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -61,6 +61,11 @@ vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
 
 // ---- element access for 'self' (buffer) ----
 
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 89
+layout(constant_id = 6) const int packed_lines = 0;  // packed_lines
+
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
@@ -73,42 +78,68 @@ T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w &
 VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
 
-#line 31 "shaders/softmax.glsl.j2"
+#line 33 "shaders/softmax.glsl.j2"
 #define TF_SOFTMAX(x, m, s) ((x) - (m) - log(s))
 
-#line 34
+#line 36
 float neg_inf() { return uintBitsToFloat(0xff800000u); }
 
-// (max, sum of exp(x - max)) of self along lane d, from index r (r[d] = 0).
-#line 38
-vec2 line_stats(ivec4 r, int d) {
-  int n = pc.self_sizes[d];
-  float m = neg_inf();
-  for (int j = 0; j < n; ++j) {
-    r[d] = j;
-    m = tf_max(m, load_self(r));
-  }
-  float s = 0.0;
-  for (int j = 0; j < n; ++j) {
-    r[d] = j;
-    s += exp(load_self(r) - m);
-  }
-  return vec2(m, s);
+// The line number l's first index (index 0 along d) among the lines along d of a tensor whose
+// (texel) sizes are `sizes`, in WHCN order with d left out.
+ivec4 line_first(int l, ivec4 sizes, int d) {
+  ivec4 ls = sizes;
+  ls[d] = 1;
+  return tf_linear_to_whcn(l, ls);
 }
 
-void store_out(ivec4 idx, float v) { t_out[tf_buffer_word_lane(idx, pc.out_sizes, out_layout).x] = tf_to_float16(v); }
+// How many lines along d a tensor of (texel) sizes `sizes` has.
+int line_count(ivec4 sizes, int d) { return sizes.x * sizes.y * sizes.z * sizes.w / max(sizes[d], 1); }
+
+float lanes_max(vec4 v) { return tf_max(tf_max(v.x, v.y), tf_max(v.z, v.w)); }
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
+
+// Shape class packed_lines: the line through `first` is whole vec4 words along the packed dim.
+#line 54 "shaders/softmax.glsl.j2"
+void vec4_line(ivec4 first, int n4) {
+  int a = tf_buffer_word_lane(first, pc.self_sizes, self_layout).x / 4;
+  int o = tf_buffer_word_lane(first, pc.out_sizes, out_layout).x / 4;
+  vec4 m4 = vec4(neg_inf());
+  for (int j = 0; j < n4; ++j) { m4 = tf_max(m4, vec4(read4_self(a + j))); }
+  float m = lanes_max(m4);
+  vec4 s4 = vec4(0.0), lost = vec4(0.0);
+  for (int j = 0; j < n4; ++j) { tf_sum_add(s4, lost, exp(vec4(read4_self(a + j)) - m)); }
+  s4 = tf_sum_total(s4, lost);
+  float s = (s4.x + s4.y) + (s4.z + s4.w);
+  for (int j = 0; j < n4; ++j) { t4_out[o + j] = tf_to_float16(TF_SOFTMAX(vec4(read4_self(a + j)), m, s)); }
+}
 
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   ivec4 sz = pc.out_sizes;
-  ivec4 row = ivec4(0, u % sz.y, (u / sz.y) % sz.z, u / (sz.y * sz.z));
   int d = pc.softmax_dim;
-  vec2 st = d == 0 ? line_stats(row, 0) : vec2(0.0);
-  for (int w = 0; w < sz.x; ++w) {
-    ivec4 e = row;
-    e.x = w;
-    if (d != 0) { st = line_stats(e, d); }
-    store_out(e, TF_SOFTMAX(load_self(e), st.x, st.y));
+  int n = sz[d];
+  if (packed_lines == 1) {
+    for (int l = u; l < line_count(sz, d); l += pc.units) { vec4_line(line_first(l, sz, d), n / 4); }
+    return;
+  }
+  int in_step = tf_buffer_stride(d, pc.self_sizes, self_layout);
+  int out_step = tf_buffer_stride(d, sz, out_layout);
+  int lines = line_count(sz, d);
+  for (int l = u; l < lines; l += pc.units) {
+    ivec4 first = line_first(l, sz, d);
+    int a = tf_buffer_word_lane(first, pc.self_sizes, self_layout).x;
+    int o = tf_buffer_word_lane(first, sz, out_layout).x;
+    float m = neg_inf();
+    for (int j = 0; j < n; ++j) { m = tf_max(m, float(read_self(a + j * in_step))); }
+    float s = 0.0, lost = 0.0;
+    for (int j = 0; j < n; ++j) { tf_sum_add(s, lost, exp(float(read_self(a + j * in_step)) - m)); }
+    s = tf_sum_total(s, lost);
+    for (int j = 0; j < n; ++j) {
+      t_out[o + j * out_step] = tf_to_float16(TF_SOFTMAX(float(read_self(a + j * in_step)), m, s));
+    }
   }
 }

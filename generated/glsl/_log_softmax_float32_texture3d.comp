@@ -61,73 +61,77 @@ T load_self(ivec4 idx) {
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
 
-#line 31 "shaders/softmax.glsl.j2"
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 89
+layout(constant_id = 6) const int packed_lines = 0;  // packed_lines
+
+#line 33 "shaders/softmax.glsl.j2"
 #define TF_SOFTMAX(x, m, s) ((x) - (m) - log(s))
 
-#line 34
+#line 36
 float neg_inf() { return uintBitsToFloat(0xff800000u); }
 
-// The self texel whose lane 0 is at `e`; with `one_line`, lanes past the end of the packed dim
-// are -inf, so that they add nothing to a max or to a sum of exp.
-#line 73
-vec4 texel(ivec4 e, bool one_line) {
-  vec4 v = load_texel_self(tf_texel_pos_lane(e, pc.self_sizes, self_layout).xyz);
-  if (one_line) {
-    int pd = tf_packed_dim(self_layout);
-    v = mix(v, vec4(neg_inf()), greaterThanEqual(ivec4(e[pd]) + ivec4(0, 1, 2, 3), ivec4(pc.self_sizes[pd])));
-  }
-  return v;
+// The line number l's first index (index 0 along d) among the lines along d of a tensor whose
+// (texel) sizes are `sizes`, in WHCN order with d left out.
+ivec4 line_first(int l, ivec4 sizes, int d) {
+  ivec4 ls = sizes;
+  ls[d] = 1;
+  return tf_linear_to_whcn(l, ls);
 }
+
+// How many lines along d a tensor of (texel) sizes `sizes` has.
+int line_count(ivec4 sizes, int d) { return sizes.x * sizes.y * sizes.z * sizes.w / max(sizes[d], 1); }
 
 float lanes_max(vec4 v) { return tf_max(tf_max(v.x, v.y), tf_max(v.z, v.w)); }
 
-// Max and sum of exp(x - max) of self along lane d from the texel whose lane 0 is at r (r[d] = 0),
-// lane by lane; when d is the packed lane every lane is one line, and both come out broadcast.
-void line_stats(ivec4 r, int d, out vec4 m, out vec4 s) {
-  bool one_line = d == tf_packed_dim(self_layout);
-  int step = one_line ? 4 : 1;
-  int n = one_line ? tf_div_up(pc.self_sizes[d], 4) : pc.self_sizes[d];
-  m = vec4(neg_inf());
-  for (int j = 0; j < n; ++j) {
-    r[d] = j * step;
-    m = tf_max(m, texel(r, one_line));
-  }
-  if (one_line) { m = vec4(lanes_max(m)); }
-  s = vec4(0.0);
-  for (int j = 0; j < n; ++j) {
-    r[d] = j * step;
-    s += exp(texel(r, one_line) - m);
-  }
-  if (one_line) { s = vec4(s.x + s.y + s.z + s.w); }
-}
-
-void store_softmax(ivec4 e, vec4 m, vec4 s) {
-  ivec3 pos = tf_texel_pos_lane(e, pc.out_sizes, out_layout).xyz;
-  vec4 r = TF_SOFTMAX(texel(e, false), m, s);
-  store_texel_out(pos, mix(r, vec4(0.0), tf_padding_lanes(pos, pc.out_sizes, out_layout)));
+// Texel positions are affine along each dim: the step between texels t and t + 1 of a line along
+// d (one texel, or four elements along the packed dim).
+#line 98
+ivec3 texel_step(int d, ivec4 sizes, int lid) {
+  if (d == 0) { return ivec3(1, 0, 0); }
+  if (d == 1) { return ivec3(0, 1, 0); }
+  if (d == 2) { return ivec3(0, 0, 1); }
+  return ivec3(0, 0, tf_packed_dim(lid) == 2 ? tf_div_up(sizes.z, 4) : sizes.z);
 }
 
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   ivec4 sz = pc.out_sizes;
-  ivec4 row = ivec4(0, u % sz.y, (u / sz.y) % sz.z, u / (sz.y * sz.z));
-  int pd = tf_packed_dim(out_layout);
-  if (pd != 0 && row[pd] % 4 != 0) { return; }  // the texel's first row does it
   int d = pc.softmax_dim;
-  int step = pd == 0 ? 4 : 1;
-  int n = pd == 0 ? tf_div_up(sz.x, 4) : sz.x;
-  vec4 m;
-  vec4 s;
-  if (d == 0) { line_stats(row, 0, m, s); }
-  for (int x = 0; x < n; ++x) {
-    ivec4 e = row;
-    e.x = x * step;
-    if (d != 0) {
-      ivec4 r = e;
-      r[d] = 0;
-      line_stats(r, d, m, s);
+  int pd = tf_packed_dim(out_layout);
+  bool one_line = d == pd;  // a texel's lanes are one line; else four lines side by side
+  ivec4 ts = sz;
+  ts[pd] = tf_div_up(sz[pd], 4);
+  int n = ts[d];
+  ivec3 dp = texel_step(d, sz, out_layout);
+  // lanes past the end of the packed dim: in the last texel of a line along it (-inf for the
+  // max and the sum), else whole padding lines (computed on, written as 0)
+  bvec4 last_pad = greaterThanEqual(ivec4(4 * (ts[pd] - 1)) + ivec4(0, 1, 2, 3), ivec4(sz[pd]));
+  int lines = line_count(ts, d);
+  for (int l = u; l < lines; l += pc.units) {
+    ivec4 first = line_first(l, ts, d);
+    bvec4 line_pad = !one_line && first[pd] == ts[pd] - 1 ? last_pad : bvec4(false);
+    first[pd] *= 4;
+    ivec3 p = tf_texel_pos_lane(first, sz, out_layout).xyz;  // self's too: one layout, one shape
+    vec4 m = vec4(neg_inf());
+    for (int t = 0; t < n; ++t) {
+      vec4 v = vec4(load_texel_self(p + t * dp));
+      m = tf_max(m, one_line && t == n - 1 ? mix(v, vec4(neg_inf()), last_pad) : v);
     }
-    store_softmax(e, m, s);
+    if (one_line) { m = vec4(lanes_max(m)); }
+    vec4 s = vec4(0.0), lost = vec4(0.0);
+    for (int t = 0; t < n; ++t) {
+      vec4 v = vec4(load_texel_self(p + t * dp));
+      tf_sum_add(s, lost, exp((one_line && t == n - 1 ? mix(v, vec4(neg_inf()), last_pad) : v) - m));
+    }
+    s = tf_sum_total(s, lost);
+    if (one_line) { s = vec4((s.x + s.y) + (s.z + s.w)); }
+    for (int t = 0; t < n; ++t) {
+      bvec4 pad = one_line ? (t == n - 1 ? last_pad : bvec4(false)) : line_pad;
+      vec4 r = TF_SOFTMAX(vec4(load_texel_self(p + t * dp)), m, s);
+      store_texel_out(p + t * dp, mix(r, vec4(0.0), pad));
+    }
   }
 }

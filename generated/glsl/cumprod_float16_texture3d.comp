@@ -68,37 +68,45 @@ T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
-#line 27 "shaders/scan.glsl.j2"
-#define COMBINE(a, b) ((a) * (b))
+// STEP(s, lost, x) takes x into the running value s; RESULT(s, lost) is the value to store. A sum
+// is compensated (math.glslh tf_sum_add: `lost` holds what its additions rounded away), so a long
+// line stays within about one rounding of torch's float64 accumulation.
+#line 31 "shaders/scan.glsl.j2"
+#define STEP(s, lost, x) s *= (x)
+#define RESULT(s, lost) (s)
 #define START 1
 
-#line 31
+#line 40
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   int d = pc.scan_dim;
   int n = pc.out_sizes[d];
-#line 46
+#line 55
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 e = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   if (e[d] != 0) { return; }
   bool along_lanes = d == tf_packed_dim(out_layout);
   int step = along_lanes ? 4 : 1;
-  VEC4 s = VEC4(START);
+  VEC4 s = VEC4(START), lost = VEC4(0);
   for (int j = 0; j < n; j += step) {
     e[d] = j;
     ivec3 p = tf_texel_pos_lane(e, pc.out_sizes, out_layout).xyz;
     VEC4 v = VEC4(load_texel_self(p));
-    if (along_lanes) {  // s holds the line's total so far in every lane
-      v.x = COMBINE(v.x, s.w);
-      v.y = COMBINE(v.y, v.x);
-      v.z = COMBINE(v.z, v.y);
-      v.w = COMBINE(v.w, v.z);
-      s = v;
+    VEC4 r;
+    if (along_lanes) {  // (s.w, lost.w) carry the line so far from the texel before
+      T cs = s.w, cl = lost.w;
+      for (int k = 0; k < 4; ++k) {
+        STEP(cs, cl, v[k]);
+        s[k] = cs;
+        lost[k] = cl;
+        r[k] = RESULT(cs, cl);
+      }
     } else {
-      s = COMBINE(s, v);
+      STEP(s, lost, v);
+      r = RESULT(s, lost);
     }
-    store_texel_out(p, mix(s, VEC4(0), tf_padding_lanes(p, pc.out_sizes, out_layout)));
+    store_texel_out(p, mix(r, VEC4(0), tf_padding_lanes(p, pc.out_sizes, out_layout)));
   }
-#line 68
+#line 81
 }

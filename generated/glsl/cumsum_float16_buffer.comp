@@ -60,24 +60,28 @@ vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
 // ---- element access for 'self' (buffer) ----
 #line 53
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
-#line 27 "shaders/scan.glsl.j2"
-#define COMBINE(a, b) ((a) + (b))
+// STEP(s, lost, x) takes x into the running value s; RESULT(s, lost) is the value to store. A sum
+// is compensated (math.glslh tf_sum_add: `lost` holds what its additions rounded away), so a long
+// line stays within about one rounding of torch's float64 accumulation.
+#line 35 "shaders/scan.glsl.j2"
+#define STEP(s, lost, x) tf_sum_add(s, lost, x)
+#define RESULT(s, lost) tf_sum_total(s, lost)
 #define START 0
 
-#line 31
+#line 40
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   int d = pc.scan_dim;
   int n = pc.out_sizes[d];
-#line 37
+#line 46
   ivec4 e = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   if (e[d] != 0) { return; }
-  T s = T(START);
+  T s = T(START), lost = T(0);
   for (int j = 0; j < n; ++j) {
     e[d] = j;
-    s = COMBINE(s, T(load_self(e)));
-    t_out[tf_buffer_word_lane(e, pc.out_sizes, out_layout).x] = tf_to_float16(s);
+    STEP(s, lost, T(load_self(e)));
+    t_out[tf_buffer_word_lane(e, pc.out_sizes, out_layout).x] = tf_to_float16(RESULT(s, lost));
   }
-#line 68
+#line 81
 }

@@ -76,7 +76,7 @@ VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) 
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 35 "shaders/reduce.glsl.j2"
+#line 37 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -87,18 +87,18 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 65
+#line 67
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // torch's linalg.vector_norm: 2 (sqrt of the sum of squares), inf / -inf (max / min of |x|),
   // 0 (the count of nonzeros, NaN included), else (sum |x|^ord)^(1 / ord).
-#line 108
+#line 114
   if (isinf(pc.ord)) {
     R acc = abs(load_self(b));
     if (pc.ord > 0.0) {
-#line 49
+#line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -109,9 +109,9 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 112
+#line 118
     } else {
-#line 49
+#line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -122,43 +122,43 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 114
+#line 120
     }
     return acc;
   }
-  R acc = R(0);
+  R acc = R(0), lost = R(0);
   if (pc.ord == 2.0) {
-#line 49
+#line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
         for (int w = 0; w < e.x; ++w) {
           R X = load_self(b + ivec4(w, h, c, n));
-          acc += X * X;
+          tf_sum_add(acc, lost, X * X);
         }
       }
     }
   }
-#line 120
-    return tf_sqrt(acc);
+#line 126
+    return tf_sqrt(tf_sum_total(acc, lost));
   }
   if (pc.ord == 1.0) {
-#line 49
+#line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
         for (int w = 0; w < e.x; ++w) {
           R X = load_self(b + ivec4(w, h, c, n));
-          acc += abs(X);
+          tf_sum_add(acc, lost, abs(X));
         }
       }
     }
   }
-#line 124
-    return acc;
+#line 130
+    return tf_sum_total(acc, lost);
   }
   if (pc.ord == 0.0) {
-#line 49
+#line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -169,32 +169,32 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 128
+#line 134
     return acc;
   }
-#line 49
+#line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
         for (int w = 0; w < e.x; ++w) {
           R X = load_self(b + ivec4(w, h, c, n));
-          acc += tf_pow(abs(X), R(pc.ord));
+          tf_sum_add(acc, lost, tf_pow(abs(X), R(pc.ord)));
         }
       }
     }
   }
-#line 131
-  return tf_pow(acc, R(1.0 / pc.ord));
-#line 142
+#line 137
+  return tf_pow(tf_sum_total(acc, lost), R(1.0 / pc.ord));
+#line 148
 }
 #undef R
 
-#line 164
+#line 170
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 168
+#line 174
   ivec4 o = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   t_out[u] = tf_to_float16(compute_out(o));
-#line 204
+#line 210
 }

@@ -68,7 +68,7 @@ VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) 
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 35 "shaders/reduce.glsl.j2"
+#line 37 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -79,16 +79,16 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 65
+#line 67
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // torch's stable form: m + log(sum exp(x - m)) with m the max, taken as 0 when it is +-inf
   // (all -inf gives log(0) = -inf, a +inf gives +inf); NaN spreads through m.
-#line 135
+#line 141
   R m = load_self(b);
-#line 49
+#line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -99,32 +99,32 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 137
+#line 143
   m = tf_finite_or_zero(m);
-  R acc = R(0);
-#line 49
+  R acc = R(0), lost = R(0);
+#line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
         for (int w = 0; w < e.x; ++w) {
           R X = load_self(b + ivec4(w, h, c, n));
-          acc += exp(X - m);
+          tf_sum_add(acc, lost, exp(X - m));
         }
       }
     }
   }
-#line 140
-  return tf_log(acc) + m;
-#line 142
+#line 146
+  return tf_log(tf_sum_total(acc, lost)) + m;
+#line 148
 }
 #undef R
 
-#line 164
+#line 170
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 168
+#line 174
   ivec4 o = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   t_out[u] = tf_bf16_out(compute_out(o));
-#line 204
+#line 210
 }

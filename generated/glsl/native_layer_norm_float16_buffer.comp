@@ -131,7 +131,7 @@ VEC4 read4_bias(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_bias, k)) 
 T load_bias(ivec4 idx) { return read_bias(tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x); }
 
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
-#line 42 "shaders/layer_norm.glsl.j2"
+#line 43 "shaders/layer_norm.glsl.j2"
 float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : float(read_weight(w)); }
 float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : float(read_bias(w)); }
 
@@ -147,17 +147,24 @@ vec4 bias4(int w) {
   return vec4(bias_at(i.x), bias_at(i.y), bias_at(i.z), bias_at(i.w));
 }
 
-float lanes_sum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
+// The total of four lanes' compensated sums (s, lost), itself compensated.
+float lanes_total(vec4 s, vec4 lost) {
+  float t = s.x, l = lost.x;
+  tf_sum_add(t, l, s.y);
+  tf_sum_add(t, l, s.z);
+  tf_sum_add(t, l, s.w);
+  return tf_sum_total(t, l + (lost.y + lost.z + lost.w));
+}
 
 // torch's row moments (Welford updates) make the mean of a row holding an infinity NaN (an inf
 // at a few positions, the last of a full vector of 8 on AVX2, stays inf there: not copied).
-#line 62
+#line 70
 float moments_mean(float mean) { return isinf(mean) ? uintBitsToFloat(0x7fc00000u) : mean; }
 vec4 moments_mean(vec4 mean) { return mix(mean, vec4(uintBitsToFloat(0x7fc00000u)), isinf(mean)); }
 
 // The words of the row through `row` (row.x = 0) in a buffer of `sizes` and layout `lid`:
 // (first word, stride between consecutive w).
-#line 69
+#line 77
 ivec2 row_words(ivec4 row, ivec4 sizes, int lid) {
   int first = tf_buffer_word_lane(row, sizes, lid).x;
   int stride = sizes.x > 1 ? tf_buffer_word_lane(row + ivec4(1, 0, 0, 0), sizes, lid).x - first : 0;
@@ -174,13 +181,13 @@ layout(set = 0, binding = 1, std430) writeonly buffer mean_buf4 { f16vec4 t4_mea
 layout(set = 0, binding = 2, std430) writeonly buffer rstd_buf4 { f16vec4 t4_rstd[]; };
 
 // Input elements w .. w + 3 of the row at `rw` (all four inside the row).
-#line 78 "shaders/layer_norm.glsl.j2"
+#line 86 "shaders/layer_norm.glsl.j2"
 vec4 input4(ivec2 rw, int w) {
   int i = rw.x + w * rw.y;
   return vec4(read_input(i), read_input(i + rw.y), read_input(i + 2 * rw.y), read_input(i + 3 * rw.y));
 }
 // native_layer_norm's row statistics, at the row's unit of mean and rstd.
-#line 84
+#line 92
 void moments(ivec4 row, float mean, float rstd) {
   t_mean[tf_buffer_word_lane(row, pc.mean_sizes, mean_layout).x] = tf_to_float16(moments_mean(mean));
   t_rstd[tf_buffer_word_lane(row, pc.rstd_sizes, rstd_layout).x] = tf_to_float16(rstd);
@@ -188,27 +195,27 @@ void moments(ivec4 row, float mean, float rstd) {
 
 // Width-packed rows of whole vec4 words: the row `row` whose first words are `first_in`,
 // `first_out` (multiples of 4), `n4` vec4 words long.
-#line 92
+#line 100
 void vec4_row(ivec4 row, int first_in, int first_out, int n4, float width) {
   int a = first_in / 4, o = first_out / 4;
-  vec4 s = vec4(0.0);
-  for (int j = 0; j < n4; ++j) { s += vec4(read4_input(a + j)); }
-  float mean = lanes_sum(s) / width;
-  vec4 q = vec4(0.0);
+  vec4 s = vec4(0.0), sl = vec4(0.0);
+  for (int j = 0; j < n4; ++j) { tf_sum_add(s, sl, vec4(read4_input(a + j))); }
+  float mean = lanes_total(s, sl) / width;
+  vec4 q = vec4(0.0), ql = vec4(0.0);
   for (int j = 0; j < n4; ++j) {
     vec4 d = vec4(read4_input(a + j)) - mean;
-    q += d * d;
+    tf_sum_add(q, ql, d * d);
   }
-  float rstd = inversesqrt(lanes_sum(q) / width + pc.eps);
+  float rstd = inversesqrt(lanes_total(q, ql) / width + pc.eps);
   for (int j = 0; j < n4; ++j) {
     vec4 y = (vec4(read4_input(a + j)) - mean) * rstd;
     y = pc.has_weight != 0 ? y * vec4(read4_weight(j)) : y;
     y = pc.has_bias != 0 ? y + vec4(read4_bias(j)) : y;
     t4_out[o + j] = tf_to_float16(y);
   }
-#line 110
+#line 118
   moments(row, mean, rstd);
-#line 112
+#line 120
 }
 
 void main() {
@@ -225,23 +232,21 @@ void main() {
     return;
   }
 
-  vec4 s4 = vec4(0.0);
-  float s = 0.0;
-  for (int w = 0; w < whole; w += 4) { s4 += input4(rin, w); }
-  for (int w = whole; w < width; ++w) { s += read_input(rin.x + w * rin.y); }
-  float mean = (lanes_sum(s4) + s) / float(width);
+  vec4 s4 = vec4(0.0), sl = vec4(0.0);
+  for (int w = 0; w < whole; w += 4) { tf_sum_add(s4, sl, input4(rin, w)); }
+  for (int w = whole; w < width; ++w) { tf_sum_add(s4.x, sl.x, read_input(rin.x + w * rin.y)); }
+  float mean = lanes_total(s4, sl) / float(width);
 
-  vec4 q4 = vec4(0.0);
-  float q = 0.0;
+  vec4 q4 = vec4(0.0), ql = vec4(0.0);
   for (int w = 0; w < whole; w += 4) {
     vec4 d = input4(rin, w) - mean;
-    q4 += d * d;
+    tf_sum_add(q4, ql, d * d);
   }
   for (int w = whole; w < width; ++w) {
     float d = read_input(rin.x + w * rin.y) - mean;
-    q += d * d;
+    tf_sum_add(q4.x, ql.x, d * d);
   }
-  float rstd = inversesqrt((lanes_sum(q4) + q) / float(width) + pc.eps);
+  float rstd = inversesqrt(lanes_total(q4, ql) / float(width) + pc.eps);
 
   for (int w = 0; w < whole; w += 4) {
     vec4 y = (input4(rin, w) - mean) * rstd * weight4(w) + bias4(w);
@@ -255,7 +260,7 @@ void main() {
     float y = (read_input(rin.x + w * rin.y) - mean) * rstd * weight_at(w) + bias_at(w);
     t_out[rout.x + w * rout.y] = tf_to_float16(y);
   }
-#line 159
+#line 165
   moments(row, mean, rstd);
-#line 161
+#line 167
 }

@@ -141,7 +141,7 @@ VEC4 read4_bias(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_bias, k)) 
 T load_bias(ivec4 idx) { return read_bias(tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x); }
 
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
-#line 42 "shaders/layer_norm.glsl.j2"
+#line 43 "shaders/layer_norm.glsl.j2"
 float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : float(read_weight(w)); }
 float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : float(read_bias(w)); }
 
@@ -157,16 +157,23 @@ vec4 bias4(int w) {
   return vec4(bias_at(i.x), bias_at(i.y), bias_at(i.z), bias_at(i.w));
 }
 
-float lanes_sum(vec4 v) { return (v.x + v.y) + (v.z + v.w); }
+// The total of four lanes' compensated sums (s, lost), itself compensated.
+float lanes_total(vec4 s, vec4 lost) {
+  float t = s.x, l = lost.x;
+  tf_sum_add(t, l, s.y);
+  tf_sum_add(t, l, s.z);
+  tf_sum_add(t, l, s.w);
+  return tf_sum_total(t, l + (lost.y + lost.z + lost.w));
+}
 
 // torch's row moments (Welford updates) make the mean of a row holding an infinity NaN (an inf
 // at a few positions, the last of a full vector of 8 on AVX2, stays inf there: not copied).
-#line 62
+#line 70
 float moments_mean(float mean) { return isinf(mean) ? uintBitsToFloat(0x7fc00000u) : mean; }
 vec4 moments_mean(vec4 mean) { return mix(mean, vec4(uintBitsToFloat(0x7fc00000u)), isinf(mean)); }
 
 // Width-packed: texel t of the row that starts at texel `pos`, lanes past W zeroed.
-#line 165
+#line 171
 vec4 row_texel(ivec3 pos, int t, bvec4 pad) {
   return mix(load_texel_input(pos + ivec3(t, 0, 0)), vec4(0.0), pad);
 }
@@ -182,27 +189,27 @@ void width_packed_row(ivec4 row) {
   ivec3 pin = tf_texel_pos_lane(row, pc.input_sizes, input_layout).xyz;
   ivec3 pout = tf_texel_pos_lane(row, sz, out_layout).xyz;
 
-  vec4 s = vec4(0.0);
-  for (int t = 0; t < texels; ++t) { s += row_texel(pin, t, pad_of(t, texels, last_pad)); }
-  float mean = lanes_sum(s) / float(width);
+  vec4 s = vec4(0.0), sl = vec4(0.0);
+  for (int t = 0; t < texels; ++t) { tf_sum_add(s, sl, row_texel(pin, t, pad_of(t, texels, last_pad))); }
+  float mean = lanes_total(s, sl) / float(width);
 
-  vec4 q = vec4(0.0);
+  vec4 q = vec4(0.0), ql = vec4(0.0);
   for (int t = 0; t < texels; ++t) {
     bvec4 pad = pad_of(t, texels, last_pad);
     vec4 d = mix(row_texel(pin, t, pad) - mean, vec4(0.0), pad);
-    q += d * d;
+    tf_sum_add(q, ql, d * d);
   }
-  float rstd = inversesqrt(lanes_sum(q) / float(width) + pc.eps);
+  float rstd = inversesqrt(lanes_total(q, ql) / float(width) + pc.eps);
 
   for (int t = 0; t < texels; ++t) {
     bvec4 pad = pad_of(t, texels, last_pad);
     vec4 y = (row_texel(pin, t, pad) - mean) * rstd * weight4(4 * t) + bias4(4 * t);
     store_texel_out(pout + ivec3(t, 0, 0), mix(y, vec4(0.0), pad));
   }
-#line 198
+#line 204
   store_texel_mean(tf_texel_pos_lane(row, pc.mean_sizes, mean_layout).xyz, vec4(moments_mean(mean), 0.0, 0.0, 0.0));
   store_texel_rstd(tf_texel_pos_lane(row, pc.rstd_sizes, rstd_layout).xyz, vec4(rstd, 0.0, 0.0, 0.0));
-#line 201
+#line 207
 }
 
 // Packed along H or C (pd): the four rows row .. row + 3 along pd, one per lane; lanes past the
@@ -214,25 +221,25 @@ void lane_rows(ivec4 row, int pd) {
   ivec3 pin = tf_texel_pos_lane(row, pc.input_sizes, input_layout).xyz;
   ivec3 pout = tf_texel_pos_lane(row, sz, out_layout).xyz;
 
-  vec4 s = vec4(0.0);
-  for (int w = 0; w < width; ++w) { s += load_texel_input(pin + ivec3(w, 0, 0)); }
-  vec4 mean = s / float(width);
+  vec4 s = vec4(0.0), sl = vec4(0.0);
+  for (int w = 0; w < width; ++w) { tf_sum_add(s, sl, load_texel_input(pin + ivec3(w, 0, 0))); }
+  vec4 mean = tf_sum_total(s, sl) / float(width);
 
-  vec4 q = vec4(0.0);
+  vec4 q = vec4(0.0), ql = vec4(0.0);
   for (int w = 0; w < width; ++w) {
     vec4 d = load_texel_input(pin + ivec3(w, 0, 0)) - mean;
-    q += d * d;
+    tf_sum_add(q, ql, d * d);
   }
-  vec4 rstd = inversesqrt(q / float(width) + pc.eps);
+  vec4 rstd = inversesqrt(tf_sum_total(q, ql) / float(width) + pc.eps);
 
   for (int w = 0; w < width; ++w) {
     vec4 y = (load_texel_input(pin + ivec3(w, 0, 0)) - mean) * rstd * weight_at(w) + bias_at(w);
     store_texel_out(pout + ivec3(w, 0, 0), mix(y, vec4(0.0), pad));
   }
-#line 228
+#line 234
   store_texel_mean(tf_texel_pos_lane(row, pc.mean_sizes, mean_layout).xyz, mix(moments_mean(mean), vec4(0.0), pad));
   store_texel_rstd(tf_texel_pos_lane(row, pc.rstd_sizes, rstd_layout).xyz, mix(rstd, vec4(0.0), pad));
-#line 231
+#line 237
 }
 
 void main() {

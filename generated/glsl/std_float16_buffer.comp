@@ -76,7 +76,7 @@ VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) 
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 35 "shaders/reduce.glsl.j2"
+#line 37 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -87,54 +87,55 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 65
+#line 67
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 86
+#line 91
   float count = float(e.x * e.y * e.z * e.w);
-  R sum = R(0);
-#line 49
+  R sum = R(0), lost = R(0);
+#line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
         for (int w = 0; w < e.x; ++w) {
           R X = load_self(b + ivec4(w, h, c, n));
-          sum += X;
+          tf_sum_add(sum, lost, X);
         }
       }
     }
   }
-#line 89
-  R mean = sum / R(count);
-  R acc = R(0);
-#line 49
-  for (int n = 0; n < e.w; ++n) {
-    for (int c = 0; c < e.z; ++c) {
-      for (int h = 0; h < e.y; ++h) {
-        for (int w = 0; w < e.x; ++w) {
-          R X = load_self(b + ivec4(w, h, c, n));
-          R d = X - mean; acc += d * d;
-        }
-      }
-    }
-  }
-#line 92
-  R v = tf_div_nonneg(acc, max(count - pc.correction, 0.0));
 #line 94
+  R mean = tf_sum_total(sum, lost) / R(count);
+  R acc = R(0);
+  lost = R(0);
+#line 51
+  for (int n = 0; n < e.w; ++n) {
+    for (int c = 0; c < e.z; ++c) {
+      for (int h = 0; h < e.y; ++h) {
+        for (int w = 0; w < e.x; ++w) {
+          R X = load_self(b + ivec4(w, h, c, n));
+          R d = X - mean; tf_sum_add(acc, lost, d * d);
+        }
+      }
+    }
+  }
+#line 98
+  R v = tf_div_nonneg(tf_sum_total(acc, lost), max(count - pc.correction, 0.0));
+#line 100
   return tf_sqrt(v);
-#line 142
+#line 148
 }
 #undef R
 
-#line 164
+#line 170
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 168
+#line 174
   ivec4 o = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   t_out[u] = tf_to_float16(compute_out(o));
-#line 204
+#line 210
 }

@@ -62,7 +62,7 @@ T load_self(ivec4 idx) {
 }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 35 "shaders/reduce.glsl.j2"
+#line 37 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -73,73 +73,77 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 65
+#line 67
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
-#line 72
-  R acc = R(0);
-#line 49
+#line 73
+  R acc = R(0), lost = R(0);
+#line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
         for (int w = 0; w < e.x; ++w) {
           R X = load_self(b + ivec4(w, h, c, n));
-          acc += X;
+          tf_sum_add(acc, lost, X);
         }
       }
     }
   }
-#line 82
+#line 75
+  acc = tf_sum_total(acc, lost);
+#line 79
   return acc;
-#line 142
+#line 148
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 155
+#line 161
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
-#line 65
+#line 67
 #define R VEC4
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
-#line 72
-  R acc = R(0);
-#line 49
+#line 73
+  R acc = R(0), lost = R(0);
+#line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
         for (int w = 0; w < e.x; ++w) {
           R X = load_texel_self(tf_texel_pos_lane(b + ivec4(w, h, c, n), pc.self_sizes, self_layout).xyz);
-          acc += X;
+          tf_sum_add(acc, lost, X);
         }
       }
     }
   }
-#line 82
+#line 75
+  acc = tf_sum_total(acc, lost);
+#line 79
   return acc;
-#line 142
+#line 148
 }
 #undef R
 
-#line 164
+#line 170
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 174
+#line 180
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 180
+#line 186
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 186
+#line 192
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -147,10 +151,10 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 196
+#line 202
       }
     }
   }
   store_texel_out(pos, r);
-#line 204
+#line 210
 }
