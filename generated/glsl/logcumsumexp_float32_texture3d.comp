@@ -63,27 +63,38 @@ T load_self(ivec4 idx) {
 // STEP(s, lost, x) takes x into the running value s; RESULT(s, lost) is the value to store. A sum
 // is compensated (math.glslh tf_sum_add: `lost` holds what its additions rounded away), so a long
 // line stays within about one rounding of torch's float64 accumulation.
-#line 27 "shaders/scan.glsl.j2"
+#line 29 "shaders/scan.glsl.j2"
 #define STEP(s, lost, x) s = tf_log_add_exp(s, x)
 #define RESULT(s, lost) (s)
 #define START uintBitsToFloat(0xff800000u)
 
-#line 40
+// The first index (index 0 along d) of line l among the lines along d of a tensor of (texel)
+// sizes `sizes`, numbered in WHCN order with d left out; and how many lines there are.
+#line 44
+ivec4 line_first(int l, ivec4 sizes, int d) {
+  ivec4 ls = sizes;
+  ls[d] = 1;
+  return tf_linear_to_whcn(l, ls);
+}
+int line_count(ivec4 sizes, int d) { return sizes.x * sizes.y * sizes.z * sizes.w / max(sizes[d], 1); }
+
 void main() {
   int u = tf_unit_id();
-  if (u >= pc.units) { return; }
   int d = pc.scan_dim;
-  int n = pc.out_sizes[d];
-#line 55
-  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-  ivec4 e = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
-  if (e[d] != 0) { return; }
-  bool along_lanes = d == tf_packed_dim(out_layout);
+  ivec4 sz = pc.out_sizes;
+#line 68
+  int pd = tf_packed_dim(out_layout);
+  ivec4 ts = sz;
+  ts[pd] = tf_div_up(sz[pd], 4);
+  if (u >= line_count(ts, d)) { return; }
+  ivec4 e = line_first(u, ts, d);
+  e[pd] *= 4;
+  bool along_lanes = d == pd;
   int step = along_lanes ? 4 : 1;
   VEC4 s = VEC4(START), lost = VEC4(0);
-  for (int j = 0; j < n; j += step) {
+  for (int j = 0; j < sz[d]; j += step) {
     e[d] = j;
-    ivec3 p = tf_texel_pos_lane(e, pc.out_sizes, out_layout).xyz;
+    ivec3 p = tf_texel_pos_lane(e, sz, out_layout).xyz;
     VEC4 v = VEC4(load_texel_self(p));
     VEC4 r;
     if (along_lanes) {  // (s.w, lost.w) carry the line so far from the texel before
@@ -98,7 +109,7 @@ void main() {
       STEP(s, lost, v);
       r = RESULT(s, lost);
     }
-    store_texel_out(p, mix(r, VEC4(0), tf_padding_lanes(p, pc.out_sizes, out_layout)));
+    store_texel_out(p, mix(r, VEC4(0), tf_padding_lanes(p, sz, out_layout)));
   }
-#line 81
+#line 97
 }
