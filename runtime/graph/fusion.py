@@ -11,6 +11,11 @@ In order, in place on the graph:
    (the weight a derived [Cout, Cin/g, K, 1] constant): conv2d's tiled kernel is many times faster
    than conv1d's per-element one, which stays for what conv2d cannot take (an L past the texture
    limits).
+0c. An `expand` read only by ops that broadcast that argument themselves (ops.yaml's
+   `broadcast_foldable` check lists them: the binary ops, where, ...) is dropped, and they read
+   its input: `x / norm.expand_as(x)` (F.normalize), `x * mask.expand_as(x)`. The expand wrote
+   the whole broadcast tensor for the op to read again; the op's broadcast path reads the small
+   one. An op that would then fail its checks (a broadcast inside WHCN's N) keeps the expand.
 1. A decomposed inference batch norm (`_native_batch_norm_legit_no_training`, whose outputs 1 and 2
    are empty) whose extra outputs nobody reads becomes a `batch_norm` node.
 2. A batch norm that is not inference (training=True, or no running statistics) falls back, with
@@ -118,6 +123,7 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
             _tiled_adaptive_max_pool(graph, node, texture_limits)
         elif node.target == ADAPTIVE_MAX_POOL_1D:
             _adaptive_max_pool1d(graph, node, texture_limits)
+    _fold_broadcast_expands(graph, texture_limits)
     from .quantized import fold_round_trips, fuse_quantized  # (it imports this module's graph surgery)
 
     fuse_quantized(graph, texture_limits, subgroup)  # before float fusion takes a quantized chain's conv or relu
@@ -186,6 +192,59 @@ def _remove(graph: PlanGraph, node: Node) -> None:
     graph.nodes.remove(node)
     graph.fx_inputs.pop(node, None)
     _drop_uses(node)
+
+
+# ---- 0c: expands that a broadcasting op does itself ------------------------------------------------
+def _broadcast_args(node: Node) -> set[str]:
+    """The arguments that `node`'s op broadcasts to its output (its broadcast_foldable checks)."""
+    names: set[str] = set()
+    for check in node.op.checks:
+        if check.rule == "broadcast_foldable":
+            listed = dict(check.params)["broadcast_foldable"]
+            names.update([listed] if isinstance(listed, str) else listed)
+    return names
+
+
+def _broadcast_shape(*shapes: Sequence[int]) -> tuple[int, ...] | None:
+    """torch's broadcast of `shapes` (aligned to the right), or None where they do not broadcast."""
+    rank = max(map(len, shapes), default=0)
+    out = []
+    for i in range(rank):
+        sizes = {s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0} - {1}
+        if len(sizes) > 1:
+            return None
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def _fold_broadcast_expands(graph: PlanGraph, limits: Sequence[int]) -> None:
+    for node in list(graph.nodes):
+        if not (node.on_device and node.op.name == "expand"):
+            continue
+        src, out = node.arg("self"), node.outputs[0][1]
+        if not isinstance(src, Value) or out in graph.outputs:
+            continue
+        for user in list(dict.fromkeys(out.users)):
+            if not user.on_device:
+                continue
+            names = _broadcast_args(user)
+            at = [i for i, (name, v) in enumerate(user.args) if v is out]
+            if not at or any(user.args[i][0] not in names for i in at):
+                continue
+            others = [tuple(v.shape) for name, v in user.args if name in names and isinstance(v, Value) and v is not out]
+            if _broadcast_shape(tuple(src.shape), *others) != tuple(user.outputs[0][1].shape):
+                continue
+            before = list(user.args)
+            for i in at:
+                user.args[i] = (user.args[i][0], src)
+            if partition_reason(user, limits) is not None:
+                user.args[:] = before
+                continue
+            out.users[:] = [u for u in out.users if u is not user]
+            src.users.extend([user] * len(at))
+            user.fused.append(f"{node.name}: an expand of {list(src.shape)} to {list(out.shape)}, broadcast by the op itself")
+        if not out.users:
+            _remove(graph, node)
 
 
 # ---- 2b: bfloat16 roundings inside a fusion -------------------------------------------------------------

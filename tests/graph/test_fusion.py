@@ -328,3 +328,46 @@ def test_linear_whose_output_is_also_read_keeps_its_activation(device):
     assert _dispatches(prog.plan) == {"linear_packed": 1, "gelu": 1}, prog.plan.summary()
     want_a, want_y = model(x)
     _close(got_a, want_a), _close(got_y, want_y)
+
+
+class ExpandsIntoOps(nn.Module):
+    """Expands that a broadcasting op does itself (dropped), beside ones it does not (kept)."""
+
+    def forward(self, x, m):
+        normed = torch.nn.functional.normalize(x, dim=1)  # x / norm.clamp_min(eps).expand_as(x)
+        masked = x * m.expand_as(x)
+        chosen = torch.where(m.bool().expand(-1, -1, x.shape[2], -1), x, 0.0)
+        wide = m.expand(-1, 4, -1, -1)  # a graph output: kept
+        bigger = m.expand(2, 4, x.shape[2], x.shape[3]) + x.new_ones(2, 4, 1, 1)  # neither input has the sum's shape: kept
+        return normed, masked, chosen, wide, bigger.relu().sum(1)
+
+
+def test_expands_that_a_broadcasting_op_does_itself_are_dropped(device):
+    x = torch.randn(2, 4, 5, 7)
+    m = (torch.rand(2, 1, 1, 7) > 0.3).float()
+    model = ExpandsIntoOps()
+    plan = texelflow.plan(model, (x, m))
+    assert plan.fallbacks == []
+    notes = [f for node in plan.graph.nodes for f in node.fused if "broadcast by the op itself" in f]
+    assert len(notes) == 3, notes
+    assert plan.dispatches["expand"] == 2, plan.dispatches
+    with texelflow.compile(model, (x, m), device=device) as prog:
+        got = prog(x, m)
+    for g, w in zip(got, model(x, m)):
+        torch.testing.assert_close(g, w)
+
+
+def test_an_expand_inside_whcns_folded_batch_stays(device):
+    # rank 6: the op may not broadcast inside N (broadcast_foldable), so the expand it needs stays
+    x = torch.randn(2, 3, 2, 3, 4, 5)
+    m = torch.randn(1, 3, 1, 3, 4, 5)
+
+    class M(nn.Module):
+        def forward(self, x, m):
+            return x * m.expand(2, 3, 2, 3, 4, 5)
+
+    plan = texelflow.plan(M(), (x, m))
+    assert plan.fallbacks == []
+    assert plan.dispatches["expand"] >= 1, plan.dispatches
+    with texelflow.compile(M(), (x, m), device=device) as prog:
+        torch.testing.assert_close(prog(x, m), M()(x, m))
