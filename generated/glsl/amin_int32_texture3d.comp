@@ -78,8 +78,9 @@ ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_l
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
-#line 85
-  R acc = load_self(b);  // max and min are idempotent: the first element may be combined twice
+
+#line 86
+  R acc = load_self(b + ivec4(0));  // max and min are idempotent: the first element may be combined twice
 #line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
@@ -91,15 +92,15 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 88
+#line 89
   return acc;
-#line 148
+#line 149
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 161
+#line 172
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
@@ -108,8 +109,9 @@ bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == t
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
-#line 85
-  R acc = load_texel_self(tf_texel_pos_lane(b, pc.self_sizes, self_layout).xyz);  // max and min are idempotent: the first element may be combined twice
+
+#line 86
+  R acc = load_texel_self(tf_texel_pos_lane(b + ivec4(0), pc.self_sizes, self_layout).xyz);  // max and min are idempotent: the first element may be combined twice
 #line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
@@ -121,25 +123,25 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 88
+#line 89
   return acc;
-#line 148
+#line 149
 }
 #undef R
 
-#line 170
+#line 181
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 180
+#line 191
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 186
+#line 197
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 192
+#line 203
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -147,10 +149,10 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 202
+#line 213
       }
     }
   }
   store_texel_out(pos, r);
-#line 210
+#line 221
 }

@@ -80,11 +80,12 @@ ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_l
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
+
   // torch's linalg.vector_norm: 2 (sqrt of the sum of squares), inf / -inf (max / min of |x|),
   // 0 (the count of nonzeros, NaN included), else (sum |x|^ord)^(1 / ord).
-#line 114
+#line 115
   if (isinf(pc.ord)) {
-    R acc = abs(load_self(b));
+    R acc = abs(load_self(b + ivec4(0)));
     if (pc.ord > 0.0) {
 #line 51
   for (int n = 0; n < e.w; ++n) {
@@ -97,7 +98,7 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 118
+#line 119
     } else {
 #line 51
   for (int n = 0; n < e.w; ++n) {
@@ -110,7 +111,7 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 120
+#line 121
     }
     return acc;
   }
@@ -127,7 +128,7 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 126
+#line 127
     return tf_sqrt(tf_sum_total(acc, lost));
   }
   if (pc.ord == 1.0) {
@@ -142,7 +143,7 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 130
+#line 131
     return tf_sum_total(acc, lost);
   }
   if (pc.ord == 0.0) {
@@ -157,7 +158,7 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 134
+#line 135
     return acc;
   }
 #line 51
@@ -171,15 +172,15 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 137
+#line 138
   return tf_pow(tf_sum_total(acc, lost), R(1.0 / pc.ord));
-#line 148
+#line 149
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 161
+#line 172
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
@@ -188,11 +189,12 @@ bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == t
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
+
   // torch's linalg.vector_norm: 2 (sqrt of the sum of squares), inf / -inf (max / min of |x|),
   // 0 (the count of nonzeros, NaN included), else (sum |x|^ord)^(1 / ord).
-#line 114
+#line 115
   if (isinf(pc.ord)) {
-    R acc = abs(load_texel_self(tf_texel_pos_lane(b, pc.self_sizes, self_layout).xyz));
+    R acc = abs(load_texel_self(tf_texel_pos_lane(b + ivec4(0), pc.self_sizes, self_layout).xyz));
     if (pc.ord > 0.0) {
 #line 51
   for (int n = 0; n < e.w; ++n) {
@@ -205,7 +207,7 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 118
+#line 119
     } else {
 #line 51
   for (int n = 0; n < e.w; ++n) {
@@ -218,7 +220,7 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 120
+#line 121
     }
     return acc;
   }
@@ -235,7 +237,7 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 126
+#line 127
     return tf_sqrt(tf_sum_total(acc, lost));
   }
   if (pc.ord == 1.0) {
@@ -250,7 +252,7 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 130
+#line 131
     return tf_sum_total(acc, lost);
   }
   if (pc.ord == 0.0) {
@@ -265,7 +267,7 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 134
+#line 135
     return acc;
   }
 #line 51
@@ -279,25 +281,25 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 137
+#line 138
   return tf_pow(tf_sum_total(acc, lost), R(1.0 / pc.ord));
-#line 148
+#line 149
 }
 #undef R
 
-#line 170
+#line 181
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 180
+#line 191
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 186
+#line 197
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 192
+#line 203
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -305,10 +307,10 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 202
+#line 213
       }
     }
   }
   store_texel_out(pos, r);
-#line 210
+#line 221
 }

@@ -85,38 +85,47 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
+// A buffer of one element per word: the word of b + i from b's word and the word stride of each dim.
+#line 156
+int word_at(int base, ivec4 strides, ivec4 i) { return base + i.x * strides.x + i.y * strides.y + i.z * strides.z + i.w * strides.w; }
+ivec4 self_strides() {
+  return ivec4(tf_buffer_stride(0, pc.self_sizes, self_layout), tf_buffer_stride(1, pc.self_sizes, self_layout),
+               tf_buffer_stride(2, pc.self_sizes, self_layout), tf_buffer_stride(3, pc.self_sizes, self_layout));
+}
 #line 67
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
-#line 73
+  int base = tf_buffer_word_lane(b, pc.self_sizes, self_layout).x;
+  ivec4 st = self_strides();
+#line 74
   R acc = R(0), lost = R(0);
 #line 51
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
         for (int w = 0; w < e.x; ++w) {
-          R X = load_self(b + ivec4(w, h, c, n));
+          R X = T(read_self(word_at(base, st, ivec4(w, h, c, n))));
           tf_sum_add(acc, lost, X);
         }
       }
     }
   }
-#line 75
+#line 76
   acc = tf_sum_total(acc, lost);
-#line 77
+#line 78
   return acc / R(e.x * e.y * e.z * e.w);
-#line 148
+#line 149
 }
 #undef R
 
-#line 170
+#line 181
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 174
+#line 185
   ivec4 o = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   t_out[u] = tf_to_float16(compute_out(o));
-#line 210
+#line 221
 }

@@ -86,7 +86,8 @@ ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_l
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
-#line 73
+
+#line 74
   R acc = R(0), lost = R(0);
 #line 51
   for (int n = 0; n < e.w; ++n) {
@@ -99,17 +100,17 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 75
+#line 76
   acc = tf_sum_total(acc, lost);
-#line 77
+#line 78
   return acc / R(e.x * e.y * e.z * e.w);
-#line 148
+#line 149
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 161
+#line 172
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
@@ -118,7 +119,8 @@ bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == t
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
-#line 73
+
+#line 74
   R acc = R(0), lost = R(0);
 #line 51
   for (int n = 0; n < e.w; ++n) {
@@ -131,27 +133,27 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 75
+#line 76
   acc = tf_sum_total(acc, lost);
-#line 77
+#line 78
   return acc / R(e.x * e.y * e.z * e.w);
-#line 148
+#line 149
 }
 #undef R
 
-#line 170
+#line 181
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 180
+#line 191
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 186
+#line 197
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 192
+#line 203
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -159,10 +161,10 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 202
+#line 213
       }
     }
   }
   store_texel_out(pos, r);
-#line 210
+#line 221
 }

@@ -88,8 +88,9 @@ ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_l
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
+
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 91
+#line 92
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0), lost = R(0);
 #line 51
@@ -103,7 +104,7 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 94
+#line 95
   R mean = tf_sum_total(sum, lost) / R(count);
   R acc = R(0);
   lost = R(0);
@@ -118,17 +119,17 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 98
+#line 99
   R v = tf_div_nonneg(tf_sum_total(acc, lost), max(count - pc.correction, 0.0));
-#line 100
+#line 101
   return tf_sqrt(v);
-#line 148
+#line 149
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 161
+#line 172
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
@@ -137,8 +138,9 @@ bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == t
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
+
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 91
+#line 92
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0), lost = R(0);
 #line 51
@@ -152,7 +154,7 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 94
+#line 95
   R mean = tf_sum_total(sum, lost) / R(count);
   R acc = R(0);
   lost = R(0);
@@ -167,27 +169,27 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 98
+#line 99
   R v = tf_div_nonneg(tf_sum_total(acc, lost), max(count - pc.correction, 0.0));
-#line 100
+#line 101
   return tf_sqrt(v);
-#line 148
+#line 149
 }
 #undef R
 
-#line 170
+#line 181
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 180
+#line 191
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 186
+#line 197
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 192
+#line 203
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -195,10 +197,10 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 202
+#line 213
       }
     }
   }
   store_texel_out(pos, r);
-#line 210
+#line 221
 }

@@ -90,8 +90,9 @@ ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_l
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
+
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 91
+#line 92
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0), lost = R(0);
 #line 51
@@ -105,7 +106,7 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 94
+#line 95
   R mean = tf_sum_total(sum, lost) / R(count);
   R acc = R(0);
   lost = R(0);
@@ -120,11 +121,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 98
+#line 99
   R v = tf_div_nonneg(tf_sum_total(acc, lost), max(count - pc.correction, 0.0));
-#line 102
+#line 103
   return v;
-#line 148
+#line 149
 }
 #undef R
 #line 67
@@ -132,9 +133,10 @@ R compute_out(ivec4 o) {
 R compute_mean(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
+
   // var_mean's mean by torch's running (Welford) update, in the same order, so that an infinity
   // gives torch's result: +-inf when it comes last, else NaN (inf - inf).
-#line 107
+#line 108
   R acc = R(0);
   float k = 0.0;
 #line 51
@@ -148,15 +150,15 @@ R compute_mean(ivec4 o) {
       }
     }
   }
-#line 110
+#line 111
   return acc;
-#line 148
+#line 149
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 161
+#line 172
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
@@ -165,8 +167,9 @@ bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == t
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
+
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 91
+#line 92
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0), lost = R(0);
 #line 51
@@ -180,7 +183,7 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 94
+#line 95
   R mean = tf_sum_total(sum, lost) / R(count);
   R acc = R(0);
   lost = R(0);
@@ -195,11 +198,11 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 98
+#line 99
   R v = tf_div_nonneg(tf_sum_total(acc, lost), max(count - pc.correction, 0.0));
-#line 102
+#line 103
   return v;
-#line 148
+#line 149
 }
 #undef R
 #line 67
@@ -207,9 +210,10 @@ R compute_texel(ivec4 o) {
 R compute_mean_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
+
   // var_mean's mean by torch's running (Welford) update, in the same order, so that an infinity
   // gives torch's result: +-inf when it comes last, else NaN (inf - inf).
-#line 107
+#line 108
   R acc = R(0);
   float k = 0.0;
 #line 51
@@ -223,29 +227,29 @@ R compute_mean_texel(ivec4 o) {
       }
     }
   }
-#line 110
+#line 111
   return acc;
-#line 148
+#line 149
 }
 #undef R
 
-#line 170
+#line 181
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 180
+#line 191
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 184
+#line 195
   VEC4 rm = VEC4(0);
-#line 186
+#line 197
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 190
+#line 201
     rm = mix(compute_mean_texel(idx), VEC4(0), pad);
-#line 192
+#line 203
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -253,14 +257,14 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 200
+#line 211
         rm[k] = compute_mean(e);
-#line 202
+#line 213
       }
     }
   }
   store_texel_out(pos, r);
-#line 207
+#line 218
   store_texel_mean(pos, rm);
-#line 210
+#line 221
 }
