@@ -1982,6 +1982,8 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'dims': (2, 2), 'self': (3, 5, 7), 'shifts': (1, 1)},
         {'dims': (0,), 'self': (7,), 'shifts': (-3,)},
         {'dims': (1,), 'self': (1, 5), 'shifts': (0,)},
+        {'dims': (1, 2), 'self': (2, 6, 6, 8), 'shifts': (-1, 2)},
+        {'dims': (1, 2), 'self': (1, 5, 7, 16), 'shifts': (3, -2)},
         {'dims': (2, 3), 'self': (5, 1, 6, 3), 'shifts': (4, 1)},
     ),
     'round': (
