@@ -7312,6 +7312,39 @@ OPS: dict[str, OpEntry] = {
             'softshrink_float32_texture3d',
         ),
     ),
+    'sort_lines': OpEntry(
+        name='sort_lines',
+        targets=(
+            'texelflow.sort_lines.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='CONTIGUOUS_BUFFER'),
+            Arg('descending', 'int', default=0),
+        ),
+        outputs=(
+            Output('values', 'CONTIGUOUS_BUFFER'),
+            Output('indices', 'CONTIGUOUS_BUFFER'),
+        ),
+        sync=(
+        ),
+        dtypes=('float32',),
+        dtype_of=(('indices', 'int32'),),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('descending', 'int', 'arg', (('arg', 'descending'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('self', (2, 2)),)),)),
+            Check('loop_trips', (('kind', 'sort'), ('loop_trips', 'self'), ('of', 'values'))),
+        ),
+        grid=('per_row', 'self'),
+        template='sort_lines',
+        shader_axes=('dtype',),
+        variants=(
+            'sort_lines_float32',
+        ),
+    ),
     'sqrt': OpEntry(
         name='sqrt',
         targets=(
@@ -8319,6 +8352,7 @@ TARGETS: dict[str, str] = {
     'texelflow.q8ta_relu.default': 'q8ta_relu',
     'texelflow.quantize_dequantize.default': 'quantize_dequantize',
     'texelflow.round_bfloat16.default': 'round_bfloat16',
+    'texelflow.sort_lines.default': 'sort_lines',
     'texelflow.to_layout.default': 'to_layout',
 }
 

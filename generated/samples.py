@@ -2183,6 +2183,13 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'lambd': 1.0, 'self': (2, 1, 3, 2, 5)},
         {'self': ()},
     ),
+    'sort_lines': (
+        {'descending': 0, 'self': (3, 7)},
+        {'descending': 1, 'self': (5, 1)},
+        {'descending': 1, 'self': (1, 5)},
+        {'descending': 0, 'self': (4, 33)},
+        {'descending': 1, 'self': (2, 256)},
+    ),
     'sqrt': (
         {'self': ()},
         {'self': (1,)},

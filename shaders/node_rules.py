@@ -257,10 +257,11 @@ def _reduction_at_most(node: NodeFacts, p: dict) -> str | None:
 # a plan does not depend on the device. The trip counts below are upper bounds of each template's
 # loops per invocation, measured on lavapipe at the sizes where it breaks (tests/reliability/
 # test_loop_limit.py): reduce 8 per reduced element (4 lanes of a texel, 2 passes), softmax 5
-# per element of the lines it takes (one line along W; about W / n lines along a dim of n), scan 1, layer_norm 1, group_norm 8 per element
-# of a group, pools 2 (adaptive 8: 4 lanes a texel), matmul 2 per K, transposed convs 2 per tap
-# and input channel of a group, convs 2 per tap and input channel of a group (1 per 2 where
-# groups = 1: a texel of 4 channels a step).
+# per element of the lines it takes (one line along W; about W / n lines along a dim of n), scan
+# 1, layer_norm 1, group_norm 8 per element of a group, pools 2 (adaptive 8: 4 lanes a texel),
+# matmul 2 per K, transposed convs 2 per tap and input channel of a group, convs 2 per tap and
+# input channel of a group (1 per 2 where groups = 1: a texel of 4 channels a step), sort_lines
+# n (n - 1) / 2 moves of an insertion sort (counted, not measured: a bound).
 LOOP_TRIPS_LIMIT = 60000
 
 
@@ -280,7 +281,7 @@ def _reduced_elements(node: NodeFacts, tensor: str) -> tuple[int, int]:
 
 
 LOOP_KINDS = ("reduce", "softmax", "scan", "layer_norm", "group_norm", "pool", "adaptive_pool", "matmul", "conv",
-              "conv_transpose")
+              "conv_transpose", "sort")
 
 
 def _trips(node: NodeFacts, kind: str, tensor: str) -> int:
@@ -300,6 +301,9 @@ def _trips(node: NodeFacts, kind: str, tensor: str) -> int:
         return 5 * n + 16 if d == len(shape) - 1 else -(-w // n) * (5 * n + 3) + 16
     if kind == "layer_norm":
         return math.prod(node.value("normalized_shape")) + 64
+    if kind == "sort":  # an insertion sort of a row: n (n - 1) / 2 moves at most, a read and a write each
+        n = tuple(node.shape(tensor))[-1]
+        return n * (n - 1) // 2 + 3 * n + 16
     if kind == "group_norm":
         shape = tuple(node.shape(tensor))
         groups = node.value("num_groups") if node.value("group") is None else node.value("group")

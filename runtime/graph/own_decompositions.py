@@ -348,11 +348,15 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
     torch's order: NaN counts as the largest (first with largest, last without). Among equal
     values (NaNs included) the earliest position comes first, where torch leaves the order
     unspecified; the result is sorted whatever `sorted` asks (torch's unsorted order is
-    unspecified too). A larger k of float32 lines sorts them (_bitonic_sort) and keeps the
-    first k."""
+    unspecified too). Float32 lines of at most SORT_LINE_MAX sort instead (_line_sort, one
+    dispatch) and keep the first k, as does a larger k of longer float32 lines (_bitonic_sort)."""
     import torch
 
     aten = torch.ops.aten
+    if _short_float_lines(self, dim) and 0 < k <= self.shape[dim % self.dim()]:
+        values, places = _line_sort(self, dim, descending=largest)  # the first k of the sorted lines
+        d = dim % self.dim()
+        return aten.slice.Tensor(values, d, 0, k), aten.slice.Tensor(places, d, 0, k)
     if k > TOPK_MAX_K and self.dim() > 0 and self.dtype == torch.float32 and 0 < k <= self.shape[dim % self.dim()]:
         values, places = _bitonic_sort(self, dim, descending=largest)  # the first k of the sorted lines
         d = dim % self.dim()
@@ -451,6 +455,75 @@ def bitonic_op(torch):
     return _BITONIC_OP[-1]
 
 
+# Float32 lines up to this long sort in one invocation each (sort_lines: an insertion sort, n^2 / 2
+# moves in registers, one dispatch); longer ones by the bitonic network.
+SORT_LINE_MAX = 256
+
+
+def sort_lines_reference(self, descending=0):
+    """texelflow.sort_lines in torch: each row of self [L, n] sorted stably (NaN the largest),
+    values and int32 positions, as shaders/sort_lines.glsl.j2 computes them."""
+    import torch
+
+    values, indices = torch.sort(self, dim=-1, descending=bool(descending), stable=True)
+    return values, indices.to(torch.int32)
+
+
+_SORT_LINES_OP = []
+
+
+def sort_lines_op(torch):
+    """torch.ops.texelflow.sort_lines.default, registered on first use (as bitonic_op)."""
+    if not _SORT_LINES_OP:
+        if not hasattr(torch.ops.texelflow, "sort_lines"):
+            lib = torch.library.Library("texelflow", "FRAGMENT")
+            lib.define("sort_lines(Tensor self, int descending=0) -> (Tensor, Tensor)")
+            lib.impl("sort_lines", sort_lines_reference, "CompositeExplicitAutograd")
+            lib.impl("sort_lines", lambda self, descending=0: (torch.empty_like(self),
+                                                               torch.empty_like(self, dtype=torch.int32)), "Meta")
+            _SORT_LINES_OP.append(lib)
+        _SORT_LINES_OP.append(torch.ops.texelflow.sort_lines.default)
+    return _SORT_LINES_OP[-1]
+
+
+def _as_rows(self, d: int):
+    """(self with dim d moved last, the permutation, its lines as rows [L, n])."""
+    import torch
+
+    aten = torch.ops.aten
+    order = [k for k in range(self.dim()) if k != d] + [d]
+    moved = self if d == self.dim() - 1 else aten.permute.default(self, order)
+    return moved, order, aten.reshape.default(moved, [math.prod(moved.shape[:-1]), self.shape[d]])
+
+
+def _from_rows(rows, moved, order):
+    """Rows [L, n] (of `_as_rows`) back in the input's shape and dim order."""
+    import torch
+
+    aten = torch.ops.aten
+    t = aten.reshape.default(rows, list(moved.shape))
+    return t if order == sorted(order) else aten.permute.default(t, [order.index(k) for k in range(len(order))])
+
+
+def _line_sort(self, dim: int, descending: bool):
+    """(values, int64 positions) of torch.sort of float32 `self` along `dim`, lines of at most
+    SORT_LINE_MAX: the lines as rows, one sort_lines node, back. Stable, NaN the largest."""
+    import torch
+
+    aten = torch.ops.aten
+    moved, order, rows = _as_rows(self, dim % self.dim())
+    values, places = sort_lines_op(torch)(rows, int(descending))
+    places = aten._to_copy.default(places, dtype=torch.int64)
+    return _from_rows(values, moved, order), _from_rows(places, moved, order)
+
+
+def _short_float_lines(self, dim) -> bool:
+    """Whether `self`'s lines along dim sort on sort_lines: float32, 2 to SORT_LINE_MAX long."""
+    import torch
+
+    return self.dim() > 0 and self.dtype == torch.float32 and 2 <= self.shape[dim % self.dim()] <= SORT_LINE_MAX
+
+
 def _bitonic_sort(self, dim: int, descending: bool):
     """(values, int64 positions) of torch.sort of float32 `self` along `dim` by a bitonic network:
     each line as (value, position) pairs [L, N, 2], N the next power of two, padded with pairs
@@ -466,10 +539,8 @@ def _bitonic_sort(self, dim: int, descending: bool):
     n = self.shape[d]
     if n > BITONIC_MAX_LENGTH:
         raise NotImplementedError(f"a sort of lines of {n}, above {BITONIC_MAX_LENGTH}")
-    order = [k for k in range(self.dim()) if k != d] + [d]
-    moved = self if d == self.dim() - 1 else aten.permute.default(self, order)
-    lines = math.prod(moved.shape[:-1])
-    x = aten.reshape.default(moved, [lines, n])
+    moved, order, x = _as_rows(self, d)
+    lines = x.shape[0]
     size = 1 << max(n - 1, 1).bit_length()
     if size > n:
         x = aten.constant_pad_nd.default(x, [0, size - n], float("-inf") if descending else float("nan"))
@@ -486,21 +557,20 @@ def _bitonic_sort(self, dim: int, descending: bool):
     values = aten.slice.Tensor(aten.select.int(pairs, 2, 0), 1, 0, n)
     places = aten.slice.Tensor(aten.select.int(pairs, 2, 1), 1, 0, n)
     places = aten._to_copy.default(aten._to_copy.default(places, dtype=torch.int32), dtype=torch.int64)
-    back = [order.index(k) for k in range(self.dim())]
-    out = []
-    for t in (values, places):
-        t = aten.reshape.default(t, list(moved.shape))
-        out.append(t if d == self.dim() - 1 else aten.permute.default(t, back))
-    return out[0], out[1]
+    return _from_rows(values, moved, order), _from_rows(places, moved, order)
 
 
 def _long_lines(self, dim) -> bool:
-    """Whether torch.sort of `self` along `dim` takes the bitonic network: lines of at least
-    BITONIC_MIN_LENGTH, or more pairs than the ranks may compare."""
+    """Whether torch.sort of `self` along `dim` takes the bitonic network: float32 lines past
+    SORT_LINE_MAX, lines of at least BITONIC_MIN_LENGTH, or more pairs than the ranks may compare."""
+    import torch
+
     if self.dim() == 0:
         return False
     d = dim % self.dim()
     n = self.shape[d]
+    if self.dtype == torch.float32 and n > SORT_LINE_MAX:
+        return True
     return n >= BITONIC_MIN_LENGTH or self.numel() * n > SORT_MAX_PAIRS
 
 
@@ -516,6 +586,8 @@ def sort(self, dim=-1, descending=False, stable=False):
     aten = torch.ops.aten
     if self.dim() == 0:
         return aten.alias.default(self), aten.zeros_like.default(self, dtype=torch.int64)
+    if _short_float_lines(self, dim):
+        return _line_sort(self, dim, descending)
     if _long_lines(self, dim):
         return _bitonic_sort(self, dim, descending)
     n, x = _lines(self, dim, "sort")
@@ -563,8 +635,8 @@ def _ranks(x, descending: bool = False):
 
 
 def kthvalue(self, k, dim=-1, keepdim=False):
-    """torch.kthvalue: the element ranked k - 1 in the stable sort of its line (`_ranks`; NaN
-    counts as the largest) and its position. Among equal values torch's index is unspecified
+    """torch.kthvalue: the element ranked k - 1 in the stable sort of its line (`_line_sort` for
+    float32 lines of at most SORT_LINE_MAX, else `_ranks`; NaN counts as the largest) and its position. Among equal values torch's index is unspecified
     (a selection, not a sort); this one is the stable sort's."""
     import torch
 
@@ -572,6 +644,11 @@ def kthvalue(self, k, dim=-1, keepdim=False):
     if self.dim() == 0:
         return aten.alias.default(self), aten.zeros_like.default(self, dtype=torch.int64)
     d = dim % self.dim()
+    if _short_float_lines(self, d) and 1 <= k <= self.shape[d]:  # the sorted lines' k-th
+        values, places = (aten.slice.Tensor(t, d, k - 1, k) for t in _line_sort(self, d, False))
+        if not keepdim:
+            values, places = aten.squeeze.dim(values, d), aten.squeeze.dim(places, d)
+        return values, places
     n, x = _lines(self, d, "kthvalue")
     if not 1 <= k <= n:
         raise NotImplementedError(f"kthvalue with k = {k} of lines of {n} (torch raises)")

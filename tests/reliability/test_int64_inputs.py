@@ -255,3 +255,20 @@ def test_a_saved_program_keeps_its_input_bounds(device, tmp_path):
         assert torch.equal(torch.as_tensor(loaded(ids.numpy())), model(ids))
         with pytest.raises(InputValueError, match=r"outside \[-16777216, 16777216\]"):
             loaded(torch.full_like(ids, -2**24 - 1).numpy())
+
+
+def test_narrowed_values_moved_by_the_permute_pass_come_back_int64(device):
+    """The permute pass moves a permute past a slice into a new value: held narrowed as the value
+    it moves, so the int64 result comes back int64 (it came back int32)."""
+    ids = ids_of(5, 7)
+    x = torch.randn(5, 7)
+
+    class M(nn.Module):
+        def forward(self, ids, x):
+            return (ids + 1).permute(1, 0)[:, :2], x.topk(2, 0).indices
+
+    with texelflow.compile(M(), (ids, x), device=device) as prog:
+        assert prog.plan.fallbacks == [] and prog.plan.dispatches["permute_copy"] >= 1
+        got, want = prog(ids, x), M()(ids, x)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == torch.int64 and torch.equal(g, w)

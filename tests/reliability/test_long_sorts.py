@@ -54,7 +54,16 @@ def test_long_lines_sort_on_the_device(device, name):
             torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
 
 
-def test_short_lines_keep_the_ranks():
-    """Lines below BITONIC_MIN_LENGTH (and few pairs) sort by ranks: no bitonic_step."""
-    plan = texelflow.plan(Call(lambda x: torch.sort(x, dim=-1)[0]), (torch.randn(3, 300),))
-    assert plan.fallbacks == [] and "bitonic_step" not in plan.dispatches
+def test_which_lines_sort_how():
+    """Float32 lines of up to SORT_LINE_MAX (256) sort in one sort_lines dispatch, longer ones by
+    the bitonic network; int32 lines below BITONIC_MIN_LENGTH (and few pairs) by ranks."""
+    def dispatches(x):
+        plan = texelflow.plan(Call(lambda t: torch.sort(t, dim=-1)[0]), (x,))
+        assert plan.fallbacks == []
+        return plan.dispatches
+
+    short, longer = dispatches(torch.randn(3, 256)), dispatches(torch.randn(3, 257))
+    assert short["sort_lines"] == 1 and "bitonic_step" not in short
+    assert "sort_lines" not in longer and longer["bitonic_step"] > 0
+    ints = dispatches(torch.randint(0, 9, (3, 300), dtype=torch.int32))
+    assert "sort_lines" not in ints and "bitonic_step" not in ints

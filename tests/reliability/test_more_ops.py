@@ -284,8 +284,9 @@ def test_windows_and_wrapped_pads_run_on_the_device(device):
 def test_topk_runs_on_the_device(device):
     """A mixture-of-experts router (top-2 of the logits, softmax over them, the experts' ids),
     the smallest k, NaN and Inf among the values: values as torch's, ids torch's where no values
-    tie; a k past the decomposition's rounds sorts the lines (a bitonic network), or for int32
-    values runs on the CPU with its reason."""
+    tie; float32 lines of up to 256 sort in one sort_lines dispatch and keep k, longer ones past
+    the decomposition's rounds sort by a bitonic network, and int32 values past the rounds run on
+    the CPU with its reason."""
     logits = _random(6, 8, seed=7)
     special = _special((5, 7))
 
@@ -301,8 +302,12 @@ def test_topk_runs_on_the_device(device):
         torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
     x = _random(2, 20)
     with texelflow.compile(Call(lambda a: a.topk(17, dim=-1)[0] * 2), (x,), device=device) as prog:
-        assert prog.plan.fallbacks == [] and prog.plan.dispatches["bitonic_step"] > 0  # float32: sorted
+        assert prog.plan.fallbacks == [] and prog.plan.dispatches["sort_lines"] == 1  # float32: sorted
         torch.testing.assert_close(prog(x), x.topk(17, dim=-1)[0] * 2, rtol=0, atol=0)
+    long = _random(2, 300)
+    with texelflow.compile(Call(lambda a: a.topk(17, dim=-1)[0] * 2), (long,), device=device) as prog:
+        assert prog.plan.fallbacks == [] and prog.plan.dispatches["bitonic_step"] > 0
+        torch.testing.assert_close(prog(long), long.topk(17, dim=-1)[0] * 2, rtol=0, atol=0)
     ints = lambda a: a.to(torch.int32).topk(17, dim=-1)[0] * 2  # noqa: E731  (no bitonic sort of int32)
     with texelflow.compile(Call(ints), (x,), device=device) as prog:
         (name, why), = prog.plan.fallbacks

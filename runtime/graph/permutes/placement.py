@@ -342,6 +342,9 @@ def _rewrite(graph: PlanGraph, region: Region, plan: _Plan, names: set[str]) -> 
             same.sort(key=lambda v: id(v) not in outputs)
             held[key] = same[0] if same else Value(fresh(f"{s.name}/{_tag(label)}"), _shape_in(s, region, label),
                                                    s.dtype, Role.NODE)
+            host = graph.input_host_dtypes.get(s.name)
+            if host is not None:  # a narrowed int64 moved into a new value stays narrowed (returned as int64)
+                graph.input_host_dtypes.setdefault(held[key].name, host)
         return held[key]
 
     # commuting ops in their labels
