@@ -898,6 +898,23 @@ def _packed_roll(facts: SpecFacts, p: dict) -> int:
     return _whole_words(_whcn_of(facts, b)[info.packed_dim], info.buffer_block == 1)
 
 
+@_spec_rule("packed_flip", 0, required=("of",), tensor_params=("packed_flip", "of"))
+def _packed_flip(facts: SpecFacts, p: dict) -> int:
+    """1 when flip leaves the packed dim of tensor `packed_flip` (whose representation `of`
+    shares) unflipped, in a texture (rank <= 4) or in a one-element-per-word buffer whose packed
+    size is a multiple of 4: each unit of `of` (a texel, or a vec4 word) is then one whole unit of
+    self (flip.glsl.j2 moves units whole); 2 for such buffers with the packed size a multiple of 16."""
+    from texelflow.generated.layouts import STORAGE_INFO
+
+    a, b = p["packed_flip"], p["of"]
+    info, shape = _one_float_repr(facts, a, b), facts.shape(a)
+    if info is None or any(whcn(d, len(shape)) == info.packed_dim for d in facts.value("dims") or ()):
+        return 0
+    if STORAGE_INFO[facts.repr(a).storage].is_image:
+        return int(len(shape) <= 4)
+    return _whole_words(_whcn_of(facts, b)[info.packed_dim], info.buffer_block == 1)
+
+
 @_spec_rule("list_units", 0, required=("of", "dim"), tensor_params=("list_units", "of"))
 def _list_units(facts: SpecFacts, p: dict) -> int:
     """For one element of the tensor list `list_units` concatenated into `of` along torch dim

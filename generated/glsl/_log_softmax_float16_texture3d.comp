@@ -79,23 +79,11 @@ layout(constant_id = 6) const int packed_lines = 0;  // packed_lines
 
 #line 36
 float neg_inf() { return uintBitsToFloat(0xff800000u); }
-
-// The line number l's first index (index 0 along d) among the lines along d of a tensor whose
-// (texel) sizes are `sizes`, in WHCN order with d left out.
-ivec4 line_first(int l, ivec4 sizes, int d) {
-  ivec4 ls = sizes;
-  ls[d] = 1;
-  return tf_linear_to_whcn(l, ls);
-}
-
-// How many lines along d a tensor of (texel) sizes `sizes` has.
-int line_count(ivec4 sizes, int d) { return sizes.x * sizes.y * sizes.z * sizes.w / max(sizes[d], 1); }
-
 float lanes_max(vec4 v) { return tf_max(tf_max(v.x, v.y), tf_max(v.z, v.w)); }
 
 // Texel positions are affine along each dim: the step between texels t and t + 1 of a line along
 // d (one texel, or four elements along the packed dim).
-#line 98
+#line 86
 ivec3 texel_step(int d, ivec4 sizes, int lid) {
   if (d == 0) { return ivec3(1, 0, 0); }
   if (d == 1) { return ivec3(0, 1, 0); }
@@ -117,9 +105,9 @@ void main() {
   // lanes past the end of the packed dim: in the last texel of a line along it (-inf for the
   // max and the sum), else whole padding lines (computed on, written as 0)
   bvec4 last_pad = greaterThanEqual(ivec4(4 * (ts[pd] - 1)) + ivec4(0, 1, 2, 3), ivec4(sz[pd]));
-  int lines = line_count(ts, d);
+  int lines = tf_line_count(ts, d);
   for (int l = u; l < lines; l += pc.units) {
-    ivec4 first = line_first(l, ts, d);
+    ivec4 first = tf_line_first(l, ts, d);
     bvec4 line_pad = !one_line && first[pd] == ts[pd] - 1 ? last_pad : bvec4(false);
     first[pd] *= 4;
     ivec3 p = tf_texel_pos_lane(first, sz, out_layout).xyz;  // self's too: one layout, one shape

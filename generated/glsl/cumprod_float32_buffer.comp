@@ -57,28 +57,19 @@ T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, s
 // STEP(s, lost, x) takes x into the running value s; RESULT(s, lost) is the value to store. A sum
 // is compensated (math.glslh tf_sum_add: `lost` holds what its additions rounded away), so a long
 // line stays within about one rounding of torch's float64 accumulation.
-#line 33 "shaders/scan.glsl.j2"
+#line 34 "shaders/scan.glsl.j2"
 #define STEP(s, lost, x) s *= (x)
 #define RESULT(s, lost) (s)
 #define START 1
 
-// The first index (index 0 along d) of line l among the lines along d of a tensor of (texel)
-// sizes `sizes`, numbered in WHCN order with d left out; and how many lines there are.
-#line 44
-ivec4 line_first(int l, ivec4 sizes, int d) {
-  ivec4 ls = sizes;
-  ls[d] = 1;
-  return tf_linear_to_whcn(l, ls);
-}
-int line_count(ivec4 sizes, int d) { return sizes.x * sizes.y * sizes.z * sizes.w / max(sizes[d], 1); }
-
+#line 43
 void main() {
   int u = tf_unit_id();
   int d = pc.scan_dim;
   ivec4 sz = pc.out_sizes;
-#line 56
-  if (u >= line_count(sz, d)) { return; }
-  ivec4 first = line_first(u, sz, d);
+#line 48
+  if (u >= tf_line_count(sz, d)) { return; }
+  ivec4 first = tf_line_first(u, sz, d);
   int a = tf_buffer_word_lane(first, pc.self_sizes, self_layout).x;
   int o = tf_buffer_word_lane(first, sz, out_layout).x;
   int in_step = tf_buffer_stride(d, pc.self_sizes, self_layout);
@@ -88,5 +79,5 @@ void main() {
     STEP(s, lost, T(t_self[a + j * in_step]));
     t_out[o + j * out_step] = tf_bf16_out(RESULT(s, lost));
   }
-#line 97
+#line 89
 }

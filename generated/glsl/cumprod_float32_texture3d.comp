@@ -63,31 +63,22 @@ T load_self(ivec4 idx) {
 // STEP(s, lost, x) takes x into the running value s; RESULT(s, lost) is the value to store. A sum
 // is compensated (math.glslh tf_sum_add: `lost` holds what its additions rounded away), so a long
 // line stays within about one rounding of torch's float64 accumulation.
-#line 33 "shaders/scan.glsl.j2"
+#line 34 "shaders/scan.glsl.j2"
 #define STEP(s, lost, x) s *= (x)
 #define RESULT(s, lost) (s)
 #define START 1
 
-// The first index (index 0 along d) of line l among the lines along d of a tensor of (texel)
-// sizes `sizes`, numbered in WHCN order with d left out; and how many lines there are.
-#line 44
-ivec4 line_first(int l, ivec4 sizes, int d) {
-  ivec4 ls = sizes;
-  ls[d] = 1;
-  return tf_linear_to_whcn(l, ls);
-}
-int line_count(ivec4 sizes, int d) { return sizes.x * sizes.y * sizes.z * sizes.w / max(sizes[d], 1); }
-
+#line 43
 void main() {
   int u = tf_unit_id();
   int d = pc.scan_dim;
   ivec4 sz = pc.out_sizes;
-#line 68
+#line 60
   int pd = tf_packed_dim(out_layout);
   ivec4 ts = sz;
   ts[pd] = tf_div_up(sz[pd], 4);
-  if (u >= line_count(ts, d)) { return; }
-  ivec4 e = line_first(u, ts, d);
+  if (u >= tf_line_count(ts, d)) { return; }
+  ivec4 e = tf_line_first(u, ts, d);
   e[pd] *= 4;
   bool along_lanes = d == pd;
   int step = along_lanes ? 4 : 1;
@@ -111,5 +102,5 @@ void main() {
     }
     store_texel_out(p, mix(r, VEC4(0), tf_padding_lanes(p, sz, out_layout)));
   }
-#line 97
+#line 89
 }

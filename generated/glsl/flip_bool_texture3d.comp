@@ -54,25 +54,74 @@ T load_self(ivec4 idx) {
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
 
-#line 10 "shaders/flip.glsl.j2"
-T compute_out(ivec4 idx) {
-  return load_self(mix(idx, pc.self_sizes - 1 - idx, notEqual(pc.flip_dims, ivec4(0))));
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 89
+layout(constant_id = 5) const int units_match = 0;  // packed_flip
+#line 89
+layout(constant_id = 6) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 7) const int findex = 0;  // float_index
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 95
+const int tf_span = 2;
+
+// Self's index of out's element at `idx`: each flipped lane counted from its end.
+#line 22 "shaders/flip.glsl.j2"
+ivec4 self_index(ivec4 idx) { return mix(idx, pc.self_sizes - 1 - idx, notEqual(pc.flip_dims, ivec4(0))); }
+#line 24
+ivec4 unit_index(ivec4 idx) { return self_index(idx); }
+
+#line 104 "shaders/_unit_moves.glsl.j2"
+#define TF_BLOCK_PATH (units_match != 0)
+// Out's texels from pos along the row (the first `count` inside it), each the texel of self
+// holding the same 4 elements (padding lanes map to padding lanes).
+void unit_block(ivec3 pos, int count) {
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || k < count) {
+#line 115
+      ivec4 i = unit_index(tf_texel_to_idx(pos, pc.out_sizes, out_layout));
+      VEC4 v = load_texel_self(tf_texel_pos_lane(i, pc.self_sizes, self_layout).xyz);
+#line 118
+      store_texel_out(pos, v);
+    }
+    pos.x += 1;
+  }
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
-void main() {
-  int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 18
-  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
+#line 125
+void unit_texel(ivec3 pos) {
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
   VEC4 r = VEC4(0);
   for (int k = 0; k < 4; ++k) {
     ivec4 e = idx;
     e[pd] += k;
-    if (tf_in_bounds(e, pc.out_sizes)) { r[k] = compute_out(e); }
+    if (tf_in_bounds(e, pc.out_sizes)) {
+#line 25
+    ivec4 i = self_index(e);
+    r[k] = load_self(i);
+
+#line 134
+    }
   }
   store_texel_out(pos, r);
-#line 29
+}
+
+#line 56 "shaders/_span_main.glsl.j2"
+void main() {
+  int u = tf_unit_id();
+  ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
+  int chunks = (e.x + tf_span - 1) / tf_span;
+  int row = u / chunks;
+  if (row >= e.y * e.z) { return; }
+  ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(pos, tail == 0 ? tf_span : min(tf_span, e.x - pos.x)); return; }
+#endif
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || pos.x < e.x) { unit_texel(pos); }
+    pos.x += 1;
+  }
 }

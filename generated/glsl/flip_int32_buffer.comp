@@ -48,16 +48,288 @@ layout(push_constant) uniform PushConstants {
 #line 53
 T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x]; }
 
-#line 10 "shaders/flip.glsl.j2"
-T compute_out(ivec4 idx) {
-  return load_self(mix(idx, pc.self_sizes - 1 - idx, notEqual(pc.flip_dims, ivec4(0))));
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 89
+layout(constant_id = 5) const int units_match = 0;  // packed_flip
+#line 89
+layout(constant_id = 6) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 7) const int findex = 0;  // float_index
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 95
+const int tf_span = 16;
+
+// Self's index of out's element at `idx`: each flipped lane counted from its end.
+#line 22 "shaders/flip.glsl.j2"
+ivec4 self_index(ivec4 idx) { return mix(idx, pc.self_sizes - 1 - idx, notEqual(pc.flip_dims, ivec4(0))); }
+
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
+#line 12
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
+#line 15
+VEC4 read4_self(int k) { return VEC4(t4_self[k]); }
+T read_self(int w) { return T(t_self[w]); }
+
+#line 32 "shaders/_unit_moves.glsl.j2"
+const bool vec4_path = false;  // whole units go through the block path below
+void unit_vec4(int k) {}
+
+// Out's element at `e` (inside out), for the stepped path below.
+T out_element(ivec4 e) {
+  T v;
+#line 25
+    ivec4 i = self_index(e);
+    v = load_self(i);
+
+#line 39
+  return v;
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
+#define TF_BLOCK_PATH true
+// Out's words 16u .. 16u + 15: with `units_match` (a buffer self) as vec4 words, each the vec4
+// word of self holding the same elements; otherwise element by element, out's index found once
+// and stepped (tf_step_index: compares, no division per word; on lavapipe a slice of a
+// channels-packed [2, 10, 3, 56, 56] buffer took 3.6-3.8 ms with an index per word, 2.1-3.0 ms
+// stepped).
+void unit_block(int u) {
+#line 50
+  if (units_match == 2) {
+#line 25
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u, pc.out_sizes, out_layout, findex));
+    int k = tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4;
+
+#line 57
+    t4_out[4 * u + 0] = ivec4(read4_self(k + 0));
+#line 57
+    t4_out[4 * u + 1] = ivec4(read4_self(k + 1));
+#line 57
+    t4_out[4 * u + 2] = ivec4(read4_self(k + 2));
+#line 57
+    t4_out[4 * u + 3] = ivec4(read4_self(k + 3));
+#line 60
+    return;
+  }
+#line 63
+  if (units_match != 0 && (tail == 0 || 16 * u + 0 < pc.units)) {
+    VEC4 v;
+#line 25
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u + 0, pc.out_sizes, out_layout, findex));
+    v = read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4);
+
+#line 67
+    t4_out[4 * u + 0] = ivec4(v);
+  }
+#line 63
+  if (units_match != 0 && (tail == 0 || 16 * u + 4 < pc.units)) {
+    VEC4 v;
+#line 25
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u + 4, pc.out_sizes, out_layout, findex));
+    v = read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4);
+
+#line 67
+    t4_out[4 * u + 1] = ivec4(v);
+  }
+#line 63
+  if (units_match != 0 && (tail == 0 || 16 * u + 8 < pc.units)) {
+    VEC4 v;
+#line 25
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u + 8, pc.out_sizes, out_layout, findex));
+    v = read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4);
+
+#line 67
+    t4_out[4 * u + 2] = ivec4(v);
+  }
+#line 63
+  if (units_match != 0 && (tail == 0 || 16 * u + 12 < pc.units)) {
+    VEC4 v;
+#line 25
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(16 * u + 12, pc.out_sizes, out_layout, findex));
+    v = read4_self(tf_buffer_word_lane(i, pc.self_sizes, self_layout).x / 4);
+
+#line 67
+    t4_out[4 * u + 3] = ivec4(v);
+  }
+#line 70
+  if (units_match != 0) { return; }
+#line 72
+  int first = 16 * u;
+  int pd = tf_packed_dim(out_layout);
+  int od = tf_outer_dim(out_layout);
+  ivec2 r = tf_rest_dims(pd, od);
+  ivec4 e = tf_buffer_word_to_idx_f(first, pc.out_sizes, out_layout, findex);
+  ivec4 last = pc.out_sizes - 1;
+  bool whole = tail == 0 || first + 16 <= pc.units;
+  VEC4 v[4];
+#line 81
+  v[0][0] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[0][1] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[0][2] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[0][3] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[1][0] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[1][1] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[1][2] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[1][3] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[2][0] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[2][1] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[2][2] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[2][3] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[3][0] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[3][1] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[3][2] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 83
+  e = tf_step_index(e, pc.out_sizes, pd, od, r);
+#line 81
+  v[3][3] = out_element(min(e, last));  // past out's end (a partial span): unused
+#line 86
+  if (whole) {
+#line 88
+    t4_out[4 * u + 0] = ivec4(v[0]);
+#line 88
+    t4_out[4 * u + 1] = ivec4(v[1]);
+#line 88
+    t4_out[4 * u + 2] = ivec4(v[2]);
+#line 88
+    t4_out[4 * u + 3] = ivec4(v[3]);
+#line 90
+    return;
+  }
+#line 93
+  if (first + 0 < pc.units) { t_out[first + 0] = (v[0][0]); }
+#line 93
+  if (first + 1 < pc.units) { t_out[first + 1] = (v[0][1]); }
+#line 93
+  if (first + 2 < pc.units) { t_out[first + 2] = (v[0][2]); }
+#line 93
+  if (first + 3 < pc.units) { t_out[first + 3] = (v[0][3]); }
+#line 93
+  if (first + 4 < pc.units) { t_out[first + 4] = (v[1][0]); }
+#line 93
+  if (first + 5 < pc.units) { t_out[first + 5] = (v[1][1]); }
+#line 93
+  if (first + 6 < pc.units) { t_out[first + 6] = (v[1][2]); }
+#line 93
+  if (first + 7 < pc.units) { t_out[first + 7] = (v[1][3]); }
+#line 93
+  if (first + 8 < pc.units) { t_out[first + 8] = (v[2][0]); }
+#line 93
+  if (first + 9 < pc.units) { t_out[first + 9] = (v[2][1]); }
+#line 93
+  if (first + 10 < pc.units) { t_out[first + 10] = (v[2][2]); }
+#line 93
+  if (first + 11 < pc.units) { t_out[first + 11] = (v[2][3]); }
+#line 93
+  if (first + 12 < pc.units) { t_out[first + 12] = (v[3][0]); }
+#line 93
+  if (first + 13 < pc.units) { t_out[first + 13] = (v[3][1]); }
+#line 93
+  if (first + 14 < pc.units) { t_out[first + 14] = (v[3][2]); }
+#line 93
+  if (first + 15 < pc.units) { t_out[first + 15] = (v[3][3]); }
+#line 95
+}
+
+void unit_word(int w) {
+  T v;
+#line 25
+    ivec4 i = self_index(tf_buffer_word_to_idx_f(w, pc.out_sizes, out_layout, findex));
+    v = load_self(i);
+
+#line 100
+  t_out[w] = (v);
+}
+
+#line 20 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 16
-  t_out[u] = compute_out(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout));
-#line 29
+  int first = u * tf_span;
+  if (first >= pc.units) { return; }
+#ifdef TF_PREPARE
+  TF_PREPARE;
+#endif
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(u); return; }
+#endif
+  // unrolled below: a rolled loop costs lavapipe mask bookkeeping per trip
+  if (vec4_path) {  // (tested once: glslc's optimizer fails on a second test of this spec expression)
+    if (tail == 0) {
+      // Interleaved: invocation u takes vec4 words u, u + g, u + 2g, ... (g = units / span
+      // invocations), so one access's SIMD lanes touch neighbouring vec4 words, not words a span
+      // apart (on lavapipe: the trivial copy with 4 vec4s per invocation moves 8-9% more this way).
+      int g = pc.units / tf_span;
+#line 38
+      unit_vec4(u + 0 * g);
+#line 38
+      unit_vec4(u + 1 * g);
+#line 38
+      unit_vec4(u + 2 * g);
+#line 38
+      unit_vec4(u + 3 * g);
+#line 40
+      return;
+    }
+    // A partial span somewhere: invocation u's own words, as vec4s where its span is whole (on
+    // lavapipe a runtime guard on interleaved words measured 25-30% slower than this).
+    if (first + tf_span <= pc.units) {
+      int k = u * (tf_span / 4);
+#line 47
+      unit_vec4(k + 0);
+#line 47
+      unit_vec4(k + 1);
+#line 47
+      unit_vec4(k + 2);
+#line 47
+      unit_vec4(k + 3);
+#line 49
+      return;
+    }
+  }
+  int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);
+  for (int w = first; w < last; ++w) { unit_word(w); }
 }

@@ -77,18 +77,6 @@ T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes
 
 #line 36
 float neg_inf() { return uintBitsToFloat(0xff800000u); }
-
-// The line number l's first index (index 0 along d) among the lines along d of a tensor whose
-// (texel) sizes are `sizes`, in WHCN order with d left out.
-ivec4 line_first(int l, ivec4 sizes, int d) {
-  ivec4 ls = sizes;
-  ls[d] = 1;
-  return tf_linear_to_whcn(l, ls);
-}
-
-// How many lines along d a tensor of (texel) sizes `sizes` has.
-int line_count(ivec4 sizes, int d) { return sizes.x * sizes.y * sizes.z * sizes.w / max(sizes[d], 1); }
-
 float lanes_max(vec4 v) { return tf_max(tf_max(v.x, v.y), tf_max(v.z, v.w)); }
 // vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
 // binding has its view, read_ and read4_ in _prologue.glsl.j2.
@@ -96,7 +84,7 @@ float lanes_max(vec4 v) { return tf_max(tf_max(v.x, v.y), tf_max(v.z, v.w)); }
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
 
 // Shape class packed_lines: the line through `first` is whole vec4 words along the packed dim.
-#line 54 "shaders/softmax.glsl.j2"
+#line 42 "shaders/softmax.glsl.j2"
 void vec4_line(ivec4 first, int n4) {
   int a = tf_buffer_word_lane(first, pc.self_sizes, self_layout).x / 4;
   int o = tf_buffer_word_lane(first, pc.out_sizes, out_layout).x / 4;
@@ -117,14 +105,14 @@ void main() {
   int d = pc.softmax_dim;
   int n = sz[d];
   if (packed_lines == 1) {
-    for (int l = u; l < line_count(sz, d); l += pc.units) { vec4_line(line_first(l, sz, d), n / 4); }
+    for (int l = u; l < tf_line_count(sz, d); l += pc.units) { vec4_line(tf_line_first(l, sz, d), n / 4); }
     return;
   }
   int in_step = tf_buffer_stride(d, pc.self_sizes, self_layout);
   int out_step = tf_buffer_stride(d, sz, out_layout);
-  int lines = line_count(sz, d);
+  int lines = tf_line_count(sz, d);
   for (int l = u; l < lines; l += pc.units) {
-    ivec4 first = line_first(l, sz, d);
+    ivec4 first = tf_line_first(l, sz, d);
     int a = tf_buffer_word_lane(first, pc.self_sizes, self_layout).x;
     int o = tf_buffer_word_lane(first, sz, out_layout).x;
     float m = neg_inf();

@@ -84,7 +84,7 @@ T load_self(ivec4 idx) {
 }
 
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 37 "shaders/reduce.glsl.j2"
+#line 39 "shaders/reduce.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -95,17 +95,17 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 67
+#line 69
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
 
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 92
+#line 94
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0), lost = R(0);
-#line 51
+#line 53
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -116,11 +116,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 95
+#line 97
   R mean = tf_sum_total(sum, lost) / R(count);
   R acc = R(0);
   lost = R(0);
-#line 51
+#line 53
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -131,14 +131,14 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 99
+#line 101
   R v = tf_div_nonneg(tf_sum_total(acc, lost), max(count - pc.correction, 0.0));
-#line 103
+#line 105
   return v;
-#line 149
+#line 151
 }
 #undef R
-#line 67
+#line 69
 #define R T
 R compute_mean(ivec4 o) {
   ivec4 b = reduce_base(o);
@@ -146,10 +146,10 @@ R compute_mean(ivec4 o) {
 
   // var_mean's mean by torch's running (Welford) update, in the same order, so that an infinity
   // gives torch's result: +-inf when it comes last, else NaN (inf - inf).
-#line 108
+#line 110
   R acc = R(0);
   float k = 0.0;
-#line 51
+#line 53
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -160,29 +160,29 @@ R compute_mean(ivec4 o) {
       }
     }
   }
-#line 111
+#line 113
   return acc;
-#line 149
+#line 151
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 172
+#line 174
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
-#line 67
+#line 69
 #define R VEC4
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
 
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 92
+#line 94
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0), lost = R(0);
-#line 51
+#line 53
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -193,11 +193,11 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 95
+#line 97
   R mean = tf_sum_total(sum, lost) / R(count);
   R acc = R(0);
   lost = R(0);
-#line 51
+#line 53
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -208,14 +208,14 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 99
+#line 101
   R v = tf_div_nonneg(tf_sum_total(acc, lost), max(count - pc.correction, 0.0));
-#line 103
+#line 105
   return v;
-#line 149
+#line 151
 }
 #undef R
-#line 67
+#line 69
 #define R VEC4
 R compute_mean_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
@@ -223,10 +223,10 @@ R compute_mean_texel(ivec4 o) {
 
   // var_mean's mean by torch's running (Welford) update, in the same order, so that an infinity
   // gives torch's result: +-inf when it comes last, else NaN (inf - inf).
-#line 108
+#line 110
   R acc = R(0);
   float k = 0.0;
-#line 51
+#line 53
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -237,29 +237,29 @@ R compute_mean_texel(ivec4 o) {
       }
     }
   }
-#line 111
+#line 113
   return acc;
-#line 149
+#line 151
 }
 #undef R
 
-#line 181
+#line 183
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 191
+#line 193
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 195
-  VEC4 rm = VEC4(0);
 #line 197
+  VEC4 rm = VEC4(0);
+#line 199
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 201
-    rm = mix(compute_mean_texel(idx), VEC4(0), pad);
 #line 203
+    rm = mix(compute_mean_texel(idx), VEC4(0), pad);
+#line 205
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -267,14 +267,14 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 211
-        rm[k] = compute_mean(e);
 #line 213
+        rm[k] = compute_mean(e);
+#line 215
       }
     }
   }
   store_texel_out(pos, r);
-#line 218
+#line 220
   store_texel_mean(pos, rm);
-#line 221
+#line 223
 }

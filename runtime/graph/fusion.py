@@ -218,6 +218,8 @@ def _broadcast_shape(*shapes: Sequence[int]) -> tuple[int, ...] | None:
 
 
 def _fold_broadcast_expands(graph: PlanGraph, limits: Sequence[int]) -> None:
+    """Step 0c: each user of an expand that broadcasts the expanded argument itself (to the same
+    output shape, its checks still passing) reads the expand's input; an expand left unread goes."""
     for node in list(graph.nodes):
         if not (node.on_device and node.op.name == "expand"):
             continue

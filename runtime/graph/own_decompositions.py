@@ -14,7 +14,8 @@ Ops torch keeps whole: `any` (and so `all`, which torch decomposes through it) a
 values; `bitwise_not`; `clamp` with tensor bounds; `index` with integer index tensors, as one
 index_select of a flat (for several tensors, linear) index;
 `topk` (k <= 16) as k rounds of an extreme and its first untaken position; `sort` (and so
-`argsort`) by ranks from a pairwise comparison; `gather` and
+`argsort`; and `topk`, `kthvalue` and `median`) of float32 lines up to 256 as one sort_lines node,
+of longer ones as a bitonic network, of integer lines by ranks from a pairwise comparison; `gather` and
 `take_along_dim` as index, `Tensor.unfold` by its windows' positions;
 circular `pad` as a cat of wrapped ends; `max()` and `min()` of a whole tensor as amax and amin,
 `aminmax` as both; `bilinear` as a matmul, a product and a sum; `logaddexp` (and base 2) as
@@ -36,7 +37,7 @@ and a cumsum; `number ** tensor` as a tensor pow; `round` to decimals by a scale
 with a rounding mode and `floor_divide`
 (`ids // 2`) as the int32 kernel div_mode_scalar, or a float trunc of the quotient; a bool compared
 with a number (`mask.tril() == 0`) as its int32 0 / 1 compared. `kthvalue` and `median` as the
-element of a given rank (`_ranks`, the stable sort's). Video: `conv3d` (and a 3-D `convolution`)
+element of a given rank (the stable sort's: `_line_sort`, or `_ranks`). Video: `conv3d` (and a 3-D `convolution`)
 as a sum over the kernel's frames of 2-D convs of the frames it meets, folded into the batch
 (lowering turns the traced 2-D `convolution` pieces into conv2d); `max_pool3d`, `avg_pool3d` and
 `adaptive_avg_pool3d` as box windows along T, H and W in turn, a slice per window element.
@@ -415,8 +416,9 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
 SORT_MAX_PAIRS = 1 << 22
 
 
-# Lines longer than this sort by a bitonic network (bitonic_step nodes) rather than by ranks,
-# whatever SORT_MAX_PAIRS says: n^2 comparisons outgrow log2(n)^2 / 2 steps of n.
+# Integer lines this long or longer sort by a bitonic network (bitonic_step nodes) rather than by
+# ranks, whatever SORT_MAX_PAIRS says: n^2 comparisons outgrow log2(n)^2 / 2 steps of n (float32
+# lines past SORT_LINE_MAX take it too).
 BITONIC_MIN_LENGTH = 1024
 BITONIC_MAX_LENGTH = 1 << 24  # positions ride as float32 beside the values: exact below 2^24
 
@@ -575,10 +577,11 @@ def _long_lines(self, dim) -> bool:
 
 
 def sort(self, dim=-1, descending=False, stable=False):
-    """torch.sort by ranks: element i's place is the count of elements that come before it (less,
-    or greater when descending; NaN counts as the largest; equal ones by position, so the order
-    is stable), then each place gathers the element ranked there. The pairwise comparison is
-    n x n per line (SORT_MAX_PAIRS in all). The indices are int32 on the device, widened to
+    """torch.sort: float32 lines of 2 to SORT_LINE_MAX as one sort_lines node (_line_sort), longer
+    ones by a bitonic network (_long_lines), the rest by ranks: element i's place is the count of
+    elements that come before it (less, or greater when descending; NaN counts as the largest;
+    equal ones by position, so the order is stable), then each place gathers the element ranked
+    there. The pairwise comparison is n x n per line (SORT_MAX_PAIRS in all). The indices are int32 on the device, widened to
     int64 by a cast the device holds narrowed. torch's unstable order among equal values is
     unspecified; this one is always the stable one."""
     import torch
@@ -636,8 +639,9 @@ def _ranks(x, descending: bool = False):
 
 def kthvalue(self, k, dim=-1, keepdim=False):
     """torch.kthvalue: the element ranked k - 1 in the stable sort of its line (`_line_sort` for
-    float32 lines of at most SORT_LINE_MAX, else `_ranks`; NaN counts as the largest) and its position. Among equal values torch's index is unspecified
-    (a selection, not a sort); this one is the stable sort's."""
+    float32 lines of at most SORT_LINE_MAX, else `_ranks`; NaN counts as the largest) and its
+    position. Among equal values torch's index is unspecified (a selection, not a sort); this one
+    is the stable sort's."""
     import torch
 
     aten = torch.ops.aten
