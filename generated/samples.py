@@ -930,9 +930,9 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'dims': (-2,), 'self': (3, 5, 7)},
         {'dims': (0, 1), 'self': (5, 7)},
         {'dims': (0,), 'self': (7,)},
+        {'dims': (), 'self': (1, 3)},
         {'dims': (1, 2), 'self': (2, 3, 5, 8)},
         {'dims': (0, -2), 'self': (2, 3, 5, 16)},
-        {'dims': (), 'self': (1, 3)},
     ),
     'floor': (
         {'self': ()},
