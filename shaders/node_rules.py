@@ -879,23 +879,36 @@ def _packed_pad(facts: SpecFacts, p: dict) -> int:
     return _whole_words(size, info.buffer_block == 1)
 
 
+def _packed_dim_kept(facts: SpecFacts, a: str, b: str, moved_lanes) -> int:
+    """For an op whose output `b` holds each element of `a` (one shared representation) at an
+    index that differs only along the WHCN lanes `moved_lanes`: 1 when the packed dim is not one
+    of them, in a texture (rank <= 4) or a one-element-per-word buffer whose packed size is a
+    multiple of 4, so each unit of `b` is one whole unit of `a`; 2 for such buffers with the
+    packed size a multiple of 16 (16 words of one row per index)."""
+    from texelflow.generated.layouts import STORAGE_INFO
+
+    info, shape = _one_float_repr(facts, a, b), facts.shape(a)
+    if info is None or len(shape) > 4 and STORAGE_INFO[facts.repr(a).storage].is_image:
+        return 0
+    if info.packed_dim in set(moved_lanes):
+        return 0
+    if STORAGE_INFO[facts.repr(a).storage].is_image:
+        return 1
+    return _whole_words(_whcn_of(facts, b)[info.packed_dim], info.buffer_block == 1)
+
+
 @_spec_rule("packed_roll", 0, required=("of",), tensor_params=("packed_roll", "of"))
 def _packed_roll(facts: SpecFacts, p: dict) -> int:
     """1 when roll leaves the packed dim of tensor `packed_roll` (whose representation `of`
     shares) unshifted, in a texture or in a one-element-per-word buffer whose packed size is a
     multiple of 4: each unit of `of` (a texel, or a vec4 word) is then one whole unit of self
     (roll.glsl.j2 moves units whole); 2 for such buffers with the packed size a multiple of 16."""
-    from texelflow.generated.layouts import STORAGE_INFO
-
     from .hooks import roll_whcn_shifts
 
     a, b = p["packed_roll"], p["of"]
-    info, shape = _one_float_repr(facts, a, b), facts.shape(a)
-    if info is None or len(shape) > 4 or roll_whcn_shifts(facts)[info.packed_dim] != 0:
+    if not facts.shape(a):
         return 0
-    if STORAGE_INFO[facts.repr(a).storage].is_image:
-        return 1
-    return _whole_words(_whcn_of(facts, b)[info.packed_dim], info.buffer_block == 1)
+    return _packed_dim_kept(facts, a, b, [lane for lane, shift in enumerate(roll_whcn_shifts(facts)) if shift])
 
 
 @_spec_rule("packed_flip", 0, required=("of",), tensor_params=("packed_flip", "of"))
@@ -904,15 +917,9 @@ def _packed_flip(facts: SpecFacts, p: dict) -> int:
     shares) unflipped, in a texture (rank <= 4) or in a one-element-per-word buffer whose packed
     size is a multiple of 4: each unit of `of` (a texel, or a vec4 word) is then one whole unit of
     self (flip.glsl.j2 moves units whole); 2 for such buffers with the packed size a multiple of 16."""
-    from texelflow.generated.layouts import STORAGE_INFO
-
     a, b = p["packed_flip"], p["of"]
-    info, shape = _one_float_repr(facts, a, b), facts.shape(a)
-    if info is None or any(whcn(d, len(shape)) == info.packed_dim for d in facts.value("dims") or ()):
-        return 0
-    if STORAGE_INFO[facts.repr(a).storage].is_image:
-        return int(len(shape) <= 4)
-    return _whole_words(_whcn_of(facts, b)[info.packed_dim], info.buffer_block == 1)
+    rank = len(facts.shape(a))
+    return _packed_dim_kept(facts, a, b, [whcn(d, rank) for d in facts.value("dims") or ()])
 
 
 @_spec_rule("list_units", 0, required=("of", "dim"), tensor_params=("list_units", "of"))
