@@ -589,6 +589,46 @@ OPS: dict[str, OpEntry] = {
             'amin_int32_texture3d',
         ),
     ),
+    'arg_extreme': OpEntry(
+        name='arg_extreme',
+        targets=(
+            'texelflow.arg_extreme.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('dim', 'int'),
+            Arg('keepdim', 'bool', default=False),
+            Arg('largest', 'int', default=1),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16', 'int32'),
+        dtype_of=(('out', 'int32'),),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('reduce_lanes', 'ivec4', 'hook', (('hook', 'reduce_whcn_lanes'),)),
+            Push('largest', 'int', 'arg', (('arg', 'largest'),)),
+        ),
+        checks=(
+            Check('loop_trips', (('kind', 'reduce'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='arg_extreme',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'arg_extreme_float16_buffer',
+            'arg_extreme_float16_texture3d',
+            'arg_extreme_float32_buffer',
+            'arg_extreme_float32_texture3d',
+            'arg_extreme_int32_buffer',
+            'arg_extreme_int32_texture3d',
+        ),
+    ),
     'asin': OpEntry(
         name='asin',
         targets=(
@@ -8311,6 +8351,7 @@ TARGETS: dict[str, str] = {
     'quantized_decomposed.quantize_per_tensor.default': 'quantize_per_tensor',
     'texelflow.adaptive_max_pool2d_values.default': 'adaptive_max_pool2d_values',
     'texelflow.add_act.default': 'add_act',
+    'texelflow.arg_extreme.default': 'arg_extreme',
     'texelflow.bitonic_step.default': 'bitonic_step',
     'texelflow.cast_to_float16.default': 'cast_to_float16',
     'texelflow.cast_to_float32.default': 'cast_to_float32',

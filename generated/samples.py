@@ -156,6 +156,15 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'dim': (0,), 'self': (7,)},
         {'self': ()},
     ),
+    'arg_extreme': (
+        {'dim': 1, 'keepdim': False, 'largest': 1, 'self': (2, 3, 5, 7)},
+        {'dim': -1, 'keepdim': True, 'largest': 0, 'self': (2, 3, 5, 7)},
+        {'dim': 0, 'keepdim': False, 'largest': 1, 'self': (3, 5, 7)},
+        {'dim': 2, 'keepdim': True, 'largest': 0, 'self': (1, 6, 1, 5)},
+        {'dim': 0, 'keepdim': True, 'largest': 1, 'self': (9, 2)},
+        {'dim': 0, 'keepdim': False, 'largest': 1, 'self': (35,)},
+        {'dim': 1, 'keepdim': False, 'largest': 0, 'self': (5, 1)},
+    ),
     'asin': (
         {'self': ()},
         {'self': (1,)},

@@ -70,9 +70,8 @@ T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
-
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 39 "shaders/reduce.glsl.j2"
+#line 5 "shaders/_reduce_lanes.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -83,7 +82,8 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 69
+
+#line 58 "shaders/reduce.glsl.j2"
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
@@ -91,11 +91,11 @@ R compute_out(ivec4 o) {
 
   // torch's linalg.vector_norm: 2 (sqrt of the sum of squares), inf / -inf (max / min of |x|),
   // 0 (the count of nonzeros, NaN included), else (sum |x|^ord)^(1 / ord).
-#line 117
+#line 106
   if (isinf(pc.ord)) {
     R acc = abs(load_self(b + ivec4(0)));
     if (pc.ord > 0.0) {
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -106,9 +106,9 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 121
+#line 110
     } else {
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -119,13 +119,13 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 123
+#line 112
     }
     return acc;
   }
   R acc = R(0), lost = R(0);
   if (pc.ord == 2.0) {
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -136,11 +136,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 129
+#line 118
     return tf_sqrt(tf_sum_total(acc, lost));
   }
   if (pc.ord == 1.0) {
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -151,11 +151,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 133
+#line 122
     return tf_sum_total(acc, lost);
   }
   if (pc.ord == 0.0) {
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -166,10 +166,10 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 137
+#line 126
     return acc;
   }
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -180,19 +180,19 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 140
+#line 129
   return tf_pow(tf_sum_total(acc, lost), R(1.0 / pc.ord));
-#line 151
+#line 140
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 174
+#line 163
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
-#line 69
+#line 58
 #define R VEC4
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
@@ -200,11 +200,11 @@ R compute_texel(ivec4 o) {
 
   // torch's linalg.vector_norm: 2 (sqrt of the sum of squares), inf / -inf (max / min of |x|),
   // 0 (the count of nonzeros, NaN included), else (sum |x|^ord)^(1 / ord).
-#line 117
+#line 106
   if (isinf(pc.ord)) {
     R acc = abs(load_texel_self(tf_texel_pos_lane(b + ivec4(0), pc.self_sizes, self_layout).xyz));
     if (pc.ord > 0.0) {
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -215,9 +215,9 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 121
+#line 110
     } else {
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -228,13 +228,13 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 123
+#line 112
     }
     return acc;
   }
   R acc = R(0), lost = R(0);
   if (pc.ord == 2.0) {
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -245,11 +245,11 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 129
+#line 118
     return tf_sqrt(tf_sum_total(acc, lost));
   }
   if (pc.ord == 1.0) {
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -260,11 +260,11 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 133
+#line 122
     return tf_sum_total(acc, lost);
   }
   if (pc.ord == 0.0) {
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -275,10 +275,10 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 137
+#line 126
     return acc;
   }
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -289,25 +289,25 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 140
+#line 129
   return tf_pow(tf_sum_total(acc, lost), R(1.0 / pc.ord));
-#line 151
+#line 140
 }
 #undef R
 
-#line 183
+#line 172
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 193
+#line 182
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 199
+#line 188
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 205
+#line 194
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -315,10 +315,10 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 215
+#line 204
       }
     }
   }
   store_texel_out(pos, r);
-#line 223
+#line 212
 }

@@ -68,9 +68,8 @@ T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
-
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 39 "shaders/reduce.glsl.j2"
+#line 5 "shaders/_reduce_lanes.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -81,15 +80,16 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 69
+
+#line 58 "shaders/reduce.glsl.j2"
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
 
-#line 76
+#line 65
   R acc = R(0), lost = R(0);
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -100,29 +100,29 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 78
+#line 67
   acc = tf_sum_total(acc, lost);
-#line 80
+#line 69
   return acc / R(e.x * e.y * e.z * e.w);
-#line 151
+#line 140
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 174
+#line 163
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
-#line 69
+#line 58
 #define R VEC4
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
 
-#line 76
+#line 65
   R acc = R(0), lost = R(0);
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -133,27 +133,27 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 78
+#line 67
   acc = tf_sum_total(acc, lost);
-#line 80
+#line 69
   return acc / R(e.x * e.y * e.z * e.w);
-#line 151
+#line 140
 }
 #undef R
 
-#line 183
+#line 172
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 193
+#line 182
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 199
+#line 188
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 205
+#line 194
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -161,10 +161,10 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 215
+#line 204
       }
     }
   }
   store_texel_out(pos, r);
-#line 223
+#line 212
 }

@@ -70,9 +70,8 @@ T load_self(ivec4 idx) {
   ivec4 pl = tf_texel_pos_lane(idx, pc.self_sizes, self_layout);
   return imageLoad(t_self, pl.xyz)[pl.w];
 }
-
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 39 "shaders/reduce.glsl.j2"
+#line 5 "shaders/_reduce_lanes.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -83,17 +82,18 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
-#line 69
+
+#line 58 "shaders/reduce.glsl.j2"
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
 
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 94
+#line 83
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0), lost = R(0);
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -104,11 +104,11 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 97
+#line 86
   R mean = tf_sum_total(sum, lost) / R(count);
   R acc = R(0);
   lost = R(0);
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -119,31 +119,31 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 101
+#line 90
   R v = tf_div_nonneg(tf_sum_total(acc, lost), max(count - pc.correction, 0.0));
-#line 103
+#line 92
   return tf_sqrt(v);
-#line 151
+#line 140
 }
 #undef R
 
 // Whole texels: self's packed lane is kept and is out's packed lane, so lane k of a self texel
 // belongs to lane k of the out texel.
-#line 174
+#line 163
 bool reduce_by_texel() { return pc.reduce_lanes[tf_packed_dim(self_layout)] == tf_packed_dim(out_layout); }
 
 // The out texel whose lane 0 is at `o`, from whole self texels.
-#line 69
+#line 58
 #define R VEC4
 R compute_texel(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
 
   // Two passes (mean, then squared deviations): no cancellation for a mean far from 0.
-#line 94
+#line 83
   float count = float(e.x * e.y * e.z * e.w);
   R sum = R(0), lost = R(0);
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -154,11 +154,11 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 97
+#line 86
   R mean = tf_sum_total(sum, lost) / R(count);
   R acc = R(0);
   lost = R(0);
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -169,27 +169,27 @@ R compute_texel(ivec4 o) {
       }
     }
   }
-#line 101
+#line 90
   R v = tf_div_nonneg(tf_sum_total(acc, lost), max(count - pc.correction, 0.0));
-#line 103
+#line 92
   return tf_sqrt(v);
-#line 151
+#line 140
 }
 #undef R
 
-#line 183
+#line 172
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 193
+#line 182
   ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
   ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   VEC4 r = VEC4(0);
-#line 199
+#line 188
   if (reduce_by_texel()) {
     bvec4 pad = tf_padding_lanes(pos, pc.out_sizes, out_layout);
     r = mix(compute_texel(idx), VEC4(0), pad);
-#line 205
+#line 194
   } else {
     int pd = tf_packed_dim(out_layout);
     for (int k = 0; k < 4; ++k) {
@@ -197,10 +197,10 @@ void main() {
       e[pd] += k;
       if (tf_in_bounds(e, pc.out_sizes)) {
         r[k] = compute_out(e);
-#line 215
+#line 204
       }
     }
   }
   store_texel_out(pos, r);
-#line 223
+#line 212
 }

@@ -66,9 +66,8 @@ layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[];
 T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
 VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
-
 // The first index of self reduced into the output element at `o` (0 along reduced lanes).
-#line 39 "shaders/reduce.glsl.j2"
+#line 5 "shaders/_reduce_lanes.glsl.j2"
 ivec4 reduce_base(ivec4 o) {
   ivec4 b = ivec4(0);
   for (int d = 0; d < 4; ++d) {
@@ -79,23 +78,24 @@ ivec4 reduce_base(ivec4 o) {
 
 // How far the reduction runs along each lane of self: the size where reduced, else 1.
 ivec4 reduce_extent() { return mix(ivec4(1), pc.self_sizes, lessThan(pc.reduce_lanes, ivec4(0))); }
+
 // A buffer of one element per word: the word of b + i from b's word and the word stride of each dim.
-#line 158
+#line 147 "shaders/reduce.glsl.j2"
 int word_at(int base, ivec4 strides, ivec4 i) { return base + i.x * strides.x + i.y * strides.y + i.z * strides.z + i.w * strides.w; }
 ivec4 self_strides() {
   return ivec4(tf_buffer_stride(0, pc.self_sizes, self_layout), tf_buffer_stride(1, pc.self_sizes, self_layout),
                tf_buffer_stride(2, pc.self_sizes, self_layout), tf_buffer_stride(3, pc.self_sizes, self_layout));
 }
-#line 69
+#line 58
 #define R T
 R compute_out(ivec4 o) {
   ivec4 b = reduce_base(o);
   ivec4 e = reduce_extent();
   int base = tf_buffer_word_lane(b, pc.self_sizes, self_layout).x;
   ivec4 st = self_strides();
-#line 76
+#line 65
   R acc = R(0), lost = R(0);
-#line 53
+#line 42
   for (int n = 0; n < e.w; ++n) {
     for (int c = 0; c < e.z; ++c) {
       for (int h = 0; h < e.y; ++h) {
@@ -106,20 +106,20 @@ R compute_out(ivec4 o) {
       }
     }
   }
-#line 78
+#line 67
   acc = tf_sum_total(acc, lost);
-#line 82
+#line 71
   return acc;
-#line 151
+#line 140
 }
 #undef R
 
-#line 183
+#line 172
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-#line 187
+#line 176
   ivec4 o = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   t_out[u] = tf_bf16_out(compute_out(o));
-#line 223
+#line 212
 }

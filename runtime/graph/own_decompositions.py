@@ -28,8 +28,9 @@ expand of its source; `slice_scatter` (`y[:, a:b] = src`) as a cat; `index_put`
 with a bool mask and one value as a where, with one 1-D index as a where of gathered values (or,
 accumulating, a one-hot product); `scatter_add` and `scatter` by a one-hot comparison of the index
 with the positions along the dim (a sum of the sources it selects, or the last one);
-`argmax`, `argmin`, `max.dim` and `min.dim` as a max (min), the positions of its hits and the
-least of them, in int32, widened by a cast the device holds narrowed; `cummax` and `cummin` as a
+`argmax`, `argmin`, `max.dim` and `min.dim` as a max (min) and one arg_extreme node (lines up to
+4,096; longer ones: the positions of its hits and the least of them), in int32, widened by a cast
+the device holds narrowed; `cummax` and `cummin` as a
 running max (min) by doubling (log2 n maximums with shifted copies) and the running max of the
 positions that set it. `_safe_softmax` (in torch's
 attention decomposition) as a softmax and a where on the row max. `cumsum` with a dtype as a cast
@@ -754,11 +755,41 @@ def min_all(self):
     return _whole(self, largest=False)
 
 
+def arg_extreme_reference(self, dim, keepdim=False, largest=1):
+    """texelflow.arg_extreme in torch: the int32 argmax (argmin) along dim, as
+    shaders/arg_extreme.glsl.j2 computes it."""
+    import torch
+
+    return (torch.argmax if largest else torch.argmin)(self, dim, keepdim).to(torch.int32)
+
+
+_ARG_EXTREME_OP = []
+
+# Lines up to this long take arg_extreme's one pass (well inside the loop limit of one invocation,
+# shaders/node_rules.py LOOP_TRIPS_LIMIT); longer ones the reductions below, which split.
+ARG_EXTREME_MAX_LINE = 4096
+
+
+def arg_extreme_op(torch):
+    """torch.ops.texelflow.arg_extreme.default, registered on first use (as bitonic_op)."""
+    if not _ARG_EXTREME_OP:
+        if not hasattr(torch.ops.texelflow, "arg_extreme"):
+            lib = torch.library.Library("texelflow", "FRAGMENT")
+            lib.define("arg_extreme(Tensor self, int dim, bool keepdim=False, int largest=1) -> Tensor")
+            lib.impl("arg_extreme", arg_extreme_reference, "CompositeExplicitAutograd")
+            lib.impl("arg_extreme", arg_extreme_reference, "Meta")
+            _ARG_EXTREME_OP.append(lib)
+        _ARG_EXTREME_OP.append(torch.ops.texelflow.arg_extreme.default)
+    return _ARG_EXTREME_OP[-1]
+
+
 def _arg_extreme(self, dim, keepdim: bool, largest: bool):
     """(extreme values, int64 indices) of self along `dim` (None: the flattened tensor), as torch:
     the first index of the max (min), NaN counting as the extreme. The indices are found on the
-    device in int32 (the position of each hit, the rest pushed past the end, the least taken) and
-    widened by one int32 -> int64 cast, which the device holds narrowed (narrowing.py)."""
+    device in int32 and widened by one int32 -> int64 cast, which the device holds narrowed
+    (narrowing.py): by one arg_extreme node (float32, float16, int32 or narrowed int64, rank 1 to
+    4, lines up to ARG_EXTREME_MAX_LINE), else as the position of each hit, the rest pushed past
+    the end, the least taken."""
     import torch
 
     aten = torch.ops.aten
@@ -766,14 +797,17 @@ def _arg_extreme(self, dim, keepdim: bool, largest: bool):
     d = 0 if dim is None else dim % max(x.dim(), 1)
     n = x.shape[d] if x.dim() else 1
     extreme = (aten.amax if largest else aten.amin).default(x, [d] if x.dim() else [], True)
-    hit = aten.eq.Tensor(x, extreme)
-    if x.dtype.is_floating_point:
-        hit = aten.logical_or.default(hit, aten.ne.Tensor(x, x))  # NaN: torch's arg extreme
-    shape = [1] * x.dim()
-    if shape:
-        shape[d] = n
-    positions = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), shape)
-    first = aten.amin.default(aten.where.ScalarOther(hit, positions, n), [d] if x.dim() else [], keepdim)
+    if 1 <= x.dim() <= 4 and x.dtype in (torch.float32, torch.float16, torch.int32, torch.int64) and n <= ARG_EXTREME_MAX_LINE:
+        first = arg_extreme_op(torch)(x, d, keepdim, int(largest))
+    else:
+        hit = aten.eq.Tensor(x, extreme)
+        if x.dtype.is_floating_point:
+            hit = aten.logical_or.default(hit, aten.ne.Tensor(x, x))  # NaN: torch's arg extreme
+        shape = [1] * x.dim()
+        if shape:
+            shape[d] = n
+        positions = aten.reshape.default(aten.arange.start_step(0, n, dtype=torch.int32), shape)
+        first = aten.amin.default(aten.where.ScalarOther(hit, positions, n), [d] if x.dim() else [], keepdim)
     indices = aten._to_copy.default(first, dtype=torch.int64)
     if dim is None and keepdim:
         indices = aten.reshape.default(indices, [1] * self.dim())

@@ -285,6 +285,7 @@ NO_TORCH_TARGET.update({name: f"texelflow.runtime.graph.precision.{name}_referen
 NO_TORCH_TARGET["cast_to_int32"] = "texelflow.runtime.graph.lowering.cast_to_int32_reference"  # torch's .int()
 NO_TORCH_TARGET["bitonic_step"] = "texelflow.runtime.graph.own_decompositions.bitonic_step_reference"
 NO_TORCH_TARGET["sort_lines"] = "texelflow.runtime.graph.own_decompositions.sort_lines_reference"
+NO_TORCH_TARGET["arg_extreme"] = "texelflow.runtime.graph.own_decompositions.arg_extreme_reference"
 NO_TORCH_TARGET["round_bfloat16"] = "texelflow.runtime.graph.bfloat16.round_bfloat16_reference"  # .bfloat16().float()
 # q8ta ops: dequantize, the float op, quantize (tests/kernels/q8ta_reference.py)
 NO_TORCH_TARGET.update({name: f"tests.kernels.q8ta_reference.{name}" for name in (
@@ -614,6 +615,7 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "adaptive_max_pool2d_values": None,  # the max selects an element
     "bitonic_step": None,  # each element is its own pair's or its partner's
     "sort_lines": None,  # each value is one of the row's, moved whole
+    "arg_extreme": None,  # a position, exact
     "global_avg_pool_wg": (1e-5, 1e-5),  # the same sums in 64 parts, then a division
     "group_norm": (1e-4, 1e-4),  # mean and variance reductions, rsqrt
     "scan": (1e-5, 1e-4),  # running float32 sums of up to 1000 terms (torch adds float32 in float64)
