@@ -138,6 +138,9 @@ def node_range(graph: PlanGraph, node: Node, ranges: dict) -> tuple[int, int] | 
         return _sum_of(r("self"), src.shape[node.arg("dim") % len(src.shape)] if src.shape else 1)
     if name == "sum" and r("self"):
         return _sum_of(r("self"), _reduced_count(node, node.arg("self")))
+    if name == "arg_extreme":  # a position along dim, whatever the values
+        src = node.arg("self")
+        return (0, max(src.shape[node.arg("dim") % len(src.shape)] - 1, 0) if src.shape else 0)
     if name in ("where_scalar_other", "where_scalar_self"):
         kept = r("self") if name == "where_scalar_other" else r("other")
         number = _number(node.arg("other" if name == "where_scalar_other" else "self"))
