@@ -441,21 +441,29 @@ def bitonic_step_reference(self, j, k, descending=0):
     return torch.where(keep[..., None], a, b)
 
 
-_BITONIC_OP = []
+_CUSTOM_OPS: dict = {}  # name -> (its torch.library.Library, which must outlive the call, or None; the op)
+
+
+def _custom_op(torch, name: str, schema: str, impl, meta):
+    """torch.ops.texelflow.<name>.default, defined on first use by `schema` with a CPU kernel
+    `impl` and a Meta (fake) kernel `meta`: the decompositions are traced with it, and a node of it
+    left on the CPU runs `impl`."""
+    if name not in _CUSTOM_OPS:
+        lib = None
+        if not hasattr(torch.ops.texelflow, name):
+            lib = torch.library.Library("texelflow", "FRAGMENT")
+            lib.define(schema)
+            lib.impl(name, impl, "CompositeExplicitAutograd")
+            lib.impl(name, meta, "Meta")
+        _CUSTOM_OPS[name] = (lib, getattr(torch.ops.texelflow, name).default)
+    return _CUSTOM_OPS[name][1]
 
 
 def bitonic_op(torch):
-    """torch.ops.texelflow.bitonic_step.default, registered on first use (CPU and fake kernels:
-    the sort decomposition is traced with it, and a node of it left on the CPU runs it)."""
-    if not _BITONIC_OP:
-        if not hasattr(torch.ops.texelflow, "bitonic_step"):
-            lib = torch.library.Library("texelflow", "FRAGMENT")
-            lib.define("bitonic_step(Tensor self, int j, int k, int descending=0) -> Tensor")
-            lib.impl("bitonic_step", bitonic_step_reference, "CompositeExplicitAutograd")
-            lib.impl("bitonic_step", lambda self, j, k, descending=0: torch.empty_like(self), "Meta")
-            _BITONIC_OP.append(lib)  # the Library must outlive this call, or torch drops the op
-        _BITONIC_OP.append(torch.ops.texelflow.bitonic_step.default)
-    return _BITONIC_OP[-1]
+    """torch.ops.texelflow.bitonic_step.default (ops.yaml's bitonic_step)."""
+    return _custom_op(torch, "bitonic_step",
+                      "bitonic_step(Tensor self, int j, int k, int descending=0) -> Tensor",
+                      bitonic_step_reference, lambda self, j, k, descending=0: torch.empty_like(self))
 
 
 # Float32 lines up to this long sort in one invocation each (sort_lines: an insertion sort, n^2 / 2
@@ -472,21 +480,13 @@ def sort_lines_reference(self, descending=0):
     return values, indices.to(torch.int32)
 
 
-_SORT_LINES_OP = []
-
-
 def sort_lines_op(torch):
-    """torch.ops.texelflow.sort_lines.default, registered on first use (as bitonic_op)."""
-    if not _SORT_LINES_OP:
-        if not hasattr(torch.ops.texelflow, "sort_lines"):
-            lib = torch.library.Library("texelflow", "FRAGMENT")
-            lib.define("sort_lines(Tensor self, int descending=0) -> (Tensor, Tensor)")
-            lib.impl("sort_lines", sort_lines_reference, "CompositeExplicitAutograd")
-            lib.impl("sort_lines", lambda self, descending=0: (torch.empty_like(self),
-                                                               torch.empty_like(self, dtype=torch.int32)), "Meta")
-            _SORT_LINES_OP.append(lib)
-        _SORT_LINES_OP.append(torch.ops.texelflow.sort_lines.default)
-    return _SORT_LINES_OP[-1]
+    """torch.ops.texelflow.sort_lines.default (ops.yaml's sort_lines)."""
+    def meta(self, descending=0):
+        return torch.empty_like(self), torch.empty_like(self, dtype=torch.int32)
+
+    return _custom_op(torch, "sort_lines", "sort_lines(Tensor self, int descending=0) -> (Tensor, Tensor)",
+                      sort_lines_reference, meta)
 
 
 def _as_rows(self, d: int):
@@ -763,24 +763,16 @@ def arg_extreme_reference(self, dim, keepdim=False, largest=1):
     return (torch.argmax if largest else torch.argmin)(self, dim, keepdim).to(torch.int32)
 
 
-_ARG_EXTREME_OP = []
-
 # Lines up to this long take arg_extreme's one pass (well inside the loop limit of one invocation,
 # shaders/node_rules.py LOOP_TRIPS_LIMIT); longer ones the reductions below, which split.
 ARG_EXTREME_MAX_LINE = 4096
 
 
 def arg_extreme_op(torch):
-    """torch.ops.texelflow.arg_extreme.default, registered on first use (as bitonic_op)."""
-    if not _ARG_EXTREME_OP:
-        if not hasattr(torch.ops.texelflow, "arg_extreme"):
-            lib = torch.library.Library("texelflow", "FRAGMENT")
-            lib.define("arg_extreme(Tensor self, int dim, bool keepdim=False, int largest=1) -> Tensor")
-            lib.impl("arg_extreme", arg_extreme_reference, "CompositeExplicitAutograd")
-            lib.impl("arg_extreme", arg_extreme_reference, "Meta")
-            _ARG_EXTREME_OP.append(lib)
-        _ARG_EXTREME_OP.append(torch.ops.texelflow.arg_extreme.default)
-    return _ARG_EXTREME_OP[-1]
+    """torch.ops.texelflow.arg_extreme.default (ops.yaml's arg_extreme)."""
+    return _custom_op(torch, "arg_extreme",
+                      "arg_extreme(Tensor self, int dim, bool keepdim=False, int largest=1) -> Tensor",
+                      arg_extreme_reference, arg_extreme_reference)
 
 
 def _arg_extreme(self, dim, keepdim: bool, largest: bool):
