@@ -543,10 +543,13 @@ def _read_class(facts: SpecFacts, p: dict) -> int:
 
 @_spec_rule("contiguous_runs", 0, required=("of",), tensor_params=("contiguous_runs", "of"))
 def _contiguous_runs(facts: SpecFacts, p: dict) -> int:
-    """For a copy that broadcasts tensor `contiguous_runs` to `of` (expand): 1 + (a second run)
-    when both are width-packed buffers of one element per word (held in torch's contiguous order
-    at any rank) and the input keeps at most two runs of `of`'s dims (contiguous_runs: its word
-    for `of`'s word w is (w / i1) % p1 + ((w / i2) % p2) p1), else 0 (the general index math)."""
+    """For a copy that broadcasts tensor `contiguous_runs` to `of` (expand): 1 + mode + 3 * (a
+    second run) when both are width-packed buffers of one element per word (held in torch's
+    contiguous order at any rank) and the input keeps at most two runs of `of`'s dims
+    (contiguous_runs: its word for `of`'s word w is (w / i1) % p1 + ((w / i2) % p2) p1), else 0
+    (the general index math). mode, as in READ_RUNS: RUNS_SCALAR where a vec4 word of `of` reads
+    one input word (i1 a multiple of 4, or no dim kept), RUNS_VEC4 where it reads one input vec4
+    (i1 = 1, p1 a multiple of 4), RUNS_LANES word by word."""
     from texelflow.generated.layouts import STORAGE_INFO
 
     a, b = p["contiguous_runs"], p["of"]
@@ -555,7 +558,11 @@ def _contiguous_runs(facts: SpecFacts, p: dict) -> int:
         if STORAGE_INFO[r.storage].is_image or buffer_dim_order(r.layout) != (0, 1, 2, 3):
             return 0  # (0, 1, 2, 3): width-packed, W fastest, then H, C, N
     runs = contiguous_runs(facts.shape(a), facts.shape(b))
-    return 0 if runs is None else 1 + int(runs[3] > 1)
+    if runs is None:
+        return 0
+    i1, p1, _, p2 = runs
+    mode = RUNS_SCALAR if i1 % 4 == 0 or p1 == 1 else RUNS_VEC4 if i1 == 1 and p1 % 4 == 0 else RUNS_LANES
+    return 1 + mode + 3 * int(p2 > 1)
 
 
 @_spec_rule("same_order", 0, required=("of",), tensor_params=("same_order", "of"))

@@ -57,7 +57,13 @@ T load_self(ivec4 idx) { return t_self[tf_buffer_word_lane(idx, pc.self_sizes, s
 #line 89
 layout(constant_id = 5) const int runs = 0;  // contiguous_runs
 #line 89
-layout(constant_id = 6) const int findex = 0;  // float_index
+layout(constant_id = 6) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 7) const int findex = 0;  // float_index
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 95
+const int tf_span = 16;
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
 // `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients
 // (tf_divmod), which lavapipe vectorises.
@@ -93,7 +99,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
   s[7] = 1;
 }
 
-#line 24 "shaders/expand.glsl.j2"
+#line 29 "shaders/expand.glsl.j2"
 T compute_out(ivec4 idx) {
   int e[8];
   tf_unfold8(idx, pc.out_lead, e);
@@ -105,16 +111,86 @@ T compute_out(ivec4 idx) {
   return load_self(tf_fold8(e, pc.self_lead));
 }
 
-#line 36
-void main() {
-  int u = tf_unit_id();
-  if (u >= pc.units) { return; }
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
+#line 12
+layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { ivec4 t4_self[]; };
+#line 15
+VEC4 read4_self(int k) { return VEC4(t4_self[k]); }
+T read_self(int w) { return T(t_self[w]); }
+
+#line 43 "shaders/expand.glsl.j2"
+const int RUNS_MODE = (runs + 2) % 3;  // runs 1 + mode + 3 * two (runs 0: unused)
+const bool vec4_path = runs != 0 && RUNS_MODE != 2;
+
+// self's word for out's word w where runs != 0.
+int runs_word(int w) {
+  return tf_runs_word(w, pc.self_runs, RUNS_MODE != 1, runs > 3, findex);
+}
+
+void unit_vec4(int k) {
+  if (RUNS_MODE == 0) {
+    t4_out[k] = ivec4(VEC4(read_self(runs_word(4 * k))));
+  } else {
+    t4_out[k] = ivec4(read4_self(runs_word(4 * k) / 4));
+  }
+}
+
+void unit_word(int w) {
   if (runs != 0) {
-    int w = tf_runs_word(u, pc.self_runs, true, runs == 2, findex);
-#line 44
-    t_out[u] = t_self[w];  // the same dtype: word for word
-#line 46
+    t_out[w] = (read_self(runs_word(w)));
     return;
   }
-  t_out[u] = compute_out(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout));
+  t_out[w] = compute_out(tf_buffer_word_to_idx(w, pc.out_sizes, out_layout));
+}
+
+#line 20 "shaders/_span_main.glsl.j2"
+void main() {
+  int u = tf_unit_id();
+  int first = u * tf_span;
+  if (first >= pc.units) { return; }
+#ifdef TF_PREPARE
+  TF_PREPARE;
+#endif
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(u); return; }
+#endif
+  // unrolled below: a rolled loop costs lavapipe mask bookkeeping per trip
+  if (vec4_path) {  // (tested once: glslc's optimizer fails on a second test of this spec expression)
+    if (tail == 0) {
+      // Interleaved: invocation u takes vec4 words u, u + g, u + 2g, ... (g = units / span
+      // invocations), so one access's SIMD lanes touch neighbouring vec4 words, not words a span
+      // apart (on lavapipe: the trivial copy with 4 vec4s per invocation moves 8-9% more this way).
+      int g = pc.units / tf_span;
+#line 38
+      unit_vec4(u + 0 * g);
+#line 38
+      unit_vec4(u + 1 * g);
+#line 38
+      unit_vec4(u + 2 * g);
+#line 38
+      unit_vec4(u + 3 * g);
+#line 40
+      return;
+    }
+    // A partial span somewhere: invocation u's own words, as vec4s where its span is whole (on
+    // lavapipe a runtime guard on interleaved words measured 25-30% slower than this).
+    if (first + tf_span <= pc.units) {
+      int k = u * (tf_span / 4);
+#line 47
+      unit_vec4(k + 0);
+#line 47
+      unit_vec4(k + 1);
+#line 47
+      unit_vec4(k + 2);
+#line 47
+      unit_vec4(k + 3);
+#line 49
+      return;
+    }
+  }
+  int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);
+  for (int w = first; w < last; ++w) { unit_word(w); }
 }

@@ -63,7 +63,9 @@ T load_self(ivec4 idx) {
 #line 89
 layout(constant_id = 5) const int runs = 0;  // contiguous_runs
 #line 89
-layout(constant_id = 6) const int findex = 0;  // float_index
+layout(constant_id = 6) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 7) const int findex = 0;  // float_index
 // WHCN index (N folded) -> 8 lanes (N unfolded with the leading sizes `lead`); with
 // `exact_float` (shape class float_index: N below 2^22) the divisions go through float quotients
 // (tf_divmod), which lavapipe vectorises.
@@ -99,7 +101,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
   s[7] = 1;
 }
 
-#line 24 "shaders/expand.glsl.j2"
+#line 29 "shaders/expand.glsl.j2"
 T compute_out(ivec4 idx) {
   int e[8];
   tf_unfold8(idx, pc.out_lead, e);

@@ -272,13 +272,19 @@ PERMUTES = [
 
 # expand between width-packed buffers: out's word w reads self's word (w / i1) % p1 + ((w / i2) %
 # p2) p1 where self keeps at most two runs of out's dims (`runs` 1 or 2), else the general path
-EXPANDS = [
-    ("grouped-query-heads", [1, 4, 1, 6, 8], [1, 4, 2, 6, 8], BUF_WP, {"runs": 2, "findex": 1}),
-    ("row-over-batches", [5, 7], [3, 5, 7], BUF_WP, {"runs": 1, "findex": 1}),
-    ("column-repeated", [5, 1], [5, 6], BUF_WP, {"runs": 1, "findex": 1}),
-    ("three-kept-runs", [2, 1, 3, 1, 5], [2, 3, 3, 2, 5], BUF_WP, {"runs": 0, "findex": 1}),
-    ("channels-packed", [1, 6, 1, 1], [2, 6, 3, 5], BUF_CP, {"runs": 0, "findex": 1}),
-    ("texture", [1, 6, 1, 1], [2, 6, 3, 5], TEX_CP, {"runs": 0, "findex": 1}),
+EXPANDS = [  # runs: 1 + mode (0 one word per vec4, 1 one vec4, 2 word by word) + 3 with a second run
+    ("grouped-query-heads", [1, 4, 1, 6, 8], [1, 4, 2, 6, 8], BUF_WP, {"runs": 5, "tail": 0, "findex": 1}),
+    ("rows-over-batches-vec4", [6, 8], [3, 6, 8], BUF_WP, {"runs": 2, "tail": 0, "findex": 1}),
+    ("row-over-batches", [5, 7], [3, 5, 7], BUF_WP, {"runs": 3, "tail": 1, "findex": 1}),
+    ("column-repeated", [5, 1], [5, 6], BUF_WP, {"runs": 3, "tail": 1, "findex": 1}),
+    ("column-repeated-vec4", [3, 1], [3, 8], BUF_WP, {"runs": 1, "tail": 1, "findex": 1}),
+    ("single", [1], [5, 7], BUF_WP, {"runs": 1, "tail": 1, "findex": 1}),
+    ("single-whole-spans", [1, 1], [4, 16], BUF_WP, {"runs": 1, "tail": 0, "findex": 1}),
+    ("two-runs-vec4-words", [2, 1, 3, 1], [2, 5, 3, 4], BUF_WP, {"runs": 4, "tail": 1, "findex": 1}),
+    ("two-runs-by-word", [2, 1, 3, 1], [2, 5, 3, 3], BUF_WP, {"runs": 6, "tail": 1, "findex": 1}),
+    ("three-kept-runs", [2, 1, 3, 1, 5], [2, 3, 3, 2, 5], BUF_WP, {"runs": 0, "tail": 1, "findex": 1}),
+    ("channels-packed", [1, 6, 1, 1], [2, 6, 3, 5], BUF_CP, {"runs": 0, "tail": 1, "findex": 1}),
+    ("texture", [1, 6, 1, 1], [2, 6, 3, 5], TEX_CP, {"runs": 0, "tail": 0, "findex": 1}),
 ]
 
 
