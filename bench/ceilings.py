@@ -101,10 +101,10 @@ def _variant(name: str, storage: str, push: tuple[tuple[str, str], ...], extra_s
 
 
 COPY_SCALAR = _variant("copy_scalar", "buffer", (("units", "int"),))
-COPY_VEC4 = _variant("copy_vec4", "buffer", (("units", "int"), ("words", "int")), (("per_invocation", 1),))
+COPY_VEC4 = _variant("copy_vec4", "buffer", (("units", "int"), ("words", "int")), (("per_invocation", 1), ("pairs", 0)))
 # the same copy reading its source as a uniform texel buffer (on lavapipe a storage buffer is read
 # lane by lane, a texel buffer through the image path: 3-4x faster on an AMD EPYC)
-COPY_VEC4_TEXEL = _variant("copy_vec4_texel", "buffer", (("units", "int"), ("words", "int")), (("per_invocation", 1),),
+COPY_VEC4_TEXEL = _variant("copy_vec4_texel", "buffer", (("units", "int"), ("words", "int")), (("per_invocation", 1), ("pairs", 0)),
                            texel=True)
 COPY_TEXEL = _variant("copy_texel", "texture3d", (("extents", "ivec4"), ("units", "int")), (("per_invocation", 1),))
 # between storages (a transition's ceiling): vec4 word i <-> texel i, no re-layout
@@ -167,6 +167,7 @@ class CopyConfig:
     per_invocation: int  # 0: the scalar float copy (buffer only)
     local: int
     texel: bool = False  # a buffer copy reading its source as a uniform texel buffer
+    pairs: bool = False  # a buffer copy's words in pairs: 2u, 2u + 1 of each region (_span_main.glsl.j2's order)
 
     @property
     def label(self) -> str:
@@ -174,7 +175,8 @@ class CopyConfig:
             return f"scalar float, local {self.local}"
         unit = {"buffer": "vec4", "texture3d": "rgba32f texel"}.get(self.storage, "vec4 word <-> texel")
         reads = " (texel-buffer reads)" if self.texel else ""
-        return f"{unit} x{self.per_invocation}/invocation{reads}, local {self.local}"
+        order = " in pairs" if self.pairs else ""
+        return f"{unit} x{self.per_invocation}/invocation{order}{reads}, local {self.local}"
 
 
 def copy_configs(storage: str) -> list[CopyConfig]:
@@ -188,6 +190,9 @@ def copy_configs(storage: str) -> list[CopyConfig]:
     configs = [CopyConfig(storage, per, ls) for per in pers for ls in LOCAL_SIZES]
     if storage in ("buffer", "buffer>texture3d"):  # the vec4 reads through a texel view, as texel_reads kernels do
         configs += [CopyConfig(storage, per, ls, texel=True) for per in (1, 2, 4) for ls in LOCAL_SIZES]
+    if storage == "buffer":  # the order of the kernels' whole spans (_span_main.glsl.j2)
+        configs += [CopyConfig(storage, per, ls, texel=texel, pairs=True) for per in (2, 4) for texel in (False, True)
+                    for ls in LOCAL_SIZES]
     return configs
 
 
@@ -234,7 +239,7 @@ def copy_probe(device, nbytes: int, config: CopyConfig, shape: tuple[int, ...] |
             words = shape[0] // 4
             kernel = COPY_VEC4_TEXEL if config.texel else COPY_VEC4
             d = _dispatch(kernel, tensors, -(-words // config.per_invocation), config.local,
-                          {"per_invocation": config.per_invocation}, {"words": words})
+                          {"per_invocation": config.per_invocation, "pairs": int(config.pairs)}, {"words": words})
             moved = 2 * shape[0] * 4
         probe = Probe(device, d, config.label, moved, (src, dst))
     except BaseException:

@@ -168,7 +168,7 @@ void unit_texel(ivec3 pos) {
   store_texel_out(pos, r);
 }
 
-#line 56 "shaders/_span_main.glsl.j2"
+#line 63 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
   ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
