@@ -250,6 +250,21 @@ def _elementwise_cases(quick: bool) -> list[Case]:
     add("mul channel scale", torch.mul, (chan, (1, chan[1], 1, 1)), chan)
     add("mul keepdim statistic", torch.mul, ((1, 256, 512), (1, 256, 1)), (1, 256, 512))
     add("add position table", torch.add, ((8, 197, 384), (197, 384)), (8, 197, 384))
+
+    # where with a bool condition that broadcasts: a decoder's causal mask over the heads' scores,
+    # and torch's attention decomposition zeroing fully masked rows (a keepdim condition)
+    def add_where(name, fn, cond_shape, x_shape):
+        label = f"{'x'.join(map(str, cond_shape))} ? {'x'.join(map(str, x_shape))}"
+        for buffers_only in (False, True):
+            def build(device, fn=fn, buffers_only=buffers_only):
+                xs = (torch.rand(cond_shape, generator=g) < 0.5, torch.randn(x_shape, generator=g))
+                return CompiledRunner(device, _module(fn), xs, buffers_only, (0.0, 0.0))
+            cases.append(Case(f"{name}{' (buffers forced)' if buffers_only else ''}", label, build,
+                              _nbytes(cond_shape, x_shape, x_shape)))
+
+    causal = (1, 1, 64, 256) if quick else (1, 1, 256, 256)
+    add_where("where causal mask", lambda m, x: torch.where(m, x, float("-inf")), causal, (1, 8, *causal[2:]))
+    add_where("where keepdim condition", lambda m, x: torch.where(m, 0.0, x), (1, 6, 197, 1), (1, 6, 197, 197))
     # reductions along a line (compensated sums, math.glslh tf_sum_add): RMSNorm's statistic, a
     # global pool, a transformer's layer norm and attention softmax; the planner's representation
     # and buffers, as the model would run them

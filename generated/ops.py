@@ -8103,7 +8103,7 @@ OPS: dict[str, OpEntry] = {
             Check('broadcast_foldable', (('broadcast_foldable', ('condition', 'self')), ('of', 'out'))),
         ),
         grid=('per_output_unit',),
-        template='where',
+        template='where_scalar',
         shader_axes=('dtype', 'storage'),
         variants=(
             'where_scalar_other_float32_buffer',
@@ -8139,7 +8139,7 @@ OPS: dict[str, OpEntry] = {
             Check('broadcast_foldable', (('broadcast_foldable', ('condition', 'other')), ('of', 'out'))),
         ),
         grid=('per_output_unit',),
-        template='where',
+        template='where_scalar',
         shader_axes=('dtype', 'storage'),
         variants=(
             'where_scalar_self_float32_buffer',

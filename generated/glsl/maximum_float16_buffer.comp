@@ -105,8 +105,7 @@ layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { f16vec4 t4_oth
 T read_other(int w) { return texel_reads != 0 ? T(texelFetch(tb_other, w >> 2)[w & 3]) : T(t_other[w]); }
 VEC4 read4_other(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_other, k)) : VEC4(t4_other[k]); }
 T load_other(ivec4 idx) { return read_other(tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x); }
-
-#line 34 "shaders/binary.glsl.j2"
+#line 10 "shaders/_broadcast_reads.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
@@ -117,17 +116,8 @@ const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by wo
 // binding has its view, read_ and read4_ in _prologue.glsl.j2.
 #line 12 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { f16vec4 t4_out[]; };
-
-// (an input that is a row goes through the row block path below instead)
-// (runs read lane by lane, mode 2, go word by word: their unrolled vec4 form costs lavapipe's
-// compiler more than it saves)
-#line 46 "shaders/binary.glsl.j2"
-const bool vec4_path = (a_class == READ_DIRECT || a_class == READ_SINGLE
-                        || (a_class >= READ_RUNS && (a_class - READ_RUNS) % 3 != 2))
-    && (b_class == READ_DIRECT || b_class == READ_SINGLE || (b_class >= READ_RUNS && (b_class - READ_RUNS) % 3 != 2));
-
 // 'self''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
-#line 52
+#line 20 "shaders/_broadcast_reads.glsl.j2"
 ivec4 runs_self = ivec4(1);
 
 // The word of 'self' that word w of out reads where it reads runs (a_class >= READ_RUNS).
@@ -136,10 +126,12 @@ int runs_word_self(int w) {
   return tf_runs_word(w, runs_self, mode != 1, a_class >= READ_RUNS + 3, findex);
 }
 
-// vec4 word k of out (words 4k .. 4k + 3) as 'self' broadcasts to it (vec4_path classes only).
+// vec4 word k of out (words 4k .. 4k + 3) as 'self' broadcasts to it (not for the general
+// class, runs of mode 2, or a row whose length is not a multiple of 4).
 VEC4 vec4_of_self(int k) {
   if (a_class == READ_DIRECT) { return VEC4(read4_self(k)); }
   if (a_class == READ_SINGLE) { return VEC4(read_self(0)); }
+  if (a_class == READ_ROW) { return VEC4(read4_self(((4 * k) % pc.out_sizes[tf_packed_dim(out_layout)]) >> 2)); }
   const int mode = (a_class >= READ_RUNS ? a_class - READ_RUNS : 0) % 3;
   if (mode == 0) { return VEC4(read_self(runs_word_self(4 * k))); }
   return VEC4(read4_self(runs_word_self(4 * k) / 4));  // mode 1 (mode 2 goes word by word)
@@ -155,7 +147,7 @@ int word_of_self(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
 }
 // 'other''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
-#line 52
+#line 20
 ivec4 runs_other = ivec4(1);
 
 // The word of 'other' that word w of out reads where it reads runs (b_class >= READ_RUNS).
@@ -164,10 +156,12 @@ int runs_word_other(int w) {
   return tf_runs_word(w, runs_other, mode != 1, b_class >= READ_RUNS + 3, findex);
 }
 
-// vec4 word k of out (words 4k .. 4k + 3) as 'other' broadcasts to it (vec4_path classes only).
+// vec4 word k of out (words 4k .. 4k + 3) as 'other' broadcasts to it (not for the general
+// class, runs of mode 2, or a row whose length is not a multiple of 4).
 VEC4 vec4_of_other(int k) {
   if (b_class == READ_DIRECT) { return VEC4(read4_other(k)); }
   if (b_class == READ_SINGLE) { return VEC4(read_other(0)); }
+  if (b_class == READ_ROW) { return VEC4(read4_other(((4 * k) % pc.out_sizes[tf_packed_dim(out_layout)]) >> 2)); }
   const int mode = (b_class >= READ_RUNS ? b_class - READ_RUNS : 0) % 3;
   if (mode == 0) { return VEC4(read_other(runs_word_other(4 * k))); }
   return VEC4(read4_other(runs_word_other(4 * k) / 4));  // mode 1 (mode 2 goes word by word)
@@ -183,12 +177,25 @@ int word_of_other(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).x;
 }
 
-#line 80
+#line 50
 void prepare_runs() {
+#line 52
   if (a_class >= READ_RUNS) { runs_self = tf_runs(pc.out_sizes, pc.self_sizes, out_layout); }
+#line 52
   if (b_class >= READ_RUNS) { runs_other = tf_runs(pc.out_sizes, pc.other_sizes, out_layout); }
+#line 54
 }
 #define TF_PREPARE prepare_runs()
+
+
+// (an input that is a row goes through the row block path below instead)
+// (runs read lane by lane, mode 2, go word by word: their unrolled vec4 form costs lavapipe's
+// compiler more than it saves)
+#line 41 "shaders/binary.glsl.j2"
+const bool vec4_path = (a_class == READ_DIRECT || a_class == READ_SINGLE
+                        || (a_class >= READ_RUNS && (a_class - READ_RUNS) % 3 != 2))
+    && (b_class == READ_DIRECT || b_class == READ_SINGLE || (b_class >= READ_RUNS && (b_class - READ_RUNS) % 3 != 2));
+
 
 #define VEC VEC4
 void unit_vec4(int k) {
@@ -217,7 +224,7 @@ const bool row_block = (a_class == READ_ROW || b_class == READ_ROW)
 #define TF_BLOCK_PATH row_block
 
 // vec4 word k of out as 'self' broadcasts to it, r the row offset of word 4k.
-#line 114
+#line 74
 VEC4 row_vec4_of_self(int k, int r, int n) {
   if (a_class == READ_DIRECT) { return VEC4(read4_self(k)); }
   if (a_class == READ_SINGLE) { return VEC4(read_self(0)); }
@@ -228,7 +235,7 @@ VEC4 row_vec4_of_self(int k, int r, int n) {
   return VEC4(read_self(r), read_self(r1), read_self(r2), read_self(r3));
 }
 // vec4 word k of out as 'other' broadcasts to it, r the row offset of word 4k.
-#line 114
+#line 74
 VEC4 row_vec4_of_other(int k, int r, int n) {
   if (b_class == READ_DIRECT) { return VEC4(read4_other(k)); }
   if (b_class == READ_SINGLE) { return VEC4(read_other(0)); }
@@ -243,41 +250,41 @@ VEC4 row_vec4_of_other(int k, int r, int n) {
 // vec4 column c = u % (n / 4) of rows 4 (u / (n / 4)) .. + 3, so a row operand is one vec4 read
 // once, not once per word (on lavapipe every vec4 access costs about the same, cached or not:
 // it is gathered lane by lane; 9 accesses instead of 12 per invocation).
-#line 129
+#line 89
 #define VEC VEC4
 void unit_columns(int u, int n) {
   int m = n / 4;
   int c = u % m;
   int k = u * 4 - 3 * c;  // (4 (u / m)) m + c: the first row's word
-#line 135
+#line 95
   VEC4 row_self = a_class == READ_ROW ? VEC4(read4_self(c)) : VEC4(0);
-#line 135
+#line 95
   VEC4 row_other = b_class == READ_ROW ? VEC4(read4_other(c)) : VEC4(0);
-#line 138
+#line 98
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 0 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 0 * m, 0, n);
     t4_out[k + 0 * m] = tf_to_float16(tf_max(X, Y));
   }
-#line 138
+#line 98
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 1 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 1 * m, 0, n);
     t4_out[k + 1 * m] = tf_to_float16(tf_max(X, Y));
   }
-#line 138
+#line 98
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 2 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 2 * m, 0, n);
     t4_out[k + 2 * m] = tf_to_float16(tf_max(X, Y));
   }
-#line 138
+#line 98
   {
     VEC4 X = a_class == READ_ROW ? row_self : row_vec4_of_self(k + 3 * m, 0, n);
     VEC4 Y = b_class == READ_ROW ? row_other : row_vec4_of_other(k + 3 * m, 0, n);
     t4_out[k + 3 * m] = tf_to_float16(tf_max(X, Y));
   }
-#line 144
+#line 104
 }
 #undef VEC
 
@@ -292,13 +299,13 @@ void unit_block(int u) {
   if (rows4 != 0) { unit_columns(u, n); return; }
   int r = first % n;
   int k = u * (tf_span / 4);
-#line 159
+#line 119
   {
     VEC4 X = row_vec4_of_self(k + 0, r, n);
     VEC4 Y = row_vec4_of_other(k + 0, r, n);
     t4_out[k + 0] = tf_to_float16(tf_max(X, Y));
   }
-#line 165
+#line 125
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -307,13 +314,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 159
+#line 119
   {
     VEC4 X = row_vec4_of_self(k + 1, r, n);
     VEC4 Y = row_vec4_of_other(k + 1, r, n);
     t4_out[k + 1] = tf_to_float16(tf_max(X, Y));
   }
-#line 165
+#line 125
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -322,13 +329,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 159
+#line 119
   {
     VEC4 X = row_vec4_of_self(k + 2, r, n);
     VEC4 Y = row_vec4_of_other(k + 2, r, n);
     t4_out[k + 2] = tf_to_float16(tf_max(X, Y));
   }
-#line 165
+#line 125
   if (ragged == 0) {  // n >= 4 and a multiple of 4: one wrap at most
     r = r + 4 >= n ? r + 4 - n : r + 4;
   } else {  // any n >= 1: one wrap per lane
@@ -337,13 +344,13 @@ void unit_block(int u) {
     r = r + 1 == n ? 0 : r + 1;
     r = r + 1 == n ? 0 : r + 1;
   }
-#line 159
+#line 119
   {
     VEC4 X = row_vec4_of_self(k + 3, r, n);
     VEC4 Y = row_vec4_of_other(k + 3, r, n);
     t4_out[k + 3] = tf_to_float16(tf_max(X, Y));
   }
-#line 175
+#line 135
 #undef VEC
 }
 

@@ -80,38 +80,105 @@ T load_other(ivec4 idx) {
   return imageLoad(t_other, pl.xyz)[pl.w];
 }
 
-#line 14 "shaders/where.glsl.j2"
-T pick_self(ivec4 idx) {
-#line 16
-  return load_self(tf_broadcast(idx, pc.self_sizes));
-#line 20
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 89
+layout(constant_id = 7) const int in0_class = 0;  // read_class
+#line 89
+layout(constant_id = 8) const int in1_class = 0;  // read_class
+#line 89
+layout(constant_id = 9) const int in2_class = 0;  // read_class
+#line 89
+layout(constant_id = 10) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 11) const int ragged = 1;  // ragged
+#line 89
+layout(constant_id = 12) const int findex = 0;  // float_index
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 95
+const int tf_span = 4;
+#line 10 "shaders/_broadcast_reads.glsl.j2"
+const int READ_GENERAL = 0;
+const int READ_DIRECT = 1;
+const int READ_ROW = 2;
+const int READ_SINGLE = 3;
+const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by word) + 3 with a second run
+
+
+// The texel of 'condition' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
+#line 60
+VEC4 texel_of_condition(ivec3 pos) {
+  if (in0_class == READ_DIRECT) { return load_texel_condition(pos); }
+  if (in0_class == READ_SINGLE) { return VEC4(load_texel_condition(ivec3(0)).x); }
+  int pd = tf_packed_dim(out_layout);
+  if (in0_class == READ_ROW) {
+    ivec3 p = ivec3(0);
+    if (pd == 2) { p.z = pos.z % tf_div_up(pc.out_sizes.z, 4); } else { p[pd] = pos[pd]; }
+    return load_texel_condition(p);
+  }
+  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
+  VEC4 v = load_texel_condition(tf_texel_pos_lane(tf_broadcast(idx, pc.condition_sizes), pc.condition_sizes, condition_layout).xyz);
+  return pc.condition_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
-#line 14
-T pick_other(ivec4 idx) {
-#line 16
-  return load_other(tf_broadcast(idx, pc.other_sizes));
-#line 20
+// The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
+#line 60
+VEC4 texel_of_self(ivec3 pos) {
+  if (in1_class == READ_DIRECT) { return load_texel_self(pos); }
+  if (in1_class == READ_SINGLE) { return VEC4(load_texel_self(ivec3(0)).x); }
+  int pd = tf_packed_dim(out_layout);
+  if (in1_class == READ_ROW) {
+    ivec3 p = ivec3(0);
+    if (pd == 2) { p.z = pos.z % tf_div_up(pc.out_sizes.z, 4); } else { p[pd] = pos[pd]; }
+    return load_texel_self(p);
+  }
+  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
+  VEC4 v = load_texel_self(tf_texel_pos_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).xyz);
+  return pc.self_sizes[pd] == 1 ? VEC4(v.x) : v;
+}
+// The texel of 'other' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
+#line 60
+VEC4 texel_of_other(ivec3 pos) {
+  if (in2_class == READ_DIRECT) { return load_texel_other(pos); }
+  if (in2_class == READ_SINGLE) { return VEC4(load_texel_other(ivec3(0)).x); }
+  int pd = tf_packed_dim(out_layout);
+  if (in2_class == READ_ROW) {
+    ivec3 p = ivec3(0);
+    if (pd == 2) { p.z = pos.z % tf_div_up(pc.out_sizes.z, 4); } else { p[pd] = pos[pd]; }
+    return load_texel_other(p);
+  }
+  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
+  VEC4 v = load_texel_other(tf_texel_pos_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).xyz);
+  return pc.other_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 
-#line 23
-T compute_out(ivec4 idx) {
-  return load_condition(tf_broadcast(idx, pc.condition_sizes)) != 0 ? pick_self(idx) : pick_other(idx);
+#line 50 "shaders/_where_body.glsl.j2"
+void unit_texel(ivec3 pos) {
+#line 53
+  VEC4 self4 = texel_of_self(pos);
+#line 53
+  VEC4 other4 = texel_of_other(pos);
+#line 58
+  VEC4 v = mix(other4, self4, notEqual(texel_of_condition(pos), VEC4(0)));
+  if (ragged != 0) {  // padding lanes stay zero (a single element fills every lane)
+    v = mix(v, VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout));
+  }
+  store_texel_out(pos, v);
 }
 
-#line 12 "shaders/_per_element.glsl.j2"
+#line 63 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 18
-  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
-  int pd = tf_packed_dim(out_layout);
-  VEC4 r = VEC4(0);
-  for (int k = 0; k < 4; ++k) {
-    ivec4 e = idx;
-    e[pd] += k;
-    if (tf_in_bounds(e, pc.out_sizes)) { r[k] = compute_out(e); }
+  ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
+  int chunks = (e.x + tf_span - 1) / tf_span;
+  int row = u / chunks;
+  if (row >= e.y * e.z) { return; }
+  ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(pos, tail == 0 ? tf_span : min(tf_span, e.x - pos.x)); return; }
+#endif
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || pos.x < e.x) { unit_texel(pos); }
+    pos.x += 1;
   }
-  store_texel_out(pos, r);
-#line 29
 }

@@ -75,8 +75,8 @@ def test_reflection_lists_each_shape_class_with_its_rule_and_general_default():
     # contract declares only the bfloat16 store)
     conv = next(v for v in VARIANTS.values() if v.op == "conv2d")
     assert conv.span == 1 and [s.rule for s in conv.spec_constants if s.rule] == ["round_bfloat16"]
-    where = next(v for v in VARIANTS.values() if v.op == "where")
-    assert where.span == 1 and not [s for s in where.spec_constants if s.rule]
+    gather = next(v for v in VARIANTS.values() if v.op == "index_select")
+    assert gather.span == 1 and not [s for s in gather.spec_constants if s.rule]
     assert OPS["add"].template == "binary"
 
 

@@ -41,7 +41,7 @@ DEFAULT_FLOAT_RANGE = (-3.0, 3.0)  # uniform float inputs where the op declares 
 
 # Special float values injected into inputs of float elementwise ops (templates below).
 SPECIALS = ("nan", "inf", "-inf")
-INJECT_TEMPLATES = ("unary", "binary", "copy", "where")
+INJECT_TEMPLATES = ("unary", "binary", "copy", "where", "where_scalar")
 # Reductions, softmax, pooling and norms: a NaN or an infinity spreads over what it is reduced with.
 INJECT_TEMPLATES += ("reduce", "softmax", "adaptive_pool2d", "global_avg_pool_wg", "group_norm")
 INJECT_TEMPLATES += ("batch_norm",)  # elementwise per channel: NaN / Inf in input or statistics
@@ -561,6 +561,7 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "cat": None,
     "flip": None,
     "where": None,  # selects elements
+    "where_scalar": None,
     "unary": (1e-5, 1e-6),  # GLSL's exp/tanh/erf approximations against libm
     # their float32 formulas add terms of the result's size or larger (lgamma's reflection, digamma's
     # 1 / x steps): near their zeros an absolute error of a few ulps of those terms (test_gamma.py)

@@ -287,12 +287,41 @@ EXPANDS = [  # runs: 1 + mode (0 one word per vec4, 1 one vec4, 2 word by word) 
     ("texture", [1, 6, 1, 1], [2, 6, 3, 5], TEX_CP, {"runs": 0, "tail": 0, "findex": 1}),
 ]
 
+# where: each tensor's read class (in0 condition, in1 / in2 self and other), then whether the
+# buffer takes vec4 words (every class direct, single, a row of whole vec4s, or runs by vec4)
+WHERES = [
+    ("direct", "where", {"condition": [2, 3, 5, 8], "self": [2, 3, 5, 8], "other": [2, 3, 5, 8]}, BUF_WP,
+     {"in0_class": 1, "in1_class": 1, "in2_class": 1, "tail": 0, "ragged": 0, "findex": 1}),
+    ("keepdim-condition-scalar-tensor", "where", {"condition": [1, 6, 7, 1], "self": [], "other": [1, 6, 7, 8]},
+     BUF_WP, {"in0_class": 4, "in1_class": 3, "in2_class": 1, "tail": 0, "ragged": 0, "findex": 1}),
+    ("row", "where", {"condition": [3, 5, 8], "self": [8], "other": [1]}, BUF_WP,
+     {"in0_class": 1, "in1_class": 2, "in2_class": 3, "tail": 1, "ragged": 0, "findex": 1}),
+    ("ragged-row", "where", {"condition": [3, 5, 7], "self": [7], "other": [3, 5, 7]}, BUF_WP,
+     {"in0_class": 1, "in1_class": 2, "in2_class": 1, "tail": 1, "ragged": 1, "findex": 1}),
+    ("causal-mask-runs", "where", {"condition": [1, 1, 8, 8], "self": [2, 4, 8, 8], "other": []}, BUF_WP,
+     {"in0_class": 5, "in1_class": 1, "in2_class": 3, "tail": 0, "ragged": 0, "findex": 1}),
+    ("two-runs-by-word", "where", {"condition": [2, 1, 3, 1], "self": [1, 3, 1, 5], "other": [2, 3, 3, 5]}, BUF_WP,
+     {"in0_class": 9, "in1_class": 9, "in2_class": 1, "tail": 1, "ragged": 1, "findex": 1}),
+    ("texture-channel-row", "where", {"condition": [1, 6, 1, 1], "self": [2, 6, 3, 5], "other": [1]}, TEX_CP,
+     {"in0_class": 2, "in1_class": 1, "in2_class": 3, "tail": 1, "ragged": 1, "findex": 1}),
+    ("texture-general", "where", {"condition": [2, 1, 3, 1], "self": [1, 3, 1, 5], "other": [2, 3, 3, 5]}, TEX_WP,
+     {"in0_class": 0, "in1_class": 0, "in2_class": 1, "tail": 1, "ragged": 1, "findex": 1}),
+    ("texture-row", "where", {"condition": [3, 5, 8], "self": [8], "other": [3, 5, 8]}, TEX_WP,
+     {"in0_class": 1, "in1_class": 2, "in2_class": 1, "tail": 1, "ragged": 0, "findex": 1}),
+    ("scalar-other", "where_scalar_other", {"condition": [4, 1, 8], "self": [4, 3, 8], "other": -2.0}, BUF_WP,
+     {"in0_class": 8, "in1_class": 1, "tail": 0, "ragged": 0, "findex": 1}),
+    ("scalar-self", "where_scalar_self", {"condition": [4, 3, 8], "self": 1.5, "other": [3, 8]}, BUF_WP,
+     {"in0_class": 1, "in1_class": 5, "tail": 0, "ragged": 0, "findex": 1}),
+]
+
 
 def _inputs(op, sample, specials: bool) -> dict:
     rng = np.random.default_rng(7)
     arrays = {}
     for a in op.args:
-        if a.kind == "tensor" and a.name in sample:
+        if a.kind == "tensor" and a.name in sample and dict(op.dtype_of).get(a.name) == "bool":
+            arrays[a.name] = rng.uniform(size=sample[a.name]) < 0.5  # where's condition
+        elif a.kind == "tensor" and a.name in sample:
             x = rng.uniform(-3, 3, size=sample[a.name]).astype(np.float32)
             arrays[a.name] = inject_specials(x, 1, tuple(float(v) for v in SPECIALS)) if specials else x
     return arrays
@@ -365,6 +394,13 @@ def test_permute_shape_classes(device, case):
 def test_expand_shape_classes(device, case):
     _, shape, size, r, expected = case
     _run(device, "expand", {"self": shape, "size": size}, {"self": r, "out": r}, expected)
+
+
+@pytest.mark.parametrize("case", WHERES, ids=[c[0] for c in WHERES])
+def test_where_shape_classes(device, case):
+    _, op_name, sample, r, expected = case
+    names = [n for n, v in sample.items() if isinstance(v, list)] + ["out"]
+    _run(device, op_name, sample, {n: r for n in names}, expected)
 
 
 def test_model_size_elementwise_at_every_class(device):
