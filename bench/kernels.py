@@ -251,8 +251,9 @@ def _elementwise_cases(quick: bool) -> list[Case]:
     add("mul keepdim statistic", torch.mul, ((1, 256, 512), (1, 256, 1)), (1, 256, 512))
     add("add position table", torch.add, ((8, 197, 384), (197, 384)), (8, 197, 384))
 
-    # where with a bool condition that broadcasts: a decoder's causal mask over the heads' scores,
-    # and torch's attention decomposition zeroing fully masked rows (a keepdim condition)
+    # where / masked_fill with a bool condition that broadcasts: a decoder's causal mask over the
+    # heads' scores, and torch's attention decomposition zeroing fully masked rows (a keepdim
+    # condition)
     def add_where(name, fn, cond_shape, x_shape):
         label = f"{'x'.join(map(str, cond_shape))} ? {'x'.join(map(str, x_shape))}"
         for buffers_only in (False, True):
@@ -265,6 +266,7 @@ def _elementwise_cases(quick: bool) -> list[Case]:
     causal = (1, 1, 64, 256) if quick else (1, 1, 256, 256)
     add_where("where causal mask", lambda m, x: torch.where(m, x, float("-inf")), causal, (1, 8, *causal[2:]))
     add_where("where keepdim condition", lambda m, x: torch.where(m, 0.0, x), (1, 6, 197, 1), (1, 6, 197, 197))
+    add_where("masked_fill causal mask", lambda m, x: x.masked_fill(m, float("-inf")), causal, (1, 8, *causal[2:]))
     # reductions along a line (compensated sums, math.glslh tf_sum_add): RMSNorm's statistic, a
     # global pool, a transformer's layer norm and attention softmax; the planner's representation
     # and buffers, as the model would run them

@@ -16,7 +16,7 @@ layout(constant_id = 4) const int self_layout = 0;
 #line 13
 layout(constant_id = 5) const int mask_layout = 0;
 #line 13
-layout(constant_id = 7) const int texel_reads = 0;
+layout(constant_id = 12) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -65,6 +65,23 @@ vec4 tf_bf16_out(vec4 v) { return bf16_out != 0 ? tf_round_bfloat16(v) : v; }
 #line 53
 int load_mask(ivec4 idx) { return t_mask[tf_buffer_word_lane(idx, pc.mask_sizes, mask_layout).x]; }
 
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 89
+layout(constant_id = 7) const int in0_class = 0;  // read_class
+#line 89
+layout(constant_id = 8) const int in1_class = 0;  // read_class
+#line 89
+layout(constant_id = 9) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 10) const int ragged = 1;  // ragged
+#line 89
+layout(constant_id = 11) const int findex = 0;  // float_index
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 95
+const int tf_span = 16;
+
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
 // faster than storage buffers (lavapipe loads a storage buffer lane by lane).
@@ -76,19 +93,169 @@ layout(set = 0, binding = 1, std430) readonly buffer self_buf4 { vec4 t4_self[];
 T read_self(int w) { return texel_reads != 0 ? T(texelFetch(tb_self, w >> 2)[w & 3]) : T(t_self[w]); }
 VEC4 read4_self(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_self, k)) : VEC4(t4_self[k]); }
 T load_self(ivec4 idx) { return read_self(tf_buffer_word_lane(idx, pc.self_sizes, self_layout).x); }
+#line 10 "shaders/_broadcast_reads.glsl.j2"
+const int READ_GENERAL = 0;
+const int READ_DIRECT = 1;
+const int READ_ROW = 2;
+const int READ_SINGLE = 3;
+const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by word) + 3 with a second run
 
-#line 12 "shaders/masked_fill.glsl.j2"
-T compute_out(ivec4 idx) {
-  return load_mask(tf_broadcast(idx, pc.mask_sizes)) != 0 ? T(pc.value) : load_self(tf_broadcast(idx, pc.self_sizes));
+// vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
+// binding has its view, read_ and read4_ in _prologue.glsl.j2.
+#line 12 "shaders/_vec4_views.glsl.j2"
+layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
+#line 12
+layout(set = 0, binding = 2, std430) readonly buffer mask_buf4 { ivec4 t4_mask[]; };
+#line 15
+ivec4 read4_mask(int k) { return ivec4(t4_mask[k]); }
+int read_mask(int w) { return int(t_mask[w]); }
+// 'self''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
+#line 20 "shaders/_broadcast_reads.glsl.j2"
+ivec4 runs_self = ivec4(1);
+
+// The word of 'self' that word w of out reads where it reads runs (in0_class >= READ_RUNS).
+int runs_word_self(int w) {
+  const int mode = (in0_class >= READ_RUNS ? in0_class - READ_RUNS : 0) % 3;
+  return tf_runs_word(w, runs_self, mode != 1, in0_class >= READ_RUNS + 3, findex);
 }
 
-#line 10 "shaders/_per_element.glsl.j2"
-#define compute_out(idx) tf_bf16_out(compute_out(idx))
-#line 12
+// vec4 word k of out (words 4k .. 4k + 3) as 'self' broadcasts to it (not for the general
+// class, runs of mode 2, or a row whose length is not a multiple of 4).
+VEC4 vec4_of_self(int k) {
+  if (in0_class == READ_DIRECT) { return VEC4(read4_self(k)); }
+  if (in0_class == READ_SINGLE) { return VEC4(read_self(0)); }
+  if (in0_class == READ_ROW) { return VEC4(read4_self(((4 * k) % pc.out_sizes[tf_packed_dim(out_layout)]) >> 2)); }
+  const int mode = (in0_class >= READ_RUNS ? in0_class - READ_RUNS : 0) % 3;
+  if (mode == 0) { return VEC4(read_self(runs_word_self(4 * k))); }
+  return VEC4(read4_self(runs_word_self(4 * k) / 4));  // mode 1 (mode 2 goes word by word)
+}
+
+// The word of 'self' that word w of out reads.
+int word_of_self(int w) {
+  if (in0_class == READ_DIRECT) { return w; }
+  if (in0_class == READ_SINGLE) { return 0; }
+  if (in0_class == READ_ROW) { return w % pc.out_sizes[tf_packed_dim(out_layout)]; }
+  if (in0_class >= READ_RUNS) { return runs_word_self(w); }
+  ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
+  return tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
+}
+// 'mask''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
+#line 20
+ivec4 runs_mask = ivec4(1);
+
+// The word of 'mask' that word w of out reads where it reads runs (in1_class >= READ_RUNS).
+int runs_word_mask(int w) {
+  const int mode = (in1_class >= READ_RUNS ? in1_class - READ_RUNS : 0) % 3;
+  return tf_runs_word(w, runs_mask, mode != 1, in1_class >= READ_RUNS + 3, findex);
+}
+
+// vec4 word k of out (words 4k .. 4k + 3) as 'mask' broadcasts to it (not for the general
+// class, runs of mode 2, or a row whose length is not a multiple of 4).
+VEC4 vec4_of_mask(int k) {
+  if (in1_class == READ_DIRECT) { return VEC4(read4_mask(k)); }
+  if (in1_class == READ_SINGLE) { return VEC4(read_mask(0)); }
+  if (in1_class == READ_ROW) { return VEC4(read4_mask(((4 * k) % pc.out_sizes[tf_packed_dim(out_layout)]) >> 2)); }
+  const int mode = (in1_class >= READ_RUNS ? in1_class - READ_RUNS : 0) % 3;
+  if (mode == 0) { return VEC4(read_mask(runs_word_mask(4 * k))); }
+  return VEC4(read4_mask(runs_word_mask(4 * k) / 4));  // mode 1 (mode 2 goes word by word)
+}
+
+// The word of 'mask' that word w of out reads.
+int word_of_mask(int w) {
+  if (in1_class == READ_DIRECT) { return w; }
+  if (in1_class == READ_SINGLE) { return 0; }
+  if (in1_class == READ_ROW) { return w % pc.out_sizes[tf_packed_dim(out_layout)]; }
+  if (in1_class >= READ_RUNS) { return runs_word_mask(w); }
+  ivec4 idx = tf_buffer_word_to_idx(w, pc.out_sizes, out_layout);
+  return tf_buffer_word_lane(tf_broadcast(idx, pc.mask_sizes), pc.mask_sizes, mask_layout).x;
+}
+
+#line 50
+void prepare_runs() {
+#line 52
+  if (in0_class >= READ_RUNS) { runs_self = tf_runs(pc.out_sizes, pc.self_sizes, out_layout); }
+#line 52
+  if (in1_class >= READ_RUNS) { runs_mask = tf_runs(pc.out_sizes, pc.mask_sizes, out_layout); }
+#line 54
+}
+#define TF_PREPARE prepare_runs()
+
+// A class vec4_of_<input> takes (a row: out's packed size a multiple of 4).
+// 1 for a class vec4_of_<input> takes (a row: out's packed size a multiple of 4), else 0 (as int
+// arithmetic: glslc's optimizer fails on this as a chain of bool spec-constant operations)
+#line 25 "shaders/_where_body.glsl.j2"
+#define VEC4_CLASS(cls) (int(cls == READ_DIRECT) + int(cls == READ_SINGLE) + int(cls == READ_ROW) * (1 - ragged) \
+                         + int(cls >= READ_RUNS) * int((cls - READ_RUNS) % 3 != 2))
+const bool vec4_path = VEC4_CLASS(in0_class) + VEC4_CLASS(in1_class) == 2;
+
+void unit_vec4(int k) {
+#line 34
+  VEC4 value4 = VEC4(T(pc.value));
+#line 32
+  VEC4 self4 = vec4_of_self(k);
+#line 37
+  bvec4 c = notEqual(vec4_of_mask(k), VEC4(0));
+  t4_out[k] = tf_bf16_out(mix(self4, value4, c));
+}
+
+void unit_word(int w) {
+#line 46
+  T value1 = T(pc.value);
+#line 44
+  T self1 = T(read_self(word_of_self(w)));
+#line 49
+  bool c = T(read_mask(word_of_mask(w))) != T(0);
+  t_out[w] = tf_bf16_out(c ? value1 : self1);
+}
+
+#line 20 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 16
-  t_out[u] = compute_out(tf_buffer_word_to_idx(u, pc.out_sizes, out_layout));
-#line 29
+  int first = u * tf_span;
+  if (first >= pc.units) { return; }
+#ifdef TF_PREPARE
+  TF_PREPARE;
+#endif
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(u); return; }
+#endif
+  // unrolled below: a rolled loop costs lavapipe mask bookkeeping per trip
+  if (vec4_path) {  // (tested once: glslc's optimizer fails on a second test of this spec expression)
+    if (tail == 0) {
+      // Interleaved pairs: invocation u takes vec4 words 2u and 2u + 1 of each of span / 8
+      // regions of 2g words (g = units / span invocations), so one access's SIMD lanes touch
+      // vec4 words 2 apart, not a span apart, and an invocation streams from span / 8 places, not
+      // span / 4. On lavapipe (AMD EPYC, 1x64x256x256 relu, fraction of the trivial copy):
+      // 1.07-1.09x, against 0.77x for words u + j g (4 places) and 0.99-1.03x for 4 neighbouring
+      // words. (A span that is not a multiple of 8: words u + j g.)
+      int g = pc.units / tf_span;
+#line 42
+      unit_vec4(2 * u + 0 * g + 0);
+#line 42
+      unit_vec4(2 * u + 0 * g + 1);
+#line 42
+      unit_vec4(2 * u + 2 * g + 0);
+#line 42
+      unit_vec4(2 * u + 2 * g + 1);
+#line 47
+      return;
+    }
+    // A partial span somewhere: invocation u's own words, as vec4s where its span is whole (on
+    // lavapipe a runtime guard on interleaved words measured 25-30% slower than this).
+    if (first + tf_span <= pc.units) {
+      int k = u * (tf_span / 4);
+#line 54
+      unit_vec4(k + 0);
+#line 54
+      unit_vec4(k + 1);
+#line 54
+      unit_vec4(k + 2);
+#line 54
+      unit_vec4(k + 3);
+#line 56
+      return;
+    }
+  }
+  int last = tail == 0 ? first + tf_span : min(first + tf_span, pc.units);
+  for (int w = first; w < last; ++w) { unit_word(w); }
 }

@@ -75,27 +75,88 @@ int load_mask(ivec4 idx) {
   return imageLoad(t_mask, pl.xyz)[pl.w];
 }
 
-#line 12 "shaders/masked_fill.glsl.j2"
-T compute_out(ivec4 idx) {
-  return load_mask(tf_broadcast(idx, pc.mask_sizes)) != 0 ? T(pc.value) : load_self(tf_broadcast(idx, pc.self_sizes));
+// Shape classes, decided once when the program is built (contract `spec`, shaders/node_rules.py
+// SPEC_RULES); each default is the general value, whose path is right for every node.
+#line 89
+layout(constant_id = 7) const int in0_class = 0;  // read_class
+#line 89
+layout(constant_id = 8) const int in1_class = 0;  // read_class
+#line 89
+layout(constant_id = 9) const int tail = 1;  // units_tail
+#line 89
+layout(constant_id = 10) const int ragged = 1;  // ragged
+#line 89
+layout(constant_id = 11) const int findex = 0;  // float_index
+
+// Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
+#line 95
+const int tf_span = 4;
+#line 10 "shaders/_broadcast_reads.glsl.j2"
+const int READ_GENERAL = 0;
+const int READ_DIRECT = 1;
+const int READ_ROW = 2;
+const int READ_SINGLE = 3;
+const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by word) + 3 with a second run
+
+
+// The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
+#line 60
+VEC4 texel_of_self(ivec3 pos) {
+  if (in0_class == READ_DIRECT) { return load_texel_self(pos); }
+  if (in0_class == READ_SINGLE) { return VEC4(load_texel_self(ivec3(0)).x); }
+  int pd = tf_packed_dim(out_layout);
+  if (in0_class == READ_ROW) {
+    ivec3 p = ivec3(0);
+    if (pd == 2) { p.z = pos.z % tf_div_up(pc.out_sizes.z, 4); } else { p[pd] = pos[pd]; }
+    return load_texel_self(p);
+  }
+  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
+  VEC4 v = load_texel_self(tf_texel_pos_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).xyz);
+  return pc.self_sizes[pd] == 1 ? VEC4(v.x) : v;
+}
+// The texel of 'mask' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
+#line 60
+VEC4 texel_of_mask(ivec3 pos) {
+  if (in1_class == READ_DIRECT) { return load_texel_mask(pos); }
+  if (in1_class == READ_SINGLE) { return VEC4(load_texel_mask(ivec3(0)).x); }
+  int pd = tf_packed_dim(out_layout);
+  if (in1_class == READ_ROW) {
+    ivec3 p = ivec3(0);
+    if (pd == 2) { p.z = pos.z % tf_div_up(pc.out_sizes.z, 4); } else { p[pd] = pos[pd]; }
+    return load_texel_mask(p);
+  }
+  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
+  VEC4 v = load_texel_mask(tf_texel_pos_lane(tf_broadcast(idx, pc.mask_sizes), pc.mask_sizes, mask_layout).xyz);
+  return pc.mask_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 
-#line 10 "shaders/_per_element.glsl.j2"
-#define compute_out(idx) tf_bf16_out(compute_out(idx))
-#line 12
+#line 53 "shaders/_where_body.glsl.j2"
+void unit_texel(ivec3 pos) {
+#line 58
+  VEC4 value4 = VEC4(T(pc.value));
+#line 56
+  VEC4 self4 = texel_of_self(pos);
+#line 61
+  VEC4 v = mix(self4, value4, notEqual(texel_of_mask(pos), VEC4(0)));
+  if (ragged != 0) {  // padding lanes stay zero (a single element fills every lane)
+    v = mix(v, VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout));
+  }
+  store_texel_out(pos, v);
+}
+
+#line 63 "shaders/_span_main.glsl.j2"
 void main() {
   int u = tf_unit_id();
-  if (u >= pc.units) { return; }
-#line 18
-  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
-  int pd = tf_packed_dim(out_layout);
-  VEC4 r = VEC4(0);
-  for (int k = 0; k < 4; ++k) {
-    ivec4 e = idx;
-    e[pd] += k;
-    if (tf_in_bounds(e, pc.out_sizes)) { r[k] = compute_out(e); }
+  ivec3 e = tf_texture_extents(pc.out_sizes, out_layout);
+  int chunks = (e.x + tf_span - 1) / tf_span;
+  int row = u / chunks;
+  if (row >= e.y * e.z) { return; }
+  ivec3 pos = ivec3((u - row * chunks) * tf_span, row % e.y, row / e.y);
+#ifdef TF_BLOCK_PATH
+  if (TF_BLOCK_PATH) { unit_block(pos, tail == 0 ? tf_span : min(tf_span, e.x - pos.x)); return; }
+#endif
+  for (int k = 0; k < tf_span; ++k) {
+    if (tail == 0 || pos.x < e.x) { unit_texel(pos); }
+    pos.x += 1;
   }
-  store_texel_out(pos, r);
-#line 29
 }

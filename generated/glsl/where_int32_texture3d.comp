@@ -152,13 +152,13 @@ VEC4 texel_of_other(ivec3 pos) {
   return pc.other_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 
-#line 50 "shaders/_where_body.glsl.j2"
+#line 53 "shaders/_where_body.glsl.j2"
 void unit_texel(ivec3 pos) {
-#line 53
+#line 56
   VEC4 self4 = texel_of_self(pos);
-#line 53
+#line 56
   VEC4 other4 = texel_of_other(pos);
-#line 58
+#line 61
   VEC4 v = mix(other4, self4, notEqual(texel_of_condition(pos), VEC4(0)));
   if (ragged != 0) {  // padding lanes stay zero (a single element fills every lane)
     v = mix(v, VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout));

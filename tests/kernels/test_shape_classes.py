@@ -287,8 +287,9 @@ EXPANDS = [  # runs: 1 + mode (0 one word per vec4, 1 one vec4, 2 word by word) 
     ("texture", [1, 6, 1, 1], [2, 6, 3, 5], TEX_CP, {"runs": 0, "tail": 0, "findex": 1}),
 ]
 
-# where: each tensor's read class (in0 condition, in1 / in2 self and other), then whether the
-# buffer takes vec4 words (every class direct, single, a row of whole vec4s, or runs by vec4)
+# where and masked_fill: each tensor's read class (where: in0 condition, in1 / in2 self and other;
+# masked_fill: in0 self, in1 mask); the buffer takes vec4 words where every class is direct, single,
+# a row of whole vec4s, or runs by vec4
 WHERES = [
     ("direct", "where", {"condition": [2, 3, 5, 8], "self": [2, 3, 5, 8], "other": [2, 3, 5, 8]}, BUF_WP,
      {"in0_class": 1, "in1_class": 1, "in2_class": 1, "tail": 0, "ragged": 0, "findex": 1}),
@@ -310,6 +311,10 @@ WHERES = [
      {"in0_class": 1, "in1_class": 2, "in2_class": 1, "tail": 1, "ragged": 0, "findex": 1}),
     ("scalar-other", "where_scalar_other", {"condition": [4, 1, 8], "self": [4, 3, 8], "other": -2.0}, BUF_WP,
      {"in0_class": 8, "in1_class": 1, "tail": 0, "ragged": 0, "findex": 1}),
+    ("masked-fill-causal", "masked_fill", {"self": [2, 4, 8, 8], "mask": [1, 1, 8, 8], "value": float("-inf")}, BUF_WP,
+     {"in0_class": 1, "in1_class": 5, "tail": 0, "ragged": 0, "findex": 1}),
+    ("masked-fill-texture", "masked_fill", {"self": [2, 3, 5, 7], "mask": [5, 7], "value": -3.0}, TEX_WP,
+     {"in0_class": 1, "in1_class": 0, "tail": 1, "ragged": 1, "findex": 1}),
     ("scalar-self", "where_scalar_self", {"condition": [4, 3, 8], "self": 1.5, "other": [3, 8]}, BUF_WP,
      {"in0_class": 1, "in1_class": 5, "tail": 0, "ragged": 0, "findex": 1}),
 ]
