@@ -640,11 +640,15 @@ def test_x86_float_ops_with_quantized_weights_run_on_the_device():
 
 
 def test_an_unfused_addmm_reads_its_transposed_quantized_weight_as_a_constant():
+    """The float addmm (x @ W + b, W the transposed dequantized weight, a constant) then takes the
+    packed linear, W prepacked as it stands."""
     plan = texelflow.plan(FloatAddmm(), (r(4, 16),))
     assert plan.fallbacks == []
-    assert plan.dispatches == {"quantize_dequantize": 1, "addmm": 1}
-    (addmm,) = fused(plan, "addmm")
-    w = addmm.arg("mat2")
+    assert plan.dispatches == {"quantize_dequantize": 1, "linear_packed": 1}
+    (linear,) = fused(plan, "linear_packed")
+    packed = linear.arg("weight")
+    assert packed.derive.recipe == "matmul_weight_kn"
+    w = packed.derive.sources[0]
     assert w.shape == (16, 24) and w.derive.recipe == "transposed"
     assert w.derive.sources[0].derive.recipe == "dequantized_per_channel"
 

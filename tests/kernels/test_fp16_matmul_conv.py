@@ -191,20 +191,25 @@ def test_mm_bmm_matmul(device, fn, shapes, op, guard):
 
 
 class Addmm(nn.Module):
-    """addmm(bias, x, weight) with constant bias and weight (addmm's device kernel wants them)."""
+    """addmm(bias, x, weight) with constant bias and weight (addmm's device kernel wants them);
+    with alpha = beta = 1 and a bias row it is x @ W + b, which takes the packed linear
+    (prepack_matmul._addmm_as_linear), else addmm's own kernel."""
 
-    def __init__(self, k, n):
+    def __init__(self, k, n, alpha=1.0):
         super().__init__()
         self.b, self.w = nn.Parameter(torch.randn(n)), nn.Parameter(torch.randn(k, n))
+        self.alpha = alpha
 
     def forward(self, x):
-        return torch.addmm(self.b, x, self.w)
+        return torch.addmm(self.b, x, self.w, alpha=self.alpha)
 
 
-@pytest.mark.parametrize("m,k,n", [(3, 7, 5), (1, 13, 3), (5, 1, 13)])
-def test_addmm(device, m, k, n):
+@pytest.mark.parametrize("m,k,n,alpha,op", [(3, 7, 5, 1.0, "linear_packed"), (1, 13, 3, 1.0, "linear_packed_gemv"),
+                                            (5, 1, 13, 1.0, "linear_packed"), (3, 7, 5, 0.5, "addmm"),
+                                            (1, 13, 3, 2.0, "addmm")])
+def test_addmm(device, m, k, n, alpha, op):
     torch.manual_seed(m + k + n)
-    check(Addmm(k, n), [torch.randn(m, k)], device, "addmm")
+    check(Addmm(k, n, alpha), [torch.randn(m, k)], device, op)
 
 
 @pytest.mark.parametrize("guard", [False, True], ids=["fast", "sg4"])
