@@ -264,6 +264,12 @@ def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMI
     for node in list(graph.nodes):
         if not node.on_device:
             continue
+        if node.op.name in ("mm", "matmul") and _constant_kn(node.arg("mat2" if node.op.name == "mm" else "other")):
+            weight = node.arg("mat2" if node.op.name == "mm" else "other")
+            new = _weight_as_linear(graph, node, node.arg("self"), weight, None, subgroup, gemm, costs, unfit, limits)
+            if new is not None:
+                made.append(new)
+                continue
         if node.op.name == "matmul" and not unfit:
             node = _matmul_as_bmm(graph, node, limits) or node
         if node.op.name in ("mm", "bmm"):
@@ -419,33 +425,59 @@ def _matmul_as_bmm(graph: PlanGraph, node: Node, limits: Sequence[int]) -> Node 
 
 def _addmm_as_linear(graph: PlanGraph, node: Node, subgroup, gemm, costs, unfit, limits) -> Node | None:
     """addmm(bias, x, W) with W a constant 2-D float32 [K, N], bias an [N] row and beta = alpha =
-    1 (GPT-2's Conv1D, x @ W + b written by hand) as a packed linear: W prepacked as it stands
-    (matmul_weight_kn, no transpose), the bias linear's. The general matmul kernel it ran on
-    took 162 ms of a GPT-2 block of 188 ms on lavapipe. None where it does not apply or the
-    kernel refuses the node (it then stays addmm)."""
-    mat2, bias, x = node.arg("mat2"), node.arg("self"), node.arg("mat1")
-    if not isinstance(mat2, Value) or mat2.role is not Role.CONST or len(mat2.shape) != 2 \
-            or mat2.dtype != "float32" or not isinstance(x, Value) or not isinstance(bias, Value):
+    1 (GPT-2's Conv1D, x @ W + b written by hand) as a packed linear (_weight_as_linear). The
+    general matmul kernel it ran on took 162 ms of a GPT-2 block of 188 ms on lavapipe. None
+    where it does not apply or the kernel refuses the node (it then stays addmm)."""
+    mat2, bias = node.arg("mat2"), node.arg("self")
+    if not _constant_kn(mat2) or not isinstance(bias, Value) or tuple(bias.shape) != (mat2.shape[1],) \
+            or bias.dtype != "float32" or any(node.value(a) not in (None, 1, 1.0) for a in ("beta", "alpha")):
         return None
+    return _weight_as_linear(graph, node, node.arg("mat1"), mat2, bias, subgroup, gemm, costs, unfit, limits)
+
+
+def _constant_kn(w) -> bool:
+    """A constant 2-D float32 matrix operand [K, N]: what a packed linear can prepack."""
+    return isinstance(w, Value) and w.role is Role.CONST and len(w.shape) == 2 and w.dtype == "float32"
+
+
+def _weight_as_linear(graph: PlanGraph, node: Node, x, mat2: Value, bias, subgroup, gemm, costs, unfit,
+                      limits) -> Node | None:
+    """`node` (addmm, or mm / matmul by a constant: x @ W written by hand) as a packed linear of
+    `x` [..., K] by the constant `mat2` [K, N] (plus `bias` [N] or None), W prepacked as it stands
+    (matmul_weight_kn, no transpose; one prepacked copy for every node that multiplies by the same
+    constant: an unrolled RNN's steps). None where the node does not qualify or the kernel
+    refuses it (it is left as it was)."""
+    if not isinstance(x, Value) or len(x.shape) < 2 or x.shape[-1] != mat2.shape[0] or x.dtype != "float32":
+        return None
+    from .fusion import _replace
+    from .lowering import partition_reason
+
     k, n = mat2.shape
-    if tuple(bias.shape) != (n,) or bias.dtype != "float32" \
-            or any(node.value(a) not in (None, 1, 1.0) for a in ("beta", "alpha")):
-        return None
     packed_shape = (padded(k, 4), padded(n, TILE_N))
+    rows = 1
+    for d in x.shape[:-1]:
+        rows *= d
     priced_args = [("input", x), ("weight", Value(f"{mat2.name}.kn", packed_shape, mat2.dtype, Role.CONST)),
                    ("bias", bias), ("out_features", n)]
-    op_name, why = packed_gemm_op(x.shape[0], subgroup, gemm, costs, priced_args, node.outputs, limits)
+    op_name, why = packed_gemm_op(rows, subgroup, gemm, costs, priced_args, node.outputs, limits)
     if unfit and op_name == PACKED_LINEAR:
-        node.fused = list(node.fused) + [f"addmm kernel kept, not linear_packed: {unfit}"]
+        node.fused = list(node.fused) + [f"{node.op.name} kernel kept, not linear_packed: {unfit}"]
         return None
-    from .fusion import retarget
-
-    packed = graph.add_derived(f"{mat2.name}.kn", packed_shape, mat2.dtype, "matmul_weight_kn", (mat2,))
+    packed = next((c for c in graph.constants if c.derive is not None and c.derive.recipe == "matmul_weight_kn"
+                   and c.derive.sources[0] is mat2), None)
+    made = packed is None
+    if made:
+        packed = graph.add_derived(f"{mat2.name}.kn", packed_shape, mat2.dtype, "matmul_weight_kn", (mat2,))
     op = OPS[op_name]
     new = Node(node.name, op.targets[0], op, [("input", x), ("weight", packed), ("bias", bias), ("out_features", n)],
                list(node.outputs))
-    new.fused = list(node.fused) + [f"{op.name} kernel ({why}), weight prepacked [K, N] (from addmm)"]
-    return new if retarget(graph, node, new, packed, limits) else None
+    new.fused = list(node.fused) + [f"{op.name} kernel ({why}), weight prepacked [K, N] (from {node.op.name})"]
+    if partition_reason(new, limits) is not None:
+        if made:
+            graph.constants.remove(packed)
+        return None
+    _replace(graph, node, new)
+    return new
 
 
 def _rows(node: Node) -> int:

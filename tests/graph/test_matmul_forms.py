@@ -116,3 +116,28 @@ def test_matmul_whose_batch_broadcasts_keeps_the_general_kernel(device):
         got = prog(a, b)
         assert _dispatches(prog) == {"matmul": 1}, prog.plan.summary()
     _matches(got, torch.matmul(a, b))
+
+
+class ByWeight(nn.Module):
+    """x @ W by a constant W [K, N] written by hand: torch.matmul on tokens, torch.mm on rows, and
+    the same W twice (one prepacked copy serves both)."""
+
+    def __init__(self, k: int, n: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(k, n, generator=torch.Generator().manual_seed(k)) / k ** 0.5)
+
+    def forward(self, tokens, rows):
+        return torch.matmul(tokens, self.w), torch.mm(rows, self.w), torch.mm(rows * 2, self.w)
+
+
+@pytest.mark.parametrize("k,n", [(7, 13), (16, 5)])
+def test_products_by_a_constant_weight_take_the_packed_linear(device, k, n):
+    model = ByWeight(k, n).eval()
+    tokens, rows = _with_specials(torch.randn(2, 3, k)), _with_specials(torch.randn(5, k))
+    with texelflow.compile(model, (tokens, rows), device=device) as prog:
+        got = prog(tokens, rows)
+        assert _dispatches(prog)["linear_packed"] == 3, prog.plan.summary()
+        packed = {n.arg("weight").name for n in prog.plan.graph.device_nodes() if n.op.name == "linear_packed"}
+        assert len(packed) == 1, packed  # one prepacked copy of W
+    for g, w in zip(got, model(tokens, rows)):
+        _matches(g, w)

@@ -111,18 +111,23 @@ def test_recurrent_model_runs_whole_on_the_device_and_matches_eager(name, device
 
 
 def test_unrolled_steps_take_the_weights_as_constants():
-    """Each step's hidden-state product is an mm whose weight is a constant of the plan (folded at
-    lowering from the decomposition's weight.t()), not a transpose computed on every call."""
+    """Each step's hidden-state product multiplies by a constant of the plan (folded at lowering
+    from the decomposition's weight.t()), not a transpose computed on every call: a packed linear
+    (prepack_matmul._weight_as_linear) reading a prepacked constant (the head: nn.Linear's)."""
+    from texelflow.runtime.graph.prepack_matmul import PACKED_OPS
+
     model, inputs = build("gru_no_bias")
     plan = texelflow.plan(model, inputs)
     assert plan.fallbacks == []
     names = [n.op.name for n in plan.graph.nodes if n.op is not None]
     assert not any(name.startswith(("permute", "transpose")) for name in names), names
     steps = inputs[0].shape[0]
-    products = [n for n in plan.graph.nodes if n.op is not None and n.op.name in ("mm", "addmm")]
-    assert len(products) == steps, names
+    products = [n for n in plan.graph.nodes if n.op is not None and n.op.name in PACKED_OPS]
+    assert len(products) == steps + 1, names  # the input projection, the steps after the first, the head
     for node in products:
-        assert node.arg("mat2").role.name == "CONST", node.name
+        weight = node.arg("weight")
+        assert weight.role.name == "CONST" and weight.derive.recipe in ("matmul_weight_kn", "linear_weight_kn"), node.name
+        assert weight.derive.sources[0].role.name == "CONST", node.name
 
 
 def test_a_long_sequence_plans_in_seconds():
