@@ -513,3 +513,45 @@ def test_a_view_moves_above_a_permute_exactly_when_it_can(data):
         return
     shape, sunk = got
     assert torch.equal(x.reshape(shape).permute(sunk), want)
+
+
+class HiddenInnermost(nn.Module):
+    """A rank-6 permute whose size-1 dims hide that its innermost dim maps through (Swin's window
+    partition as the placement leaves it: (8, 7, 8, 7, 96, 1) -> (1, 8, 8, 7, 7, 96))."""
+
+    def forward(self, x):
+        return x.permute(5, 0, 2, 1, 3, 4) * 2
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 2, 3, 8, 1), (2, 1, 3, 5, 12, 1)])
+def test_unit_dims_leave_a_buffer_permute_whole_units(device, shape):
+    """unit_dims.squeeze_unit_dims: views around a permute of the dims of size > 1, both folded, the
+    permute now moving whole vec4 words (packed_permute); a NaN and an Inf go through."""
+    from texelflow.runtime.graph.permutes.unit_dims import squeeze_unit_dims
+
+    model = HiddenInnermost()
+    x = torch.randn(shape)
+    x.view(-1)[3], x.view(-1)[-5] = float("nan"), float("-inf")
+    graph = _graph(model, (x,))
+    assert squeeze_unit_dims(graph)
+    _consistent(graph)
+    (permute,) = _permutes(graph)
+    assert 1 not in permute.arg("self").shape and permute.arg("self").shape[-1] == shape[-2]
+    assert not squeeze_unit_dims(graph)  # once is enough
+    with texelflow.compile(model, (x,), device=device) as prog:
+        _consistent(prog.plan.graph)
+        assert all(n.folded for n in prog.plan.graph.nodes if n.op is not None and n.op.name == "view_copy")
+        got = prog(x)
+    torch.testing.assert_close(got, model(x), equal_nan=True)
+
+
+def test_unit_dims_stay_at_texture_ranks():
+    """At rank <= 4 a view may be a texture copy: the pass leaves such permutes alone."""
+    from texelflow.runtime.graph.permutes.unit_dims import squeeze_unit_dims
+
+    class Rank4(nn.Module):
+        def forward(self, x):
+            return x.permute(3, 0, 2, 1) * 2
+
+    graph = _graph(Rank4(), (torch.randn(3, 5, 8, 1),))
+    assert not squeeze_unit_dims(graph)

@@ -13,7 +13,8 @@ remove what can be removed:
 
 `optimize_permutes(graph, mode)` runs "global" (the default: the local simplifications, then the
 global placement), "local" (the local passes only: the baseline the benchmarks compare with) or
-"none".
+"none"; after either of the first two, `unit_dims.py` takes size-1 dims out of a buffer permute's
+way (views around it) where they hide that its innermost dim maps through.
 """
 
 from __future__ import annotations
@@ -35,4 +36,7 @@ def optimize_permutes(graph, mode: str = "global", texture_limits=None):
         from .placement import place_permutes
 
         graph = place_permutes(graph) if texture_limits is None else place_permutes(graph, texture_limits)
+    from .unit_dims import squeeze_unit_dims
+
+    squeeze_unit_dims(graph)
     return graph
