@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from texelflow.generated.layouts import STORAGE_AXIS, Storage
 from texelflow.generated.variants import variants_of
 from texelflow.shaders.geometry import units as geometry_units, whcn_sizes
+from texelflow.shaders.node_rules import list_slab_shape
 from texelflow.shaders.node_rules import push_values, spec_values
 
 
@@ -122,8 +123,16 @@ def node_dispatches(node, slot_reprs: dict, dtype: str, device_features=None,
         for i, element in enumerate(node.value(name)):
             if element.numel:  # an empty element has nothing to write
                 spec = shape_classes(node, variant, slot_reprs, i)
-                own = element_units is not None and spec.get(element_units)  # its own units, not out's
-                units = geometry_units(element.shape, r.storage, r.layout) if own else None
+                own = element_units is not None and spec.get(element_units)  # 1: its own units, 2: its slab of out's
+                units = None
+                if own == 1:
+                    units = geometry_units(element.shape, r.storage, r.layout)
+                elif own == 2:  # (cat, the one list op: its `dim`, the elements before this one)
+                    out_shape = node.outputs[0][1].shape
+                    dim = node.value("dim") % len(out_shape)
+                    offset = sum(e.shape[dim] for e in node.value(name)[:i])
+                    units = geometry_units(list_slab_shape(out_shape, offset, element.shape[dim], dim),
+                                           r.storage, r.layout)
                 specs.append(DispatchSpec(variant, {**tensors, name: element}, push_values(node, op.push, i),
                                           f"{node.name}[{i}]", units, spec))
         return specs

@@ -938,7 +938,9 @@ def _list_units(facts: SpecFacts, p: dict) -> int:
     leading dims), one float-family representation for both, and a cat dim that is not the
     packed dim, or is with an offset that is a multiple of 4 and an element whose size along it
     is too or that ends `of` (its padding lanes are `of`'s). The kernel then runs over the
-    element's units instead of all of `of`'s, with no read-back of `of`."""
+    element's units instead of all of `of`'s, with no read-back of `of`. 2 for a texture element
+    along the packed dim that is not whole texels: the kernel runs over `of`'s texels that hold
+    some of it (its slab: list_slab_shape), reading each back, not over all of `of`'s."""
     from texelflow.generated.layouts import LAYOUT_INFO, STORAGE_INFO
 
     element = getattr(facts, "element", None)
@@ -960,7 +962,16 @@ def _list_units(facts: SpecFacts, p: dict) -> int:
         return 1
     offset = sum(x.shape[dim] for x in items[:-1])  # as push rule list_offset
     size = items[-1].shape[dim]
-    return int(offset % 4 == 0 and (size % 4 == 0 or offset + size == out_shape[dim]))
+    return 1 if offset % 4 == 0 and (size % 4 == 0 or offset + size == out_shape[dim]) else 2
+
+
+def list_slab_shape(out_shape, offset: int, size: int, dim: int) -> list[int]:
+    """The shape whose texture extents are the texels of `out_shape` that hold elements offset ..
+    offset + size - 1 along its packed dim `dim` (list_units 2: cat.glsl.j2's slab): out's, with
+    dim 4 per texel from the one holding `offset` to the one holding the last."""
+    shape = list(out_shape)
+    shape[dim] = 4 * ((offset + size - 1) // 4 - offset // 4 + 1)
+    return shape
 
 
 @_spec_rule("round_bfloat16", 0, tensor_params=("round_bfloat16",))

@@ -94,7 +94,7 @@ void tf_sizes8(ivec4 sizes, ivec4 lead, out int s[8]) {
 }
 
 // This input's leading sizes: out's, but along a leading cat_dim, where N says how many.
-#line 42 "shaders/cat.glsl.j2"
+#line 44 "shaders/cat.glsl.j2"
 ivec4 input_lead() {
   ivec4 lead = pc.out_lead;
   if (pc.cat_dim >= 3) {
@@ -119,20 +119,20 @@ bool in_slab(ivec4 e, out ivec4 src) {
 
 // Shape class `whole`: unit u of this input, moved whole to out.
 void move_unit(int u) {
-#line 67
+#line 69
   ivec4 idx = tf_buffer_word_to_idx(u, pc.tensors_sizes, out_layout);
   idx[pc.cat_dim] += pc.cat_offset;
   t_out[tf_buffer_word_lane(idx, pc.out_sizes, out_layout).x] = t_tensors[u];
-#line 76
+#line 78
 }
 
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
-  if (whole != 0) { move_unit(u); return; }
+  if (whole == 1) { move_unit(u); return; }
   ivec4 src;
-#line 84
+#line 86
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   if (in_slab(idx, src)) { t_out[u] = load_tensors(src); }
-#line 104
+#line 142
 }

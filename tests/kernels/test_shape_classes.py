@@ -21,6 +21,7 @@ from texelflow.runtime.lower_dispatch import node_dispatches
 from texelflow.runtime.vulkan.program import Dispatch, Program, invocations
 from texelflow.runtime.vulkan.tensor import VkTensor
 from texelflow.shaders.geometry import units as geometry_units
+from texelflow.shaders.node_rules import list_slab_shape
 
 from .nodecheck import (
     SPECIALS,
@@ -463,8 +464,10 @@ def test_span_kernels_take_their_workgroup_size_from_the_device(device):
 # cat: per input, whether its units move whole into out (shape class `whole`, rule list_units)
 CATS = [
     ("cat-channels-texels", [[1, 4, 3, 5], [1, 8, 3, 5], [1, 3, 3, 5]], 1, TEX_CP, [1, 1, 1]),  # the last ends out
-    ("cat-channels-ragged", [[1, 3, 3, 5], [1, 4, 3, 5]], 1, TEX_CP, [0, 0]),  # 3 channels: offset 3
-    ("cat-channels-middle-ragged", [[1, 4, 3, 5], [1, 5, 3, 5], [1, 2, 3, 5]], 1, TEX_CP, [1, 0, 0]),
+    ("cat-channels-ragged", [[1, 3, 3, 5], [1, 4, 3, 5]], 1, TEX_CP, [2, 2]),  # 3 channels: offset 3 (slabs)
+    ("cat-channels-middle-ragged", [[1, 4, 3, 5], [1, 5, 3, 5], [1, 2, 3, 5]], 1, TEX_CP, [1, 2, 2]),
+    ("cat-densenet-channels", [[2, 6, 5, 7], [2, 5, 5, 7], [2, 5, 5, 7], [2, 1, 5, 7]], 1, TEX_CP, [2, 2, 2, 1]),  # the last ends out
+    ("cat-width-ragged-wp", [[2, 3, 5, 3], [2, 3, 5, 6], [2, 3, 5, 1]], 3, TEX_WP, [2, 2, 2]),
     ("cat-height-texture", [[2, 5, 3, 7], [2, 5, 1, 7]], 2, TEX_CP, [1, 1]),
     ("cat-width-texture-wp", [[2, 3, 5, 4], [2, 3, 5, 8], [2, 3, 5, 3]], 3, TEX_WP, [1, 1, 1]),
     ("cat-batch-texture", [[1, 3, 5, 7], [2, 3, 5, 7]], 0, TEX_CP, [1, 1]),
@@ -478,7 +481,8 @@ CATS = [
 @pytest.mark.parametrize("case", CATS, ids=[c[0] for c in CATS])
 def test_cat_inputs_move_whole_units(device, case):
     """cat lowers to one dispatch per input; where an input's units move whole into out (class
-    `whole`) its dispatch runs over its own units. Specialised and general (bare dispatches over
+    `whole` 1) its dispatch runs over its own units, where a texture input is not whole texels
+    along the packed dim (2) over the slab of out's texels that hold it. Specialised and general (bare dispatches over
     all of out) must both give torch's cat, NaN / Inf included, with out's padding zero."""
     _, shapes, dim, r, expected = case
     op = OPS["cat"]
@@ -490,8 +494,13 @@ def test_cat_inputs_move_whole_units(device, case):
     node, arrays = build_node(op, "float32", case_)
     specs = node_dispatches(node, {"tensors": r, "out": r}, "float32")
     assert [s.spec["whole"] for s in specs] == expected, f"cat {sample}: {[s.spec for s in specs]}"
-    for s, shape in zip(specs, shapes):  # whole: the input's own units; else out's (None)
-        assert s.units == (geometry_units(shape, r.storage, r.layout) if s.spec["whole"] else None)
+    offset = 0
+    for s, shape in zip(specs, shapes):  # whole: the input's own units; a slab: out's texels holding it; else out's (None)
+        d = dim % len(shape)
+        slab = list_slab_shape(specs[0].tensors["out"].shape, offset, shape[d], d)
+        want = {1: geometry_units(shape, r.storage, r.layout), 2: geometry_units(slab, r.storage, r.layout)}
+        assert s.units == want.get(s.spec["whole"])
+        offset += shape[d]
     out_value = specs[0].tensors["out"]
     made = []
 
