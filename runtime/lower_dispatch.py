@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from texelflow.generated.layouts import STORAGE_AXIS, Storage
 from texelflow.generated.variants import variants_of
 from texelflow.shaders.geometry import units as geometry_units, whcn_sizes
-from texelflow.shaders.node_rules import list_slab_shape
-from texelflow.shaders.node_rules import push_values, spec_values
+from texelflow.shaders.node_rules import list_slab_shape, push_values, spec_values
 
 
 @dataclass

@@ -132,13 +132,15 @@ void move_unit(int u) {
 #line 78
 }
 
+
+#line 117
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   if (whole == 1) { move_unit(u); return; }
   ivec4 src;
-#line 86
+#line 123
   ivec4 idx = tf_buffer_word_to_idx(u, pc.out_sizes, out_layout);
   if (in_slab(idx, src)) { t_out[u] = tf_to_float16(load_tensors(src)); }
-#line 142
+#line 144
 }

@@ -137,51 +137,53 @@ void move_unit(int u) {
 #line 78
 }
 
+// Shape class `whole` 2: unit u of the slab, the texels of out that hold some of this input
+// (node_rules.list_slab_shape). Lane k of out's texel is the input's element c0 + k along the
+// packed dim (the other dims agree: rank <= 4), and those lie in the input's texels q and q + 1:
+// two texel loads, not four element gathers through the index math.
+#line 85
+void slab_texel(int u) {
+  int pd = tf_packed_dim(out_layout);
+  int first = pc.cat_offset >> 2;  // the texel along the packed dim that holds the input's first element
+  ivec4 slab = pc.out_sizes;
+  slab[pd] = 4 * (((pc.cat_offset + pc.tensors_sizes[pd] - 1) >> 2) - first + 1);
+  ivec4 idx = tf_texel_to_idx(tf_unit_to_texel(u, tf_texture_extents(slab, out_layout)), slab, out_layout);
+  idx[pd] += 4 * first;
+  ivec3 pos = tf_texel_pos_lane(idx, pc.out_sizes, out_layout).xyz;
+  int n = pc.tensors_sizes[pd];
+  int c0 = idx[pd] - pc.cat_offset;
+  int q = (c0 + 4) / 4 - 1;  // floor(c0 / 4): the slab starts at the texel of the first element, so c0 >= -3
+  int shift = c0 - 4 * q;
+  ivec4 e = idx;
+  e[pd] = max(4 * q, 0);
+  VEC4 lo = q >= 0 ? load_texel_tensors(tf_texel_pos_lane(e, pc.tensors_sizes, out_layout).xyz) : VEC4(0);
+  e[pd] = min(4 * q + 4, 4 * ((n - 1) >> 2));
+  VEC4 hi = 4 * q + 4 < n ? load_texel_tensors(tf_texel_pos_lane(e, pc.tensors_sizes, out_layout).xyz) : VEC4(0);
+  VEC4 r = load_texel_out(pos);
+  for (int k = 0; k < 4; ++k) {
+    int j = shift + k;
+    T v = j < 4 ? lo[min(j, 3)] : hi[max(j - 4, 0)];
+    int c = c0 + k;
+    if (idx[pd] + k >= pc.out_sizes[pd]) {
+      r[k] = T(0);
+    } else if (c >= 0 && c < n) {
+      r[k] = v;
+    }
+  }
+  store_texel_out(pos, r);
+}
+
+#line 117
 void main() {
   int u = tf_unit_id();
   if (u >= pc.units) { return; }
   if (whole == 1) { move_unit(u); return; }
   ivec4 src;
-#line 89
+#line 126
+  if (whole == 2) { slab_texel(u); return; }
+  ivec3 pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
+  ivec4 idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
   int pd = tf_packed_dim(out_layout);
-  ivec3 pos;
-  ivec4 idx;
-  if (whole == 2) {  // u runs over the slab: out's texels that hold some of this input (list_slab_shape)
-    int first = pc.cat_offset >> 2;  // the texel along the packed dim that holds the input's first element
-    ivec4 slab = pc.out_sizes;
-    slab[pd] = 4 * (((pc.cat_offset + pc.tensors_sizes[pd] - 1) >> 2) - first + 1);
-    idx = tf_texel_to_idx(tf_unit_to_texel(u, tf_texture_extents(slab, out_layout)), slab, out_layout);
-    idx[pd] += 4 * first;
-    pos = tf_texel_pos_lane(idx, pc.out_sizes, out_layout).xyz;
-    // Lanes k of this texel are the input's elements c0 + k along the packed dim (the other dims
-    // agree: rank <= 4), which lie in the input's texels q and q + 1: two loads, not four
-    // element gathers through the index math.
-    int n = pc.tensors_sizes[pd];
-    int c0 = idx[pd] - pc.cat_offset;
-    int q = (c0 + 4) / 4 - 1;  // floor(c0 / 4): the slab starts at the texel of the first element, so c0 >= -3
-    int shift = c0 - 4 * q;
-    ivec4 e = idx;
-    e[pd] = max(4 * q, 0);
-    VEC4 lo = q >= 0 ? load_texel_tensors(tf_texel_pos_lane(e, pc.tensors_sizes, out_layout).xyz) : VEC4(0);
-    e[pd] = min(4 * q + 4, 4 * ((n - 1) >> 2));
-    VEC4 hi = 4 * q + 4 < n ? load_texel_tensors(tf_texel_pos_lane(e, pc.tensors_sizes, out_layout).xyz) : VEC4(0);
-    VEC4 r2 = load_texel_out(pos);
-    for (int k = 0; k < 4; ++k) {
-      int j = shift + k;
-      T v = j < 4 ? lo[min(j, 3)] : hi[max(j - 4, 0)];
-      int c = c0 + k;
-      if (idx[pd] + k >= pc.out_sizes[pd]) {
-        r2[k] = T(0);
-      } else if (c >= 0 && c < n) {
-        r2[k] = v;
-      }
-    }
-    store_texel_out(pos, r2);
-    return;
-  } else {
-    pos = tf_unit_to_texel(u, tf_texture_extents(pc.out_sizes, out_layout));
-    idx = tf_texel_to_idx(pos, pc.out_sizes, out_layout);
-  }
   VEC4 r = load_texel_out(pos);
   bool mine = false;
   for (int k = 0; k < 4; ++k) {
@@ -195,5 +197,5 @@ void main() {
     }
   }
   if (mine) { store_texel_out(pos, r); }
-#line 142
+#line 144
 }

@@ -81,7 +81,7 @@ layout(constant_id = 12) const int findex = 0;  // float_index
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 95
 const int tf_span = 16;
-#line 10 "shaders/_broadcast_reads.glsl.j2"
+#line 11 "shaders/_broadcast_reads.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
@@ -103,7 +103,7 @@ T read_self(int w) { return T(t_self[w]); }
 VEC4 read4_other(int k) { return VEC4(t4_other[k]); }
 T read_other(int w) { return T(t_other[w]); }
 // 'self''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
-#line 20 "shaders/_broadcast_reads.glsl.j2"
+#line 21 "shaders/_broadcast_reads.glsl.j2"
 ivec4 runs_self = ivec4(1);
 
 // The word of 'self' that word w of out reads where it reads runs (a_class >= READ_RUNS).
@@ -133,7 +133,7 @@ int word_of_self(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
 }
 // 'other''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
-#line 20
+#line 21
 ivec4 runs_other = ivec4(1);
 
 // The word of 'other' that word w of out reads where it reads runs (b_class >= READ_RUNS).
@@ -163,13 +163,13 @@ int word_of_other(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).x;
 }
 
-#line 50
+#line 51
 void prepare_runs() {
-#line 52
+#line 53
   if (a_class >= READ_RUNS) { runs_self = tf_runs(pc.out_sizes, pc.self_sizes, out_layout); }
-#line 52
+#line 53
   if (b_class >= READ_RUNS) { runs_other = tf_runs(pc.out_sizes, pc.other_sizes, out_layout); }
-#line 54
+#line 55
 }
 #define TF_PREPARE prepare_runs()
 

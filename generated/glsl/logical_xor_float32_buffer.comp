@@ -99,7 +99,7 @@ layout(set = 0, binding = 2, std430) readonly buffer other_buf4 { vec4 t4_other[
 T read_other(int w) { return texel_reads != 0 ? T(texelFetch(tb_other, w >> 2)[w & 3]) : T(t_other[w]); }
 VEC4 read4_other(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_other, k)) : VEC4(t4_other[k]); }
 T load_other(ivec4 idx) { return read_other(tf_buffer_word_lane(idx, pc.other_sizes, other_layout).x); }
-#line 10 "shaders/_broadcast_reads.glsl.j2"
+#line 11 "shaders/_broadcast_reads.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
@@ -111,7 +111,7 @@ const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by wo
 #line 12 "shaders/_vec4_views.glsl.j2"
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { ivec4 t4_out[]; };
 // 'self''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
-#line 20 "shaders/_broadcast_reads.glsl.j2"
+#line 21 "shaders/_broadcast_reads.glsl.j2"
 ivec4 runs_self = ivec4(1);
 
 // The word of 'self' that word w of out reads where it reads runs (a_class >= READ_RUNS).
@@ -141,7 +141,7 @@ int word_of_self(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
 }
 // 'other''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
-#line 20
+#line 21
 ivec4 runs_other = ivec4(1);
 
 // The word of 'other' that word w of out reads where it reads runs (b_class >= READ_RUNS).
@@ -171,13 +171,13 @@ int word_of_other(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).x;
 }
 
-#line 50
+#line 51
 void prepare_runs() {
-#line 52
+#line 53
   if (a_class >= READ_RUNS) { runs_self = tf_runs(pc.out_sizes, pc.self_sizes, out_layout); }
-#line 52
+#line 53
   if (b_class >= READ_RUNS) { runs_other = tf_runs(pc.out_sizes, pc.other_sizes, out_layout); }
-#line 54
+#line 55
 }
 #define TF_PREPARE prepare_runs()
 

@@ -84,7 +84,7 @@ layout(constant_id = 12) const int findex = 0;  // float_index
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 95
 const int tf_span = 16;
-#line 10 "shaders/_broadcast_reads.glsl.j2"
+#line 11 "shaders/_broadcast_reads.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
@@ -111,7 +111,7 @@ T read_self(int w) { return T(t_self[w]); }
 VEC4 read4_other(int k) { return VEC4(t4_other[k]); }
 T read_other(int w) { return T(t_other[w]); }
 // 'condition''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
-#line 20 "shaders/_broadcast_reads.glsl.j2"
+#line 21 "shaders/_broadcast_reads.glsl.j2"
 ivec4 runs_condition = ivec4(1);
 
 // The word of 'condition' that word w of out reads where it reads runs (in0_class >= READ_RUNS).
@@ -141,7 +141,7 @@ int word_of_condition(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.condition_sizes), pc.condition_sizes, condition_layout).x;
 }
 // 'self''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
-#line 20
+#line 21
 ivec4 runs_self = ivec4(1);
 
 // The word of 'self' that word w of out reads where it reads runs (in1_class >= READ_RUNS).
@@ -171,7 +171,7 @@ int word_of_self(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.self_sizes), pc.self_sizes, self_layout).x;
 }
 // 'other''s runs (tf_runs), found once per invocation by prepare_runs() where it reads runs.
-#line 20
+#line 21
 ivec4 runs_other = ivec4(1);
 
 // The word of 'other' that word w of out reads where it reads runs (in2_class >= READ_RUNS).
@@ -201,42 +201,41 @@ int word_of_other(int w) {
   return tf_buffer_word_lane(tf_broadcast(idx, pc.other_sizes), pc.other_sizes, other_layout).x;
 }
 
-#line 50
+#line 51
 void prepare_runs() {
-#line 52
+#line 53
   if (in0_class >= READ_RUNS) { runs_condition = tf_runs(pc.out_sizes, pc.condition_sizes, out_layout); }
-#line 52
+#line 53
   if (in1_class >= READ_RUNS) { runs_self = tf_runs(pc.out_sizes, pc.self_sizes, out_layout); }
-#line 52
+#line 53
   if (in2_class >= READ_RUNS) { runs_other = tf_runs(pc.out_sizes, pc.other_sizes, out_layout); }
-#line 54
+#line 55
 }
 #define TF_PREPARE prepare_runs()
 
-// A class vec4_of_<input> takes (a row: out's packed size a multiple of 4).
 // 1 for a class vec4_of_<input> takes (a row: out's packed size a multiple of 4), else 0 (as int
 // arithmetic: glslc's optimizer fails on this as a chain of bool spec-constant operations)
-#line 25 "shaders/_where_body.glsl.j2"
+#line 23 "shaders/_where_body.glsl.j2"
 #define VEC4_CLASS(cls) (int(cls == READ_DIRECT) + int(cls == READ_SINGLE) + int(cls == READ_ROW) * (1 - ragged) \
                          + int(cls >= READ_RUNS) * int((cls - READ_RUNS) % 3 != 2))
 const bool vec4_path = VEC4_CLASS(in0_class) + VEC4_CLASS(in1_class) + VEC4_CLASS(in2_class) == 3;
 
 void unit_vec4(int k) {
-#line 32
+#line 30
   VEC4 self4 = vec4_of_self(k);
-#line 32
+#line 30
   VEC4 other4 = vec4_of_other(k);
-#line 37
+#line 35
   bvec4 c = notEqual(vec4_of_condition(k), VEC4(0));
   t4_out[k] = ivec4(mix(other4, self4, c));
 }
 
 void unit_word(int w) {
-#line 44
+#line 42
   T self1 = T(read_self(word_of_self(w)));
-#line 44
+#line 42
   T other1 = T(read_other(word_of_other(w)));
-#line 49
+#line 47
   bool c = T(read_condition(word_of_condition(w))) != T(0);
   t_out[w] = (c ? self1 : other1);
 }

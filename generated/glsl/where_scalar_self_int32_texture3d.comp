@@ -84,7 +84,7 @@ layout(constant_id = 10) const int findex = 0;  // float_index
 // Units of `out` each invocation handles (contract `span`); the grid has ceil(units / span).
 #line 95
 const int tf_span = 4;
-#line 10 "shaders/_broadcast_reads.glsl.j2"
+#line 11 "shaders/_broadcast_reads.glsl.j2"
 const int READ_GENERAL = 0;
 const int READ_DIRECT = 1;
 const int READ_ROW = 2;
@@ -93,7 +93,7 @@ const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by wo
 
 
 // The texel of 'condition' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 60
+#line 61
 VEC4 texel_of_condition(ivec3 pos) {
   if (in0_class == READ_DIRECT) { return load_texel_condition(pos); }
   if (in0_class == READ_SINGLE) { return VEC4(load_texel_condition(ivec3(0)).x); }
@@ -108,7 +108,7 @@ VEC4 texel_of_condition(ivec3 pos) {
   return pc.condition_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 // The texel of 'other' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 60
+#line 61
 VEC4 texel_of_other(ivec3 pos) {
   if (in1_class == READ_DIRECT) { return load_texel_other(pos); }
   if (in1_class == READ_SINGLE) { return VEC4(load_texel_other(ivec3(0)).x); }
@@ -123,13 +123,13 @@ VEC4 texel_of_other(ivec3 pos) {
   return pc.other_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 
-#line 53 "shaders/_where_body.glsl.j2"
+#line 51 "shaders/_where_body.glsl.j2"
 void unit_texel(ivec3 pos) {
-#line 58
-  VEC4 self4 = VEC4(T(pc.self));
 #line 56
+  VEC4 self4 = VEC4(T(pc.self));
+#line 54
   VEC4 other4 = texel_of_other(pos);
-#line 61
+#line 59
   VEC4 v = mix(other4, self4, notEqual(texel_of_condition(pos), VEC4(0)));
   if (ragged != 0) {  // padding lanes stay zero (a single element fills every lane)
     v = mix(v, VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout));

@@ -39,6 +39,7 @@ whatever the device type; without one the device type decides. `TEXELFLOW_GEMM` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -250,8 +251,10 @@ def choose_matmul_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMI
                           subgroup: SubgroupFacts | None = None, gemm: str | None = None,
                           costs=None) -> list[Node]:
     """Retarget every device `linear` with a constant 2-D float32 weight to linear_packed (or
-    linear_packed_gemv for one row, linear_wg on a GPU: packed_gemm_op); returns the new nodes. A
-    node the new op would not take (its partition check) is left as it was. On a GPU mm / bmm
+    linear_packed_gemv for one row, linear_wg on a GPU: packed_gemm_op), and so `x @ W + b` as
+    addmm and `x @ W` as mm / matmul by a constant [K, N] W (_weight_as_linear); a matmul of two
+    operands with the same batch dims becomes mm / bmm first (_matmul_as_bmm). Returns the new
+    nodes. A node the new op would not take (its partition check) is left as it was. On a GPU mm / bmm
     become mm_wg. Where `subgroup` rules out the shuffle kernels (shuffle_unfit), linear_packed
     is not chosen and mm / bmm become `matmul` (on a device that does not take workgroup tiles).
     `gemm` forces a tiling (forced_tiles); `costs`, a measured table, chooses per node
@@ -413,7 +416,7 @@ def _matmul_as_bmm(graph: PlanGraph, node: Node, limits: Sequence[int]) -> Node 
     hand: q @ k.transpose(-2, -1), weights @ v) as mm / bmm, whose register tiles take every
     batch of WHCN's C and N alike; torch.matmul's general kernel ran BERT / GPT-2 style
     attention at about 2% of the FMA peak on lavapipe. None where it does not apply (a batch that
-    broadcasts, a 1-D or 2-D operand: the general kernel keeps it)."""
+    broadcasts, a 1-D operand: the general kernel keeps it)."""
     a, b = node.arg("self"), node.arg("other")
     if not isinstance(a, Value) or not isinstance(b, Value) or len(a.shape) != len(b.shape) \
             or len(a.shape) not in (2, 3, 4) or tuple(a.shape[:-2]) != tuple(b.shape[:-2]) or a.dtype != b.dtype:
@@ -454,9 +457,7 @@ def _weight_as_linear(graph: PlanGraph, node: Node, x, mat2: Value, bias, subgro
 
     k, n = mat2.shape
     packed_shape = (padded(k, 4), padded(n, TILE_N))
-    rows = 1
-    for d in x.shape[:-1]:
-        rows *= d
+    rows = math.prod(x.shape[:-1])
     priced_args = [("input", x), ("weight", Value(f"{mat2.name}.kn", packed_shape, mat2.dtype, Role.CONST)),
                    ("bias", bias), ("out_features", n)]
     op_name, why = packed_gemm_op(rows, subgroup, gemm, costs, priced_args, node.outputs, limits)
