@@ -29,6 +29,7 @@ bench: setup
 	$(PYTHON) bench/kernels.py
 	$(PYTHON) bench/overhead.py
 	$(PYTHON) bench/models.py
+	$(PYTHON) bench/blocks.py --buffers
 
 demo: setup
 	$(PYTHON) -m texelflow.cli demo
