@@ -75,16 +75,17 @@ def test_source_map_reads_markers():
 
 
 def test_template_glsl_error_names_the_template_line(scratch_repo: Path):
-    unary = scratch_repo / "shaders" / "unary.glsl.j2"
-    needle = "t_out[w] = {{ out.to_word }}({{ OP }});"
-    line = line_of(unary, needle)
-    unary.write_text(unary.read_text().replace(needle, "not_declared_anywhere; " + needle))  # no type clash, whatever out is
+    # (expand: a template of few variants, so that the test compiles few; its buffer branch breaks)
+    template = scratch_repo / "shaders" / "expand.glsl.j2"
+    needle = "t_out[w] = {{ out.to_word }}(read_self(runs_word(w)));"
+    line = line_of(template, needle)
+    template.write_text(template.read_text().replace(needle, "not_declared_anywhere; " + needle))  # no type clash, whatever out is
     before = tree_digest(scratch_repo)
 
     with pytest.raises(ShaderCompileError) as err:
         generate(scratch_repo)
     problems = err.value.problems
-    assert problems and {p.where for p in problems} == {f"shaders/unary.glsl.j2:{line}"}
+    assert problems and {p.where for p in problems} == {f"shaders/expand.glsl.j2:{line}"}
     assert all(name.endswith("_buffer") for name in err.value.failures)  # the texture branch is intact
     layouts, ops = build_models(scratch_repo)
     files = render_all(scratch_repo, layouts, ops)
@@ -96,26 +97,26 @@ def test_template_glsl_error_names_the_template_line(scratch_repo: Path):
     assert run.returncode == 1 and "Traceback" not in run.stderr
     errors = [x for x in run.stderr.splitlines() if ": error: " in x]
     assert len(errors) == 1, run.stderr  # one problem, however many variants it breaks
-    assert re.fullmatch(rf"shaders/unary\.glsl\.j2:{line}: error: 'not_declared_anywhere' : undeclared identifier "
+    assert re.fullmatch(rf"shaders/expand\.glsl\.j2:{line}: error: 'not_declared_anywhere' : undeclared identifier "
                         r"\(generated/glsl/\w+_buffer\.comp:\d+(, and \d+ more variants)?\)", errors[0]), errors[0]
     assert f"{len(err.value.failures)} shader variant(s) failed to compile" in run.stderr
     assert tree_digest(scratch_repo) == before
 
 
 def test_errors_in_two_templates_are_all_reported(scratch_repo: Path):
-    shaders = scratch_repo / "shaders"
-    unary, binary = shaders / "unary.glsl.j2", shaders / "binary.glsl.j2"
-    include = '{% include "_prologue.glsl.j2" %}\n'  # main() itself is in _span_main.glsl.j2
-    unary.write_text(unary.read_text().replace(include, include + "void broken() { undefined_in_unary(); }\n", 1))
-    binary.write_text(binary.read_text().replace(include, include + "void broken() { undefined_in_binary(); }\n", 1))
+    shaders = scratch_repo / "shaders"  # (templates of few variants, so that the test compiles few)
+    roll, expand = shaders / "roll.glsl.j2", shaders / "expand.glsl.j2"
+    include = '{% include "_prologue.glsl.j2" %}\n'
+    roll.write_text(roll.read_text().replace(include, include + "void broken() { undefined_in_roll(); }\n", 1))
+    expand.write_text(expand.read_text().replace(include, include + "void broken() { undefined_in_expand(); }\n", 1))
     before = tree_digest(scratch_repo)
 
     run = gen_cli(scratch_repo)
     assert run.returncode == 1 and "Traceback" not in run.stderr
     errors = [x for x in run.stderr.splitlines() if ": error: " in x]
     assert len(errors) == 2, run.stderr
-    assert errors[0].startswith(f"shaders/binary.glsl.j2:{line_of(binary, 'undefined_in_binary')}: error: ")
-    assert errors[1].startswith(f"shaders/unary.glsl.j2:{line_of(unary, 'undefined_in_unary')}: error: ")
+    assert errors[0].startswith(f"shaders/expand.glsl.j2:{line_of(expand, 'undefined_in_expand')}: error: ")
+    assert errors[1].startswith(f"shaders/roll.glsl.j2:{line_of(roll, 'undefined_in_roll')}: error: ")
     assert tree_digest(scratch_repo) == before
 
 
