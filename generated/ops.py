@@ -5768,6 +5768,45 @@ OPS: dict[str, OpEntry] = {
             'permute_copy_int32_texture3d_texture3d',
         ),
     ),
+    'phase_shuffle': OpEntry(
+        name='phase_shuffle',
+        targets=(
+            'texelflow.phase_shuffle.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('stride', 'int_list'),
+            Arg('crop', 'int_list'),
+            Arg('size', 'int_list'),
+            Arg('groups', 'int', default=1),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(
+            Push('groups', 'int', 'arg', (('arg', 'groups'),)),
+            Push('phase', 'ivec4', 'ivec4', (('ivec4', (('pair', 'stride', None), ('pair', 'crop', None))),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('self', (4,)),)),)),
+        ),
+        grid=('per_output_unit',),
+        template='phase_shuffle',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'phase_shuffle_float16_buffer',
+            'phase_shuffle_float16_texture3d',
+            'phase_shuffle_float32_buffer',
+            'phase_shuffle_float32_texture3d',
+        ),
+    ),
     'pixel_shuffle': OpEntry(
         name='pixel_shuffle',
         targets=(
@@ -8383,6 +8422,7 @@ TARGETS: dict[str, str] = {
     'texelflow.linear_wg.default': 'linear_wg',
     'texelflow.linear_wg_splitk.default': 'linear_wg_splitk',
     'texelflow.mm_wg.default': 'mm_wg',
+    'texelflow.phase_shuffle.default': 'phase_shuffle',
     'texelflow.q8ta_add.default': 'q8ta_add',
     'texelflow.q8ta_conv2d.default': 'q8ta_conv2d',
     'texelflow.q8ta_conv2d_im2col.default': 'q8ta_conv2d_im2col',

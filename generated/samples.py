@@ -1730,6 +1730,16 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'dims': (5, 0, 3, 1, 4, 2), 'self': (2, 1, 3, 2, 5, 3)},
         {'dims': (6, 5, 1, 0, 3, 4, 2), 'self': (2, 3, 1, 2, 3, 2, 2)},
     ),
+    'phase_shuffle': (
+        {'crop': (0, 0), 'self': (1, 16, 3, 5), 'size': (6, 10), 'stride': (2, 2)},
+        {'crop': (1, 1), 'self': (2, 12, 3, 5), 'size': (4, 8), 'stride': (2, 2)},
+        {'crop': (0, 1), 'self': (2, 10, 3, 4), 'size': (3, 6), 'stride': (1, 2)},
+        {'crop': (2, 0), 'self': (1, 27, 2, 3), 'size': (3, 7), 'stride': (3, 3)},
+        {'crop': (1, 1), 'self': (1, 32, 5, 7), 'size': (9, 13), 'stride': (2, 2)},
+        {'crop': (0, 0), 'self': (1, 7, 1, 1), 'size': (1, 1), 'stride': (1, 1)},
+        {'crop': (1, 0), 'groups': 2, 'self': (1, 32, 3, 4), 'size': (5, 8), 'stride': (2, 2)},
+        {'crop': (0, 0), 'groups': 3, 'self': (2, 24, 2, 5), 'size': (4, 5), 'stride': (2, 1)},
+    ),
     'pixel_shuffle': (
         {'self': (2, 12, 3, 5), 'upscale_factor': 2},
         {'self': (1, 9, 5, 3), 'upscale_factor': 3},

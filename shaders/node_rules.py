@@ -259,10 +259,29 @@ def _reduction_at_most(node: NodeFacts, p: dict) -> str | None:
 # test_loop_limit.py): reduce 8 per reduced element (4 lanes of a texel, 2 passes), softmax 5
 # per element of the lines it takes (one line along W; about W / n lines along a dim of n), scan
 # 1, layer_norm 1, group_norm 8 per element of a group, pools 2 (adaptive 8: 4 lanes a texel),
-# matmul 2 per K, transposed convs 2 per tap and input channel of a group, convs 2 per tap and
+# matmul 2 per K, transposed convs 8 per landing tap and input channel of a group (4 lanes of a
+# texel, conv_transpose_trips), convs 2 per tap and
 # input channel of a group (1 per 2 where groups = 1: a texel of 4 channels a step), sort_lines
 # n (n - 1) / 2 moves of an insertion sort (counted, not measured: a bound).
 LOOP_TRIPS_LIMIT = 60000
+
+
+def conv_transpose_trips(kernel, stride, dilation, cin_g: int) -> int:
+    """Loop iterations of one invocation of conv_transpose1d / 2d: a texel's 4 lanes each walk
+    every tap, and 2 per input channel of the group at each tap that lands (at most
+    ceil(k gcd(s, d) / s) along a dim). The 4 lanes of a channels-packed texel land on the same
+    taps: lavapipe computed a 3 x 3 stride-2 one of 2,000 channels wrong, of 1,800 right."""
+    taps = math.prod(kernel)
+    landed = math.prod(-(-k * math.gcd(s, d) // s) for k, s, d in zip(kernel, stride, dilation))
+    return 4 * (taps + 2 * landed * cin_g) + 64
+
+
+def _ints(v, n: int, fill: int) -> tuple[int, ...]:
+    """An int or int-list conv argument as n ints (one value for all; None: fill)."""
+    if v is None or (isinstance(v, (list, tuple)) and not v):
+        return (fill,) * n
+    v = [v] if isinstance(v, int) else list(v)
+    return tuple(v) * n if len(v) == 1 else tuple(v[:n])
 
 
 def _reduced_elements(node: NodeFacts, tensor: str) -> tuple[int, int]:
@@ -327,9 +346,11 @@ def _trips(node: NodeFacts, kind: str, tensor: str) -> int:
         groups = max(int(node.value("groups") or 1), 1)
         taps = math.prod(w[1:])
         return (2 * taps if groups > 1 else taps // 2) + 64
-    if kind == "conv_transpose":  # every tap, in a SIMD batch whose lanes need different ones
+    if kind == "conv_transpose":
         cin_g = tuple(node.shape(tensor))[1] // max(int(node.value("groups") or 1), 1)
-        return 2 * math.prod(tuple(node.shape("weight"))[2:]) * cin_g + 64
+        kernel = tuple(node.shape("weight"))[2:]
+        return conv_transpose_trips(kernel, _ints(node.value("stride"), len(kernel), 1),
+                                    _ints(node.value("dilation"), len(kernel), 1), cin_g)
     raise KeyError(kind)
 
 
@@ -916,6 +937,27 @@ def _packed_roll(facts: SpecFacts, p: dict) -> int:
     if not facts.shape(a):
         return 0
     return _packed_dim_kept(facts, a, b, [lane for lane, shift in enumerate(roll_whcn_shifts(facts)) if shift])
+
+
+@_spec_rule("packed_phase", 0, required=("of",), tensor_params=("packed_phase", "of"))
+def _packed_phase(facts: SpecFacts, p: dict) -> int:
+    """1 when phase_shuffle moves tensor `packed_phase`'s elements into `of` (one shared
+    representation) only along W and H, and C / groups, if C is the packed dim, is a multiple of 4 (each
+    phase's channels then start on a whole texel or vec4 word of self): each unit of `of` is one
+    whole unit of self (phase_shuffle.glsl.j2 moves units whole); 2 for one-element-per-word
+    buffers with the packed size (C / groups along C) a multiple of 16."""
+    from texelflow.generated.layouts import STORAGE_INFO
+
+    a, b = p["packed_phase"], p["of"]
+    info = _one_float_repr(facts, a, b)
+    if info is None or len(facts.shape(a)) > 4 or info.packed_dim in (0, 1):
+        return 0
+    size = _whcn_of(facts, b)[info.packed_dim]
+    if info.packed_dim == 2:  # a phase's channels of one group start at a multiple of C / groups
+        size //= facts.value("groups") or 1
+    if STORAGE_INFO[facts.repr(a).storage].is_image:
+        return int(info.packed_dim != 2 or size % 4 == 0)
+    return _whole_words(size, info.buffer_block == 1)
 
 
 @_spec_rule("packed_flip", 0, required=("of",), tensor_params=("packed_flip", "of"))

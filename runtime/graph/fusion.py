@@ -11,6 +11,12 @@ In order, in place on the graph:
    (the weight a derived [Cout, Cin/g, K, 1] constant): conv2d's tiled kernel is many times faster
    than conv1d's per-element one, which stays for what conv2d cannot take (an L past the texture
    limits).
+0d. A device conv_transpose2d / conv_transpose1d with a constant weight runs as a stride-1
+   conv2d over the input with one group of output channels per output phase (stride_h x
+   stride_w of them), a pixel shuffle and, where the phases overshoot, a crop
+   (runtime/graph/conv_transpose.py): the conv2d then takes the tiled kernels of step 6 (a
+   U-Net's 2 x 2 stride-2 up-convolution a pointwise GEMM) where the transposed conv's own
+   kernel computes one element per invocation.
 0c. An `expand` read only by ops that broadcast that argument themselves (ops.yaml's
    `broadcast_foldable` check lists them: the binary ops, where, ...) is dropped, and they read
    its input: `x / norm.expand_as(x)` (F.normalize), `x * mask.expand_as(x)`. The expand wrote
@@ -130,6 +136,8 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
     for node in list(graph.nodes):
         if node.on_device and node.op.name == "conv1d":
             _conv1d_as_conv2d(graph, node, texture_limits)
+        elif node.on_device and node.op.name in ("conv_transpose2d", "conv_transpose1d"):
+            _conv_transpose_as_phases(graph, node, texture_limits)
     for node in graph.nodes:
         if node.op is not None and node.op.name == "batch_norm" and node.fallback is None:
             node.fallback = _not_inference(node)
@@ -421,6 +429,16 @@ def _conv1d_as_conv2d(graph: PlanGraph, node: Node, limits) -> None:
         return
     back.fused = node.fused + ["conv1d as conv2d over [N, C, L, 1]"]
     _replace_by_chain(graph, node, [to_2d, conv, back])
+
+
+def _conv_transpose_as_phases(graph: PlanGraph, node: Node, limits) -> None:
+    """Step 0d: a transposed conv with a constant weight as a stride-1 conv2d of its phases and
+    a pixel shuffle (runtime/graph/conv_transpose.py); left as it is where that does not apply."""
+    from .conv_transpose import phase_conv_chain
+
+    chain = phase_conv_chain(graph, node, limits)
+    if chain is not None:
+        _replace_by_chain(graph, node, chain)
 
 
 def _replace_by_chain(graph: PlanGraph, node: Node, chain: list[Node]) -> None:

@@ -1403,26 +1403,27 @@ def matmul_split_k(self, other):
     return out
 
 
-# A transposed conv loops over every tap and input channel of its group in one invocation
-# (shaders/node_rules.py's loop_trips, conv_transpose): past this many, the input channels are
-# taken in slices.
-CONV_T_TRIPS = 28000
-
-
 def conv_transpose_split(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     """A transposed conv of more input channels than one invocation may loop over (a wide
-    decoder's or vocoder's upsampling) as the sum of transposed convs of input-channel slices
-    (input and the constant weight sliced alike), the bias added once."""
+    decoder's or vocoder's upsampling; node_rules.conv_transpose_trips) as the sum of transposed
+    convs of input-channel slices of equal size (input and the constant weight sliced alike),
+    the bias added once."""
     import torch
 
+    from texelflow.shaders.node_rules import LOOP_TRIPS_LIMIT, conv_transpose_trips
+
     aten = torch.ops.aten
-    taps = math.prod(weight.shape[2:])
-    chunk = max(1, CONV_T_TRIPS // (2 * taps))
-    if groups != 1 or input.shape[1] <= chunk:
-        raise NotApplicable("a transposed conv of few input channels, or of groups")
-    op = aten.conv_transpose2d.input
     n = input.dim() - 2
     lists = [[v] * n if isinstance(v, int) else list(v) for v in (stride, padding, output_padding, dilation)]
+    lists = [v * n if len(v) == 1 else v for v in lists]
+    kernel = tuple(weight.shape[2:])
+    per_channel = conv_transpose_trips(kernel, lists[0], lists[3], 1) - conv_transpose_trips(kernel, lists[0],
+                                                                                            lists[3], 0)
+    most = max(1, (LOOP_TRIPS_LIMIT - conv_transpose_trips(kernel, lists[0], lists[3], 0)) // per_channel)
+    if groups != 1 or input.shape[1] <= most:
+        raise NotApplicable("a transposed conv of few input channels, or of groups")
+    chunk = -(-input.shape[1] // -(-input.shape[1] // most))  # equal slices, each at most `most`
+    op = aten.conv_transpose2d.input
     if n == 1:  # a 1-D one as a 2-D one of height 1 (torch traces conv_transpose1d as convolution)
         (s,), (p,), (o,), (d,) = lists
         out = conv_transpose_split(aten.unsqueeze.default(input, 2), aten.unsqueeze.default(weight, 2), bias,

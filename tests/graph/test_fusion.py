@@ -202,14 +202,18 @@ def test_decomposed_conv_bn_act_folds_and_fuses(device):
     _close(got, model(x))
 
 
-def test_decomposed_transposed_convolution_becomes_the_kernel(device):
+@pytest.mark.parametrize("kernel,phased", [(3, False), (4, True)])
+def test_decomposed_transposed_convolution_becomes_the_kernel(device, kernel, phased):
     """run_decompositions turns conv_transpose2d into aten.convolution(transposed=True): it runs
-    as conv_transpose2d (stride, padding, output_padding, groups, dilation kept)."""
-    model = nn.Sequential(nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2, dilation=1),
-                          nn.ReLU()).eval()
+    as conv_transpose2d (stride, padding, output_padding, groups, dilation kept), or, with a
+    kernel a multiple of its stride, as the conv2d of its phases (runtime/graph/conv_transpose.py)."""
+    model = nn.Sequential(nn.ConvTranspose2d(4, 6, kernel, stride=2, padding=1, output_padding=1, groups=2,
+                                             dilation=1), nn.ReLU()).eval()
     x = torch.randn(1, 4, 5, 5)
     got, prog = _run(device, torch.export.export(model, (x,)).run_decompositions(), x)
-    assert prog.plan.fallbacks == [] and prog.plan.dispatches["conv_transpose2d"] == 1, prog.plan.summary()
+    ops = prog.plan.dispatches
+    assert prog.plan.fallbacks == [], prog.plan.summary()
+    assert (ops.get("conv_transpose2d", 0), ops.get("phase_shuffle", 0)) == ((0, 1) if phased else (1, 0)), ops
     _close(got, model(x))
 
 

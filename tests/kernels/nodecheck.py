@@ -50,7 +50,7 @@ INJECT_TEMPLATES += ("linear_packed", "linear_packed_gemv", "linear_wg", "mm_til
 INJECT_TEMPLATES += ("linear_gemv_wg", "conv2d_pw_gemv_wg", "linear_wg_splitk", "linear_splitk_sum")  # the same per slice; then over the slices
 INJECT_TEMPLATES += ("permute", "slice", "select", "expand", "pad", "pixel_shuffle", "cat")  # moved bit for bit
 INJECT_TEMPLATES += ("layer_norm",)  # a NaN or an infinity spreads over its row
-INJECT_TEMPLATES += ("masked_fill", "roll", "embedding", "index_select")  # select or move elements bit for bit
+INJECT_TEMPLATES += ("masked_fill", "roll", "embedding", "index_select", "phase_shuffle")  # select or move elements bit for bit
 INJECT_TEMPLATES += ("conv_im2col",)  # moves input elements bit for bit
 INJECT_TEMPLATES += ("pad_mode", "max_pool1d", "pool2d")  # move or select elements bit for bit (pool2d: max and sums)
 INJECT_TEMPLATES += ("scan",)  # a NaN or an infinity spreads along the rest of its line
@@ -273,6 +273,7 @@ NO_TORCH_TARGET = {
     "conv2d_wino4_input": "texelflow.runtime.graph.prepack_conv.conv2d_wino4_input_reference",
     "conv2d_wino4_output": "texelflow.runtime.graph.prepack_conv.conv2d_wino4_output_reference",
     "conv_im2col": "texelflow.runtime.graph.prepack_conv.conv_im2col_reference",
+    "phase_shuffle": "texelflow.runtime.graph.conv_transpose.phase_shuffle_reference",  # a transposed conv's phases
     "conv2d_dw3_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
     "conv2d_dw5_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
     "conv2d_dw7_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
@@ -633,7 +634,8 @@ TOLERANCES.update({
     "grid_sample": (1e-5, 1e-6),  # torch may fuse a step into an FMA where the kernel keeps two roundings
     "upsample_nearest2d": None,
 })
-TOLERANCES.update({"masked_fill": None, "roll": None, "embedding": None, "index_select": None})  # exact: elements are moved
+TOLERANCES.update({"masked_fill": None, "roll": None, "embedding": None, "index_select": None,
+                   "phase_shuffle": None})  # exact: elements are moved
 TOLERANCES.update({"conv1d": (1e-4, 1e-4), "conv_transpose1d": (1e-4, 1e-4), "conv_transpose2d": (1e-4, 1e-4)})  # sums in another order than torch's
 TOLERANCES.update({"cast_to_float16": None, "cast_to_float32": None})  # torch's .half() (to nearest even), .float()
 TOLERANCES.update({"pad_mode": None})  # reflection / replication pads move elements
