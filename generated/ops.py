@@ -6971,6 +6971,40 @@ OPS: dict[str, OpEntry] = {
             'rsub_scalar_int32_texture3d',
         ),
     ),
+    'scale_shift': OpEntry(
+        name='scale_shift',
+        targets=(
+            'texelflow.scale_shift.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='ANY_STORAGE'),
+            Arg('scale', 'tensor', repset='ANY_STORAGE'),
+            Arg('shift', 'tensor', repset='ANY_STORAGE'),
+        ),
+        outputs=(
+            Output('out', 'ANY_STORAGE'),
+        ),
+        sync=(
+            ('self', 'scale', 'shift', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset(['supports_highdim']),
+        weights=(),
+        push=(),
+        checks=(
+            Check('broadcast_foldable', (('broadcast_foldable', ('self', 'scale', 'shift')), ('of', 'out'))),
+        ),
+        grid=('per_output_unit',),
+        template='scale_shift',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'scale_shift_float16_buffer',
+            'scale_shift_float16_texture3d',
+            'scale_shift_float32_buffer',
+            'scale_shift_float32_texture3d',
+        ),
+    ),
     'scaled_dot_product_attention': OpEntry(
         name='scaled_dot_product_attention',
         targets=(
@@ -8433,6 +8467,7 @@ TARGETS: dict[str, str] = {
     'texelflow.q8ta_relu.default': 'q8ta_relu',
     'texelflow.quantize_dequantize.default': 'quantize_dequantize',
     'texelflow.round_bfloat16.default': 'round_bfloat16',
+    'texelflow.scale_shift.default': 'scale_shift',
     'texelflow.sort_lines.default': 'sort_lines',
     'texelflow.to_layout.default': 'to_layout',
 }

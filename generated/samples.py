@@ -2058,6 +2058,16 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'other': 0, 'self': (5, 1, 6, 3)},
         {'alpha': -1, 'other': 5, 'self': (2, 1, 3, 2, 5)},
     ),
+    'scale_shift': (
+        {'scale': (3, 1, 1), 'self': (2, 3, 5, 7), 'shift': (3, 1, 1)},
+        {'scale': (8, 1, 1), 'self': (2, 8, 3, 5), 'shift': (8, 1, 1)},
+        {'scale': (21, 1, 1), 'self': (1, 21, 6, 6), 'shift': (21, 1, 1)},
+        {'scale': (7,), 'self': (3, 7), 'shift': (7,)},
+        {'scale': (5, 1), 'self': (2, 5, 9), 'shift': (5, 1)},
+        {'scale': (3, 5), 'self': (2, 3, 2, 3, 5), 'shift': (1, 5)},
+        {'scale': (1, 1, 1), 'self': (1, 1, 5, 5), 'shift': (1, 1, 1)},
+        {'scale': (2, 3, 5, 7), 'self': (2, 3, 5, 7), 'shift': (7,)},
+    ),
     'scaled_dot_product_attention': (
         {'key': (1, 2, 5, 4), 'query': (1, 2, 3, 4), 'value': (1, 2, 5, 4)},
         {'key': (2, 3, 7, 5), 'query': (2, 3, 7, 5), 'value': (2, 3, 7, 6)},

@@ -47,6 +47,28 @@ def bn_folded_conv_bias(bias, bn_weight, bn_bias, running_mean, running_var, *, 
 
 
 @recipe
+def bn_scale(bn_weight, running_var, *, eps: float, size: tuple):
+    """An inference batch norm's per-channel factor gamma / sqrt(var + eps), computed in float32
+    as torch's kernel does, shaped `size` ([C, 1, ..]: it broadcasts along dim 1 of the input)."""
+    import torch
+
+    scale = _bn_scale(None if bn_weight is None else bn_weight.to(torch.float32), running_var.to(torch.float32), eps)
+    return scale.to(torch.float64).reshape(size)
+
+
+@recipe
+def bn_shift(bn_bias, bn_weight, running_mean, running_var, *, eps: float, size: tuple):
+    """An inference batch norm's per-channel term beta - mean * scale (scale as bn_scale), in
+    float32, shaped `size`."""
+    import torch
+
+    f32 = torch.float32
+    scale = _bn_scale(None if bn_weight is None else bn_weight.to(f32), running_var.to(f32), eps)
+    shift = -(running_mean.to(f32) * scale) if bn_bias is None else bn_bias.to(f32) - running_mean.to(f32) * scale
+    return shift.to(torch.float64).reshape(size)
+
+
+@recipe
 def reshaped(source, *, size: tuple):
     """The source with another shape, same elements (a conv1d weight [Cout, Cin/g, K] as the
     conv2d weight [Cout, Cin/g, K, 1])."""

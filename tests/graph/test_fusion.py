@@ -129,10 +129,10 @@ def test_conv_bn_with_a_second_user_is_not_folded(device):
     model = ConvBnTwoUsers().eval()
     x = torch.randn(1, 3, 6, 5)
     plan = texelflow.plan(model, (x,))
-    assert sorted(_ops(plan)) == ["batch_norm", "conv2d"], plan.summary()
-    assert not any(_fusions(n) for n in plan.graph.nodes)
+    assert sorted(_ops(plan)) == ["conv2d", "scale_shift"], plan.summary()
+    assert not any(_fusions(n) for n in plan.graph.nodes if n.op.name == "conv2d")
     (got_bn, got_conv), prog = _run(device, model, x)
-    assert prog.plan.dispatches["batch_norm"] == 1
+    assert prog.plan.dispatches["scale_shift"] == 1
     want_bn, want_conv = model(x)
     _close(got_bn, want_bn)
     _close(got_conv, want_conv)
@@ -171,14 +171,35 @@ def test_conv_bn_act_folds_and_fuses(device):
     _close(got, model(x))
 
 
-def test_batch_norm_alone_runs_as_a_kernel(device):
-    model = nn.Sequential(nn.ReLU(), nn.BatchNorm1d(7)).eval()
+@pytest.mark.parametrize("norm,shape", [(nn.BatchNorm1d(7), (3, 7, 5)), (nn.BatchNorm1d(5), (4, 5)),
+                                        (nn.BatchNorm2d(21), (2, 21, 5, 3)), (nn.BatchNorm2d(8, affine=False), (1, 8, 3, 7))],
+                         ids=["1d", "1d_rows", "2d_21_channels", "2d_no_affine"])
+def test_batch_norm_alone_runs_as_one_multiply_add(device, norm, shape):
+    """An inference batch norm no conv absorbs (after a concat, a relu) is scale_shift: its scale
+    and shift computed at load, one multiply-add per element; NaN and Inf pass as torch's do."""
+    model = nn.Sequential(nn.ReLU(), norm).eval()
     with torch.no_grad():
-        model[1].running_mean.uniform_(-1, 1)
-        model[1].running_var.uniform_(0.5, 2)
-    x = torch.randn(3, 7, 5)
+        norm.running_mean.uniform_(-1, 1)
+        norm.running_var.uniform_(0.5, 2)
+        if norm.affine:
+            norm.weight.uniform_(-2, 2)
+            norm.bias.uniform_(-1, 1)
+    x = torch.randn(shape)
+    x.view(-1)[1], x.view(-1)[-2] = float("nan"), float("inf")
     got, prog = _run(device, model, x)
-    assert prog.plan.dispatches["batch_norm"] == 1
+    assert prog.plan.dispatches["scale_shift"] == 1 and "batch_norm" not in prog.plan.dispatches, prog.plan.summary()
+    torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_batch_norm_3d_keeps_its_kernel(device):
+    """[N, C, D, H, W]: a per-channel scale would broadcast inside the dims WHCN folds into N, so
+    the batch_norm kernel (which indexes the channel itself) stays."""
+    model = nn.Sequential(nn.ReLU(), nn.BatchNorm3d(3)).eval()
+    with torch.no_grad():
+        model[1].running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 2, 3, 5)
+    got, prog = _run(device, model, x)
+    assert prog.plan.dispatches["batch_norm"] == 1, prog.plan.summary()
     _close(got, model(x), 1e-5)
 
 
@@ -188,7 +209,7 @@ def test_decomposed_batch_norm_becomes_the_kernel(device):
     x = torch.randn(2, 5, 3, 4)
     ep = torch.export.export(model, (x,)).run_decompositions()
     got, prog = _run(device, ep, x)
-    assert prog.plan.dispatches["batch_norm"] == 1, prog.plan.summary()
+    assert prog.plan.dispatches["scale_shift"] == 1, prog.plan.summary()
     _close(got, model(x), 1e-5)
 
 

@@ -41,7 +41,7 @@ DEFAULT_FLOAT_RANGE = (-3.0, 3.0)  # uniform float inputs where the op declares 
 
 # Special float values injected into inputs of float elementwise ops (templates below).
 SPECIALS = ("nan", "inf", "-inf")
-INJECT_TEMPLATES = ("unary", "binary", "copy", "where", "where_scalar")
+INJECT_TEMPLATES = ("unary", "binary", "copy", "where", "where_scalar", "scale_shift")
 # Reductions, softmax, pooling and norms: a NaN or an infinity spreads over what it is reduced with.
 INJECT_TEMPLATES += ("reduce", "softmax", "adaptive_pool2d", "global_avg_pool_wg", "group_norm")
 INJECT_TEMPLATES += ("batch_norm",)  # elementwise per channel: NaN / Inf in input or statistics
@@ -274,6 +274,7 @@ NO_TORCH_TARGET = {
     "conv2d_wino4_output": "texelflow.runtime.graph.prepack_conv.conv2d_wino4_output_reference",
     "conv_im2col": "texelflow.runtime.graph.prepack_conv.conv_im2col_reference",
     "phase_shuffle": "texelflow.runtime.graph.conv_transpose.phase_shuffle_reference",  # a transposed conv's phases
+    "scale_shift": "texelflow.runtime.graph.fusion.scale_shift_reference",  # an inference batch norm
     "conv2d_dw3_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
     "conv2d_dw5_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
     "conv2d_dw7_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
@@ -569,6 +570,7 @@ TOLERANCES: dict[str, tuple[float, float] | int | None] = {
     "lgamma": (1e-5, 1e-5),
     "digamma": (1e-5, 1e-5),
     "binary": (1e-5, 1e-6),
+    "scale_shift": (1e-6, 1e-6),  # a multiply-add the compiler may fuse (one rounding, torch's two)
     "pool2d": (1e-5, 1e-6),  # avg: a sum of up to 9 elements, then a division
     # ops that only select, negate or clamp elements are exact (an op's name overrides its template)
     "max_pool2d": None,
