@@ -2436,6 +2436,49 @@ OPS: dict[str, OpEntry] = {
             'conv_transpose2d_float32_texture3d',
         ),
     ),
+    'conv_transpose2d_tiles': OpEntry(
+        name='conv_transpose2d_tiles',
+        targets=(
+            'texelflow.conv_transpose2d_tiles.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('stride', 'int_list', default=[1, 1]),
+            Arg('padding', 'int_list', default=[0, 0]),
+            Arg('output_padding', 'int_list', default=[0, 0]),
+            Arg('dilation', 'int_list', default=[1, 1]),
+            Arg('kernel', 'int_list', default=[1, 1]),
+            Arg('out_channels', 'int', default=1),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+            Push('conv_stride_pad', 'ivec4', 'ivec4', (('ivec4', (('pair', 'stride', None), ('pair', 'padding', None))),)),
+            Push('conv_dilation', 'ivec4', 'ivec4', (('ivec4', (('pair', 'dilation', None), ('pair', 'kernel', None))),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (2,)))),)),
+            Check('loop_trips', (('kind', 'conv_transpose_tiles'), ('loop_trips', 'input'), ('of', 'out'))),
+        ),
+        grid=('per_row', 'out'),
+        template='conv_transpose2d_tiles',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv_transpose2d_tiles_float16_texture3d',
+            'conv_transpose2d_tiles_float32_texture3d',
+        ),
+    ),
     'convolution': OpEntry(
         name='convolution',
         targets=(
@@ -8447,6 +8490,7 @@ TARGETS: dict[str, str] = {
     'texelflow.conv2d_wino4_output.default': 'conv2d_wino4_output',
     'texelflow.conv2d_wino_runs.default': 'conv2d_wino_runs',
     'texelflow.conv_im2col.default': 'conv_im2col',
+    'texelflow.conv_transpose2d_tiles.default': 'conv_transpose2d_tiles',
     'texelflow.dynamic_quantize_dequantize.default': 'dynamic_quantize_dequantize',
     'texelflow.global_avg_pool_wg.default': 'global_avg_pool_wg',
     'texelflow.linear_gemv_wg.default': 'linear_gemv_wg',

@@ -663,6 +663,14 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'bias': (9,), 'input': (1, 7, 1, 1), 'stride': (2, 2), 'weight': (7, 9, 4, 4)},
         {'bias': (1,), 'dilation': (1, 1), 'input': (1, 2, 3, 4), 'output_padding': (2, 1), 'padding': (2, 1), 'stride': (3, 2), 'weight': (2, 1, 5, 3)},
     ),
+    'conv_transpose2d_tiles': (
+        {'bias': (7,), 'input': (1, 5, 5, 7), 'kernel': (3, 3), 'out_channels': 7, 'output_padding': (1, 1), 'padding': (1, 1), 'stride': (2, 2), 'weight': (72, 8)},
+        {'bias': None, 'input': (2, 4, 3, 3), 'kernel': (3, 3), 'out_channels': 3, 'padding': (1, 1), 'stride': (2, 2), 'weight': (36, 4)},
+        {'bias': (5,), 'input': (1, 3, 4, 5), 'kernel': (5, 3), 'out_channels': 5, 'output_padding': (1, 0), 'padding': (2, 1), 'stride': (3, 2), 'weight': (60, 8)},
+        {'bias': (9,), 'input': (1, 9, 2, 11), 'kernel': (1, 3), 'out_channels': 9, 'output_padding': (0, 2), 'padding': (0, 1), 'stride': (1, 3), 'weight': (36, 12)},
+        {'bias': (2,), 'dilation': (2, 2), 'input': (1, 4, 5, 5), 'kernel': (3, 3), 'out_channels': 2, 'padding': (2, 2), 'stride': (2, 2), 'weight': (36, 4)},
+        {'bias': (17,), 'input': (1, 16, 1, 1), 'kernel': (3, 3), 'out_channels': 17, 'stride': (2, 2), 'weight': (144, 20)},
+    ),
     'convolution': (
     ),
     'copysign': (

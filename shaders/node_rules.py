@@ -259,8 +259,8 @@ def _reduction_at_most(node: NodeFacts, p: dict) -> str | None:
 # test_loop_limit.py): reduce 8 per reduced element (4 lanes of a texel, 2 passes), softmax 5
 # per element of the lines it takes (one line along W; about W / n lines along a dim of n), scan
 # 1, layer_norm 1, group_norm 8 per element of a group, pools 2 (adaptive 8: 4 lanes a texel),
-# matmul 2 per K, transposed convs 8 per landing tap and input channel of a group (4 lanes of a
-# texel, conv_transpose_trips), convs 2 per tap and
+# matmul 2 per K, transposed convs 4 x 9 per input channel of a group at 3 x 3 stride 2 (4 lanes
+# of a texel, conv_transpose_trips), convs 2 per tap and
 # input channel of a group (1 per 2 where groups = 1: a texel of 4 channels a step), sort_lines
 # n (n - 1) / 2 moves of an insertion sort (counted, not measured: a bound).
 LOOP_TRIPS_LIMIT = 60000
@@ -268,12 +268,13 @@ LOOP_TRIPS_LIMIT = 60000
 
 def conv_transpose_trips(kernel, stride, dilation, cin_g: int) -> int:
     """Loop iterations of one invocation of conv_transpose1d / 2d: a texel's 4 lanes each walk
-    every tap, and 2 per input channel of the group at each tap that lands (at most
-    ceil(k gcd(s, d) / s) along a dim). The 4 lanes of a channels-packed texel land on the same
-    taps: lavapipe computed a 3 x 3 stride-2 one of 2,000 channels wrong, of 1,800 right."""
+    every tap, and per input channel of the group the taps that land (at most ceil(k gcd(s, d) /
+    s) along a dim) or, as the 8 lanes of a SIMD batch land on different ones, every tap; counted
+    as max(taps, 2 landed + 1) per channel. lavapipe computed a 3 x 3 stride-2 one of 1,800
+    channels a group right and of 1,820 wrong in channels-packed textures (36 per channel)."""
     taps = math.prod(kernel)
     landed = math.prod(-(-k * math.gcd(s, d) // s) for k, s, d in zip(kernel, stride, dilation))
-    return 4 * (taps + 2 * landed * cin_g) + 64
+    return 4 * (taps + max(taps, 2 * landed + 1) * cin_g) + 64
 
 
 def _ints(v, n: int, fill: int) -> tuple[int, ...]:
@@ -300,7 +301,7 @@ def _reduced_elements(node: NodeFacts, tensor: str) -> tuple[int, int]:
 
 
 LOOP_KINDS = ("reduce", "softmax", "scan", "layer_norm", "group_norm", "pool", "adaptive_pool", "matmul", "conv",
-              "conv_transpose", "sort")
+              "conv_transpose", "conv_transpose_tiles", "sort")
 
 
 def _trips(node: NodeFacts, kind: str, tensor: str) -> int:
@@ -346,6 +347,10 @@ def _trips(node: NodeFacts, kind: str, tensor: str) -> int:
         groups = max(int(node.value("groups") or 1), 1)
         taps = math.prod(w[1:])
         return (2 * taps if groups > 1 else taps // 2) + 64
+    if kind == "conv_transpose_tiles":  # per tap and input block (4 channels) 2, taps walked once
+        kernel = _ints(node.value("kernel"), 2, 1)
+        return conv_transpose_trips(kernel, _ints(node.value("stride"), 2, 1), _ints(node.value("dilation"), 2, 1),
+                                    -(-tuple(node.shape(tensor))[1] // 4)) // 4 + 64
     if kind == "conv_transpose":
         cin_g = tuple(node.shape(tensor))[1] // max(int(node.value("groups") or 1), 1)
         kernel = tuple(node.shape("weight"))[2:]

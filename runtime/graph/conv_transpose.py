@@ -132,6 +132,79 @@ def phase_bias(source, *, groups: int, phases: int):
     return source.reshape(groups, 1, -1).expand(groups, phases, -1).reshape(-1)
 
 
+@recipe
+def conv_transpose_tiles_weight(source):
+    """A transposed conv weight [Cin, Cout, KH, KW] (groups 1; [Cin, Cout, K] for a 1-D one) as
+    conv_transpose2d_tiles' [KH * KW * Cin4 * 4, Cout4 * 4]: row (ky * KW + kx) * Cin4 * 4 + ci
+    holds input channel ci's weights at tap (ky, kx) for every output channel; padding rows and
+    columns are zero."""
+    import torch.nn.functional as F
+
+    if source.dim() == 3:
+        source = source.unsqueeze(-1)
+    cin, cout, kh, kw = source.shape
+    rows = F.pad(source.permute(2, 3, 0, 1), (0, -cout % 4, 0, -cin % 4))  # [KH, KW, Cin4 * 4, Cout4 * 4]
+    return rows.reshape(-1, rows.shape[-1]).contiguous()
+
+
+def conv_transpose2d_tiles_reference(input, weight, bias=None, stride=(1, 1), padding=(0, 0), output_padding=(0, 0),
+                                     dilation=(1, 1), kernel=(1, 1), out_channels=1):
+    """What conv_transpose2d_tiles computes, in torch: the prepacked weight unpacked, then
+    torch's transposed conv."""
+    import torch.nn.functional as F
+
+    cin = input.shape[1]
+    kh, kw = kernel
+    w = weight.reshape(kh, kw, -1, weight.shape[-1])[:, :, :cin, :out_channels].permute(2, 3, 0, 1)
+    return F.conv_transpose2d(input, w, bias, list(stride), list(padding), list(output_padding), 1, list(dilation))
+
+
+def tiles_chain(graph: PlanGraph, node: Node, limits: Sequence[int]) -> list[Node] | None:
+    """conv_transpose2d / conv_transpose1d `node` (groups 1, a float constant weight) as
+    conv_transpose2d_tiles (a 1-D one between views to [N, C, L, 1] and back), or None where it
+    does not apply or cannot run on the device."""
+    x, w, b = node.arg("input"), node.arg("weight"), node.arg("bias")
+    out = node.outputs[0][1]
+    if not isinstance(w, Value) or w.role is not Role.CONST or not isinstance(x, Value) \
+            or w.dtype not in ("float32", "float16") or (b is not None and not isinstance(b, Value)) \
+            or (node.value("groups") or 1) != 1:
+        return None
+    one_d = node.op.name == "conv_transpose1d"
+    if len(x.shape) != (3 if one_d else 4):
+        return None
+    stride, padding, out_pad, dilation = (list(_pair(node.value(a), one_d, fill)) for a, fill in
+                                          (("stride", 1), ("padding", 0), ("output_padding", 0), ("dilation", 1)))
+    n, cin = x.shape[:2]
+    cout = out.shape[1]
+    kernel = list(w.shape[2:]) + ([1] if one_d else [])
+    in_shape = tuple(x.shape) + ((1,) if one_d else ())
+    out_shape = tuple(out.shape) + ((1,) if one_d else ())
+    rows = kernel[0] * kernel[1] * -(-cin // 4) * 4
+    name, dtype = node.name, out.dtype
+    chain: list[Node] = []
+    src = x
+    if one_d:
+        view = Node(f"{name}/as_2d", "aten.view.default", OPS["view_copy"], [("self", x), ("size", list(in_shape))], [])
+        view.outputs = [("out", Value(f"{name}/as_2d", in_shape, dtype, Role.NODE, producer=view))]
+        chain.append(view)
+        src = view.outputs[0][1]
+    wd = graph.add_derived(f"{w.name}_tiles", (rows, -(-cout // 4) * 4), w.dtype, "conv_transpose_tiles_weight", (w,))
+    op = OPS["conv_transpose2d_tiles"]
+    args = [("input", src), ("weight", wd), ("bias", b), ("stride", stride), ("padding", padding),
+            ("output_padding", out_pad), ("dilation", dilation), ("kernel", kernel), ("out_channels", cout)]
+    conv = Node(name if not one_d else f"{name}/tiles", op.targets[0], op, args, [])
+    conv.outputs = [("out", out if not one_d else Value(f"{name}/tiles", out_shape, dtype, Role.NODE, producer=conv))]
+    chain.append(conv)
+    if one_d:
+        chain.append(Node(name, "aten.view.default", OPS["view_copy"],
+                          [("self", conv.outputs[0][1]), ("size", list(out.shape))], [("out", out)]))
+    if any(partition_reason(m, limits) for m in chain):
+        graph.constants.remove(wd)
+        return None
+    chain[-1].fused = node.fused + [f"{node.op.name} in tiles of one phase (its phases meet different numbers of taps)"]
+    return chain
+
+
 def phase_shuffle_reference(self, stride=(1, 1), crop=(0, 0), size=(1, 1), groups=1):
     """What phase_shuffle computes, in torch: the phases interleaved, then cropped."""
     n, c, qh, qw = self.shape

@@ -16,7 +16,8 @@ In order, in place on the graph:
    stride_w of them), a pixel shuffle and, where the phases overshoot, a crop
    (runtime/graph/conv_transpose.py): the conv2d then takes the tiled kernels of step 6 (a
    U-Net's 2 x 2 stride-2 up-convolution a pointwise GEMM) where the transposed conv's own
-   kernel computes one element per invocation.
+   kernel computes one element per invocation. One whose phases meet different numbers of taps
+   (k 3 s 2), groups 1, becomes conv_transpose2d_tiles: tiles of 8 pixels of one phase.
 0c. An `expand` read only by ops that broadcast that argument themselves (ops.yaml's
    `broadcast_foldable` check lists them: the binary ops, where, ...) is dropped, and they read
    its input: `x / norm.expand_as(x)` (F.normalize), `x * mask.expand_as(x)`. The expand wrote
@@ -438,10 +439,11 @@ def _conv1d_as_conv2d(graph: PlanGraph, node: Node, limits) -> None:
 
 def _conv_transpose_as_phases(graph: PlanGraph, node: Node, limits) -> None:
     """Step 0d: a transposed conv with a constant weight as a stride-1 conv2d of its phases and
-    a pixel shuffle (runtime/graph/conv_transpose.py); left as it is where that does not apply."""
-    from .conv_transpose import phase_conv_chain
+    phase_shuffle, or where its phases meet different numbers of taps (groups 1) as
+    conv_transpose2d_tiles (runtime/graph/conv_transpose.py); left as it is where neither applies."""
+    from .conv_transpose import phase_conv_chain, tiles_chain
 
-    chain = phase_conv_chain(graph, node, limits)
+    chain = phase_conv_chain(graph, node, limits) or tiles_chain(graph, node, limits)
     if chain is not None:
         _replace_by_chain(graph, node, chain)
 

@@ -84,11 +84,35 @@ def test_transposed_conv1d_runs_as_phases(device, kwargs):
     assert "conv_transpose1d" not in plan and "conv_transpose2d" not in plan, plan
 
 
-def test_phases_of_different_tap_counts_keep_the_own_kernel(device):
-    """k 3 s 2: phases of 2 and 1 taps; one window would multiply a zero tap by Inf."""
-    model = nn.ConvTranspose2d(4, 5, 3, 2, 1, output_padding=1)
-    x = _with_specials(torch.randn(1, 4, 5, 5))
-    assert _run(device, model, x) == {"conv_transpose2d": 1}
+UNEVEN = {  # phases that meet different numbers of taps
+    "cyclegan_k3s2p1op1": ((2, 5, 5, 5), dict(in_channels=5, out_channels=7, kernel_size=3, stride=2, padding=1,
+                                               output_padding=1)),
+    "k3s2_no_bias_wide": ((1, 9, 3, 13), dict(in_channels=9, out_channels=17, kernel_size=3, stride=2, bias=False)),
+    "k5s3_mixed": ((1, 3, 4, 5), dict(in_channels=3, out_channels=4, kernel_size=(5, 3), stride=(3, 2),
+                                      padding=(2, 1), output_padding=(1, 0))),
+    "dilated_k3s2": ((1, 4, 5, 5), dict(in_channels=4, out_channels=2, kernel_size=3, stride=2, padding=2,
+                                        dilation=2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNEVEN))
+def test_phases_of_different_tap_counts_take_the_tiles(device, name):
+    """k 3 s 2: phases of 2 and 1 taps, where one window would multiply a zero tap by Inf; they
+    take conv_transpose2d_tiles, which walks each phase's own taps."""
+    shape, kwargs = UNEVEN[name]
+    torch.manual_seed(len(name))
+    plan = _run(device, nn.ConvTranspose2d(**kwargs), _with_specials(torch.randn(shape)))
+    assert plan == {"conv_transpose2d_tiles": 1}, plan
+
+
+def test_uneven_transposed_conv1d_takes_the_tiles(device):
+    plan = _run(device, nn.ConvTranspose1d(6, 5, 3, stride=2, padding=1), _with_specials(torch.randn(2, 6, 7)))
+    assert plan == {"conv_transpose2d_tiles": 1}, plan
+
+
+def test_grouped_uneven_transposed_conv_keeps_its_own_kernel(device):
+    model = nn.ConvTranspose2d(4, 6, 3, 2, 1, output_padding=1, groups=2)
+    assert _run(device, model, _with_specials(torch.randn(1, 4, 5, 5))) == {"conv_transpose2d": 1}
 
 
 @pytest.mark.parametrize("length,kernel,stride,padding,dilation,out_pad",

@@ -274,6 +274,7 @@ NO_TORCH_TARGET = {
     "conv2d_wino4_output": "texelflow.runtime.graph.prepack_conv.conv2d_wino4_output_reference",
     "conv_im2col": "texelflow.runtime.graph.prepack_conv.conv_im2col_reference",
     "phase_shuffle": "texelflow.runtime.graph.conv_transpose.phase_shuffle_reference",  # a transposed conv's phases
+    "conv_transpose2d_tiles": "texelflow.runtime.graph.conv_transpose.conv_transpose2d_tiles_reference",
     "scale_shift": "texelflow.runtime.graph.fusion.scale_shift_reference",  # an inference batch norm
     "conv2d_dw3_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
     "conv2d_dw5_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
@@ -638,7 +639,8 @@ TOLERANCES.update({
 })
 TOLERANCES.update({"masked_fill": None, "roll": None, "embedding": None, "index_select": None,
                    "phase_shuffle": None})  # exact: elements are moved
-TOLERANCES.update({"conv1d": (1e-4, 1e-4), "conv_transpose1d": (1e-4, 1e-4), "conv_transpose2d": (1e-4, 1e-4)})  # sums in another order than torch's
+TOLERANCES.update({"conv1d": (1e-4, 1e-4), "conv_transpose1d": (1e-4, 1e-4), "conv_transpose2d": (1e-4, 1e-4),
+                   "conv_transpose2d_tiles": (1e-4, 1e-4)})  # sums in another order than torch's
 TOLERANCES.update({"cast_to_float16": None, "cast_to_float32": None})  # torch's .half() (to nearest even), .float()
 TOLERANCES.update({"pad_mode": None})  # reflection / replication pads move elements
 TOLERANCES.update({"max_pool1d": None})  # selects an element
