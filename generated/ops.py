@@ -1106,6 +1106,39 @@ OPS: dict[str, OpEntry] = {
             'bmm_float32_texture3d',
         ),
     ),
+    'bmm_nt': OpEntry(
+        name='bmm_nt',
+        targets=(
+            'texelflow.bmm_nt.default',
+        ),
+        args=(
+            Arg('self', 'tensor', repset='CONTIGUOUS_ANY'),
+            Arg('mat2', 'tensor', repset='CONTIGUOUS_ANY'),
+        ),
+        outputs=(
+            Output('out', 'CONTIGUOUS_ANY'),
+        ),
+        sync=(
+            ('self', 'mat2', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=(),
+        push=(),
+        checks=(
+            Check('loop_trips', (('kind', 'matmul'), ('loop_trips', 'self'), ('of', 'out'))),
+        ),
+        grid=('per_tile', 'out', 16, 8, 0, 1),
+        template='mm_tiled',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'bmm_nt_float16_buffer',
+            'bmm_nt_float16_texture3d',
+            'bmm_nt_float32_buffer',
+            'bmm_nt_float32_texture3d',
+        ),
+    ),
     'cast_to_float16': OpEntry(
         name='cast_to_float16',
         targets=(
@@ -8469,6 +8502,7 @@ TARGETS: dict[str, str] = {
     'texelflow.add_act.default': 'add_act',
     'texelflow.arg_extreme.default': 'arg_extreme',
     'texelflow.bitonic_step.default': 'bitonic_step',
+    'texelflow.bmm_nt.default': 'bmm_nt',
     'texelflow.cast_to_float16.default': 'cast_to_float16',
     'texelflow.cast_to_float32.default': 'cast_to_float32',
     'texelflow.cast_to_int32.default': 'cast_to_int32',

@@ -91,7 +91,7 @@ VEC4 read4_mat2(int k) { return VEC4(t4_mat2[k]); }
 T read_mat2(int w) { return T(t_mat2[w]); }
 
 // Texel k4 of row `row` of self (elements 4 * k4 .. + 3, zero past K).
-#line 9 "shaders/_mm_io.glsl.j2"
+#line 10 "shaders/_mm_io.glsl.j2"
 VEC4 a_texel(int row, int k4, int K) {
   if (k_ragged == 0) { return read4_self(row * (K >> 2) + k4); }
   int o = row * K + 4 * k4;
@@ -110,6 +110,8 @@ VEC4 b_texel(int k, int n4, int N, int K) {
   return k < K ? v : VEC4(0);
 }
 
+
+#line 39
 void store_out(int row, int n4, int N, VEC4 v) {
   if (n_ragged == 0) {
     t4_out[row * (N >> 2) + n4] = tf_to_float16(v);  // float16: rounds to nearest even

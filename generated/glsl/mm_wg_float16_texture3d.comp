@@ -88,7 +88,7 @@ layout(constant_id = 7) const int k_ragged = 1;  // ragged
 #line 89
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
 
-#line 37 "shaders/_mm_io.glsl.j2"
+#line 49 "shaders/_mm_io.glsl.j2"
 VEC4 a_texel(int row, int k4, int batch) { return imageLoad(t_self, ivec3(k4, row, batch)); }
 
 // Texel n4 of row k of mat2; rows past K read 0 (only in the last step when K % 4 != 0).
@@ -97,6 +97,8 @@ VEC4 b_texel(int k, int n4, int batch, int K) {
   return k < K ? imageLoad(t_mat2, ivec3(n4, min(k, K - 1), batch)) : VEC4(0);
 }
 
+
+#line 65
 void store_out(int row, int n4, int batch, int N, VEC4 v) {
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
   store_texel_out(ivec3(n4, row, batch), mix(v, VEC4(0), pad));

@@ -102,8 +102,26 @@ def test_hand_written_attention_takes_the_tiled_matmul(device, shape):
         got = prog(q, k, v)
         counts = _dispatches(prog)
         want_op = "mm" if len(shape) == 2 else "bmm"
-        assert counts[want_op] == 2 and counts["matmul"] == 0, prog.plan.summary()
+        # q @ k^T reads k's rows as they are (bmm_nt): no transpose of k is dispatched
+        assert counts[want_op] == 1 and counts["bmm_nt"] == 1 and counts["matmul"] == 0, prog.plan.summary()
+        assert counts["permute_copy"] == 0, prog.plan.summary()
     _matches(got, model(q, k, v))
+
+
+def test_transposed_operand_with_another_reader_keeps_its_permute(device):
+    """k^T also returned: the permute stays for that reader, the product still reads k."""
+    class Both(nn.Module):
+        def forward(self, q, k):
+            kt = k.transpose(-1, -2)
+            return q @ kt, kt * 2
+
+    q, k = _with_specials(torch.randn(2, 5, 6)), torch.randn(2, 7, 6)
+    with texelflow.compile(Both().eval(), (q, k), device=device) as prog:
+        got = prog(q, k)
+        counts = _dispatches(prog)
+        assert counts["bmm_nt"] == 1 and counts["permute_copy"] == 1, prog.plan.summary()
+    for g, w in zip(got, Both()(q, k)):
+        _matches(g, w)
 
 
 def test_matmul_whose_batch_broadcasts_keeps_the_general_kernel(device):

@@ -260,6 +260,7 @@ NO_TORCH_TARGET = {
     "linear_packed_gemv": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "linear_wg": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "mm_wg": "texelflow.runtime.graph.prepack_matmul.mm_wg_reference",
+    "bmm_nt": "texelflow.runtime.graph.prepack_matmul.bmm_nt_reference",  # B stored transposed
     "linear_gemv_wg": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "conv2d_pw_gemv_wg": "texelflow.runtime.graph.prepack_matmul.conv2d_pw_gemv_reference",
     "global_avg_pool_wg": "texelflow.runtime.graph.fusion.global_avg_pool_reference",

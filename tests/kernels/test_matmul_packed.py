@@ -144,14 +144,15 @@ def test_linear_packed_narrow_tiles_with_bias_relu_and_specials(m, k, storage):
 
 def test_run_time_weight_is_not_prepacked():
     """A weight computed at run time cannot be prepacked: lowering decomposes such a linear (mm of
-    the transposed weight: the tiled mm kernel)."""
+    the transposed weight: the tiled kernel, reading the weight's rows as they are, bmm_nt)."""
     class Dyn(torch.nn.Module):
         def forward(self, x, w):
             return F.linear(x, w)
 
     x, w = torch.randn(5, 7), torch.randn(3, 7)
     got, plan = run(Dyn(), (x, w), "texture3d")
-    assert plan.dispatches["mm"] == 1 and "linear_packed" not in plan.dispatches, plan.dispatches
+    assert plan.dispatches["bmm_nt"] == 1 and "linear_packed" not in plan.dispatches, plan.dispatches
+    assert "permute_copy" not in plan.dispatches, plan.dispatches
     assert_close(got, F.linear(x, w))
 
 
