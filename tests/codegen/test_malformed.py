@@ -122,7 +122,7 @@ CASES = [
      "check 'rank' names 'mat3', which the op does not have", "checks: [{rank: {mat3: [2]}}]"),
     ("check-unknown-choice", "shaders/scan.glsl.j2", ("kind: scan, of: out}", "kind: scann, of: out}"),
      "check 'loop_trips' takes kind one of reduce, softmax, scan, layer_norm, group_norm, pool, adaptive_pool, "
-     "matmul, conv, conv_transpose, sort, not 'scann' (did you mean 'scan'?)", "kind: scann"),
+     "matmul, conv, conv_transpose, conv_transpose_tiles, sort, not 'scann' (did you mean 'scan'?)", "kind: scann"),
     ("sample-missing-tensor", "ops.yaml", ("      - {self: [3, 7], mat2: [7, 5]}", "      - {self: [3, 7]}"),
      "sample lacks tensor 'mat2'", "      - {self: [3, 7]}"),
     ("layout-unknown-in-repset", "layouts.yaml", ("BUFFER: [WIDTH_PACKED]\n  WIDTH_PACKED_TEXTURE", "BUFFER: [WIDTH_PACKD]\n  WIDTH_PACKED_TEXTURE"),

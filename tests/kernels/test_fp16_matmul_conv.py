@@ -459,14 +459,14 @@ class _Net(nn.Module):
     def forward(self, x):
         y = self.convs(x).flatten(2).transpose(1, 2)  # [1, 25, 8]
         y = self.fc(y)  # [1, 25, 6]
-        z = torch.bmm(y, y.transpose(1, 2))  # [1, 25, 25]
+        z = torch.bmm(y, y.transpose(1, 2))  # [1, 25, 25]: bmm_nt, B read as it is
         return torch.mm(z[0], y[0])
 
 
 def test_plan_keeps_matmul_and_conv_nodes_float16_with_no_casts_around_them():
     plan = texelflow.plan(_Net().eval(), (torch.randn(1, 3, 9, 9),), precision="fp16")
     report = plan.precision
-    kernels = {"conv2d_wino", "conv2d_dw3_s1", "conv2d_pw", "conv2d_gemm", "conv2d", "linear_packed", "bmm", "mm"}
+    kernels = {"conv2d_wino", "conv2d_dw3_s1", "conv2d_pw", "conv2d_gemm", "conv2d", "linear_packed", "bmm_nt", "mm"}
     nodes = {n.op.name: n for n in plan.graph.device_nodes()}
     assert kernels <= set(nodes), sorted(nodes)
     assert all(v.dtype == "float16" for k in kernels for _, v in [*nodes[k].tensor_args(), *nodes[k].outputs])

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import texelflow
-from texelflow.runtime.graph.prepack_matmul import attention_form, subgroup_facts
+from texelflow.runtime.graph.prepack_matmul import attention_form, gemm_tiles, subgroup_facts
 
 from .models import Call
 
@@ -158,10 +158,12 @@ def test_timm_attention_rank5_shapes_run_on_vulkan(device, batch, fused):
     shape_targets = ("permute", "select", "unbind", "transpose", "reshape", "view")
     cpu = [(n, why) for n, why in plan.fallbacks if any(t in why or t in n for t in shape_targets)]
     assert cpu == [], cpu
-    # the qkv permute and the output's transpose (and k's in the unfused form, or where the device
-    # takes attention as GEMMs: prepack_matmul.attention_form) are permutes
-    one_node = fused and attention_form(subgroup_facts(device.limits))[0] == "fused"
-    assert plan.dispatches["permute_copy"] == (2 if one_node else 3) and plan.dispatches["select"] == 3
+    # the qkv permute and the output's transpose are permutes, and k's where q @ k^T runs on
+    # workgroup tiles (mm_wg, a GPU's): on register tiles it is bmm_nt, which reads k as it is
+    facts = subgroup_facts(device.limits)
+    one_node = fused and attention_form(facts)[0] == "fused"
+    k_transposed = not one_node and gemm_tiles(facts)[0] != "register"
+    assert plan.dispatches["permute_copy"] == (3 if k_transposed else 2) and plan.dispatches["select"] == 3
     assert "reshape" not in plan.dispatches  # both reshapes are views of contiguous buffers
 
 
