@@ -46,6 +46,10 @@ CASES = {
     "dw 3x3 96 [1,96,28,28]": (lambda: nn.Conv2d(96, 96, 3, padding=1, groups=96), (1, 96, 28, 28)),
     "dw 5x5 240 [1,240,14,14]": (lambda: nn.Conv2d(240, 240, 5, padding=2, groups=240), (1, 240, 14, 14)),
     "dw 5x5/2 96 [1,96,28,28]": (lambda: nn.Conv2d(96, 96, 5, stride=2, padding=2, groups=96), (1, 96, 28, 28)),
+    # transposed convs (runtime/graph/conv_transpose.py) against the transposed conv's own kernel
+    "convT 2x2/2 128->64 [1,128,28,28]": (lambda: nn.ConvTranspose2d(128, 64, 2, 2), (1, 128, 28, 28)),  # U-Net
+    "convT 4x4/2 64->32 [1,64,32,32]": (lambda: nn.ConvTranspose2d(64, 32, 4, 2, 1), (1, 64, 32, 32)),  # DCGAN
+    "convT 3x3/2 64->32 [1,64,28,28]": (lambda: nn.ConvTranspose2d(64, 32, 3, 2, 1, 1), (1, 64, 28, 28)),  # CycleGAN
 }
 
 
@@ -56,12 +60,13 @@ def general_kernels():
     orders), so the flag alone left the specialised kernel in place."""
     from texelflow.runtime.graph import fusion
 
-    original = fusion.choose_conv_kernels
+    original, phases = fusion.choose_conv_kernels, fusion._conv_transpose_as_phases
     fusion.choose_conv_kernels = lambda graph, *args, **kwargs: []
+    fusion._conv_transpose_as_phases = lambda graph, node, limits: None  # conv_transpose2d's own kernel
     try:
         yield
     finally:
-        fusion.choose_conv_kernels = original
+        fusion.choose_conv_kernels, fusion._conv_transpose_as_phases = original, phases
 
 
 @contextlib.contextmanager
@@ -157,7 +162,8 @@ def main() -> None:
         layer, x = make().eval(), torch.randn(shape)
         with torch.no_grad():
             want = layer(x)
-        flops = 2 * want.numel() * layer.weight[0].numel()
+        # direct FLOPs: every output (a transposed conv: every input) element times its weight row
+        flops = 2 * (x if isinstance(layer, nn.ConvTranspose2d) else want).numel() * layer.weight[0].numel()
         with general_kernels():
             old = texelflow.compile(layer, (x,), profile=True)
         new = texelflow.compile(layer, (x,), profile=True)
