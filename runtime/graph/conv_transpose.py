@@ -159,50 +159,96 @@ def conv_transpose2d_tiles_reference(input, weight, bias=None, stride=(1, 1), pa
     return F.conv_transpose2d(input, w, bias, list(stride), list(padding), list(output_padding), 1, list(dilation))
 
 
+@dataclass(frozen=True)
+class Transposed:
+    """A transposed conv node's facts, 1-D ones as 2-D over [N, C, L, 1] (pairs are (h, w))."""
+
+    x: Value
+    weight: Value
+    bias: Value | None
+    out: Value
+    one_d: bool
+    groups: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    output_padding: tuple[int, int]
+    dilation: tuple[int, int]
+    kernel: tuple[int, int]
+    in_hw: tuple[int, int]
+    out_hw: tuple[int, int]
+
+
+def transposed_conv(node: Node) -> Transposed | None:
+    """The facts of conv_transpose2d / conv_transpose1d `node`, or None where neither rewrite
+    applies: a weight that is not a float constant, a bias that is not a tensor, another rank."""
+    x, w, b = node.arg("input"), node.arg("weight"), node.arg("bias")
+    one_d = node.op.name == "conv_transpose1d"
+    if not isinstance(w, Value) or w.role is not Role.CONST or w.dtype not in ("float32", "float16") \
+            or not isinstance(x, Value) or len(x.shape) != (3 if one_d else 4) \
+            or (b is not None and not isinstance(b, Value)):
+        return None
+    out = node.outputs[0][1]
+    pairs = [_pair(node.value(a), one_d, fill) for a, fill in
+             (("stride", 1), ("padding", 0), ("output_padding", 0), ("dilation", 1))]
+    tail = (1,) if one_d else ()
+    return Transposed(x, w, b, out, one_d, node.value("groups") or 1, *pairs, tuple(w.shape[2:]) + tail,
+                      tuple(x.shape[2:]) + tail, tuple(out.shape[2:]) + tail)
+
+
+def _chain(graph: PlanGraph, node: Node, t: Transposed, limits: Sequence[int], build, derived: list,
+           note: str) -> list[Node] | None:
+    """The nodes `build(src, new)` makes from the 4-D input `src` (a 1-D conv's between views
+    to [N, C, L, 1] and back), the last taking `node`'s output; None (the `derived` constants
+    dropped) where one cannot run on the device. `new(suffix, target, op, args, shape)` makes a
+    node of one output."""
+    name, dtype = node.name, t.out.dtype
+
+    def new(suffix, target, op_name, args, shape):
+        m = Node(f"{name}/{suffix}", target, OPS[op_name], args, [])
+        m.outputs = [("out", Value(f"{name}/{suffix}", tuple(shape), dtype, Role.NODE, producer=m))]
+        return m
+
+    chain: list[Node] = []
+    src = t.x
+    if t.one_d:
+        shape = tuple(t.x.shape[:2]) + t.in_hw
+        chain.append(new("as_2d", "aten.view.default", "view_copy", [("self", t.x), ("size", list(shape))], shape))
+        src = chain[-1].outputs[0][1]
+    chain += build(src, new)
+    if t.one_d:
+        chain.append(new("as_1d", "aten.view.default", "view_copy",
+                         [("self", chain[-1].outputs[0][1]), ("size", list(t.out.shape))], t.out.shape))
+    last = chain[-1]
+    chain[-1] = Node(name, last.target, last.op, last.args, [("out", t.out)])
+    if any(partition_reason(m, limits) for m in chain):
+        for c in derived:
+            graph.constants.remove(c)
+        return None
+    chain[-1].fused = node.fused + [note]
+    return chain
+
+
 def tiles_chain(graph: PlanGraph, node: Node, limits: Sequence[int]) -> list[Node] | None:
     """conv_transpose2d / conv_transpose1d `node` (groups 1, a float constant weight) as
-    conv_transpose2d_tiles (a 1-D one between views to [N, C, L, 1] and back), or None where it
-    does not apply or cannot run on the device."""
-    x, w, b = node.arg("input"), node.arg("weight"), node.arg("bias")
-    out = node.outputs[0][1]
-    if not isinstance(w, Value) or w.role is not Role.CONST or not isinstance(x, Value) \
-            or w.dtype not in ("float32", "float16") or (b is not None and not isinstance(b, Value)) \
-            or (node.value("groups") or 1) != 1:
+    conv_transpose2d_tiles, or None where it does not apply or cannot run on the device."""
+    t = transposed_conv(node)
+    if t is None or t.groups != 1:
         return None
-    one_d = node.op.name == "conv_transpose1d"
-    if len(x.shape) != (3 if one_d else 4):
-        return None
-    stride, padding, out_pad, dilation = (list(_pair(node.value(a), one_d, fill)) for a, fill in
-                                          (("stride", 1), ("padding", 0), ("output_padding", 0), ("dilation", 1)))
-    n, cin = x.shape[:2]
-    cout = out.shape[1]
-    kernel = list(w.shape[2:]) + ([1] if one_d else [])
-    in_shape = tuple(x.shape) + ((1,) if one_d else ())
-    out_shape = tuple(out.shape) + ((1,) if one_d else ())
-    rows = kernel[0] * kernel[1] * -(-cin // 4) * 4
-    name, dtype = node.name, out.dtype
-    chain: list[Node] = []
-    src = x
-    if one_d:
-        view = Node(f"{name}/as_2d", "aten.view.default", OPS["view_copy"], [("self", x), ("size", list(in_shape))], [])
-        view.outputs = [("out", Value(f"{name}/as_2d", in_shape, dtype, Role.NODE, producer=view))]
-        chain.append(view)
-        src = view.outputs[0][1]
-    wd = graph.add_derived(f"{w.name}_tiles", (rows, -(-cout // 4) * 4), w.dtype, "conv_transpose_tiles_weight", (w,))
-    op = OPS["conv_transpose2d_tiles"]
-    args = [("input", src), ("weight", wd), ("bias", b), ("stride", stride), ("padding", padding),
-            ("output_padding", out_pad), ("dilation", dilation), ("kernel", kernel), ("out_channels", cout)]
-    conv = Node(name if not one_d else f"{name}/tiles", op.targets[0], op, args, [])
-    conv.outputs = [("out", out if not one_d else Value(f"{name}/tiles", out_shape, dtype, Role.NODE, producer=conv))]
-    chain.append(conv)
-    if one_d:
-        chain.append(Node(name, "aten.view.default", OPS["view_copy"],
-                          [("self", conv.outputs[0][1]), ("size", list(out.shape))], [("out", out)]))
-    if any(partition_reason(m, limits) for m in chain):
-        graph.constants.remove(wd)
-        return None
-    chain[-1].fused = node.fused + [f"{node.op.name} in tiles of one phase (its phases meet different numbers of taps)"]
-    return chain
+    n, cin = t.x.shape[:2]
+    cout = t.out.shape[1]
+    rows = t.kernel[0] * t.kernel[1] * -(-cin // 4) * 4
+    wd = graph.add_derived(f"{t.weight.name}_tiles", (rows, -(-cout // 4) * 4), t.weight.dtype,
+                           "conv_transpose_tiles_weight", (t.weight,))
+
+    def build(src, new):
+        args = [("input", src), ("weight", wd), ("bias", t.bias), ("stride", list(t.stride)),
+                ("padding", list(t.padding)), ("output_padding", list(t.output_padding)),
+                ("dilation", list(t.dilation)), ("kernel", list(t.kernel)), ("out_channels", cout)]
+        return [new("tiles", "texelflow.conv_transpose2d_tiles.default", "conv_transpose2d_tiles", args,
+                    (n, cout) + t.out_hw)]
+
+    return _chain(graph, node, t, limits, build, [wd],
+                  f"{node.op.name} in tiles of one phase (its phases meet different numbers of taps)")
 
 
 def phase_shuffle_reference(self, stride=(1, 1), crop=(0, 0), size=(1, 1), groups=1):
@@ -216,75 +262,43 @@ def phase_shuffle_reference(self, stride=(1, 1), crop=(0, 0), size=(1, 1), group
 
 
 def phase_conv_chain(graph: PlanGraph, node: Node, limits: Sequence[int]) -> list[Node] | None:
-    """conv_transpose2d / conv_transpose1d `node` as the nodes of the module docstring's chain
-    (the last one takes `node`'s outputs; a 1-D one's between views to [N, C, L, 1] and back),
-    or None where it does not apply: a weight that is not a float constant, a window with a
-    zero tap, or a piece that cannot run on the device."""
-    x, w, b = node.arg("input"), node.arg("weight"), node.arg("bias")
-    out = node.outputs[0][1]
-    if not isinstance(w, Value) or w.role is not Role.CONST or not isinstance(x, Value) \
-            or w.dtype not in ("float32", "float16") or (b is not None and not isinstance(b, Value)):
+    """conv_transpose2d / conv_transpose1d `node` as the module docstring's phase conv2d and
+    phase_shuffle, or None where it does not apply: a weight that is not a float constant, a
+    window with a zero tap, or a piece that cannot run on the device."""
+    t = transposed_conv(node)
+    if t is None:
         return None
-    one_d = node.op.name == "conv_transpose1d"
-    if len(x.shape) != (3 if one_d else 4):
-        return None
-    groups = node.value("groups") or 1
-    params = [_pair(node.value(a), one_d, fill) for a, fill in
-              (("stride", 1), ("padding", 0), ("dilation", 1))]
-    (sh, sw), (ph, pw), (dh, dw) = params
-    n, cin = x.shape[:2]
-    in_hw = tuple(x.shape[2:]) + ((1,) if one_d else ())
-    out_hw = tuple(out.shape[2:]) + ((1,) if one_d else ())
-    kernel = tuple(w.shape[2:]) + ((1,) if one_d else ())
-    cout = out.shape[1]
-    dims = [plan_dim(in_hw[i], out_hw[i], kernel[i], (sh, sw)[i], (ph, pw)[i], (dh, dw)[i]) for i in range(2)]
-    if None in dims:
+    dims = [plan_dim(t.in_hw[i], t.out_hw[i], t.kernel[i], t.stride[i], t.padding[i], t.dilation[i]) for i in range(2)]
+    if None in dims or any(k < 0 for d in dims for row in d.taps for k in row):  # a zero tap: 0 x Inf (docstring)
         return None
     hp, wp = dims
-    if any(t < 0 for d in dims for row in d.taps for t in row):  # a zero tap: 0 x Inf (docstring)
-        return None
-    phases = hp.stride * wp.stride
-    name, dtype = node.name, out.dtype
-
-    def new(suffix, target, op_name, args, shape):
-        m = Node(f"{name}/{suffix}", target, OPS[op_name], args, [])
-        m.outputs = [("out", Value(f"{name}/{suffix}", tuple(shape), dtype, Role.NODE, producer=m))]
-        return m
-
-    chain: list[Node] = []
-    src = x
-    if one_d:  # [N, C, L] -> [N, C, L, 1]
-        chain.append(new("as_2d", "aten.view.default", "view_copy", [("self", x), ("size", [n, cin, in_hw[0], 1])],
-                         (n, cin, in_hw[0], 1)))
-        src = chain[-1].outputs[0][1]
+    n, cin = t.x.shape[:2]
+    cout, groups, phases = t.out.shape[1], t.groups, hp.stride * wp.stride
+    w, b = t.weight, t.bias
     wd = graph.add_derived(f"{w.name}_phases", (cout * phases, cin // groups, hp.window, wp.window), w.dtype,
                            "conv_transpose_phase_weight", (w,), groups=groups, taps_h=hp.taps, taps_w=wp.taps)
-    bd = None
-    if b is not None:
-        bd = b if phases == 1 else graph.add_derived(f"{b.name}_phases", (cout * phases,), b.dtype, "phase_bias",
-                                                     (b,), groups=groups, phases=phases)
-    conv_args = [("input", src), ("weight", wd), ("bias", bd), ("stride", [1, 1]),
-                 ("padding", [hp.padding, wp.padding]), ("dilation", [hp.dilation, wp.dilation]), ("groups", groups)]
-    chain.append(new("phases", "aten.conv2d.default", "conv2d", conv_args, (n, cout * phases, hp.rows, wp.rows)))
-    t = chain[-1].outputs[0][1]
-    size = [out_hw[0], out_hw[1]]
-    if phases > 1 or hp.crop_lo or hp.crop_hi or wp.crop_lo or wp.crop_hi:
-        chain.append(new("shuffle", "texelflow.phase_shuffle.default", "phase_shuffle",
-                         [("self", t), ("stride", [hp.stride, wp.stride]), ("crop", [hp.crop_lo, wp.crop_lo]),
-                          ("size", size), ("groups", groups)], (n, cout) + tuple(size)))
-    if one_d:
-        chain.append(new("as_1d", "aten.view.default", "view_copy",
-                         [("self", chain[-1].outputs[0][1]), ("size", list(out.shape))], out.shape))
-    last = chain[-1]
-    chain[-1] = Node(name, last.target, last.op, last.args, [("out", out)])
-    if any(partition_reason(m, limits) for m in chain):
-        graph.constants.remove(wd)
-        if bd is not None and bd is not b:
-            graph.constants.remove(bd)
-        return None
+    derived = [wd]
+    bd = b
+    if b is not None and phases > 1:
+        bd = graph.add_derived(f"{b.name}_phases", (cout * phases,), b.dtype, "phase_bias", (b,), groups=groups,
+                               phases=phases)
+        derived.append(bd)
+
+    def build(src, new):
+        conv_args = [("input", src), ("weight", wd), ("bias", bd), ("stride", [1, 1]),
+                     ("padding", [hp.padding, wp.padding]), ("dilation", [hp.dilation, wp.dilation]),
+                     ("groups", groups)]
+        nodes = [new("phases", "aten.conv2d.default", "conv2d", conv_args, (n, cout * phases, hp.rows, wp.rows))]
+        if phases > 1 or hp.crop_lo or hp.crop_hi or wp.crop_lo or wp.crop_hi:
+            nodes.append(new("shuffle", "texelflow.phase_shuffle.default", "phase_shuffle",
+                             [("self", nodes[-1].outputs[0][1]), ("stride", [hp.stride, wp.stride]),
+                              ("crop", [hp.crop_lo, wp.crop_lo]), ("size", list(t.out_hw)), ("groups", groups)],
+                             (n, cout) + t.out_hw))
+        return nodes
+
     how = "pointwise" if hp.window * wp.window == 1 else f"{hp.window}x{wp.window}"
-    chain[-1].fused = node.fused + [f"{node.op.name} as a {how} stride-1 conv2d of {phases} phase(s) and phase_shuffle"]
-    return chain
+    return _chain(graph, node, t, limits, build, derived,
+                  f"{node.op.name} as a {how} stride-1 conv2d of {phases} phase(s) and phase_shuffle")
 
 
 def _pair(v, one_d: bool, fill: int) -> tuple[int, int]:
@@ -297,4 +311,3 @@ def _pair(v, one_d: bool, fill: int) -> tuple[int, int]:
     if one_d:
         return (v[0], fill)
     return (v[0], v[-1]) if len(v) in (1, 2) else (v[0], v[1])
-
