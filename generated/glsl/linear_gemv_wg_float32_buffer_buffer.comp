@@ -121,26 +121,30 @@ VEC4 input_texel(int row, int k4, int K) {
 #line 29
 }
 
+
 // Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k of matrix wz (0 but for a batched weight
 // [B, K4 * 4, N16 * 16], whose matrix b serves the input rows of batch b).
+#line 38
 VEC4 weight_texel(int n4, int k, int wz) {
-#line 35
+#line 40
   return read4_weight((wz * pc.weight_sizes.y + k) * (pc.weight_sizes.x >> 2) + n4);
-#line 39
+#line 44
 }
 VEC4 weight_texel(int n4, int k) { return weight_texel(n4, k, 0); }
 
+
 // Stores out's texel n4 (columns 4 * n4 .. 4 * n4 + 3) of row `row`: lanes past N are not
 // written (buffer) or written as 0 (texture padding).
+#line 57
 void store_out(int row, int n4, int N, VEC4 v) {
-#line 46
+#line 59
   if (n_ragged == 0) {
     t4_out[row * (N >> 2) + n4] = tf_bf16_out(v);  // float16: rounds to nearest even
   } else {
     int o = row * N + 4 * n4;
     for (int j = 0; j < 4 && 4 * n4 + j < N; ++j) { t_out[o + j] = tf_bf16_out(v[j]); }
   }
-#line 57
+#line 70
 }
 #line 38 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {

@@ -146,23 +146,36 @@ VEC4 input_texel(int row, int k4, int K) {
 #line 29
 }
 
+// Texel k4 of the input row at texel row `yz` (row % height, row / height, found once per row).
+#line 33
+VEC4 input_texel_at(ivec2 yz, int k4) { return imageLoad(t_input, ivec3(k4, yz)); }
+
 // Weight texel: columns 4 * n4 .. 4 * n4 + 3 at row k of matrix wz (0 but for a batched weight
 // [B, K4 * 4, N16 * 16], whose matrix b serves the input rows of batch b).
+#line 38
 VEC4 weight_texel(int n4, int k, int wz) {
-#line 37
+#line 42
   return imageLoad(t_weight, ivec3(n4, k, wz));
-#line 39
+#line 44
 }
 VEC4 weight_texel(int n4, int k) { return weight_texel(n4, k, 0); }
 
+// store_out at texel row `yz` of out (row % height, row / height, found once per row).
+#line 49
+void store_out_at(ivec2 yz, int n4, int N, VEC4 v) {
+  bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
+  store_texel_out(ivec3(n4, yz), mix(v, VEC4(0), pad));
+}
+
 // Stores out's texel n4 (columns 4 * n4 .. 4 * n4 + 3) of row `row`: lanes past N are not
 // written (buffer) or written as 0 (texture padding).
+#line 57
 void store_out(int row, int n4, int N, VEC4 v) {
-#line 53
+#line 66
   int height = pc.out_sizes.y;
   bvec4 pad = greaterThanEqual(ivec4(4 * n4) + ivec4(0, 1, 2, 3), ivec4(N));
   store_texel_out(ivec3(n4, row % height, row / height), mix(v, VEC4(0), pad));
-#line 57
+#line 70
 }
 
 #line 26 "shaders/linear_wg.glsl.j2"
