@@ -40,7 +40,9 @@ with a rounding mode and `floor_divide`
 with a number (`mask.tril() == 0`) as its int32 0 / 1 compared. `kthvalue` and `median` as the
 element of a given rank (the stable sort's: `_line_sort`, or `_ranks`). Video: `conv3d` (and a 3-D `convolution`)
 as a sum over the kernel's frames of 2-D convs of the frames it meets, folded into the batch
-(lowering turns the traced 2-D `convolution` pieces into conv2d); `max_pool3d`, `avg_pool3d` and
+(lowering turns the traced 2-D `convolution` pieces into conv2d); `conv_transpose3d` as a transposed
+2-D conv per kernel frame slice of every frame, interleaved (k = s along T) or spread and summed
+along T; `max_pool3d`, `avg_pool3d` and
 `adaptive_avg_pool3d` as box windows along T, H and W in turn, a slice per window element.
 `embedding_bag` as the rows' gather and a bag-membership matrix from the offsets. Graph networks
 and geometry: `scatter_reduce` (sum, mean, amax, amin) as scatter_add is built; `bucketize` and
@@ -1876,10 +1878,59 @@ def conv3d_padding(input, weight, bias=None, stride=1, padding="valid", dilation
 
 
 def convolution_3d(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """The decomposed convolution of a 3-D one (run_decompositions' graphs) as conv3d."""
-    if transposed or weight.dim() != 5:
+    """The decomposed convolution of a 3-D one (run_decompositions' graphs) as conv3d or
+    conv_transpose3d."""
+    if weight.dim() != 5:
         raise NotApplicable("not a 3-D convolution")
+    if transposed:
+        return conv_transpose3d(input, weight, bias, stride, padding, output_padding, groups, dilation)
     return conv3d(input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """A transposed 3-D convolution (a 3-D U-Net's or V-Net's up-sampling) by transposed 2-D ones:
+    the input laid out [N, T, C, H, W] once, frames folded into the batch, and for each of the
+    kernel's kt frame slices one conv_transpose2d of every frame (which the fusion pass runs as
+    phase convs: runtime/graph/conv_transpose.py). Frame t's result for slice i belongs at frame
+    t * st + i * dt of the uncropped output: with kt = st and dt = 1 (k 2 s 2) the slices
+    interleave (a stack along a new dim, then a view); otherwise each is spread by zero frames
+    (a pad of a new dim), shifted into place (a pad along T) and the kt summed. Then the crop of
+    padding / output_padding along T (a pad, negative where it crops), the bias, the layout back."""
+    import torch
+
+    aten = torch.ops.aten
+    if input.dim() != 5:
+        raise NotApplicable("not a batched 3-D convolution")
+    (st, sh, sw), (pt, ph, pw), (ot, oh, ow), (dt, dh, dw) = (
+        _triple(v) for v in (stride, padding, output_padding, dilation))
+    n, t = input.shape[0], input.shape[2]
+    kt = weight.shape[2]
+    x = aten.permute.default(input, [0, 2, 1, 3, 4])  # [N, T, C, H, W]
+    flat = aten.reshape.default(x, [n * t, x.shape[2], x.shape[3], x.shape[4]])
+    parts = []
+    for i in range(kt):
+        y = aten.conv_transpose2d.input(flat, aten.select.int(weight, 2, i), None, [sh, sw], [ph, pw], [oh, ow],
+                                        groups, [dh, dw])
+        parts.append(aten.reshape.default(y, [n, t, *y.shape[1:]]))
+    frame = list(parts[0].shape[2:])  # [Cout, H', W']
+    if kt == st and dt == 1:
+        full = aten.reshape.default(aten.stack.default(parts, 2), [n, t * st, *frame])
+    else:
+        length = (t - 1) * st + dt * (kt - 1) + 1
+        full = None
+        for i, y in enumerate(parts):
+            spread = y
+            if st > 1:  # frame t at t * st, zero frames between
+                spread = aten.constant_pad_nd.default(aten.unsqueeze.default(y, 2), [0, 0] * 3 + [0, st - 1], 0.0)
+                spread = aten.reshape.default(spread, [n, t * st, *frame])
+            shift = aten.constant_pad_nd.default(spread, [0, 0] * 3 + [i * dt, length - i * dt - t * st], 0.0)
+            full = shift if full is None else aten.add.Tensor(full, shift)
+    out_t = (t - 1) * st - 2 * pt + dt * (kt - 1) + ot + 1
+    if pt or out_t != full.shape[1]:
+        full = aten.constant_pad_nd.default(full, [0, 0] * 3 + [-pt, out_t + pt - full.shape[1]], 0.0)
+    if bias is not None:
+        full = aten.add.Tensor(full, aten.reshape.default(bias, [-1, 1, 1]))
+    return aten.permute.default(full, [0, 2, 1, 3, 4])
 
 
 def _window_reduce(x, dim: int, k: int, s: int, d: int, before: int, after: int, combine, pad_value: float):
@@ -2181,6 +2232,7 @@ OWN_DECOMPOSITIONS = {
     "aten.embedding_bag.default": embedding_bag,
     "aten.conv3d.default": conv3d,
     "aten.conv3d.padding": conv3d_padding,
+    "aten.conv_transpose3d.input": conv_transpose3d,
     "aten.convolution.default": convolution_3d,
     "aten.max_pool3d.default": max_pool3d,
     "aten.avg_pool3d.default": avg_pool3d,

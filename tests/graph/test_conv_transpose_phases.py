@@ -139,3 +139,25 @@ def test_phase_windows_reproduce_the_transposed_conv(length, kernel, stride, pad
     got = full[..., plan.crop_lo:plan.rows * stride - plan.crop_hi]
     want = F.conv_transpose1d(x, w, None, stride, padding, out_pad, 1, dilation)
     torch.testing.assert_close(got, want)
+
+
+TRANSPOSED_3D = {  # a 3-D U-Net's up-sampling, then the other forms the decomposition takes
+    "unet3d_k2s2": dict(in_channels=8, out_channels=4, kernel_size=2, stride=2),
+    "k3s2_output_padding": dict(in_channels=6, out_channels=5, kernel_size=3, stride=2, padding=1, output_padding=1),
+    "temporal_stride1": dict(in_channels=4, out_channels=3, kernel_size=(3, 2, 2), stride=(1, 2, 2),
+                             padding=(1, 0, 0)),
+    "temporal_dilated": dict(in_channels=4, out_channels=6, kernel_size=(2, 3, 3), stride=(3, 1, 1),
+                             padding=(1, 1, 1), dilation=(2, 1, 1), output_padding=(1, 0, 0)),
+    "grouped_no_bias": dict(in_channels=4, out_channels=4, kernel_size=2, stride=2, groups=2, bias=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRANSPOSED_3D))
+def test_transposed_conv3d_runs_on_the_device(device, name):
+    """own_decompositions.conv_transpose3d: a transposed 2-D conv per kernel frame slice over the
+    frames folded into the batch, their results interleaved or spread and summed along T."""
+    kwargs = TRANSPOSED_3D[name]
+    torch.manual_seed(len(name))
+    model = nn.ConvTranspose3d(**kwargs)
+    plan = _run(device, model, _with_specials(torch.randn(2, kwargs["in_channels"], 3, 5, 4)))
+    assert "conv_transpose2d" not in plan, plan  # every frame slice took a phase conv or the tiles
