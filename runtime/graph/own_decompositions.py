@@ -1889,11 +1889,12 @@ def convolution_3d(input, weight, bias, stride, padding, dilation, transposed, o
 
 def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
     """A transposed 3-D convolution (a 3-D U-Net's or V-Net's up-sampling) by transposed 2-D ones:
-    the input laid out [N, T, C, H, W] once, frames folded into the batch, and for each of the
-    kernel's kt frame slices one conv_transpose2d of every frame (which the fusion pass runs as
-    phase convs: runtime/graph/conv_transpose.py). Frame t's result for slice i belongs at frame
-    t * st + i * dt of the uncropped output: with kt = st and dt = 1 (k 2 s 2) the slices
-    interleave (a stack along a new dim, then a view); otherwise each is spread by zero frames
+    the input laid out [N, T, C, H, W] once, frames folded into the batch, and the kernel's kt
+    frame slices one conv_transpose2d of every frame (groups 1: one of kt x Cout output channels;
+    else one per slice), which the fusion pass runs as phase convs (runtime/graph/conv_transpose.py).
+    Frame t's result for slice i belongs at frame t * st + i * dt of the uncropped output: with
+    kt = st and dt = 1 (k 2 s 2) the slices interleave ([N, T, kt, ..] viewed as [N, T kt, ..];
+    a stack along a new dim where groups > 1); otherwise each is spread by zero frames
     (a pad of a new dim), shifted into place (a pad along T) and the kt summed. Then the crop of
     padding / output_padding along T (a pad, negative where it crops), the bias, the layout back."""
     import torch
@@ -1907,14 +1908,26 @@ def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_paddi
     kt = weight.shape[2]
     x = aten.permute.default(input, [0, 2, 1, 3, 4])  # [N, T, C, H, W]
     flat = aten.reshape.default(x, [n * t, x.shape[2], x.shape[3], x.shape[4]])
-    parts = []
-    for i in range(kt):
-        y = aten.conv_transpose2d.input(flat, aten.select.int(weight, 2, i), None, [sh, sw], [ph, pw], [oh, ow],
-                                        groups, [dh, dw])
-        parts.append(aten.reshape.default(y, [n, t, *y.shape[1:]]))
-    frame = list(parts[0].shape[2:])  # [Cout, H', W']
-    if kt == st and dt == 1:
-        full = aten.reshape.default(aten.stack.default(parts, 2), [n, t * st, *frame])
+    interleave = kt == st and dt == 1
+    if groups == 1:  # one transposed conv for all kt slices: output channel i * Cout + co
+        cin, cout = weight.shape[0], weight.shape[1]
+        merged = aten.reshape.default(aten.permute.default(weight, [0, 2, 1, 3, 4]),
+                                      [cin, kt * cout, weight.shape[3], weight.shape[4]])
+        y = aten.conv_transpose2d.input(flat, merged, None, [sh, sw], [ph, pw], [oh, ow], 1, [dh, dw])
+        y = aten.reshape.default(y, [n, t, kt, cout, *y.shape[2:]])  # [N, T, kt, Cout, H', W']
+        frame = [cout, *y.shape[4:]]
+        parts = None if interleave else [aten.select.int(y, 2, i) for i in range(kt)]
+    else:
+        parts = []
+        for i in range(kt):
+            y = aten.conv_transpose2d.input(flat, aten.select.int(weight, 2, i), None, [sh, sw], [ph, pw], [oh, ow],
+                                            groups, [dh, dw])
+            parts.append(aten.reshape.default(y, [n, t, *y.shape[1:]]))
+        frame = list(parts[0].shape[2:])  # [Cout, H', W']
+        if interleave:
+            y = aten.stack.default(parts, 2)
+    if interleave:  # frame t's slice i is output frame t * st + i: [N, T, kt, ..] is [N, T * st, ..]
+        full = aten.reshape.default(y, [n, t * st, *frame])
     else:
         length = (t - 1) * st + dt * (kt - 1) + 1
         full = None
