@@ -1,4 +1,5 @@
-"""Transposed convolutions as a stride-1 conv2d over the input and a phase shuffle (fusion step 0d).
+"""Transposed convolutions as a stride-1 conv2d of their output phases and phase_shuffle, or as
+conv_transpose2d_tiles where the phases differ (fusion step 0d).
 
 conv_transpose2d's own kernel computes one output element per invocation and walks every tap,
 testing which land on an input position: a U-Net's 2 x 2 stride-2 up-convolution ran at about
@@ -29,10 +30,12 @@ Only a window every slot of which is a real tap of every phase is taken: k a mul
 each strided dim (k = s: a U-Net's up-convolution; k 4 s 2: a DCGAN's), any stride-1 dim. Where
 phases have different numbers of taps (k 3 s 2), one window for all of them would multiply a
 zero tap by an input element that torch's answer never reads, and 0 x Inf is NaN where torch has
-a number; such a node, one whose weight is not a constant, and one a piece of which cannot run on
-the device keep the transposed conv's own kernel. A transposed conv of more input channels than
-that kernel may loop over was already split by lowering (own_decompositions.conv_transpose_split);
-each slice becomes its own phase conv here.
+a number. Such a node (groups 1) takes conv_transpose2d_tiles instead (`tiles_chain`): tiles of 8
+output pixels of one phase x 8 output channels, each walking its phase's own taps. A grouped one
+of uneven phases, one whose weight is not a constant, and one a piece of which cannot run on the
+device keep the transposed conv's own kernel. A transposed conv of more input channels than that
+kernel may loop over was already split by lowering (own_decompositions.conv_transpose_split);
+each slice is rewritten here on its own.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from texelflow.generated.ops import OPS
 from .derived import recipe
 from .ir import Node, PlanGraph, Role, Value
 from .lowering import partition_reason
+
 
 @dataclass(frozen=True)
 class DimPlan:

@@ -13,7 +13,7 @@ In order, in place on the graph:
    limits).
 0d. A device conv_transpose2d / conv_transpose1d with a constant weight runs as a stride-1
    conv2d over the input with one group of output channels per output phase (stride_h x
-   stride_w of them), a pixel shuffle and, where the phases overshoot, a crop
+   stride_w of them) and phase_shuffle, which interleaves and crops them
    (runtime/graph/conv_transpose.py): the conv2d then takes the tiled kernels of step 6 (a
    U-Net's 2 x 2 stride-2 up-convolution a pointwise GEMM) where the transposed conv's own
    kernel computes one element per invocation. One whose phases meet different numbers of taps
