@@ -100,7 +100,7 @@ const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by wo
 
 
 // The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 61
+#line 67
 VEC4 texel_of_self(ivec3 pos) {
   if (a_class == READ_DIRECT) { return load_texel_self(pos); }
   if (a_class == READ_SINGLE) { return VEC4(load_texel_self(ivec3(0)).x); }
@@ -115,7 +115,7 @@ VEC4 texel_of_self(ivec3 pos) {
   return pc.self_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 // The texel of 'other' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 61
+#line 67
 VEC4 texel_of_other(ivec3 pos) {
   if (b_class == READ_DIRECT) { return load_texel_other(pos); }
   if (b_class == READ_SINGLE) { return VEC4(load_texel_other(ivec3(0)).x); }

@@ -100,7 +100,7 @@ const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by wo
 
 
 // The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 61
+#line 67
 VEC4 texel_of_self(ivec3 pos) {
   if (in0_class == READ_DIRECT) { return load_texel_self(pos); }
   if (in0_class == READ_SINGLE) { return VEC4(load_texel_self(ivec3(0)).x); }
@@ -115,7 +115,7 @@ VEC4 texel_of_self(ivec3 pos) {
   return pc.self_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 // The texel of 'mask' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 61
+#line 67
 VEC4 texel_of_mask(ivec3 pos) {
   if (in1_class == READ_DIRECT) { return load_texel_mask(pos); }
   if (in1_class == READ_SINGLE) { return VEC4(load_texel_mask(ivec3(0)).x); }
@@ -130,13 +130,13 @@ VEC4 texel_of_mask(ivec3 pos) {
   return pc.mask_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 
-#line 51 "shaders/_where_body.glsl.j2"
+#line 48 "shaders/_where_body.glsl.j2"
 void unit_texel(ivec3 pos) {
-#line 56
+#line 53
   VEC4 value4 = VEC4(T(pc.value));
-#line 54
+#line 51
   VEC4 self4 = texel_of_self(pos);
-#line 59
+#line 56
   VEC4 v = mix(self4, value4, notEqual(texel_of_mask(pos), VEC4(0)));
   if (ragged != 0) {  // padding lanes stay zero (a single element fills every lane)
     v = mix(v, VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout));

@@ -181,6 +181,12 @@ void prepare_runs() {
 }
 #define TF_PREPARE prepare_runs()
 
+// 1 for a class vec4_of_<input> takes (a row: out's packed size a multiple of 4: spec constant
+// `ragged` of out), else 0 (as int arithmetic: glslc's optimizer fails on this as a chain of bool
+// spec-constant operations). Kernels whose inputs all go through vec4_of_ sum it over `bcast`.
+#define VEC4_CLASS(cls) (int(cls == READ_DIRECT) + int(cls == READ_SINGLE) + int(cls == READ_ROW) * (1 - ragged) \
+                         + int(cls >= READ_RUNS) * int((cls - READ_RUNS) % 3 != 2))
+
 
 // (an input that is a row goes through the row block path below instead)
 // (runs read lane by lane, mode 2, go word by word: their unrolled vec4 form costs lavapipe's

@@ -222,11 +222,14 @@ void prepare_runs() {
 }
 #define TF_PREPARE prepare_runs()
 
-// 1 for a class vec4_of_<input> takes (a row: out's packed size a multiple of 4), else 0 (as int
-// arithmetic: glslc's optimizer fails on this as a chain of bool spec-constant operations)
-#line 29 "shaders/scale_shift.glsl.j2"
+// 1 for a class vec4_of_<input> takes (a row: out's packed size a multiple of 4: spec constant
+// `ragged` of out), else 0 (as int arithmetic: glslc's optimizer fails on this as a chain of bool
+// spec-constant operations). Kernels whose inputs all go through vec4_of_ sum it over `bcast`.
 #define VEC4_CLASS(cls) (int(cls == READ_DIRECT) + int(cls == READ_SINGLE) + int(cls == READ_ROW) * (1 - ragged) \
                          + int(cls >= READ_RUNS) * int((cls - READ_RUNS) % 3 != 2))
+
+// every input through vec4_of_ (_broadcast_reads.glsl.j2's VEC4_CLASS)
+#line 28 "shaders/scale_shift.glsl.j2"
 const bool vec4_path = VEC4_CLASS(in0_class) + VEC4_CLASS(in1_class) + VEC4_CLASS(in2_class) == 3;
 
 void unit_vec4(int k) {

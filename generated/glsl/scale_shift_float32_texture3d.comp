@@ -107,7 +107,7 @@ const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by wo
 
 
 // The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 61
+#line 67
 VEC4 texel_of_self(ivec3 pos) {
   if (in0_class == READ_DIRECT) { return load_texel_self(pos); }
   if (in0_class == READ_SINGLE) { return VEC4(load_texel_self(ivec3(0)).x); }
@@ -122,7 +122,7 @@ VEC4 texel_of_self(ivec3 pos) {
   return pc.self_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 // The texel of 'scale' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 61
+#line 67
 VEC4 texel_of_scale(ivec3 pos) {
   if (in1_class == READ_DIRECT) { return load_texel_scale(pos); }
   if (in1_class == READ_SINGLE) { return VEC4(load_texel_scale(ivec3(0)).x); }
@@ -137,7 +137,7 @@ VEC4 texel_of_scale(ivec3 pos) {
   return pc.scale_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 // The texel of 'shift' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 61
+#line 67
 VEC4 texel_of_shift(ivec3 pos) {
   if (in2_class == READ_DIRECT) { return load_texel_shift(pos); }
   if (in2_class == READ_SINGLE) { return VEC4(load_texel_shift(ivec3(0)).x); }
@@ -152,7 +152,7 @@ VEC4 texel_of_shift(ivec3 pos) {
   return pc.shift_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 
-#line 42 "shaders/scale_shift.glsl.j2"
+#line 39 "shaders/scale_shift.glsl.j2"
 void unit_texel(ivec3 pos) {
   VEC4 v = texel_of_self(pos) * texel_of_scale(pos) + texel_of_shift(pos);
   if (ragged != 0) {  // padding lanes stay zero (a single element fills every lane)

@@ -107,7 +107,7 @@ const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by wo
 
 
 // The texel of 'condition' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 61
+#line 67
 VEC4 texel_of_condition(ivec3 pos) {
   if (in0_class == READ_DIRECT) { return load_texel_condition(pos); }
   if (in0_class == READ_SINGLE) { return VEC4(load_texel_condition(ivec3(0)).x); }
@@ -122,7 +122,7 @@ VEC4 texel_of_condition(ivec3 pos) {
   return pc.condition_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 // The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 61
+#line 67
 VEC4 texel_of_self(ivec3 pos) {
   if (in1_class == READ_DIRECT) { return load_texel_self(pos); }
   if (in1_class == READ_SINGLE) { return VEC4(load_texel_self(ivec3(0)).x); }
@@ -137,7 +137,7 @@ VEC4 texel_of_self(ivec3 pos) {
   return pc.self_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 // The texel of 'other' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 61
+#line 67
 VEC4 texel_of_other(ivec3 pos) {
   if (in2_class == READ_DIRECT) { return load_texel_other(pos); }
   if (in2_class == READ_SINGLE) { return VEC4(load_texel_other(ivec3(0)).x); }
@@ -152,13 +152,13 @@ VEC4 texel_of_other(ivec3 pos) {
   return pc.other_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 
-#line 51 "shaders/_where_body.glsl.j2"
+#line 48 "shaders/_where_body.glsl.j2"
 void unit_texel(ivec3 pos) {
-#line 54
+#line 51
   VEC4 self4 = texel_of_self(pos);
-#line 54
+#line 51
   VEC4 other4 = texel_of_other(pos);
-#line 59
+#line 56
   VEC4 v = mix(other4, self4, notEqual(texel_of_condition(pos), VEC4(0)));
   if (ragged != 0) {  // padding lanes stay zero (a single element fills every lane)
     v = mix(v, VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout));

@@ -93,7 +93,7 @@ const int READ_RUNS = 4;  // + mode (0 one word a vec4, 1 one vec4, 2 word by wo
 
 
 // The texel of 'condition' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 61
+#line 67
 VEC4 texel_of_condition(ivec3 pos) {
   if (in0_class == READ_DIRECT) { return load_texel_condition(pos); }
   if (in0_class == READ_SINGLE) { return VEC4(load_texel_condition(ivec3(0)).x); }
@@ -108,7 +108,7 @@ VEC4 texel_of_condition(ivec3 pos) {
   return pc.condition_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 // The texel of 'self' that out's texel at pos reads (a size-1 packed dim repeats lane 0).
-#line 61
+#line 67
 VEC4 texel_of_self(ivec3 pos) {
   if (in1_class == READ_DIRECT) { return load_texel_self(pos); }
   if (in1_class == READ_SINGLE) { return VEC4(load_texel_self(ivec3(0)).x); }
@@ -123,13 +123,13 @@ VEC4 texel_of_self(ivec3 pos) {
   return pc.self_sizes[pd] == 1 ? VEC4(v.x) : v;
 }
 
-#line 51 "shaders/_where_body.glsl.j2"
+#line 48 "shaders/_where_body.glsl.j2"
 void unit_texel(ivec3 pos) {
-#line 54
+#line 51
   VEC4 self4 = texel_of_self(pos);
-#line 56
+#line 53
   VEC4 other4 = VEC4(T(pc.other));
-#line 59
+#line 56
   VEC4 v = mix(other4, self4, notEqual(texel_of_condition(pos), VEC4(0)));
   if (ragged != 0) {  // padding lanes stay zero (a single element fills every lane)
     v = mix(v, VEC4(0), tf_padding_lanes(pos, pc.out_sizes, out_layout));

@@ -173,29 +173,32 @@ void prepare_runs() {
 }
 #define TF_PREPARE prepare_runs()
 
-// 1 for a class vec4_of_<input> takes (a row: out's packed size a multiple of 4), else 0 (as int
-// arithmetic: glslc's optimizer fails on this as a chain of bool spec-constant operations)
-#line 23 "shaders/_where_body.glsl.j2"
+// 1 for a class vec4_of_<input> takes (a row: out's packed size a multiple of 4: spec constant
+// `ragged` of out), else 0 (as int arithmetic: glslc's optimizer fails on this as a chain of bool
+// spec-constant operations). Kernels whose inputs all go through vec4_of_ sum it over `bcast`.
 #define VEC4_CLASS(cls) (int(cls == READ_DIRECT) + int(cls == READ_SINGLE) + int(cls == READ_ROW) * (1 - ragged) \
                          + int(cls >= READ_RUNS) * int((cls - READ_RUNS) % 3 != 2))
+
+// every input through vec4_of_ (_broadcast_reads.glsl.j2's VEC4_CLASS)
+#line 22 "shaders/_where_body.glsl.j2"
 const bool vec4_path = VEC4_CLASS(in0_class) + VEC4_CLASS(in1_class) == 2;
 
 void unit_vec4(int k) {
-#line 32
+#line 29
   VEC4 self4 = VEC4(T(pc.self));
-#line 30
+#line 27
   VEC4 other4 = vec4_of_other(k);
-#line 35
+#line 32
   bvec4 c = notEqual(vec4_of_condition(k), VEC4(0));
   t4_out[k] = vec4(mix(other4, self4, c));
 }
 
 void unit_word(int w) {
-#line 44
+#line 41
   T self1 = T(pc.self);
-#line 42
+#line 39
   T other1 = T(read_other(word_of_other(w)));
-#line 47
+#line 44
   bool c = T(read_condition(word_of_condition(w))) != T(0);
   t_out[w] = (c ? self1 : other1);
 }
