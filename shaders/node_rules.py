@@ -347,7 +347,7 @@ def _trips(node: NodeFacts, kind: str, tensor: str) -> int:
         groups = max(int(node.value("groups") or 1), 1)
         taps = math.prod(w[1:])
         return (2 * taps if groups > 1 else taps // 2) + 64
-    if kind == "conv_transpose_tiles":  # per tap and input block (4 channels) 2, taps walked once
+    if kind == "conv_transpose_tiles":  # conv_transpose_trips over input blocks of 4 channels, one lane
         kernel = _ints(node.value("kernel"), 2, 1)
         return conv_transpose_trips(kernel, _ints(node.value("stride"), 2, 1), _ints(node.value("dilation"), 2, 1),
                                     -(-tuple(node.shape(tensor))[1] // 4)) // 4 + 64
