@@ -48,6 +48,7 @@ from texelflow.generated.ops import OPS
 from .derived import recipe
 from .ir import Node, PlanGraph, Role, Value
 from .lowering import partition_reason
+from .prepack_conv import hw_pair
 
 
 @dataclass(frozen=True)
@@ -306,12 +307,9 @@ def phase_conv_chain(graph: PlanGraph, node: Node, limits: Sequence[int]) -> lis
 
 
 def _pair(v, one_d: bool, fill: int) -> tuple[int, int]:
-    """A conv argument as (h, w); a 1-D conv's runs along H (w = 1 / 0 for its fill)."""
-    if v is None:
+    """A conv argument as (h, w) (prepack_conv.hw_pair); a 1-D conv's runs along H, its w is
+    `fill` (1 for stride and dilation, 0 for padding)."""
+    if v is None or (isinstance(v, (list, tuple)) and not v):
         v = fill
-    if isinstance(v, int):
-        return (v, fill) if one_d else (v, v)
-    v = list(v)
-    if one_d:
-        return (v[0], fill)
-    return (v[0], v[-1]) if len(v) in (1, 2) else (v[0], v[1])
+    h, w = hw_pair(v)
+    return (h, fill) if one_d else (h, w)
