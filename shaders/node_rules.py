@@ -756,27 +756,6 @@ def _row_groups(facts: SpecFacts, p: dict) -> int:
     return int(n % 4 == 0 and (numel // n) % 4 == 0)
 
 
-def _idle_share(size: int, width: int) -> float:
-    """The share of lanes left idle when tiles `width` elements wide cover `size` and groups of 8
-    lanes take 8 neighbouring tiles each (the last group's lanes past the end compute nothing)."""
-    tiles = -(-size // width)
-    lanes = 8 * -(-tiles // 8)
-    return (lanes - tiles) / lanes
-
-
-@_spec_rule("narrow_tiles", 0, required=("wide", "narrow"), tensor_params=("narrow_tiles",))
-def _narrow_tiles(facts: SpecFacts, p: dict) -> int:
-    """1 when tiles `narrow` elements wide along the tensor's packed dim leave a smaller share of
-    a group's 8 lanes idle than tiles `wide` elements wide (a kernel whose 8 lanes take 8
-    neighbouring column tiles: linear_packed.glsl.j2 with 64 output columns keeps 4 of 8 lanes
-    busy with 16-column tiles and all 8 with 8-column ones)."""
-    from texelflow.generated.layouts import LAYOUT_INFO
-
-    name = p["narrow_tiles"]
-    size = _whcn_of(facts, name)[LAYOUT_INFO[facts.repr(name).layout].packed_dim]
-    return int(_idle_share(size, int(p["narrow"])) < _idle_share(size, int(p["wide"])))
-
-
 @_spec_rule("float_index", 0, required=("per",), tensor_params=("float_index",))
 def _float_index(facts: SpecFacts, p: dict) -> int:
     """1 when the tensor's elements divided by `per` (the elements each index a kernel divides

@@ -93,7 +93,7 @@ layout(set = 0, binding = 2, std430) readonly buffer mat2_buf4 { f16vec4 t4_mat2
 T read_mat2(int w) { return texel_reads != 0 ? T(texelFetch(tb_mat2, w >> 2)[w & 3]) : T(t_mat2[w]); }
 VEC4 read4_mat2(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_mat2, k)) : VEC4(t4_mat2[k]); }
 T load_mat2(ivec4 idx) { return read_mat2(tf_buffer_word_lane(idx, pc.mat2_sizes, mat2_layout).x); }
-#line 41 "shaders/mm_tiled.glsl.j2"
+#line 44 "shaders/mm_tiled.glsl.j2"
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 // vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
@@ -132,7 +132,7 @@ void store_out(int row, int n4, int N, VEC4 v) {
   }
 }
 
-#line 70 "shaders/mm_tiled.glsl.j2"
+#line 73 "shaders/mm_tiled.glsl.j2"
 void main() {
   int u = tf_unit_id();
   int groups = max(pc.units >> 3, 1);  // groups of 8 invocations that take part
@@ -146,7 +146,7 @@ void main() {
   int K4 = (K + 3) >> 2;
   int N4 = (N + 3) >> 2;
   // A group-tile: 32 rows (4 per lane) x 32 columns (8 texels, shared).
-#line 84
+#line 87
   int group_tiles_n = (N + 31) >> 5;
   int group_tiles_m = (M + 31) >> 5;
   int per_batch = group_tiles_n * group_tiles_m;
@@ -155,321 +155,321 @@ void main() {
     int n4 = (gt % group_tiles_n) * 8;
     int m0 = ((gt % per_batch) / group_tiles_n) * 32 + 4 * lane;
     int a_first = batch * M;
-#line 98
+#line 101
     int b_first = batch * K;
-#line 100
+#line 103
     int bn0 = min(n4 + (0 + lane) / 4, N4 - 1);  // the texel this lane loads for the group
     int bk0 = (0 + lane) & 3;
-#line 100
+#line 103
     int bn1 = min(n4 + (8 + lane) / 4, N4 - 1);  // the texel this lane loads for the group
     int bk1 = (8 + lane) & 3;
-#line 100
+#line 103
     int bn2 = min(n4 + (16 + lane) / 4, N4 - 1);  // the texel this lane loads for the group
     int bk2 = (16 + lane) & 3;
-#line 100
+#line 103
     int bn3 = min(n4 + (24 + lane) / 4, N4 - 1);  // the texel this lane loads for the group
     int bk3 = (24 + lane) & 3;
-#line 105
+#line 108
     int r0 = a_first + min(m0 + 0, M - 1);
-#line 105
+#line 108
     int r1 = a_first + min(m0 + 1, M - 1);
-#line 105
+#line 108
     int r2 = a_first + min(m0 + 2, M - 1);
-#line 105
+#line 108
     int r3 = a_first + min(m0 + 3, M - 1);
-#line 108
+#line 111
     VEC4 acc00 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc01 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc02 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc03 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc04 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc05 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc06 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc07 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc10 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc11 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc12 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc13 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc14 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc15 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc16 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc17 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc20 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc21 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc22 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc23 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc24 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc25 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc26 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc27 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc30 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc31 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc32 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc33 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc34 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc35 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc36 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc37 = VEC4(0);
-#line 110
+#line 113
     for (int k4 = 0; k4 < K4; ++k4) {
-#line 125
+#line 128
       VEC4 mine0 = b_texel(b_first + 4 * k4 + bk0, bn0, N, b_first + K);
-#line 125
+#line 128
       VEC4 mine1 = b_texel(b_first + 4 * k4 + bk1, bn1, N, b_first + K);
-#line 125
+#line 128
       VEC4 mine2 = b_texel(b_first + 4 * k4 + bk2, bn2, N, b_first + K);
-#line 125
+#line 128
       VEC4 mine3 = b_texel(b_first + 4 * k4 + bk3, bn3, N, b_first + K);
-#line 128
+#line 131
       VEC4 b00 = subgroupShuffle(mine0, first + 0u);
-#line 128
+#line 131
       VEC4 b10 = subgroupShuffle(mine0, first + 1u);
-#line 128
+#line 131
       VEC4 b20 = subgroupShuffle(mine0, first + 2u);
-#line 128
+#line 131
       VEC4 b30 = subgroupShuffle(mine0, first + 3u);
-#line 128
+#line 131
       VEC4 b01 = subgroupShuffle(mine0, first + 4u);
-#line 128
+#line 131
       VEC4 b11 = subgroupShuffle(mine0, first + 5u);
-#line 128
+#line 131
       VEC4 b21 = subgroupShuffle(mine0, first + 6u);
-#line 128
+#line 131
       VEC4 b31 = subgroupShuffle(mine0, first + 7u);
-#line 128
+#line 131
       VEC4 b02 = subgroupShuffle(mine1, first + 0u);
-#line 128
+#line 131
       VEC4 b12 = subgroupShuffle(mine1, first + 1u);
-#line 128
+#line 131
       VEC4 b22 = subgroupShuffle(mine1, first + 2u);
-#line 128
+#line 131
       VEC4 b32 = subgroupShuffle(mine1, first + 3u);
-#line 128
+#line 131
       VEC4 b03 = subgroupShuffle(mine1, first + 4u);
-#line 128
+#line 131
       VEC4 b13 = subgroupShuffle(mine1, first + 5u);
-#line 128
+#line 131
       VEC4 b23 = subgroupShuffle(mine1, first + 6u);
-#line 128
+#line 131
       VEC4 b33 = subgroupShuffle(mine1, first + 7u);
-#line 128
+#line 131
       VEC4 b04 = subgroupShuffle(mine2, first + 0u);
-#line 128
+#line 131
       VEC4 b14 = subgroupShuffle(mine2, first + 1u);
-#line 128
+#line 131
       VEC4 b24 = subgroupShuffle(mine2, first + 2u);
-#line 128
+#line 131
       VEC4 b34 = subgroupShuffle(mine2, first + 3u);
-#line 128
+#line 131
       VEC4 b05 = subgroupShuffle(mine2, first + 4u);
-#line 128
+#line 131
       VEC4 b15 = subgroupShuffle(mine2, first + 5u);
-#line 128
+#line 131
       VEC4 b25 = subgroupShuffle(mine2, first + 6u);
-#line 128
+#line 131
       VEC4 b35 = subgroupShuffle(mine2, first + 7u);
-#line 128
+#line 131
       VEC4 b06 = subgroupShuffle(mine3, first + 0u);
-#line 128
+#line 131
       VEC4 b16 = subgroupShuffle(mine3, first + 1u);
-#line 128
+#line 131
       VEC4 b26 = subgroupShuffle(mine3, first + 2u);
-#line 128
+#line 131
       VEC4 b36 = subgroupShuffle(mine3, first + 3u);
-#line 128
+#line 131
       VEC4 b07 = subgroupShuffle(mine3, first + 4u);
-#line 128
+#line 131
       VEC4 b17 = subgroupShuffle(mine3, first + 5u);
-#line 128
+#line 131
       VEC4 b27 = subgroupShuffle(mine3, first + 6u);
-#line 128
+#line 131
       VEC4 b37 = subgroupShuffle(mine3, first + 7u);
-#line 132
+#line 135
       VEC4 a0 = a_texel(r0, k4, K);
-#line 134
-      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
-#line 134
-      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
-#line 134
-      acc02 += a0.x * b02 + a0.y * b12 + a0.z * b22 + a0.w * b32;
-#line 134
-      acc03 += a0.x * b03 + a0.y * b13 + a0.z * b23 + a0.w * b33;
-#line 134
-      acc04 += a0.x * b04 + a0.y * b14 + a0.z * b24 + a0.w * b34;
-#line 134
-      acc05 += a0.x * b05 + a0.y * b15 + a0.z * b25 + a0.w * b35;
-#line 134
-      acc06 += a0.x * b06 + a0.y * b16 + a0.z * b26 + a0.w * b36;
-#line 134
-      acc07 += a0.x * b07 + a0.y * b17 + a0.z * b27 + a0.w * b37;
-#line 132
-      VEC4 a1 = a_texel(r1, k4, K);
-#line 134
-      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
-#line 134
-      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
-#line 134
-      acc12 += a1.x * b02 + a1.y * b12 + a1.z * b22 + a1.w * b32;
-#line 134
-      acc13 += a1.x * b03 + a1.y * b13 + a1.z * b23 + a1.w * b33;
-#line 134
-      acc14 += a1.x * b04 + a1.y * b14 + a1.z * b24 + a1.w * b34;
-#line 134
-      acc15 += a1.x * b05 + a1.y * b15 + a1.z * b25 + a1.w * b35;
-#line 134
-      acc16 += a1.x * b06 + a1.y * b16 + a1.z * b26 + a1.w * b36;
-#line 134
-      acc17 += a1.x * b07 + a1.y * b17 + a1.z * b27 + a1.w * b37;
-#line 132
-      VEC4 a2 = a_texel(r2, k4, K);
-#line 134
-      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
-#line 134
-      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
-#line 134
-      acc22 += a2.x * b02 + a2.y * b12 + a2.z * b22 + a2.w * b32;
-#line 134
-      acc23 += a2.x * b03 + a2.y * b13 + a2.z * b23 + a2.w * b33;
-#line 134
-      acc24 += a2.x * b04 + a2.y * b14 + a2.z * b24 + a2.w * b34;
-#line 134
-      acc25 += a2.x * b05 + a2.y * b15 + a2.z * b25 + a2.w * b35;
-#line 134
-      acc26 += a2.x * b06 + a2.y * b16 + a2.z * b26 + a2.w * b36;
-#line 134
-      acc27 += a2.x * b07 + a2.y * b17 + a2.z * b27 + a2.w * b37;
-#line 132
-      VEC4 a3 = a_texel(r3, k4, K);
-#line 134
-      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
-#line 134
-      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
-#line 134
-      acc32 += a3.x * b02 + a3.y * b12 + a3.z * b22 + a3.w * b32;
-#line 134
-      acc33 += a3.x * b03 + a3.y * b13 + a3.z * b23 + a3.w * b33;
-#line 134
-      acc34 += a3.x * b04 + a3.y * b14 + a3.z * b24 + a3.w * b34;
-#line 134
-      acc35 += a3.x * b05 + a3.y * b15 + a3.z * b25 + a3.w * b35;
-#line 134
-      acc36 += a3.x * b06 + a3.y * b16 + a3.z * b26 + a3.w * b36;
-#line 134
-      acc37 += a3.x * b07 + a3.y * b17 + a3.z * b27 + a3.w * b37;
 #line 137
+      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
+#line 137
+      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
+#line 137
+      acc02 += a0.x * b02 + a0.y * b12 + a0.z * b22 + a0.w * b32;
+#line 137
+      acc03 += a0.x * b03 + a0.y * b13 + a0.z * b23 + a0.w * b33;
+#line 137
+      acc04 += a0.x * b04 + a0.y * b14 + a0.z * b24 + a0.w * b34;
+#line 137
+      acc05 += a0.x * b05 + a0.y * b15 + a0.z * b25 + a0.w * b35;
+#line 137
+      acc06 += a0.x * b06 + a0.y * b16 + a0.z * b26 + a0.w * b36;
+#line 137
+      acc07 += a0.x * b07 + a0.y * b17 + a0.z * b27 + a0.w * b37;
+#line 135
+      VEC4 a1 = a_texel(r1, k4, K);
+#line 137
+      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
+#line 137
+      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
+#line 137
+      acc12 += a1.x * b02 + a1.y * b12 + a1.z * b22 + a1.w * b32;
+#line 137
+      acc13 += a1.x * b03 + a1.y * b13 + a1.z * b23 + a1.w * b33;
+#line 137
+      acc14 += a1.x * b04 + a1.y * b14 + a1.z * b24 + a1.w * b34;
+#line 137
+      acc15 += a1.x * b05 + a1.y * b15 + a1.z * b25 + a1.w * b35;
+#line 137
+      acc16 += a1.x * b06 + a1.y * b16 + a1.z * b26 + a1.w * b36;
+#line 137
+      acc17 += a1.x * b07 + a1.y * b17 + a1.z * b27 + a1.w * b37;
+#line 135
+      VEC4 a2 = a_texel(r2, k4, K);
+#line 137
+      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
+#line 137
+      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
+#line 137
+      acc22 += a2.x * b02 + a2.y * b12 + a2.z * b22 + a2.w * b32;
+#line 137
+      acc23 += a2.x * b03 + a2.y * b13 + a2.z * b23 + a2.w * b33;
+#line 137
+      acc24 += a2.x * b04 + a2.y * b14 + a2.z * b24 + a2.w * b34;
+#line 137
+      acc25 += a2.x * b05 + a2.y * b15 + a2.z * b25 + a2.w * b35;
+#line 137
+      acc26 += a2.x * b06 + a2.y * b16 + a2.z * b26 + a2.w * b36;
+#line 137
+      acc27 += a2.x * b07 + a2.y * b17 + a2.z * b27 + a2.w * b37;
+#line 135
+      VEC4 a3 = a_texel(r3, k4, K);
+#line 137
+      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
+#line 137
+      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
+#line 137
+      acc32 += a3.x * b02 + a3.y * b12 + a3.z * b22 + a3.w * b32;
+#line 137
+      acc33 += a3.x * b03 + a3.y * b13 + a3.z * b23 + a3.w * b33;
+#line 137
+      acc34 += a3.x * b04 + a3.y * b14 + a3.z * b24 + a3.w * b34;
+#line 137
+      acc35 += a3.x * b05 + a3.y * b15 + a3.z * b25 + a3.w * b35;
+#line 137
+      acc36 += a3.x * b06 + a3.y * b16 + a3.z * b26 + a3.w * b36;
+#line 137
+      acc37 += a3.x * b07 + a3.y * b17 + a3.z * b27 + a3.w * b37;
+#line 140
     }
-#line 139
+#line 142
     if (m0 + 0 < M) {
-#line 141
+#line 144
       if (n4 + 0 < N4) { store_out(a_first + m0 + 0, n4 + 0, N, acc00); }
-#line 141
+#line 144
       if (n4 + 1 < N4) { store_out(a_first + m0 + 0, n4 + 1, N, acc01); }
-#line 141
+#line 144
       if (n4 + 2 < N4) { store_out(a_first + m0 + 0, n4 + 2, N, acc02); }
-#line 141
+#line 144
       if (n4 + 3 < N4) { store_out(a_first + m0 + 0, n4 + 3, N, acc03); }
-#line 141
+#line 144
       if (n4 + 4 < N4) { store_out(a_first + m0 + 0, n4 + 4, N, acc04); }
-#line 141
+#line 144
       if (n4 + 5 < N4) { store_out(a_first + m0 + 0, n4 + 5, N, acc05); }
-#line 141
+#line 144
       if (n4 + 6 < N4) { store_out(a_first + m0 + 0, n4 + 6, N, acc06); }
-#line 141
+#line 144
       if (n4 + 7 < N4) { store_out(a_first + m0 + 0, n4 + 7, N, acc07); }
-#line 143
+#line 146
     }
-#line 139
+#line 142
     if (m0 + 1 < M) {
-#line 141
+#line 144
       if (n4 + 0 < N4) { store_out(a_first + m0 + 1, n4 + 0, N, acc10); }
-#line 141
+#line 144
       if (n4 + 1 < N4) { store_out(a_first + m0 + 1, n4 + 1, N, acc11); }
-#line 141
+#line 144
       if (n4 + 2 < N4) { store_out(a_first + m0 + 1, n4 + 2, N, acc12); }
-#line 141
+#line 144
       if (n4 + 3 < N4) { store_out(a_first + m0 + 1, n4 + 3, N, acc13); }
-#line 141
+#line 144
       if (n4 + 4 < N4) { store_out(a_first + m0 + 1, n4 + 4, N, acc14); }
-#line 141
+#line 144
       if (n4 + 5 < N4) { store_out(a_first + m0 + 1, n4 + 5, N, acc15); }
-#line 141
+#line 144
       if (n4 + 6 < N4) { store_out(a_first + m0 + 1, n4 + 6, N, acc16); }
-#line 141
+#line 144
       if (n4 + 7 < N4) { store_out(a_first + m0 + 1, n4 + 7, N, acc17); }
-#line 143
+#line 146
     }
-#line 139
+#line 142
     if (m0 + 2 < M) {
-#line 141
+#line 144
       if (n4 + 0 < N4) { store_out(a_first + m0 + 2, n4 + 0, N, acc20); }
-#line 141
+#line 144
       if (n4 + 1 < N4) { store_out(a_first + m0 + 2, n4 + 1, N, acc21); }
-#line 141
+#line 144
       if (n4 + 2 < N4) { store_out(a_first + m0 + 2, n4 + 2, N, acc22); }
-#line 141
+#line 144
       if (n4 + 3 < N4) { store_out(a_first + m0 + 2, n4 + 3, N, acc23); }
-#line 141
+#line 144
       if (n4 + 4 < N4) { store_out(a_first + m0 + 2, n4 + 4, N, acc24); }
-#line 141
+#line 144
       if (n4 + 5 < N4) { store_out(a_first + m0 + 2, n4 + 5, N, acc25); }
-#line 141
+#line 144
       if (n4 + 6 < N4) { store_out(a_first + m0 + 2, n4 + 6, N, acc26); }
-#line 141
+#line 144
       if (n4 + 7 < N4) { store_out(a_first + m0 + 2, n4 + 7, N, acc27); }
-#line 143
+#line 146
     }
-#line 139
+#line 142
     if (m0 + 3 < M) {
-#line 141
+#line 144
       if (n4 + 0 < N4) { store_out(a_first + m0 + 3, n4 + 0, N, acc30); }
-#line 141
+#line 144
       if (n4 + 1 < N4) { store_out(a_first + m0 + 3, n4 + 1, N, acc31); }
-#line 141
+#line 144
       if (n4 + 2 < N4) { store_out(a_first + m0 + 3, n4 + 2, N, acc32); }
-#line 141
+#line 144
       if (n4 + 3 < N4) { store_out(a_first + m0 + 3, n4 + 3, N, acc33); }
-#line 141
+#line 144
       if (n4 + 4 < N4) { store_out(a_first + m0 + 3, n4 + 4, N, acc34); }
-#line 141
+#line 144
       if (n4 + 5 < N4) { store_out(a_first + m0 + 3, n4 + 5, N, acc35); }
-#line 141
+#line 144
       if (n4 + 6 < N4) { store_out(a_first + m0 + 3, n4 + 6, N, acc36); }
-#line 141
+#line 144
       if (n4 + 7 < N4) { store_out(a_first + m0 + 3, n4 + 7, N, acc37); }
-#line 143
+#line 146
     }
-#line 145
+#line 148
   }
-#line 188
+#line 183
 }

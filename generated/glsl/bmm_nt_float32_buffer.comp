@@ -87,7 +87,7 @@ layout(set = 0, binding = 2, std430) readonly buffer mat2_buf4 { vec4 t4_mat2[];
 T read_mat2(int w) { return texel_reads != 0 ? T(texelFetch(tb_mat2, w >> 2)[w & 3]) : T(t_mat2[w]); }
 VEC4 read4_mat2(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_mat2, k)) : VEC4(t4_mat2[k]); }
 T load_mat2(ivec4 idx) { return read_mat2(tf_buffer_word_lane(idx, pc.mat2_sizes, mat2_layout).x); }
-#line 41 "shaders/mm_tiled.glsl.j2"
+#line 44 "shaders/mm_tiled.glsl.j2"
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 // vec4 views of the buffer bindings (aliases of the same descriptors); an input with a texel
@@ -135,7 +135,7 @@ void store_out(int row, int n4, int N, VEC4 v) {
   }
 }
 
-#line 70 "shaders/mm_tiled.glsl.j2"
+#line 73 "shaders/mm_tiled.glsl.j2"
 void main() {
   int u = tf_unit_id();
   int groups = max(pc.units >> 3, 1);  // groups of 8 invocations that take part
@@ -149,7 +149,7 @@ void main() {
   int K4 = (K + 3) >> 2;
   int N4 = (N + 3) >> 2;
   // A group-tile: 32 rows (4 per lane) x 32 columns (8 texels, shared).
-#line 84
+#line 87
   int group_tiles_n = (N + 31) >> 5;
   int group_tiles_m = (M + 31) >> 5;
   int per_batch = group_tiles_n * group_tiles_m;
@@ -158,381 +158,381 @@ void main() {
     int n4 = (gt % group_tiles_n) * 8;
     int m0 = ((gt % per_batch) / group_tiles_n) * 32 + 4 * lane;
     int a_first = batch * M;
-#line 93
+#line 96
     int b_first = batch * N;  // mat2's rows are out's columns
-#line 95
+#line 98
     int bt0 = min(4 * n4 + 0 + lane, N - 1);  // the row (column of out) this lane loads
-#line 95
+#line 98
     int bt1 = min(4 * n4 + 8 + lane, N - 1);  // the row (column of out) this lane loads
-#line 95
+#line 98
     int bt2 = min(4 * n4 + 16 + lane, N - 1);  // the row (column of out) this lane loads
-#line 95
+#line 98
     int bt3 = min(4 * n4 + 24 + lane, N - 1);  // the row (column of out) this lane loads
-#line 105
+#line 108
     int r0 = a_first + min(m0 + 0, M - 1);
-#line 105
+#line 108
     int r1 = a_first + min(m0 + 1, M - 1);
-#line 105
+#line 108
     int r2 = a_first + min(m0 + 2, M - 1);
-#line 105
+#line 108
     int r3 = a_first + min(m0 + 3, M - 1);
-#line 108
+#line 111
     VEC4 acc00 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc01 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc02 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc03 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc04 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc05 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc06 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc07 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc10 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc11 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc12 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc13 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc14 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc15 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc16 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc17 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc20 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc21 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc22 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc23 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc24 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc25 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc26 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc27 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc30 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc31 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc32 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc33 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc34 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc35 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc36 = VEC4(0);
-#line 108
+#line 111
     VEC4 acc37 = VEC4(0);
-#line 110
+#line 113
     for (int k4 = 0; k4 < K4; ++k4) {
-#line 113
+#line 116
       VEC4 mine0 = bt_texel(b_first + bt0, k4, K);  // column 4 n4 + 0 + lane, 4 k
-#line 113
+#line 116
       VEC4 mine1 = bt_texel(b_first + bt1, k4, K);  // column 4 n4 + 8 + lane, 4 k
-#line 113
+#line 116
       VEC4 mine2 = bt_texel(b_first + bt2, k4, K);  // column 4 n4 + 16 + lane, 4 k
-#line 113
+#line 116
       VEC4 mine3 = bt_texel(b_first + bt3, k4, K);  // column 4 n4 + 24 + lane, 4 k
-#line 117
+#line 120
       VEC4 t00 = subgroupShuffle(mine0, first + 0u);
-#line 117
+#line 120
       VEC4 t10 = subgroupShuffle(mine0, first + 1u);
-#line 117
+#line 120
       VEC4 t20 = subgroupShuffle(mine0, first + 2u);
-#line 117
+#line 120
       VEC4 t30 = subgroupShuffle(mine0, first + 3u);
-#line 120
+#line 123
       VEC4 b00 = VEC4(t00[0], t10[0], t20[0], t30[0]);
-#line 120
+#line 123
       VEC4 b10 = VEC4(t00[1], t10[1], t20[1], t30[1]);
-#line 120
+#line 123
       VEC4 b20 = VEC4(t00[2], t10[2], t20[2], t30[2]);
-#line 120
+#line 123
       VEC4 b30 = VEC4(t00[3], t10[3], t20[3], t30[3]);
-#line 117
+#line 120
       VEC4 t01 = subgroupShuffle(mine0, first + 4u);
-#line 117
+#line 120
       VEC4 t11 = subgroupShuffle(mine0, first + 5u);
-#line 117
+#line 120
       VEC4 t21 = subgroupShuffle(mine0, first + 6u);
-#line 117
+#line 120
       VEC4 t31 = subgroupShuffle(mine0, first + 7u);
-#line 120
+#line 123
       VEC4 b01 = VEC4(t01[0], t11[0], t21[0], t31[0]);
-#line 120
+#line 123
       VEC4 b11 = VEC4(t01[1], t11[1], t21[1], t31[1]);
-#line 120
+#line 123
       VEC4 b21 = VEC4(t01[2], t11[2], t21[2], t31[2]);
-#line 120
+#line 123
       VEC4 b31 = VEC4(t01[3], t11[3], t21[3], t31[3]);
-#line 117
+#line 120
       VEC4 t02 = subgroupShuffle(mine1, first + 0u);
-#line 117
+#line 120
       VEC4 t12 = subgroupShuffle(mine1, first + 1u);
-#line 117
+#line 120
       VEC4 t22 = subgroupShuffle(mine1, first + 2u);
-#line 117
+#line 120
       VEC4 t32 = subgroupShuffle(mine1, first + 3u);
-#line 120
+#line 123
       VEC4 b02 = VEC4(t02[0], t12[0], t22[0], t32[0]);
-#line 120
+#line 123
       VEC4 b12 = VEC4(t02[1], t12[1], t22[1], t32[1]);
-#line 120
+#line 123
       VEC4 b22 = VEC4(t02[2], t12[2], t22[2], t32[2]);
-#line 120
+#line 123
       VEC4 b32 = VEC4(t02[3], t12[3], t22[3], t32[3]);
-#line 117
+#line 120
       VEC4 t03 = subgroupShuffle(mine1, first + 4u);
-#line 117
+#line 120
       VEC4 t13 = subgroupShuffle(mine1, first + 5u);
-#line 117
+#line 120
       VEC4 t23 = subgroupShuffle(mine1, first + 6u);
-#line 117
+#line 120
       VEC4 t33 = subgroupShuffle(mine1, first + 7u);
-#line 120
+#line 123
       VEC4 b03 = VEC4(t03[0], t13[0], t23[0], t33[0]);
-#line 120
+#line 123
       VEC4 b13 = VEC4(t03[1], t13[1], t23[1], t33[1]);
-#line 120
+#line 123
       VEC4 b23 = VEC4(t03[2], t13[2], t23[2], t33[2]);
-#line 120
+#line 123
       VEC4 b33 = VEC4(t03[3], t13[3], t23[3], t33[3]);
-#line 117
+#line 120
       VEC4 t04 = subgroupShuffle(mine2, first + 0u);
-#line 117
+#line 120
       VEC4 t14 = subgroupShuffle(mine2, first + 1u);
-#line 117
+#line 120
       VEC4 t24 = subgroupShuffle(mine2, first + 2u);
-#line 117
+#line 120
       VEC4 t34 = subgroupShuffle(mine2, first + 3u);
-#line 120
+#line 123
       VEC4 b04 = VEC4(t04[0], t14[0], t24[0], t34[0]);
-#line 120
+#line 123
       VEC4 b14 = VEC4(t04[1], t14[1], t24[1], t34[1]);
-#line 120
+#line 123
       VEC4 b24 = VEC4(t04[2], t14[2], t24[2], t34[2]);
-#line 120
+#line 123
       VEC4 b34 = VEC4(t04[3], t14[3], t24[3], t34[3]);
-#line 117
+#line 120
       VEC4 t05 = subgroupShuffle(mine2, first + 4u);
-#line 117
+#line 120
       VEC4 t15 = subgroupShuffle(mine2, first + 5u);
-#line 117
+#line 120
       VEC4 t25 = subgroupShuffle(mine2, first + 6u);
-#line 117
+#line 120
       VEC4 t35 = subgroupShuffle(mine2, first + 7u);
-#line 120
+#line 123
       VEC4 b05 = VEC4(t05[0], t15[0], t25[0], t35[0]);
-#line 120
+#line 123
       VEC4 b15 = VEC4(t05[1], t15[1], t25[1], t35[1]);
-#line 120
+#line 123
       VEC4 b25 = VEC4(t05[2], t15[2], t25[2], t35[2]);
-#line 120
+#line 123
       VEC4 b35 = VEC4(t05[3], t15[3], t25[3], t35[3]);
-#line 117
+#line 120
       VEC4 t06 = subgroupShuffle(mine3, first + 0u);
-#line 117
+#line 120
       VEC4 t16 = subgroupShuffle(mine3, first + 1u);
-#line 117
+#line 120
       VEC4 t26 = subgroupShuffle(mine3, first + 2u);
-#line 117
+#line 120
       VEC4 t36 = subgroupShuffle(mine3, first + 3u);
-#line 120
+#line 123
       VEC4 b06 = VEC4(t06[0], t16[0], t26[0], t36[0]);
-#line 120
+#line 123
       VEC4 b16 = VEC4(t06[1], t16[1], t26[1], t36[1]);
-#line 120
+#line 123
       VEC4 b26 = VEC4(t06[2], t16[2], t26[2], t36[2]);
-#line 120
+#line 123
       VEC4 b36 = VEC4(t06[3], t16[3], t26[3], t36[3]);
-#line 117
+#line 120
       VEC4 t07 = subgroupShuffle(mine3, first + 4u);
-#line 117
+#line 120
       VEC4 t17 = subgroupShuffle(mine3, first + 5u);
-#line 117
+#line 120
       VEC4 t27 = subgroupShuffle(mine3, first + 6u);
-#line 117
+#line 120
       VEC4 t37 = subgroupShuffle(mine3, first + 7u);
-#line 120
+#line 123
       VEC4 b07 = VEC4(t07[0], t17[0], t27[0], t37[0]);
-#line 120
+#line 123
       VEC4 b17 = VEC4(t07[1], t17[1], t27[1], t37[1]);
-#line 120
+#line 123
       VEC4 b27 = VEC4(t07[2], t17[2], t27[2], t37[2]);
-#line 120
+#line 123
       VEC4 b37 = VEC4(t07[3], t17[3], t27[3], t37[3]);
-#line 132
+#line 135
       VEC4 a0 = a_texel(r0, k4, K);
-#line 134
-      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
-#line 134
-      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
-#line 134
-      acc02 += a0.x * b02 + a0.y * b12 + a0.z * b22 + a0.w * b32;
-#line 134
-      acc03 += a0.x * b03 + a0.y * b13 + a0.z * b23 + a0.w * b33;
-#line 134
-      acc04 += a0.x * b04 + a0.y * b14 + a0.z * b24 + a0.w * b34;
-#line 134
-      acc05 += a0.x * b05 + a0.y * b15 + a0.z * b25 + a0.w * b35;
-#line 134
-      acc06 += a0.x * b06 + a0.y * b16 + a0.z * b26 + a0.w * b36;
-#line 134
-      acc07 += a0.x * b07 + a0.y * b17 + a0.z * b27 + a0.w * b37;
-#line 132
-      VEC4 a1 = a_texel(r1, k4, K);
-#line 134
-      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
-#line 134
-      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
-#line 134
-      acc12 += a1.x * b02 + a1.y * b12 + a1.z * b22 + a1.w * b32;
-#line 134
-      acc13 += a1.x * b03 + a1.y * b13 + a1.z * b23 + a1.w * b33;
-#line 134
-      acc14 += a1.x * b04 + a1.y * b14 + a1.z * b24 + a1.w * b34;
-#line 134
-      acc15 += a1.x * b05 + a1.y * b15 + a1.z * b25 + a1.w * b35;
-#line 134
-      acc16 += a1.x * b06 + a1.y * b16 + a1.z * b26 + a1.w * b36;
-#line 134
-      acc17 += a1.x * b07 + a1.y * b17 + a1.z * b27 + a1.w * b37;
-#line 132
-      VEC4 a2 = a_texel(r2, k4, K);
-#line 134
-      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
-#line 134
-      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
-#line 134
-      acc22 += a2.x * b02 + a2.y * b12 + a2.z * b22 + a2.w * b32;
-#line 134
-      acc23 += a2.x * b03 + a2.y * b13 + a2.z * b23 + a2.w * b33;
-#line 134
-      acc24 += a2.x * b04 + a2.y * b14 + a2.z * b24 + a2.w * b34;
-#line 134
-      acc25 += a2.x * b05 + a2.y * b15 + a2.z * b25 + a2.w * b35;
-#line 134
-      acc26 += a2.x * b06 + a2.y * b16 + a2.z * b26 + a2.w * b36;
-#line 134
-      acc27 += a2.x * b07 + a2.y * b17 + a2.z * b27 + a2.w * b37;
-#line 132
-      VEC4 a3 = a_texel(r3, k4, K);
-#line 134
-      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
-#line 134
-      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
-#line 134
-      acc32 += a3.x * b02 + a3.y * b12 + a3.z * b22 + a3.w * b32;
-#line 134
-      acc33 += a3.x * b03 + a3.y * b13 + a3.z * b23 + a3.w * b33;
-#line 134
-      acc34 += a3.x * b04 + a3.y * b14 + a3.z * b24 + a3.w * b34;
-#line 134
-      acc35 += a3.x * b05 + a3.y * b15 + a3.z * b25 + a3.w * b35;
-#line 134
-      acc36 += a3.x * b06 + a3.y * b16 + a3.z * b26 + a3.w * b36;
-#line 134
-      acc37 += a3.x * b07 + a3.y * b17 + a3.z * b27 + a3.w * b37;
 #line 137
+      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
+#line 137
+      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
+#line 137
+      acc02 += a0.x * b02 + a0.y * b12 + a0.z * b22 + a0.w * b32;
+#line 137
+      acc03 += a0.x * b03 + a0.y * b13 + a0.z * b23 + a0.w * b33;
+#line 137
+      acc04 += a0.x * b04 + a0.y * b14 + a0.z * b24 + a0.w * b34;
+#line 137
+      acc05 += a0.x * b05 + a0.y * b15 + a0.z * b25 + a0.w * b35;
+#line 137
+      acc06 += a0.x * b06 + a0.y * b16 + a0.z * b26 + a0.w * b36;
+#line 137
+      acc07 += a0.x * b07 + a0.y * b17 + a0.z * b27 + a0.w * b37;
+#line 135
+      VEC4 a1 = a_texel(r1, k4, K);
+#line 137
+      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
+#line 137
+      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
+#line 137
+      acc12 += a1.x * b02 + a1.y * b12 + a1.z * b22 + a1.w * b32;
+#line 137
+      acc13 += a1.x * b03 + a1.y * b13 + a1.z * b23 + a1.w * b33;
+#line 137
+      acc14 += a1.x * b04 + a1.y * b14 + a1.z * b24 + a1.w * b34;
+#line 137
+      acc15 += a1.x * b05 + a1.y * b15 + a1.z * b25 + a1.w * b35;
+#line 137
+      acc16 += a1.x * b06 + a1.y * b16 + a1.z * b26 + a1.w * b36;
+#line 137
+      acc17 += a1.x * b07 + a1.y * b17 + a1.z * b27 + a1.w * b37;
+#line 135
+      VEC4 a2 = a_texel(r2, k4, K);
+#line 137
+      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
+#line 137
+      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
+#line 137
+      acc22 += a2.x * b02 + a2.y * b12 + a2.z * b22 + a2.w * b32;
+#line 137
+      acc23 += a2.x * b03 + a2.y * b13 + a2.z * b23 + a2.w * b33;
+#line 137
+      acc24 += a2.x * b04 + a2.y * b14 + a2.z * b24 + a2.w * b34;
+#line 137
+      acc25 += a2.x * b05 + a2.y * b15 + a2.z * b25 + a2.w * b35;
+#line 137
+      acc26 += a2.x * b06 + a2.y * b16 + a2.z * b26 + a2.w * b36;
+#line 137
+      acc27 += a2.x * b07 + a2.y * b17 + a2.z * b27 + a2.w * b37;
+#line 135
+      VEC4 a3 = a_texel(r3, k4, K);
+#line 137
+      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
+#line 137
+      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
+#line 137
+      acc32 += a3.x * b02 + a3.y * b12 + a3.z * b22 + a3.w * b32;
+#line 137
+      acc33 += a3.x * b03 + a3.y * b13 + a3.z * b23 + a3.w * b33;
+#line 137
+      acc34 += a3.x * b04 + a3.y * b14 + a3.z * b24 + a3.w * b34;
+#line 137
+      acc35 += a3.x * b05 + a3.y * b15 + a3.z * b25 + a3.w * b35;
+#line 137
+      acc36 += a3.x * b06 + a3.y * b16 + a3.z * b26 + a3.w * b36;
+#line 137
+      acc37 += a3.x * b07 + a3.y * b17 + a3.z * b27 + a3.w * b37;
+#line 140
     }
-#line 139
+#line 142
     if (m0 + 0 < M) {
-#line 141
+#line 144
       if (n4 + 0 < N4) { store_out(a_first + m0 + 0, n4 + 0, N, acc00); }
-#line 141
+#line 144
       if (n4 + 1 < N4) { store_out(a_first + m0 + 0, n4 + 1, N, acc01); }
-#line 141
+#line 144
       if (n4 + 2 < N4) { store_out(a_first + m0 + 0, n4 + 2, N, acc02); }
-#line 141
+#line 144
       if (n4 + 3 < N4) { store_out(a_first + m0 + 0, n4 + 3, N, acc03); }
-#line 141
+#line 144
       if (n4 + 4 < N4) { store_out(a_first + m0 + 0, n4 + 4, N, acc04); }
-#line 141
+#line 144
       if (n4 + 5 < N4) { store_out(a_first + m0 + 0, n4 + 5, N, acc05); }
-#line 141
+#line 144
       if (n4 + 6 < N4) { store_out(a_first + m0 + 0, n4 + 6, N, acc06); }
-#line 141
+#line 144
       if (n4 + 7 < N4) { store_out(a_first + m0 + 0, n4 + 7, N, acc07); }
-#line 143
+#line 146
     }
-#line 139
+#line 142
     if (m0 + 1 < M) {
-#line 141
+#line 144
       if (n4 + 0 < N4) { store_out(a_first + m0 + 1, n4 + 0, N, acc10); }
-#line 141
+#line 144
       if (n4 + 1 < N4) { store_out(a_first + m0 + 1, n4 + 1, N, acc11); }
-#line 141
+#line 144
       if (n4 + 2 < N4) { store_out(a_first + m0 + 1, n4 + 2, N, acc12); }
-#line 141
+#line 144
       if (n4 + 3 < N4) { store_out(a_first + m0 + 1, n4 + 3, N, acc13); }
-#line 141
+#line 144
       if (n4 + 4 < N4) { store_out(a_first + m0 + 1, n4 + 4, N, acc14); }
-#line 141
+#line 144
       if (n4 + 5 < N4) { store_out(a_first + m0 + 1, n4 + 5, N, acc15); }
-#line 141
+#line 144
       if (n4 + 6 < N4) { store_out(a_first + m0 + 1, n4 + 6, N, acc16); }
-#line 141
+#line 144
       if (n4 + 7 < N4) { store_out(a_first + m0 + 1, n4 + 7, N, acc17); }
-#line 143
+#line 146
     }
-#line 139
+#line 142
     if (m0 + 2 < M) {
-#line 141
+#line 144
       if (n4 + 0 < N4) { store_out(a_first + m0 + 2, n4 + 0, N, acc20); }
-#line 141
+#line 144
       if (n4 + 1 < N4) { store_out(a_first + m0 + 2, n4 + 1, N, acc21); }
-#line 141
+#line 144
       if (n4 + 2 < N4) { store_out(a_first + m0 + 2, n4 + 2, N, acc22); }
-#line 141
+#line 144
       if (n4 + 3 < N4) { store_out(a_first + m0 + 2, n4 + 3, N, acc23); }
-#line 141
+#line 144
       if (n4 + 4 < N4) { store_out(a_first + m0 + 2, n4 + 4, N, acc24); }
-#line 141
+#line 144
       if (n4 + 5 < N4) { store_out(a_first + m0 + 2, n4 + 5, N, acc25); }
-#line 141
+#line 144
       if (n4 + 6 < N4) { store_out(a_first + m0 + 2, n4 + 6, N, acc26); }
-#line 141
+#line 144
       if (n4 + 7 < N4) { store_out(a_first + m0 + 2, n4 + 7, N, acc27); }
-#line 143
+#line 146
     }
-#line 139
+#line 142
     if (m0 + 3 < M) {
-#line 141
+#line 144
       if (n4 + 0 < N4) { store_out(a_first + m0 + 3, n4 + 0, N, acc30); }
-#line 141
+#line 144
       if (n4 + 1 < N4) { store_out(a_first + m0 + 3, n4 + 1, N, acc31); }
-#line 141
+#line 144
       if (n4 + 2 < N4) { store_out(a_first + m0 + 3, n4 + 2, N, acc32); }
-#line 141
+#line 144
       if (n4 + 3 < N4) { store_out(a_first + m0 + 3, n4 + 3, N, acc33); }
-#line 141
+#line 144
       if (n4 + 4 < N4) { store_out(a_first + m0 + 3, n4 + 4, N, acc34); }
-#line 141
+#line 144
       if (n4 + 5 < N4) { store_out(a_first + m0 + 3, n4 + 5, N, acc35); }
-#line 141
+#line 144
       if (n4 + 6 < N4) { store_out(a_first + m0 + 3, n4 + 6, N, acc36); }
-#line 141
+#line 144
       if (n4 + 7 < N4) { store_out(a_first + m0 + 3, n4 + 7, N, acc37); }
-#line 143
+#line 146
     }
-#line 145
+#line 148
   }
-#line 188
+#line 183
 }

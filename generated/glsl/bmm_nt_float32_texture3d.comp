@@ -79,7 +79,7 @@ T load_mat2(ivec4 idx) {
 layout(constant_id = 7) const int k_ragged = 1;  // ragged
 #line 89
 layout(constant_id = 8) const int n_ragged = 1;  // ragged
-#line 41 "shaders/mm_tiled.glsl.j2"
+#line 44 "shaders/mm_tiled.glsl.j2"
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 
@@ -105,7 +105,7 @@ void store_out(int row, int n4, int batch, int N, VEC4 v) {
   store_texel_out(ivec3(n4, row, batch), mix(v, VEC4(0), pad));
 }
 
-#line 70 "shaders/mm_tiled.glsl.j2"
+#line 73 "shaders/mm_tiled.glsl.j2"
 void main() {
   int u = tf_unit_id();
   int groups = max(pc.units >> 3, 1);  // groups of 8 invocations that take part
@@ -118,392 +118,147 @@ void main() {
   int K = pc.self_sizes.x;
   int K4 = (K + 3) >> 2;
   int N4 = (N + 3) >> 2;
-  // A group-tile: 8 rows (shared) x 8 column blocks of 8 (one per lane). Consecutive group-tiles
+  // A group-tile: 8 rows (shared) x 8 column blocks of 4 (one per lane). Consecutive group-tiles
   // walk down M first, so a column strip of mat2 is re-read from cache rather than from memory
   // (1.06x at 1024^3, 1.15x at 512x2048x2048 on lavapipe).
-#line 150
-  int tiles_n = (N + 7) >> 3;
+#line 153
+  int tiles_n = (N + 3) / 4;
   int group_tiles_n = (tiles_n + 7) >> 3;
   int per_batch = group_tiles_n * ((M + 7) >> 3);
   for (int gt = u >> 3; gt < per_batch * batches; gt += groups) {
     int batch = gt / per_batch;
     int group_tiles_m = (M + 7) >> 3;
     int tile_n = ((gt % per_batch) / group_tiles_m) * 8 + lane;
-    int n4 = 2 * min(tile_n, tiles_n - 1);
+    int n4 = 1 * min(tile_n, tiles_n - 1);
     int m0 = (gt % group_tiles_m) * 8;
     int my_row = min(m0 + lane, M - 1);
-#line 161
+#line 164
     int c0 = min(n4 + 0, N4 - 1);
-#line 161
-    int c1 = min(n4 + 1, N4 - 1);
-#line 164
+#line 167
     VEC4 acc00 = VEC4(0);
-#line 164
-    VEC4 acc01 = VEC4(0);
-#line 164
+#line 167
     VEC4 acc10 = VEC4(0);
-#line 164
-    VEC4 acc11 = VEC4(0);
-#line 164
+#line 167
     VEC4 acc20 = VEC4(0);
-#line 164
-    VEC4 acc21 = VEC4(0);
-#line 164
+#line 167
     VEC4 acc30 = VEC4(0);
-#line 164
-    VEC4 acc31 = VEC4(0);
-#line 164
+#line 167
     VEC4 acc40 = VEC4(0);
-#line 164
-    VEC4 acc41 = VEC4(0);
-#line 164
+#line 167
     VEC4 acc50 = VEC4(0);
-#line 164
-    VEC4 acc51 = VEC4(0);
-#line 164
+#line 167
     VEC4 acc60 = VEC4(0);
-#line 164
-    VEC4 acc61 = VEC4(0);
-#line 164
+#line 167
     VEC4 acc70 = VEC4(0);
-#line 164
-    VEC4 acc71 = VEC4(0);
-    // Two steps per iteration: lavapipe keeps every accumulator in memory across the loop and
-    // writes it back under the loop's lane mask (a load, a blend and a store per iteration), so
-    // the second step halves that cost.
 #line 169
-    int k4 = 0;
-    for (; k4 + 1 < K4; k4 += 2) {
-#line 48
+    for (int k4 = 0; k4 < K4; ++k4) {
+#line 51
       {
       VEC4 mine = a_texel(my_row, k4, batch);
-#line 52
+#line 55
       VEC4 t00 = bt_texel(4 * c0 + 0, k4, batch, N, K);
-#line 52
+#line 55
       VEC4 t10 = bt_texel(4 * c0 + 1, k4, batch, N, K);
-#line 52
+#line 55
       VEC4 t20 = bt_texel(4 * c0 + 2, k4, batch, N, K);
-#line 52
+#line 55
       VEC4 t30 = bt_texel(4 * c0 + 3, k4, batch, N, K);
-#line 54
+#line 57
       VEC4 b00 = VEC4(t00[0], t10[0], t20[0], t30[0]);
-#line 54
+#line 57
       VEC4 b10 = VEC4(t00[1], t10[1], t20[1], t30[1]);
-#line 54
+#line 57
       VEC4 b20 = VEC4(t00[2], t10[2], t20[2], t30[2]);
-#line 54
+#line 57
       VEC4 b30 = VEC4(t00[3], t10[3], t20[3], t30[3]);
-#line 52
-      VEC4 t01 = bt_texel(4 * c1 + 0, k4, batch, N, K);
-#line 52
-      VEC4 t11 = bt_texel(4 * c1 + 1, k4, batch, N, K);
-#line 52
-      VEC4 t21 = bt_texel(4 * c1 + 2, k4, batch, N, K);
-#line 52
-      VEC4 t31 = bt_texel(4 * c1 + 3, k4, batch, N, K);
-#line 54
-      VEC4 b01 = VEC4(t01[0], t11[0], t21[0], t31[0]);
-#line 54
-      VEC4 b11 = VEC4(t01[1], t11[1], t21[1], t31[1]);
-#line 54
-      VEC4 b21 = VEC4(t01[2], t11[2], t21[2], t31[2]);
-#line 54
-      VEC4 b31 = VEC4(t01[3], t11[3], t21[3], t31[3]);
-#line 62
+#line 65
       VEC4 a0 = subgroupShuffle(mine, first + 0u);
-#line 64
-      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
-#line 64
-      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
-#line 62
-      VEC4 a1 = subgroupShuffle(mine, first + 1u);
-#line 64
-      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
-#line 64
-      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
-#line 62
-      VEC4 a2 = subgroupShuffle(mine, first + 2u);
-#line 64
-      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
-#line 64
-      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
-#line 62
-      VEC4 a3 = subgroupShuffle(mine, first + 3u);
-#line 64
-      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
-#line 64
-      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
-#line 62
-      VEC4 a4 = subgroupShuffle(mine, first + 4u);
-#line 64
-      acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
-#line 64
-      acc41 += a4.x * b01 + a4.y * b11 + a4.z * b21 + a4.w * b31;
-#line 62
-      VEC4 a5 = subgroupShuffle(mine, first + 5u);
-#line 64
-      acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
-#line 64
-      acc51 += a5.x * b01 + a5.y * b11 + a5.z * b21 + a5.w * b31;
-#line 62
-      VEC4 a6 = subgroupShuffle(mine, first + 6u);
-#line 64
-      acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
-#line 64
-      acc61 += a6.x * b01 + a6.y * b11 + a6.z * b21 + a6.w * b31;
-#line 62
-      VEC4 a7 = subgroupShuffle(mine, first + 7u);
-#line 64
-      acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
-#line 64
-      acc71 += a7.x * b01 + a7.y * b11 + a7.z * b21 + a7.w * b31;
 #line 67
+      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
+#line 65
+      VEC4 a1 = subgroupShuffle(mine, first + 1u);
+#line 67
+      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
+#line 65
+      VEC4 a2 = subgroupShuffle(mine, first + 2u);
+#line 67
+      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
+#line 65
+      VEC4 a3 = subgroupShuffle(mine, first + 3u);
+#line 67
+      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
+#line 65
+      VEC4 a4 = subgroupShuffle(mine, first + 4u);
+#line 67
+      acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
+#line 65
+      VEC4 a5 = subgroupShuffle(mine, first + 5u);
+#line 67
+      acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
+#line 65
+      VEC4 a6 = subgroupShuffle(mine, first + 6u);
+#line 67
+      acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
+#line 65
+      VEC4 a7 = subgroupShuffle(mine, first + 7u);
+#line 67
+      acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
+#line 70
       }
 
-#line 48
-      {
-      VEC4 mine = a_texel(my_row, k4 + 1, batch);
-#line 52
-      VEC4 t00 = bt_texel(4 * c0 + 0, k4 + 1, batch, N, K);
-#line 52
-      VEC4 t10 = bt_texel(4 * c0 + 1, k4 + 1, batch, N, K);
-#line 52
-      VEC4 t20 = bt_texel(4 * c0 + 2, k4 + 1, batch, N, K);
-#line 52
-      VEC4 t30 = bt_texel(4 * c0 + 3, k4 + 1, batch, N, K);
-#line 54
-      VEC4 b00 = VEC4(t00[0], t10[0], t20[0], t30[0]);
-#line 54
-      VEC4 b10 = VEC4(t00[1], t10[1], t20[1], t30[1]);
-#line 54
-      VEC4 b20 = VEC4(t00[2], t10[2], t20[2], t30[2]);
-#line 54
-      VEC4 b30 = VEC4(t00[3], t10[3], t20[3], t30[3]);
-#line 52
-      VEC4 t01 = bt_texel(4 * c1 + 0, k4 + 1, batch, N, K);
-#line 52
-      VEC4 t11 = bt_texel(4 * c1 + 1, k4 + 1, batch, N, K);
-#line 52
-      VEC4 t21 = bt_texel(4 * c1 + 2, k4 + 1, batch, N, K);
-#line 52
-      VEC4 t31 = bt_texel(4 * c1 + 3, k4 + 1, batch, N, K);
-#line 54
-      VEC4 b01 = VEC4(t01[0], t11[0], t21[0], t31[0]);
-#line 54
-      VEC4 b11 = VEC4(t01[1], t11[1], t21[1], t31[1]);
-#line 54
-      VEC4 b21 = VEC4(t01[2], t11[2], t21[2], t31[2]);
-#line 54
-      VEC4 b31 = VEC4(t01[3], t11[3], t21[3], t31[3]);
-#line 62
-      VEC4 a0 = subgroupShuffle(mine, first + 0u);
-#line 64
-      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
-#line 64
-      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
-#line 62
-      VEC4 a1 = subgroupShuffle(mine, first + 1u);
-#line 64
-      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
-#line 64
-      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
-#line 62
-      VEC4 a2 = subgroupShuffle(mine, first + 2u);
-#line 64
-      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
-#line 64
-      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
-#line 62
-      VEC4 a3 = subgroupShuffle(mine, first + 3u);
-#line 64
-      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
-#line 64
-      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
-#line 62
-      VEC4 a4 = subgroupShuffle(mine, first + 4u);
-#line 64
-      acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
-#line 64
-      acc41 += a4.x * b01 + a4.y * b11 + a4.z * b21 + a4.w * b31;
-#line 62
-      VEC4 a5 = subgroupShuffle(mine, first + 5u);
-#line 64
-      acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
-#line 64
-      acc51 += a5.x * b01 + a5.y * b11 + a5.z * b21 + a5.w * b31;
-#line 62
-      VEC4 a6 = subgroupShuffle(mine, first + 6u);
-#line 64
-      acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
-#line 64
-      acc61 += a6.x * b01 + a6.y * b11 + a6.z * b21 + a6.w * b31;
-#line 62
-      VEC4 a7 = subgroupShuffle(mine, first + 7u);
-#line 64
-      acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
-#line 64
-      acc71 += a7.x * b01 + a7.y * b11 + a7.z * b21 + a7.w * b31;
-#line 67
-      }
-
-#line 173
-    }
-    if (k4 < K4) {
-#line 48
-      {
-      VEC4 mine = a_texel(my_row, k4, batch);
-#line 52
-      VEC4 t00 = bt_texel(4 * c0 + 0, k4, batch, N, K);
-#line 52
-      VEC4 t10 = bt_texel(4 * c0 + 1, k4, batch, N, K);
-#line 52
-      VEC4 t20 = bt_texel(4 * c0 + 2, k4, batch, N, K);
-#line 52
-      VEC4 t30 = bt_texel(4 * c0 + 3, k4, batch, N, K);
-#line 54
-      VEC4 b00 = VEC4(t00[0], t10[0], t20[0], t30[0]);
-#line 54
-      VEC4 b10 = VEC4(t00[1], t10[1], t20[1], t30[1]);
-#line 54
-      VEC4 b20 = VEC4(t00[2], t10[2], t20[2], t30[2]);
-#line 54
-      VEC4 b30 = VEC4(t00[3], t10[3], t20[3], t30[3]);
-#line 52
-      VEC4 t01 = bt_texel(4 * c1 + 0, k4, batch, N, K);
-#line 52
-      VEC4 t11 = bt_texel(4 * c1 + 1, k4, batch, N, K);
-#line 52
-      VEC4 t21 = bt_texel(4 * c1 + 2, k4, batch, N, K);
-#line 52
-      VEC4 t31 = bt_texel(4 * c1 + 3, k4, batch, N, K);
-#line 54
-      VEC4 b01 = VEC4(t01[0], t11[0], t21[0], t31[0]);
-#line 54
-      VEC4 b11 = VEC4(t01[1], t11[1], t21[1], t31[1]);
-#line 54
-      VEC4 b21 = VEC4(t01[2], t11[2], t21[2], t31[2]);
-#line 54
-      VEC4 b31 = VEC4(t01[3], t11[3], t21[3], t31[3]);
-#line 62
-      VEC4 a0 = subgroupShuffle(mine, first + 0u);
-#line 64
-      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
-#line 64
-      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
-#line 62
-      VEC4 a1 = subgroupShuffle(mine, first + 1u);
-#line 64
-      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
-#line 64
-      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
-#line 62
-      VEC4 a2 = subgroupShuffle(mine, first + 2u);
-#line 64
-      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
-#line 64
-      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
-#line 62
-      VEC4 a3 = subgroupShuffle(mine, first + 3u);
-#line 64
-      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
-#line 64
-      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
-#line 62
-      VEC4 a4 = subgroupShuffle(mine, first + 4u);
-#line 64
-      acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
-#line 64
-      acc41 += a4.x * b01 + a4.y * b11 + a4.z * b21 + a4.w * b31;
-#line 62
-      VEC4 a5 = subgroupShuffle(mine, first + 5u);
-#line 64
-      acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
-#line 64
-      acc51 += a5.x * b01 + a5.y * b11 + a5.z * b21 + a5.w * b31;
-#line 62
-      VEC4 a6 = subgroupShuffle(mine, first + 6u);
-#line 64
-      acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
-#line 64
-      acc61 += a6.x * b01 + a6.y * b11 + a6.z * b21 + a6.w * b31;
-#line 62
-      VEC4 a7 = subgroupShuffle(mine, first + 7u);
-#line 64
-      acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
-#line 64
-      acc71 += a7.x * b01 + a7.y * b11 + a7.z * b21 + a7.w * b31;
-#line 67
-      }
-
-#line 176
+#line 171
     }
     if (tile_n < tiles_n) {
-#line 179
+#line 174
       if (m0 + 0 < M) {
-#line 181
+#line 176
         if (n4 + 0 < N4) { store_out(m0 + 0, n4 + 0, batch, N, acc00); }
-#line 181
-        if (n4 + 1 < N4) { store_out(m0 + 0, n4 + 1, batch, N, acc01); }
-#line 183
+#line 178
       }
-#line 179
+#line 174
       if (m0 + 1 < M) {
-#line 181
+#line 176
         if (n4 + 0 < N4) { store_out(m0 + 1, n4 + 0, batch, N, acc10); }
-#line 181
-        if (n4 + 1 < N4) { store_out(m0 + 1, n4 + 1, batch, N, acc11); }
-#line 183
+#line 178
       }
-#line 179
+#line 174
       if (m0 + 2 < M) {
-#line 181
+#line 176
         if (n4 + 0 < N4) { store_out(m0 + 2, n4 + 0, batch, N, acc20); }
-#line 181
-        if (n4 + 1 < N4) { store_out(m0 + 2, n4 + 1, batch, N, acc21); }
-#line 183
+#line 178
       }
-#line 179
+#line 174
       if (m0 + 3 < M) {
-#line 181
+#line 176
         if (n4 + 0 < N4) { store_out(m0 + 3, n4 + 0, batch, N, acc30); }
-#line 181
-        if (n4 + 1 < N4) { store_out(m0 + 3, n4 + 1, batch, N, acc31); }
-#line 183
+#line 178
       }
-#line 179
+#line 174
       if (m0 + 4 < M) {
-#line 181
+#line 176
         if (n4 + 0 < N4) { store_out(m0 + 4, n4 + 0, batch, N, acc40); }
-#line 181
-        if (n4 + 1 < N4) { store_out(m0 + 4, n4 + 1, batch, N, acc41); }
-#line 183
+#line 178
       }
-#line 179
+#line 174
       if (m0 + 5 < M) {
-#line 181
+#line 176
         if (n4 + 0 < N4) { store_out(m0 + 5, n4 + 0, batch, N, acc50); }
-#line 181
-        if (n4 + 1 < N4) { store_out(m0 + 5, n4 + 1, batch, N, acc51); }
-#line 183
+#line 178
       }
-#line 179
+#line 174
       if (m0 + 6 < M) {
-#line 181
+#line 176
         if (n4 + 0 < N4) { store_out(m0 + 6, n4 + 0, batch, N, acc60); }
-#line 181
-        if (n4 + 1 < N4) { store_out(m0 + 6, n4 + 1, batch, N, acc61); }
-#line 183
+#line 178
       }
-#line 179
+#line 174
       if (m0 + 7 < M) {
-#line 181
+#line 176
         if (n4 + 0 < N4) { store_out(m0 + 7, n4 + 0, batch, N, acc70); }
-#line 181
-        if (n4 + 1 < N4) { store_out(m0 + 7, n4 + 1, batch, N, acc71); }
-#line 183
+#line 178
       }
-#line 185
+#line 180
     }
   }
-#line 188
+#line 183
 }

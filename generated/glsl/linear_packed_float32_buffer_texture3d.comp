@@ -18,7 +18,7 @@ layout(constant_id = 5) const int weight_layout = 0;
 #line 13
 layout(constant_id = 6) const int bias_layout = 0;
 #line 13
-layout(constant_id = 12) const int texel_reads = 0;
+layout(constant_id = 11) const int texel_reads = 0;
 
 // Bindings: outputs first, then tensor arguments.
 #line 19
@@ -93,8 +93,6 @@ layout(constant_id = 8) const int k_ragged = 1;  // ragged
 layout(constant_id = 9) const int n_ragged = 1;  // ragged
 #line 89
 layout(constant_id = 10) const int act = 0;  // activation_code
-#line 89
-layout(constant_id = 11) const int narrow = 0;  // narrow_tiles
 
 // Buffer inputs again, as uniform texel buffers of vec4 texels (word k = texel k; contract
 // texel_reads), read where the runtime sets texel_reads: on a device that loads texel buffers
@@ -107,7 +105,7 @@ layout(set = 0, binding = 1, std430) readonly buffer input_buf4 { vec4 t4_input[
 T read_input(int w) { return texel_reads != 0 ? T(texelFetch(tb_input, w >> 2)[w & 3]) : T(t_input[w]); }
 VEC4 read4_input(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_input, k)) : VEC4(t4_input[k]); }
 T load_input(ivec4 idx) { return read_input(tf_buffer_word_lane(idx, pc.input_sizes, input_layout).x); }
-#line 59 "shaders/linear_packed.glsl.j2"
+#line 61 "shaders/linear_packed.glsl.j2"
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
 #line 38 "shaders/_conv_activation.glsl.j2"
@@ -180,7 +178,7 @@ void store_out(int row, int n4, int N, VEC4 v) {
 #line 70
 }
 
-#line 143 "shaders/linear_packed.glsl.j2"
+#line 138 "shaders/linear_packed.glsl.j2"
 void main() {
   int u = tf_unit_id();
   int groups = max(pc.units >> 3, 1);  // groups of 8 invocations that take part
@@ -193,8 +191,7 @@ void main() {
   int K4 = (K + 3) >> 2;
   int N4 = (N + 3) >> 2;
   bool batched = pc.weight_sizes.z > 1;
-  if (narrow == 1) {
-#line 86
+#line 88
     int tiles_n = (N + 7) / 8;
     int group_tiles_n = (tiles_n + 7) >> 3;
     int group_tiles = group_tiles_n * ((rows + 7) >> 3);
@@ -203,671 +200,195 @@ void main() {
       int n4 = 2 * min(tile_n, tiles_n - 1);
       int m0 = (gt / group_tiles_n) * 8;
       int my_row = min(m0 + lane, rows - 1);
-#line 97
+#line 99
       int wz = batched ? m0 / pc.input_sizes.y : 0;  // a batched weight's matrix for these 8 rows
-#line 99
-      VEC4 acc00 = VEC4(0);
-#line 99
-      VEC4 acc01 = VEC4(0);
-#line 99
-      VEC4 acc10 = VEC4(0);
-#line 99
-      VEC4 acc11 = VEC4(0);
-#line 99
-      VEC4 acc20 = VEC4(0);
-#line 99
-      VEC4 acc21 = VEC4(0);
-#line 99
-      VEC4 acc30 = VEC4(0);
-#line 99
-      VEC4 acc31 = VEC4(0);
-#line 99
-      VEC4 acc40 = VEC4(0);
-#line 99
-      VEC4 acc41 = VEC4(0);
-#line 99
-      VEC4 acc50 = VEC4(0);
-#line 99
-      VEC4 acc51 = VEC4(0);
-#line 99
-      VEC4 acc60 = VEC4(0);
-#line 99
-      VEC4 acc61 = VEC4(0);
-#line 99
-      VEC4 acc70 = VEC4(0);
-#line 99
-      VEC4 acc71 = VEC4(0);
 #line 101
-      int k4 = 0;
+      VEC4 acc00 = VEC4(0);
+#line 101
+      VEC4 acc01 = VEC4(0);
+#line 101
+      VEC4 acc10 = VEC4(0);
+#line 101
+      VEC4 acc11 = VEC4(0);
+#line 101
+      VEC4 acc20 = VEC4(0);
+#line 101
+      VEC4 acc21 = VEC4(0);
+#line 101
+      VEC4 acc30 = VEC4(0);
+#line 101
+      VEC4 acc31 = VEC4(0);
+#line 101
+      VEC4 acc40 = VEC4(0);
+#line 101
+      VEC4 acc41 = VEC4(0);
+#line 101
+      VEC4 acc50 = VEC4(0);
+#line 101
+      VEC4 acc51 = VEC4(0);
+#line 101
+      VEC4 acc60 = VEC4(0);
+#line 101
+      VEC4 acc61 = VEC4(0);
+#line 101
+      VEC4 acc70 = VEC4(0);
+#line 101
+      VEC4 acc71 = VEC4(0);
 #line 103
-      for (; k4 + 1 < K4; k4 += 2) {  // two steps per iteration: see the header
-#line 66
-      {
+      for (int k4 = 0; k4 < K4; ++k4) {
 #line 68
+      {
+#line 70
       VEC4 mine = input_texel(my_row, k4, K);
-#line 73
+#line 75
       VEC4 b00 = weight_texel(n4 + 0, 4 * (k4) + 0, wz);
-#line 73
+#line 75
       VEC4 b10 = weight_texel(n4 + 0, 4 * (k4) + 1, wz);
-#line 73
+#line 75
       VEC4 b20 = weight_texel(n4 + 0, 4 * (k4) + 2, wz);
-#line 73
+#line 75
       VEC4 b30 = weight_texel(n4 + 0, 4 * (k4) + 3, wz);
-#line 73
+#line 75
       VEC4 b01 = weight_texel(n4 + 1, 4 * (k4) + 0, wz);
-#line 73
+#line 75
       VEC4 b11 = weight_texel(n4 + 1, 4 * (k4) + 1, wz);
-#line 73
+#line 75
       VEC4 b21 = weight_texel(n4 + 1, 4 * (k4) + 2, wz);
-#line 73
+#line 75
       VEC4 b31 = weight_texel(n4 + 1, 4 * (k4) + 3, wz);
-#line 76
+#line 78
       VEC4 a0 = subgroupShuffle(mine, first + 0u);
-#line 78
+#line 80
       acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
-#line 78
+#line 80
       acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
-#line 76
+#line 78
       VEC4 a1 = subgroupShuffle(mine, first + 1u);
-#line 78
+#line 80
       acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
-#line 78
+#line 80
       acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
-#line 76
+#line 78
       VEC4 a2 = subgroupShuffle(mine, first + 2u);
-#line 78
+#line 80
       acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
-#line 78
+#line 80
       acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
-#line 76
+#line 78
       VEC4 a3 = subgroupShuffle(mine, first + 3u);
-#line 78
+#line 80
       acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
-#line 78
+#line 80
       acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
-#line 76
+#line 78
       VEC4 a4 = subgroupShuffle(mine, first + 4u);
-#line 78
+#line 80
       acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
-#line 78
+#line 80
       acc41 += a4.x * b01 + a4.y * b11 + a4.z * b21 + a4.w * b31;
-#line 76
+#line 78
       VEC4 a5 = subgroupShuffle(mine, first + 5u);
-#line 78
+#line 80
       acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
-#line 78
+#line 80
       acc51 += a5.x * b01 + a5.y * b11 + a5.z * b21 + a5.w * b31;
-#line 76
+#line 78
       VEC4 a6 = subgroupShuffle(mine, first + 6u);
-#line 78
+#line 80
       acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
-#line 78
+#line 80
       acc61 += a6.x * b01 + a6.y * b11 + a6.z * b21 + a6.w * b31;
-#line 76
+#line 78
       VEC4 a7 = subgroupShuffle(mine, first + 7u);
-#line 78
+#line 80
       acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
-#line 78
+#line 80
       acc71 += a7.x * b01 + a7.y * b11 + a7.z * b21 + a7.w * b31;
-#line 81
+#line 83
       }
 
-#line 66
-      {
-#line 68
-      VEC4 mine = input_texel(my_row, k4 + 1, K);
-#line 73
-      VEC4 b00 = weight_texel(n4 + 0, 4 * (k4 + 1) + 0, wz);
-#line 73
-      VEC4 b10 = weight_texel(n4 + 0, 4 * (k4 + 1) + 1, wz);
-#line 73
-      VEC4 b20 = weight_texel(n4 + 0, 4 * (k4 + 1) + 2, wz);
-#line 73
-      VEC4 b30 = weight_texel(n4 + 0, 4 * (k4 + 1) + 3, wz);
-#line 73
-      VEC4 b01 = weight_texel(n4 + 1, 4 * (k4 + 1) + 0, wz);
-#line 73
-      VEC4 b11 = weight_texel(n4 + 1, 4 * (k4 + 1) + 1, wz);
-#line 73
-      VEC4 b21 = weight_texel(n4 + 1, 4 * (k4 + 1) + 2, wz);
-#line 73
-      VEC4 b31 = weight_texel(n4 + 1, 4 * (k4 + 1) + 3, wz);
-#line 76
-      VEC4 a0 = subgroupShuffle(mine, first + 0u);
-#line 78
-      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
-#line 78
-      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
-#line 76
-      VEC4 a1 = subgroupShuffle(mine, first + 1u);
-#line 78
-      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
-#line 78
-      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
-#line 76
-      VEC4 a2 = subgroupShuffle(mine, first + 2u);
-#line 78
-      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
-#line 78
-      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
-#line 76
-      VEC4 a3 = subgroupShuffle(mine, first + 3u);
-#line 78
-      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
-#line 78
-      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
-#line 76
-      VEC4 a4 = subgroupShuffle(mine, first + 4u);
-#line 78
-      acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
-#line 78
-      acc41 += a4.x * b01 + a4.y * b11 + a4.z * b21 + a4.w * b31;
-#line 76
-      VEC4 a5 = subgroupShuffle(mine, first + 5u);
-#line 78
-      acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
-#line 78
-      acc51 += a5.x * b01 + a5.y * b11 + a5.z * b21 + a5.w * b31;
-#line 76
-      VEC4 a6 = subgroupShuffle(mine, first + 6u);
-#line 78
-      acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
-#line 78
-      acc61 += a6.x * b01 + a6.y * b11 + a6.z * b21 + a6.w * b31;
-#line 76
-      VEC4 a7 = subgroupShuffle(mine, first + 7u);
-#line 78
-      acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
-#line 78
-      acc71 += a7.x * b01 + a7.y * b11 + a7.z * b21 + a7.w * b31;
-#line 81
-      }
-
-#line 106
-      }
-#line 108
-      for (; k4 < K4; ++k4) {
-#line 66
-      {
-#line 68
-      VEC4 mine = input_texel(my_row, k4, K);
-#line 73
-      VEC4 b00 = weight_texel(n4 + 0, 4 * (k4) + 0, wz);
-#line 73
-      VEC4 b10 = weight_texel(n4 + 0, 4 * (k4) + 1, wz);
-#line 73
-      VEC4 b20 = weight_texel(n4 + 0, 4 * (k4) + 2, wz);
-#line 73
-      VEC4 b30 = weight_texel(n4 + 0, 4 * (k4) + 3, wz);
-#line 73
-      VEC4 b01 = weight_texel(n4 + 1, 4 * (k4) + 0, wz);
-#line 73
-      VEC4 b11 = weight_texel(n4 + 1, 4 * (k4) + 1, wz);
-#line 73
-      VEC4 b21 = weight_texel(n4 + 1, 4 * (k4) + 2, wz);
-#line 73
-      VEC4 b31 = weight_texel(n4 + 1, 4 * (k4) + 3, wz);
-#line 76
-      VEC4 a0 = subgroupShuffle(mine, first + 0u);
-#line 78
-      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
-#line 78
-      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
-#line 76
-      VEC4 a1 = subgroupShuffle(mine, first + 1u);
-#line 78
-      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
-#line 78
-      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
-#line 76
-      VEC4 a2 = subgroupShuffle(mine, first + 2u);
-#line 78
-      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
-#line 78
-      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
-#line 76
-      VEC4 a3 = subgroupShuffle(mine, first + 3u);
-#line 78
-      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
-#line 78
-      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
-#line 76
-      VEC4 a4 = subgroupShuffle(mine, first + 4u);
-#line 78
-      acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
-#line 78
-      acc41 += a4.x * b01 + a4.y * b11 + a4.z * b21 + a4.w * b31;
-#line 76
-      VEC4 a5 = subgroupShuffle(mine, first + 5u);
-#line 78
-      acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
-#line 78
-      acc51 += a5.x * b01 + a5.y * b11 + a5.z * b21 + a5.w * b31;
-#line 76
-      VEC4 a6 = subgroupShuffle(mine, first + 6u);
-#line 78
-      acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
-#line 78
-      acc61 += a6.x * b01 + a6.y * b11 + a6.z * b21 + a6.w * b31;
-#line 76
-      VEC4 a7 = subgroupShuffle(mine, first + 7u);
-#line 78
-      acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
-#line 78
-      acc71 += a7.x * b01 + a7.y * b11 + a7.z * b21 + a7.w * b31;
-#line 81
-      }
-
-#line 110
+#line 105
       }
       if (tile_n < tiles_n) {
-#line 113
+#line 108
         VEC4 bias0 = VEC4(0);
         if (pc.has_bias != 0) {
           ivec4 c = min(ivec4(4 * (n4 + 0)) + ivec4(0, 1, 2, 3), ivec4(N - 1));
           bias0 = VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
         }
-#line 113
-        VEC4 bias1 = VEC4(0);
-        if (pc.has_bias != 0) {
-          ivec4 c = min(ivec4(4 * (n4 + 1)) + ivec4(0, 1, 2, 3), ivec4(N - 1));
-          bias1 = VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
-        }
-#line 124
-        if (m0 + 0 < rows) {
-#line 134
-          if (n4 + 0 < N4) { store_out(m0 + 0, n4 + 0, N, activated(acc00 + bias0)); }
-#line 134
-          if (n4 + 1 < N4) { store_out(m0 + 0, n4 + 1, N, activated(acc01 + bias1)); }
-#line 137
-        }
-#line 124
-        if (m0 + 1 < rows) {
-#line 134
-          if (n4 + 0 < N4) { store_out(m0 + 1, n4 + 0, N, activated(acc10 + bias0)); }
-#line 134
-          if (n4 + 1 < N4) { store_out(m0 + 1, n4 + 1, N, activated(acc11 + bias1)); }
-#line 137
-        }
-#line 124
-        if (m0 + 2 < rows) {
-#line 134
-          if (n4 + 0 < N4) { store_out(m0 + 2, n4 + 0, N, activated(acc20 + bias0)); }
-#line 134
-          if (n4 + 1 < N4) { store_out(m0 + 2, n4 + 1, N, activated(acc21 + bias1)); }
-#line 137
-        }
-#line 124
-        if (m0 + 3 < rows) {
-#line 134
-          if (n4 + 0 < N4) { store_out(m0 + 3, n4 + 0, N, activated(acc30 + bias0)); }
-#line 134
-          if (n4 + 1 < N4) { store_out(m0 + 3, n4 + 1, N, activated(acc31 + bias1)); }
-#line 137
-        }
-#line 124
-        if (m0 + 4 < rows) {
-#line 134
-          if (n4 + 0 < N4) { store_out(m0 + 4, n4 + 0, N, activated(acc40 + bias0)); }
-#line 134
-          if (n4 + 1 < N4) { store_out(m0 + 4, n4 + 1, N, activated(acc41 + bias1)); }
-#line 137
-        }
-#line 124
-        if (m0 + 5 < rows) {
-#line 134
-          if (n4 + 0 < N4) { store_out(m0 + 5, n4 + 0, N, activated(acc50 + bias0)); }
-#line 134
-          if (n4 + 1 < N4) { store_out(m0 + 5, n4 + 1, N, activated(acc51 + bias1)); }
-#line 137
-        }
-#line 124
-        if (m0 + 6 < rows) {
-#line 134
-          if (n4 + 0 < N4) { store_out(m0 + 6, n4 + 0, N, activated(acc60 + bias0)); }
-#line 134
-          if (n4 + 1 < N4) { store_out(m0 + 6, n4 + 1, N, activated(acc61 + bias1)); }
-#line 137
-        }
-#line 124
-        if (m0 + 7 < rows) {
-#line 134
-          if (n4 + 0 < N4) { store_out(m0 + 7, n4 + 0, N, activated(acc70 + bias0)); }
-#line 134
-          if (n4 + 1 < N4) { store_out(m0 + 7, n4 + 1, N, activated(acc71 + bias1)); }
-#line 137
-        }
-#line 139
-      }
-    }
-
-#line 157
-  } else {
-#line 86
-    int tiles_n = (N + 15) / 16;
-    int group_tiles_n = (tiles_n + 7) >> 3;
-    int group_tiles = group_tiles_n * ((rows + 7) >> 3);
-    for (int gt = u >> 3; gt < group_tiles; gt += groups) {
-      int tile_n = (gt % group_tiles_n) * 8 + lane;
-      int n4 = 4 * min(tile_n, tiles_n - 1);
-      int m0 = (gt / group_tiles_n) * 8;
-      int my_row = min(m0 + lane, rows - 1);
-#line 97
-      int wz = batched ? m0 / pc.input_sizes.y : 0;  // a batched weight's matrix for these 8 rows
-#line 99
-      VEC4 acc00 = VEC4(0);
-#line 99
-      VEC4 acc01 = VEC4(0);
-#line 99
-      VEC4 acc02 = VEC4(0);
-#line 99
-      VEC4 acc03 = VEC4(0);
-#line 99
-      VEC4 acc10 = VEC4(0);
-#line 99
-      VEC4 acc11 = VEC4(0);
-#line 99
-      VEC4 acc12 = VEC4(0);
-#line 99
-      VEC4 acc13 = VEC4(0);
-#line 99
-      VEC4 acc20 = VEC4(0);
-#line 99
-      VEC4 acc21 = VEC4(0);
-#line 99
-      VEC4 acc22 = VEC4(0);
-#line 99
-      VEC4 acc23 = VEC4(0);
-#line 99
-      VEC4 acc30 = VEC4(0);
-#line 99
-      VEC4 acc31 = VEC4(0);
-#line 99
-      VEC4 acc32 = VEC4(0);
-#line 99
-      VEC4 acc33 = VEC4(0);
-#line 99
-      VEC4 acc40 = VEC4(0);
-#line 99
-      VEC4 acc41 = VEC4(0);
-#line 99
-      VEC4 acc42 = VEC4(0);
-#line 99
-      VEC4 acc43 = VEC4(0);
-#line 99
-      VEC4 acc50 = VEC4(0);
-#line 99
-      VEC4 acc51 = VEC4(0);
-#line 99
-      VEC4 acc52 = VEC4(0);
-#line 99
-      VEC4 acc53 = VEC4(0);
-#line 99
-      VEC4 acc60 = VEC4(0);
-#line 99
-      VEC4 acc61 = VEC4(0);
-#line 99
-      VEC4 acc62 = VEC4(0);
-#line 99
-      VEC4 acc63 = VEC4(0);
-#line 99
-      VEC4 acc70 = VEC4(0);
-#line 99
-      VEC4 acc71 = VEC4(0);
-#line 99
-      VEC4 acc72 = VEC4(0);
-#line 99
-      VEC4 acc73 = VEC4(0);
-#line 101
-      int k4 = 0;
 #line 108
-      for (; k4 < K4; ++k4) {
-#line 66
-      {
-#line 68
-      VEC4 mine = input_texel(my_row, k4, K);
-#line 73
-      VEC4 b00 = weight_texel(n4 + 0, 4 * (k4) + 0, wz);
-#line 73
-      VEC4 b10 = weight_texel(n4 + 0, 4 * (k4) + 1, wz);
-#line 73
-      VEC4 b20 = weight_texel(n4 + 0, 4 * (k4) + 2, wz);
-#line 73
-      VEC4 b30 = weight_texel(n4 + 0, 4 * (k4) + 3, wz);
-#line 73
-      VEC4 b01 = weight_texel(n4 + 1, 4 * (k4) + 0, wz);
-#line 73
-      VEC4 b11 = weight_texel(n4 + 1, 4 * (k4) + 1, wz);
-#line 73
-      VEC4 b21 = weight_texel(n4 + 1, 4 * (k4) + 2, wz);
-#line 73
-      VEC4 b31 = weight_texel(n4 + 1, 4 * (k4) + 3, wz);
-#line 73
-      VEC4 b02 = weight_texel(n4 + 2, 4 * (k4) + 0, wz);
-#line 73
-      VEC4 b12 = weight_texel(n4 + 2, 4 * (k4) + 1, wz);
-#line 73
-      VEC4 b22 = weight_texel(n4 + 2, 4 * (k4) + 2, wz);
-#line 73
-      VEC4 b32 = weight_texel(n4 + 2, 4 * (k4) + 3, wz);
-#line 73
-      VEC4 b03 = weight_texel(n4 + 3, 4 * (k4) + 0, wz);
-#line 73
-      VEC4 b13 = weight_texel(n4 + 3, 4 * (k4) + 1, wz);
-#line 73
-      VEC4 b23 = weight_texel(n4 + 3, 4 * (k4) + 2, wz);
-#line 73
-      VEC4 b33 = weight_texel(n4 + 3, 4 * (k4) + 3, wz);
-#line 76
-      VEC4 a0 = subgroupShuffle(mine, first + 0u);
-#line 78
-      acc00 += a0.x * b00 + a0.y * b10 + a0.z * b20 + a0.w * b30;
-#line 78
-      acc01 += a0.x * b01 + a0.y * b11 + a0.z * b21 + a0.w * b31;
-#line 78
-      acc02 += a0.x * b02 + a0.y * b12 + a0.z * b22 + a0.w * b32;
-#line 78
-      acc03 += a0.x * b03 + a0.y * b13 + a0.z * b23 + a0.w * b33;
-#line 76
-      VEC4 a1 = subgroupShuffle(mine, first + 1u);
-#line 78
-      acc10 += a1.x * b00 + a1.y * b10 + a1.z * b20 + a1.w * b30;
-#line 78
-      acc11 += a1.x * b01 + a1.y * b11 + a1.z * b21 + a1.w * b31;
-#line 78
-      acc12 += a1.x * b02 + a1.y * b12 + a1.z * b22 + a1.w * b32;
-#line 78
-      acc13 += a1.x * b03 + a1.y * b13 + a1.z * b23 + a1.w * b33;
-#line 76
-      VEC4 a2 = subgroupShuffle(mine, first + 2u);
-#line 78
-      acc20 += a2.x * b00 + a2.y * b10 + a2.z * b20 + a2.w * b30;
-#line 78
-      acc21 += a2.x * b01 + a2.y * b11 + a2.z * b21 + a2.w * b31;
-#line 78
-      acc22 += a2.x * b02 + a2.y * b12 + a2.z * b22 + a2.w * b32;
-#line 78
-      acc23 += a2.x * b03 + a2.y * b13 + a2.z * b23 + a2.w * b33;
-#line 76
-      VEC4 a3 = subgroupShuffle(mine, first + 3u);
-#line 78
-      acc30 += a3.x * b00 + a3.y * b10 + a3.z * b20 + a3.w * b30;
-#line 78
-      acc31 += a3.x * b01 + a3.y * b11 + a3.z * b21 + a3.w * b31;
-#line 78
-      acc32 += a3.x * b02 + a3.y * b12 + a3.z * b22 + a3.w * b32;
-#line 78
-      acc33 += a3.x * b03 + a3.y * b13 + a3.z * b23 + a3.w * b33;
-#line 76
-      VEC4 a4 = subgroupShuffle(mine, first + 4u);
-#line 78
-      acc40 += a4.x * b00 + a4.y * b10 + a4.z * b20 + a4.w * b30;
-#line 78
-      acc41 += a4.x * b01 + a4.y * b11 + a4.z * b21 + a4.w * b31;
-#line 78
-      acc42 += a4.x * b02 + a4.y * b12 + a4.z * b22 + a4.w * b32;
-#line 78
-      acc43 += a4.x * b03 + a4.y * b13 + a4.z * b23 + a4.w * b33;
-#line 76
-      VEC4 a5 = subgroupShuffle(mine, first + 5u);
-#line 78
-      acc50 += a5.x * b00 + a5.y * b10 + a5.z * b20 + a5.w * b30;
-#line 78
-      acc51 += a5.x * b01 + a5.y * b11 + a5.z * b21 + a5.w * b31;
-#line 78
-      acc52 += a5.x * b02 + a5.y * b12 + a5.z * b22 + a5.w * b32;
-#line 78
-      acc53 += a5.x * b03 + a5.y * b13 + a5.z * b23 + a5.w * b33;
-#line 76
-      VEC4 a6 = subgroupShuffle(mine, first + 6u);
-#line 78
-      acc60 += a6.x * b00 + a6.y * b10 + a6.z * b20 + a6.w * b30;
-#line 78
-      acc61 += a6.x * b01 + a6.y * b11 + a6.z * b21 + a6.w * b31;
-#line 78
-      acc62 += a6.x * b02 + a6.y * b12 + a6.z * b22 + a6.w * b32;
-#line 78
-      acc63 += a6.x * b03 + a6.y * b13 + a6.z * b23 + a6.w * b33;
-#line 76
-      VEC4 a7 = subgroupShuffle(mine, first + 7u);
-#line 78
-      acc70 += a7.x * b00 + a7.y * b10 + a7.z * b20 + a7.w * b30;
-#line 78
-      acc71 += a7.x * b01 + a7.y * b11 + a7.z * b21 + a7.w * b31;
-#line 78
-      acc72 += a7.x * b02 + a7.y * b12 + a7.z * b22 + a7.w * b32;
-#line 78
-      acc73 += a7.x * b03 + a7.y * b13 + a7.z * b23 + a7.w * b33;
-#line 81
-      }
-
-#line 110
-      }
-      if (tile_n < tiles_n) {
-#line 113
-        VEC4 bias0 = VEC4(0);
-        if (pc.has_bias != 0) {
-          ivec4 c = min(ivec4(4 * (n4 + 0)) + ivec4(0, 1, 2, 3), ivec4(N - 1));
-          bias0 = VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
-        }
-#line 113
         VEC4 bias1 = VEC4(0);
         if (pc.has_bias != 0) {
           ivec4 c = min(ivec4(4 * (n4 + 1)) + ivec4(0, 1, 2, 3), ivec4(N - 1));
           bias1 = VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
         }
-#line 113
-        VEC4 bias2 = VEC4(0);
-        if (pc.has_bias != 0) {
-          ivec4 c = min(ivec4(4 * (n4 + 2)) + ivec4(0, 1, 2, 3), ivec4(N - 1));
-          bias2 = VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
-        }
-#line 113
-        VEC4 bias3 = VEC4(0);
-        if (pc.has_bias != 0) {
-          ivec4 c = min(ivec4(4 * (n4 + 3)) + ivec4(0, 1, 2, 3), ivec4(N - 1));
-          bias3 = VEC4(t_bias[c.x], t_bias[c.y], t_bias[c.z], t_bias[c.w]);
-        }
-#line 124
+#line 119
         if (m0 + 0 < rows) {
-#line 134
+#line 129
           if (n4 + 0 < N4) { store_out(m0 + 0, n4 + 0, N, activated(acc00 + bias0)); }
-#line 134
+#line 129
           if (n4 + 1 < N4) { store_out(m0 + 0, n4 + 1, N, activated(acc01 + bias1)); }
-#line 134
-          if (n4 + 2 < N4) { store_out(m0 + 0, n4 + 2, N, activated(acc02 + bias2)); }
-#line 134
-          if (n4 + 3 < N4) { store_out(m0 + 0, n4 + 3, N, activated(acc03 + bias3)); }
-#line 137
+#line 132
         }
-#line 124
+#line 119
         if (m0 + 1 < rows) {
-#line 134
+#line 129
           if (n4 + 0 < N4) { store_out(m0 + 1, n4 + 0, N, activated(acc10 + bias0)); }
-#line 134
+#line 129
           if (n4 + 1 < N4) { store_out(m0 + 1, n4 + 1, N, activated(acc11 + bias1)); }
-#line 134
-          if (n4 + 2 < N4) { store_out(m0 + 1, n4 + 2, N, activated(acc12 + bias2)); }
-#line 134
-          if (n4 + 3 < N4) { store_out(m0 + 1, n4 + 3, N, activated(acc13 + bias3)); }
-#line 137
+#line 132
         }
-#line 124
+#line 119
         if (m0 + 2 < rows) {
-#line 134
+#line 129
           if (n4 + 0 < N4) { store_out(m0 + 2, n4 + 0, N, activated(acc20 + bias0)); }
-#line 134
+#line 129
           if (n4 + 1 < N4) { store_out(m0 + 2, n4 + 1, N, activated(acc21 + bias1)); }
-#line 134
-          if (n4 + 2 < N4) { store_out(m0 + 2, n4 + 2, N, activated(acc22 + bias2)); }
-#line 134
-          if (n4 + 3 < N4) { store_out(m0 + 2, n4 + 3, N, activated(acc23 + bias3)); }
-#line 137
+#line 132
         }
-#line 124
+#line 119
         if (m0 + 3 < rows) {
-#line 134
+#line 129
           if (n4 + 0 < N4) { store_out(m0 + 3, n4 + 0, N, activated(acc30 + bias0)); }
-#line 134
+#line 129
           if (n4 + 1 < N4) { store_out(m0 + 3, n4 + 1, N, activated(acc31 + bias1)); }
-#line 134
-          if (n4 + 2 < N4) { store_out(m0 + 3, n4 + 2, N, activated(acc32 + bias2)); }
-#line 134
-          if (n4 + 3 < N4) { store_out(m0 + 3, n4 + 3, N, activated(acc33 + bias3)); }
-#line 137
+#line 132
         }
-#line 124
+#line 119
         if (m0 + 4 < rows) {
-#line 134
+#line 129
           if (n4 + 0 < N4) { store_out(m0 + 4, n4 + 0, N, activated(acc40 + bias0)); }
-#line 134
+#line 129
           if (n4 + 1 < N4) { store_out(m0 + 4, n4 + 1, N, activated(acc41 + bias1)); }
-#line 134
-          if (n4 + 2 < N4) { store_out(m0 + 4, n4 + 2, N, activated(acc42 + bias2)); }
-#line 134
-          if (n4 + 3 < N4) { store_out(m0 + 4, n4 + 3, N, activated(acc43 + bias3)); }
-#line 137
+#line 132
         }
-#line 124
+#line 119
         if (m0 + 5 < rows) {
-#line 134
+#line 129
           if (n4 + 0 < N4) { store_out(m0 + 5, n4 + 0, N, activated(acc50 + bias0)); }
-#line 134
+#line 129
           if (n4 + 1 < N4) { store_out(m0 + 5, n4 + 1, N, activated(acc51 + bias1)); }
-#line 134
-          if (n4 + 2 < N4) { store_out(m0 + 5, n4 + 2, N, activated(acc52 + bias2)); }
-#line 134
-          if (n4 + 3 < N4) { store_out(m0 + 5, n4 + 3, N, activated(acc53 + bias3)); }
-#line 137
+#line 132
         }
-#line 124
+#line 119
         if (m0 + 6 < rows) {
-#line 134
+#line 129
           if (n4 + 0 < N4) { store_out(m0 + 6, n4 + 0, N, activated(acc60 + bias0)); }
-#line 134
+#line 129
           if (n4 + 1 < N4) { store_out(m0 + 6, n4 + 1, N, activated(acc61 + bias1)); }
-#line 134
-          if (n4 + 2 < N4) { store_out(m0 + 6, n4 + 2, N, activated(acc62 + bias2)); }
-#line 134
-          if (n4 + 3 < N4) { store_out(m0 + 6, n4 + 3, N, activated(acc63 + bias3)); }
-#line 137
+#line 132
         }
-#line 124
+#line 119
         if (m0 + 7 < rows) {
-#line 134
+#line 129
           if (n4 + 0 < N4) { store_out(m0 + 7, n4 + 0, N, activated(acc70 + bias0)); }
-#line 134
+#line 129
           if (n4 + 1 < N4) { store_out(m0 + 7, n4 + 1, N, activated(acc71 + bias1)); }
-#line 134
-          if (n4 + 2 < N4) { store_out(m0 + 7, n4 + 2, N, activated(acc72 + bias2)); }
-#line 134
-          if (n4 + 3 < N4) { store_out(m0 + 7, n4 + 3, N, activated(acc73 + bias3)); }
-#line 137
+#line 132
         }
-#line 139
+#line 134
       }
     }
 
-#line 159
-  }
+#line 151
 }

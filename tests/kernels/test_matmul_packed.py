@@ -13,13 +13,10 @@ import torch
 import torch.nn.functional as F
 
 import texelflow
-from texelflow.generated.layouts import Layout, Storage
 from texelflow.runtime.graph.prepack_matmul import linear_packed_reference, linear_weight_kn
-from texelflow.runtime.graph.repr import TensorRepr
 from texelflow.runtime.vulkan.pipeline import find_variant
 from texelflow.runtime.vulkan.program import Dispatch, Program
 from texelflow.runtime.vulkan.tensor import VkTensor
-from texelflow.shaders.node_rules import SPEC_RULES
 
 # these tests name the register-tiled GEMMs and specialised convs: keep them on a GPU too (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("register_tiles")
@@ -99,39 +96,14 @@ def test_linear_packed_nan_inf_propagate_as_torch(m, storage):
     assert_close(got, want)
 
 
-class _OutFacts:
-    """What the `narrow_tiles` rule reads of a node: out's shape and its planned representation."""
-
-    def __init__(self, shape, layout=Layout.WIDTH_PACKED):
-        self._shape, self._repr = tuple(shape), TensorRepr(Storage.TEXTURE_3D, layout)
-
-    def shape(self, name):
-        return self._shape
-
-    def repr(self, name):
-        return self._repr
-
-
-@pytest.mark.parametrize("n,narrow", [(1, 0), (5, 0), (8, 0), (13, 1), (64, 1), (128, 0), (130, 1), (192, 1),
-                                      (384, 0), (1000, 0), (1152, 0)])
-def test_narrow_tiles_class_where_fewer_lanes_idle(n, narrow):
-    """linear_packed's lanes take 8-column tiles exactly where 16-column ones leave a larger share
-    of a group's 8 lanes idle: 64 columns keep 4 of 8 busy with 16, all 8 with 8."""
-    rule = SPEC_RULES["narrow_tiles"]
-    params = {"narrow_tiles": "out", "wide": 16, "narrow": 8}
-    assert rule.fn(_OutFacts((197, n)), params) == narrow
-    # the packed dim is what counts: the same sizes channels-packed look at C (here 3)
-    assert rule.fn(_OutFacts((1, 3, 5, n), Layout.CHANNELS_PACKED), params) == 0
-
-
 @pytest.mark.parametrize("storage", ["texture3d", "buffer"])
-@pytest.mark.parametrize("m,k", [(13, 9), (37, 21), (8, 4)])
-def test_linear_packed_narrow_tiles_with_bias_relu_and_specials(m, k, storage):
-    """64 output columns (ResNet's stem GEMM) run the 8-column tiles, two K steps an iteration
-    with an odd step left over (K = 9, 21) or none (K = 4), rows past a group of 8, a fused relu,
-    NaN and Inf."""
+@pytest.mark.parametrize("m,k,n", [(13, 9, 64), (37, 21, 70), (8, 4, 13)])
+def test_linear_packed_tiles_with_bias_relu_and_specials(m, k, n, storage):
+    """The column blocks (4 columns a lane in textures, 8 in buffers) with a group's last lanes
+    past N (70 and 13 columns) or none (64: ResNet's stem GEMM), K off the 4 grid, rows past a
+    group of 8, a fused relu, NaN and Inf."""
     torch.manual_seed(m + k)
-    model = torch.nn.Sequential(torch.nn.Linear(k, 64), torch.nn.ReLU()).eval()
+    model = torch.nn.Sequential(torch.nn.Linear(k, n), torch.nn.ReLU()).eval()
     x = torch.randn(m, k)
     x[1, 0], x[-1, k - 1], x[m // 2, k // 2] = float("nan"), float("inf"), float("-inf")
     got, plan = run(model, (x,), storage)
