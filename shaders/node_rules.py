@@ -653,6 +653,17 @@ def _ragged(facts: SpecFacts, p: dict) -> int:
     return int(_whcn_of(facts, name)[LAYOUT_INFO[facts.repr(name).layout].packed_dim] % 4 != 0)
 
 
+@_spec_rule("packed_at_least", 0, required=("size",), tensor_params=("packed_at_least",))
+def _packed_at_least(facts: SpecFacts, p: dict) -> int:
+    """1 when the tensor's packed dim (in its planned layout) is at least `size` long: a pointwise
+    conv over that many input channels keeps two output blocks per invocation, a shallower one
+    one (shaders/_conv2d_pw_main.glsl.j2)."""
+    from texelflow.generated.layouts import LAYOUT_INFO
+
+    name = p["packed_at_least"]
+    return int(_whcn_of(facts, name)[LAYOUT_INFO[facts.repr(name).layout].packed_dim] >= int(p["size"]))
+
+
 @_spec_rule("packed_lines", 0, required=("dim",), tensor_params=("packed_lines",))
 def _packed_lines(facts: SpecFacts, p: dict) -> int:
     """1 when the node works along lines of its argument `dim` (a torch dim) that is the tensor's

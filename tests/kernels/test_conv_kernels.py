@@ -273,6 +273,7 @@ CASES = [  # (layer(s), input shape, the op expected)
     (lambda: nn.Sequential(nn.Conv2d(9, 6, 3, padding=1), nn.GELU()), (1, 9, 17, 11), "conv2d_wino"),
     (lambda: nn.Conv2d(5, 60, 3, padding=(1, 0)), (2, 5, 3, 7), "conv2d_wino_runs"),  # a lane idle in 16
     (lambda: nn.Conv2d(5, 3, 1, bias=False), (2, 5, 3, 7), "conv2d_pw"),
+    (lambda: nn.Conv2d(257, 9, 1), (2, 257, 7, 9), "conv2d_pw"),  # shape class deep: two output blocks a tile
     (lambda: nn.Sequential(nn.Conv2d(1, 7, 1), nn.Hardtanh(-1.0, 1.5)), (1, 1, 5, 7), "conv2d_pw_act"),
     (lambda: nn.Sequential(nn.Conv2d(13, 1, 1), nn.SiLU()), (2, 13, 1, 5), "conv2d_pw_act"),
     (lambda: nn.Sequential(nn.Conv2d(96, 96, 3, padding=1, groups=96), nn.BatchNorm2d(96), nn.ReLU()),
