@@ -69,6 +69,19 @@ def bn_shift(bn_bias, bn_weight, running_mean, running_var, *, eps: float, size:
 
 
 @recipe
+def column_scaled_weight(weight, scale):
+    """A linear weight [N, K] with row n (output column n) times scale[n] (scale of N elements,
+    or one for every row): the mul by a constant after the linear, folded into it."""
+    return weight * scale.reshape(-1, 1)
+
+
+@recipe
+def column_scaled_bias(bias, scale, *, n: int):
+    """The linear's bias [N] times the same scale."""
+    return (bias * scale.reshape(-1)).reshape(n)
+
+
+@recipe
 def reshaped(source, *, size: tuple):
     """The source with another shape, same elements (a conv1d weight [Cout, Cin/g, K] as the
     conv2d weight [Cout, Cin/g, K, 1])."""

@@ -65,6 +65,10 @@ In order, in place on the graph:
    linear_wg, as step 7 chooses), whose output [N, OH, OW, Cout] a permute takes back to NCHW; it
    needs a GEMM the device can run (`subgroup`, as step 7) and a column matrix of at most
    IM2COL_MAX_BYTES.
+7a. linear + constant scale: a device linear with a constant float32 weight whose only user
+   multiplies it by a constant that varies along its last dim at most (ConvNeXt's layer scale
+   gamma [C], a query's 1 / sqrt(d)) takes the mul's output; its weight and bias become the
+   scaled derived constants (the weight's rows times the scale), one dispatch fewer.
 7. Matmul kernel choice (runtime/graph/prepack_matmul.py, always): a device linear with a constant
    float32 weight becomes linear_packed / linear_packed_gemv (linear_wg for several rows on a
    GPU, linear_gemv_wg for one), its weight prepacked [K, N].
@@ -165,6 +169,9 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
         choose_conv_kernels(graph, texture_limits, subgroup, gemm, costs)
     from .prepack_matmul import PACKED_OPS, choose_matmul_kernels, split_k
 
+    for node in list(graph.nodes):  # 7a: a constant scale after a linear, into its weight
+        if node.on_device and node.op.name == "linear":
+            _fold_column_scale(graph, node)
     choose_matmul_kernels(graph, texture_limits, subgroup, gemm, costs)  # linear -> linear_packed (prepack_matmul.py)
     for node in list(graph.nodes):  # 8: the packed linears take their activation
         if node.on_device and node.op.name in PACKED_OPS:
@@ -543,6 +550,56 @@ def _batch_norm_as_scale_shift(graph: PlanGraph, bn: Node, limits) -> None:
         return
     node.fused = bn.fused + ["inference batch norm as one multiply-add per element (scale and shift at load)"]
     _replace(graph, bn, node)
+
+
+# ---- 7a: linear + constant scale ----------------------------------------------------------------------
+def _column_scale(mul: Node, out: Value) -> Value | None:
+    """The constant `mul` multiplies `out` by, where it varies along the last dim at most and
+    leaves the shape as it is (one element, or [.., 1, N]); else None."""
+    if not mul.on_device or mul.op.name != "mul" or mul.outputs[0][1].shape != out.shape:
+        return None
+    args = dict(mul.tensor_args())
+    if set(args) != {"self", "other"}:
+        return None
+    scale = args["other"] if args["self"] is out else args["self"] if args["other"] is out else None
+    if scale is None or scale is out or not _const_or_none(scale) or len(scale.shape) > len(out.shape):
+        return None
+    if scale.numel != 1 and (scale.numel != out.shape[-1] or scale.shape[-1] != out.shape[-1]):
+        return None
+    return scale
+
+
+def _fold_column_scale(graph: PlanGraph, linear: Node) -> None:
+    """Step 7a: a linear whose only user multiplies it by a constant along its columns (directly,
+    or through identity ops such as an inference dropout) takes the product as its output, with
+    weight[n, :] and bias[n] times scale[n], derived at load."""
+    out = linear.outputs[0][1]
+    weight, bias = linear.arg("weight"), linear.arg("bias")
+    if weight is None or not _const_or_none(weight) or not _const_or_none(bias) or out.dtype != "float32":
+        return
+    between = []  # identity ops on the way (an inference dropout), dropped with the mul
+    mul = _only_user(graph, out)
+    while mul is not None and mul.on_device and mul.op.is_identity and mul.outputs[0][1].shape == out.shape:
+        between.append(mul)
+        mul = _only_user(graph, mul.outputs[0][1])
+    if mul is None:
+        return
+    scale = _column_scale(mul, between[-1].outputs[0][1] if between else out)
+    if scale is None:
+        return
+    n = weight.shape[0]
+    new_w = graph.add_derived(f"{weight.name}_scaled_{mul.name}", weight.shape, "float32", "column_scaled_weight",
+                              (weight, scale))
+    args = [(k, new_w if k == "weight" else v) for k, v in linear.args]
+    if bias is not None:
+        new_b = graph.add_derived(f"{bias.name}_scaled_{mul.name}", (n,), "float32", "column_scaled_bias",
+                                  (bias, scale), n=n)
+        args = [(k, new_b if k == "bias" else v) for k, v in args]
+    folded = Node(linear.name, linear.target, linear.op, args, [("out", mul.outputs[0][1])])
+    folded.fused = linear.fused + [f"folded mul by '{scale.name}' into weight and bias"]
+    for node in between + [mul]:
+        _remove(graph, node)
+    _replace(graph, linear, folded)
 
 
 # ---- 4: depthwise --------------------------------------------------------------------------------------

@@ -396,3 +396,46 @@ def test_an_expand_inside_whcns_folded_batch_stays(device):
     assert plan.dispatches["expand"] >= 1, plan.dispatches
     with texelflow.compile(M(), (x, m), device=device) as prog:
         torch.testing.assert_close(prog(x, m), M()(x, m))
+
+
+def _recipes(v) -> list[str]:
+    """The recipes a derived constant comes from, outermost (a kernel's prepack) first."""
+    chain = []
+    while v is not None and v.derive is not None:
+        chain.append(v.derive.recipe)
+        v = v.derive.sources[0]
+    return chain
+
+
+class ScaledLinears(nn.Module):
+    """Constant scales after linears: a layer scale [N] after an inference dropout (ConvNeXt), a
+    number on either side (a query's 1 / sqrt(d)), a buffer [1, 1, N]; and scales that must stay
+    muls: a run-time tensor, a [N, 1] constant (it scales rows), and a linear read elsewhere too."""
+
+    def __init__(self, k: int, n: int):
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Linear(k, n), nn.Linear(k, n, bias=False), nn.Linear(k, n),
+                                          nn.Linear(k, n))
+        self.gamma = nn.Parameter(torch.randn(n))
+        self.register_buffer("g3", torch.randn(1, 1, n))
+        self.register_buffer("rows", torch.randn(3, 1))
+        self.drop = nn.Dropout(0.25)
+
+    def forward(self, x):
+        kept = self.d(x)
+        folded = self.drop(self.a(x)) * self.gamma + self.b(x) * 0.125 + 2.0 * self.c(x) + self.g3 * self.a(x)
+        return folded + kept * x[..., : kept.shape[-1]] + self.b(x) * self.rows + kept * self.gamma
+
+
+@pytest.mark.parametrize("k,n", [(8, 6), (13, 5), (16, 1)])
+def test_a_constant_scale_after_a_linear_folds_into_its_weight(device, k, n):
+    x = torch.randn(2, 3, k)
+    x[0, 1, 0], x[1, 2, k - 1] = float("nan"), float("inf")
+    model = ScaledLinears(k, n).eval()
+    got, prog = _run(device, model, x)
+    folded = [node for node in prog.plan.graph.device_nodes() if any("folded mul by" in f for f in node.fused)]
+    assert len(folded) == 4, prog.plan.summary()
+    assert all("column_scaled_weight" in _recipes(node.arg("weight")) for node in folded)
+    assert sorted(r for node in folded for r in _recipes(node.arg("bias"))) == ["column_scaled_bias"] * 3
+    assert prog.plan.dispatches["mul"] == 3, prog.plan.summary()  # the run-time, row and shared scales
+    torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5, equal_nan=True)
