@@ -506,6 +506,15 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'gelu_tanh', 'bias': None, 'input': (1, 4, 7, 1), 'padding': (1, 1), 'weight': (9, 4)},
         {'activation': 'relu', 'bias': (7,), 'input': (1, 7, 3, 3), 'padding': (1, 1), 'rt_scale': 0.05, 'rt_zero_point': -128, 'weight': (9, 8)},
     ),
+    'conv2d_dw3_s1_nhwc': (
+        {'bias': (3,), 'input': (1, 7, 5, 3), 'padding': (1, 1), 'weight': (9, 4)},
+        {'activation': 'relu', 'bias': None, 'input': (2, 9, 19, 5), 'padding': (1, 1), 'weight': (9, 8)},
+        {'bias': (1,), 'input': (1, 1, 1, 1), 'padding': (1, 1), 'weight': (9, 4)},
+        {'activation': 'hardswish', 'bias': (7,), 'input': (1, 3, 3, 7), 'weight': (9, 8)},
+        {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'bias': (12,), 'input': (2, 6, 17, 12), 'padding': (2, 0), 'weight': (9, 12)},
+        {'activation': 'gelu_tanh', 'bias': None, 'input': (1, 7, 1, 4), 'padding': (1, 1), 'weight': (9, 4)},
+        {'activation': 'relu', 'bias': (7,), 'input': (1, 3, 3, 7), 'padding': (1, 1), 'rt_scale': 0.05, 'rt_zero_point': -128, 'weight': (9, 8)},
+    ),
     'conv2d_dw3_s2': (
         {'bias': (3,), 'input': (1, 3, 7, 5), 'padding': (1, 1), 'weight': (9, 4)},
         {'activation': 'relu', 'bias': None, 'input': (2, 5, 9, 19), 'padding': (1, 1), 'weight': (9, 8)},
@@ -524,6 +533,15 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'act_max': 0.5, 'act_min': -1.0, 'activation': 'hardtanh', 'bias': None, 'input': (1, 4, 7, 1), 'padding': (2, 2), 'weight': (25, 4)},
         {'activation': 'hardswish', 'bias': (6,), 'input': (1, 6, 13, 11), 'padding': (2, 2), 'rt_scale': 0.05, 'rt_zero_point': 7, 'weight': (25, 8)},
     ),
+    'conv2d_dw5_s1_nhwc': (
+        {'activation': 'relu', 'bias': None, 'input': (2, 9, 19, 5), 'padding': (2, 2), 'weight': (25, 8)},
+        {'bias': (1,), 'input': (1, 1, 1, 1), 'padding': (2, 2), 'weight': (25, 4)},
+        {'activation': 'silu', 'bias': (7,), 'input': (1, 5, 5, 7), 'weight': (25, 8)},
+        {'activation': 'hardswish', 'bias': (6,), 'input': (1, 13, 11, 6), 'padding': (2, 2), 'weight': (25, 8)},
+        {'activation': 'gelu', 'bias': (9,), 'input': (2, 3, 7, 9), 'padding': (1, 3), 'weight': (25, 12)},
+        {'act_max': 0.5, 'act_min': -1.0, 'activation': 'hardtanh', 'bias': None, 'input': (1, 7, 1, 4), 'padding': (2, 2), 'weight': (25, 4)},
+        {'activation': 'hardswish', 'bias': (6,), 'input': (1, 13, 11, 6), 'padding': (2, 2), 'rt_scale': 0.05, 'rt_zero_point': 7, 'weight': (25, 8)},
+    ),
     'conv2d_dw5_s2': (
         {'activation': 'relu', 'bias': None, 'input': (2, 5, 9, 19), 'padding': (2, 2), 'weight': (25, 8)},
         {'bias': (1,), 'input': (1, 1, 1, 1), 'padding': (2, 2), 'weight': (25, 4)},
@@ -539,6 +557,14 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'relu', 'bias': (6,), 'input': (1, 6, 7, 13), 'weight': (49, 8)},
         {'act_max': 0.5, 'act_min': -1.0, 'activation': 'hardtanh', 'bias': (9,), 'input': (1, 9, 5, 3), 'padding': (1, 3), 'weight': (49, 12)},
         {'bias': (5,), 'input': (1, 5, 9, 11), 'padding': (3, 3), 'rt_min': -127, 'rt_scale': 0.37, 'rt_zero_point': -1, 'weight': (49, 8)},
+    ),
+    'conv2d_dw7_s1_nhwc': (
+        {'bias': (5,), 'input': (1, 9, 11, 5), 'padding': (3, 3), 'weight': (49, 8)},
+        {'activation': 'gelu', 'bias': None, 'input': (2, 7, 7, 3), 'padding': (3, 3), 'weight': (49, 4)},
+        {'bias': (1,), 'input': (1, 1, 1, 1), 'padding': (3, 3), 'weight': (49, 4)},
+        {'activation': 'relu', 'bias': (6,), 'input': (1, 7, 13, 6), 'weight': (49, 8)},
+        {'act_max': 0.5, 'act_min': -1.0, 'activation': 'hardtanh', 'bias': (9,), 'input': (1, 5, 3, 9), 'padding': (1, 3), 'weight': (49, 12)},
+        {'bias': (5,), 'input': (1, 9, 11, 5), 'padding': (3, 3), 'rt_min': -127, 'rt_scale': 0.37, 'rt_zero_point': -1, 'weight': (49, 8)},
     ),
     'conv2d_dw_act': (
         {'activation': 'relu', 'bias': (7,), 'groups': 7, 'input': (2, 7, 6, 5), 'padding': (1, 1), 'stride': (2, 2), 'weight': (7, 1, 3, 3)},

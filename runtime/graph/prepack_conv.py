@@ -184,6 +184,15 @@ def conv2d_dw_s1_reference(input, weight, bias=None, padding=(0, 0), activation=
     return _depthwise_reference(input, weight, bias, 1, padding, activation, act_min, act_max, round_trip)
 
 
+def conv2d_dw_s1_nhwc_reference(input, weight, bias=None, padding=(0, 0), activation="none", act_min=0.0,
+                                act_max=0.0, **round_trip):
+    """What conv2d_dw3_s1_nhwc / _dw5_s1_nhwc / _dw7_s1_nhwc compute: conv2d_dw_s1_reference on
+    [N, H, W, C] in and out."""
+    out = _depthwise_reference(input.permute(0, 3, 1, 2), weight, bias, 1, padding, activation, act_min, act_max,
+                               round_trip)
+    return out.permute(0, 2, 3, 1).contiguous()
+
+
 def conv2d_dw_s2_reference(input, weight, bias=None, padding=(0, 0), activation="none", act_min=0.0,
                            act_max=0.0, **round_trip):
     """What conv2d_dw3_s2 / _dw5_s2 compute: as conv2d_dw_s1_reference, at stride 2."""

@@ -280,6 +280,9 @@ NO_TORCH_TARGET = {
     "conv2d_dw3_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
     "conv2d_dw5_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
     "conv2d_dw7_s1": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_reference",
+    "conv2d_dw3_s1_nhwc": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_nhwc_reference",
+    "conv2d_dw5_s1_nhwc": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_nhwc_reference",
+    "conv2d_dw7_s1_nhwc": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s1_nhwc_reference",
     "conv2d_dw3_s2": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s2_reference",
     "conv2d_dw5_s2": "texelflow.runtime.graph.prepack_conv.conv2d_dw_s2_reference",
 }

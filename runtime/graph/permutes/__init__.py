@@ -14,7 +14,9 @@ remove what can be removed:
 `optimize_permutes(graph, mode)` runs "global" (the default: the local simplifications, then the
 global placement), "local" (the local passes only: the baseline the benchmarks compare with) or
 "none"; after either of the first two, `unit_dims.py` takes size-1 dims out of a buffer permute's
-way (views around it) where they hide that its innermost dim maps through.
+way (views around it) where they hide that its innermost dim maps through, and `kernel_orders.py`
+gives a depthwise conv between a permute to NCHW and one back its [N, H, W, C] form, which takes
+both permutes in (ConvNeXt's blocks).
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ def optimize_permutes(graph, mode: str = "global", texture_limits=None):
         from .placement import place_permutes
 
         graph = place_permutes(graph) if texture_limits is None else place_permutes(graph, texture_limits)
+    from .kernel_orders import absorb_permutes
     from .unit_dims import squeeze_unit_dims
 
     squeeze_unit_dims(graph)
+    absorb_permutes(graph) if texture_limits is None else absorb_permutes(graph, texture_limits)
     return graph
