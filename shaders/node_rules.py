@@ -623,13 +623,13 @@ def _same_sizes(facts: SpecFacts, p: dict) -> int:
 
 
 # a fused activation's index in the ops' `activation` values (shaders/_conv_activation.glsl.j2)
-ACTIVATION_CODES = ("none", "relu", "hardtanh", "hardswish", "silu", "gelu", "gelu_tanh")
+ACTIVATION_CODES = ("none", "relu", "hardtanh", "hardswish", "silu", "gelu", "gelu_tanh", "hardsigmoid")
 
 
 @_spec_rule("activation_code", 0, tensor_params=("activation_code",))
 def _activation_code(facts: SpecFacts, p: dict) -> int:
     """1 + the index of the node's `activation` argument (the fused activation applied to tensor
-    `activation_code`) in [none, relu, hardtanh, hardswish, silu, gelu, gelu_tanh], so that the
+    `activation_code`) in ACTIVATION_CODES, so that the
     pipeline compiles only that activation's arithmetic (1: none at all); 0 (general) reads the
     push constant `activation` instead."""
     return 1 + ACTIVATION_CODES.index(facts.value("activation"))

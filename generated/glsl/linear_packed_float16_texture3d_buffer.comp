@@ -118,9 +118,9 @@ T load_weight(ivec4 idx) { return read_weight(tf_buffer_word_lane(idx, pc.weight
 #line 61 "shaders/linear_packed.glsl.j2"
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
-#line 38 "shaders/_conv_activation.glsl.j2"
+#line 39 "shaders/_conv_activation.glsl.j2"
 VEC4 conv_activation(VEC4 v) {
-#line 40
+#line 41
   int a = (act > 0 ? act - 1 : pc.activation);
   float inf = uintBitsToFloat(0x7f800000u);
   float lo = a == 1 ? 0.0 : (a == 2 ? pc.act_min : -inf);
@@ -130,6 +130,7 @@ VEC4 conv_activation(VEC4 v) {
   VEC4 e = exp(a == 5 ? -0.5 * v * v : -s);
   VEC4 t = VEC4(1) / (VEC4(1) + 0.3275911 * abs(v) * 0.7071067811865476);
   VEC4 erf_abs = VEC4(1) - ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t * e;
+  if (a == 7) { return tf_clamp(v + VEC4(3.0), VEC4(0), VEC4(6.0)) / 6.0; }  // hardsigmoid, as its own op (NaN stays NaN)
   VEC4 gate = a == 3 ? clamp(v / 6.0 + 0.5, 0.0, 1.0)
             : (a == 4 || a == 6) ? VEC4(1) / (VEC4(1) + e)
             : a == 5 ? 0.5 * (VEC4(1) + sign(v) * erf_abs)

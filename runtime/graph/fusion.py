@@ -38,7 +38,7 @@ In order, in place on the graph:
 4. A depthwise conv2d (groups == Cin == Cout) becomes a `conv2d_dw` node: its own kernel (on
    lavapipe every path of a shader costs, taken or not, so depthwise and dense do not share one).
 5. conv + activation: a device conv2d or conv2d_dw (folded or not) whose only user is relu,
-   relu6 / hardtanh, hardswish, silu or gelu becomes one `conv2d_act` / `conv2d_dw_act` node
+   relu6 / hardtanh, hardswish, silu, gelu or hardsigmoid becomes one `conv2d_act` / `conv2d_dw_act` node
    (ops.yaml), one dispatch; likewise a float device add whose only user is relu or relu6 /
    hardtanh becomes one `add_act` (a residual block's add + relu).
 6. Kernel choice (`choose_conv_kernels`, skipped with `choose_kernels=False`): a device conv2d /
@@ -73,7 +73,7 @@ In order, in place on the graph:
    float32 weight becomes linear_packed / linear_packed_gemv (linear_wg for several rows on a
    GPU, linear_gemv_wg for one), its weight prepacked [K, N].
 8. linear + activation: a linear_packed / linear_packed_gemv / linear_wg / linear_gemv_wg whose only user is relu, relu6 /
-   hardtanh, hardswish, silu or gelu applies it at its store (its `activation` argument): a
+   hardtanh, hardswish, silu, gelu or hardsigmoid applies it at its store (its `activation` argument): a
    transformer MLP's linear + gelu, one dispatch.
 8b. A global average pool (adaptive_avg_pool2d to 1 x 1) where GEMMs take workgroup tiles (a GPU)
    becomes global_avg_pool_wg: 64 invocations share each unit of out.
@@ -112,6 +112,7 @@ ACTIVATIONS = {
     "aten.relu6.default": ("hardtanh", 0.0, 6.0),
     "aten.hardtanh.default": ("hardtanh", -1.0, 1.0),  # torch's defaults; min_val / max_val override
     "aten.hardswish.default": ("hardswish", 0.0, 0.0),
+    "aten.hardsigmoid.default": ("hardsigmoid", 0.0, 0.0),  # MobileNetV3's squeeze-excite gate
     "aten.silu.default": ("silu", 0.0, 0.0),
     "aten.gelu.default": ("gelu", 0.0, 0.0),  # approximate='tanh' -> gelu_tanh
 }
@@ -1072,6 +1073,8 @@ def activation_reference(y, activation="none", act_min=0.0, act_max=0.0):
         return y
     if activation == "hardtanh":
         return F.hardtanh(y, act_min, act_max)
+    if activation == "hardsigmoid":
+        return F.hardsigmoid(y)
     if activation in ("gelu", "gelu_tanh"):  # +inf: the limit, +inf (torch's vectorised exact gelu says NaN)
         return torch.where(torch.isposinf(y), y, F.gelu(y, approximate="tanh" if activation == "gelu_tanh" else "none"))
     return {"relu": F.relu, "hardswish": F.hardswish, "silu": F.silu}[activation](y)

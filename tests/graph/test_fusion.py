@@ -26,6 +26,7 @@ ACTIVATIONS = {
     "silu": nn.SiLU(),
     "gelu": nn.GELU(),
     "gelu_tanh": nn.GELU(approximate="tanh"),
+    "hardsigmoid": nn.Hardsigmoid(),
 }
 
 
@@ -323,7 +324,8 @@ def test_activations_add_act_cannot_take_stay_apart(device):
 
 
 @pytest.mark.parametrize("rows,act,op", [(10, "gelu", "linear_packed"), (10, "gelu_tanh", "linear_packed"),
-                                         (1, "hardswish", "linear_packed_gemv"), (1, "relu", "linear_packed_gemv")])
+                                         (10, "hardsigmoid", "linear_packed"), (1, "hardswish", "linear_packed_gemv"),
+                                         (1, "relu", "linear_packed_gemv"), (1, "hardsigmoid", "linear_packed_gemv")])
 def test_linear_activation_is_applied_at_the_store(device, rows, act, op):
     """A transformer MLP's linear + gelu (a classifier head's linear + hardswish): the packed
     linear applies the activation as it stores, one dispatch."""

@@ -207,6 +207,7 @@ def test_narrow_outputs_stay_on_the_general_kernel():
 
 @pytest.mark.parametrize("act, op, name", [
     (nn.ReLU(), "conv2d_pw_act", "relu"), (nn.Hardswish(), "conv2d_pw_act", "hardswish"),
+    (nn.Hardsigmoid(), "conv2d_pw_act", "hardsigmoid"),  # MobileNetV3's squeeze-excite gate
 ])
 def test_pointwise_takes_the_fused_activation(act, op, name):
     model = nn.Sequential(nn.Conv2d(6, 10, 1), nn.BatchNorm2d(10), act).eval()
@@ -276,6 +277,7 @@ CASES = [  # (layer(s), input shape, the op expected)
     (lambda: nn.Conv2d(257, 9, 1), (2, 257, 7, 9), "conv2d_pw"),  # shape class deep: two output blocks a tile
     (lambda: nn.Sequential(nn.Conv2d(1, 7, 1), nn.Hardtanh(-1.0, 1.5)), (1, 1, 5, 7), "conv2d_pw_act"),
     (lambda: nn.Sequential(nn.Conv2d(13, 1, 1), nn.SiLU()), (2, 13, 1, 5), "conv2d_pw_act"),
+    (lambda: nn.Sequential(nn.Conv2d(9, 6, 1), nn.Hardsigmoid()), (1, 9, 3, 5), "conv2d_pw_act"),
     (lambda: nn.Sequential(nn.Conv2d(96, 96, 3, padding=1, groups=96), nn.BatchNorm2d(96), nn.ReLU()),
      (1, 96, 28, 28), "conv2d_dw3_s1"),                                                 # MobileNetV3
     (lambda: nn.Sequential(nn.Conv2d(240, 240, 5, padding=2, groups=240), nn.Hardswish()), (1, 240, 14, 14),
