@@ -109,7 +109,7 @@ VEC4 read4_bias(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_bias, k)) 
 T load_bias(ivec4 idx) { return read_bias(tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x); }
 
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
-#line 43 "shaders/layer_norm.glsl.j2"
+#line 44 "shaders/layer_norm.glsl.j2"
 float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : float(read_weight(w)); }
 float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : float(read_bias(w)); }
 
@@ -117,10 +117,12 @@ float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : float(read_bias(w)); }
 // masked by the caller).
 ivec4 four_w(int w) { return min(ivec4(w) + ivec4(0, 1, 2, 3), ivec4(pc.input_sizes.x - 1)); }
 vec4 weight4(int w) {
+  if (ragged == 0) { return pc.has_weight == 0 ? vec4(1.0) : vec4(read4_weight(w >> 2)); }  // one vec4 gather
   ivec4 i = four_w(w);
   return vec4(weight_at(i.x), weight_at(i.y), weight_at(i.z), weight_at(i.w));
 }
 vec4 bias4(int w) {
+  if (ragged == 0) { return pc.has_bias == 0 ? vec4(0.0) : vec4(read4_bias(w >> 2)); }
   ivec4 i = four_w(w);
   return vec4(bias_at(i.x), bias_at(i.y), bias_at(i.z), bias_at(i.w));
 }
@@ -135,7 +137,7 @@ float lanes_total(vec4 s, vec4 lost) {
 }
 
 // Width-packed: texel t of the row that starts at texel `pos`, lanes past W zeroed.
-#line 171
+#line 174
 vec4 row_texel(ivec3 pos, int t, bvec4 pad) {
   return mix(load_texel_input(pos + ivec3(t, 0, 0)), vec4(0.0), pad);
 }
@@ -168,7 +170,7 @@ void width_packed_row(ivec4 row) {
     vec4 y = (row_texel(pin, t, pad) - mean) * rstd * weight4(4 * t) + bias4(4 * t);
     store_texel_out(pout + ivec3(t, 0, 0), mix(y, vec4(0.0), pad));
   }
-#line 207
+#line 210
 }
 
 // Packed along H or C (pd): the four rows row .. row + 3 along pd, one per lane; lanes past the
@@ -195,7 +197,7 @@ void lane_rows(ivec4 row, int pd) {
     vec4 y = (load_texel_input(pin + ivec3(w, 0, 0)) - mean) * rstd * weight_at(w) + bias_at(w);
     store_texel_out(pout + ivec3(w, 0, 0), mix(y, vec4(0.0), pad));
   }
-#line 237
+#line 240
 }
 
 void main() {
