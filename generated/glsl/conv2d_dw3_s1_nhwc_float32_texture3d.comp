@@ -154,16 +154,16 @@ int conv_worker(int tiles) {
 }
 // input and out are [N, H, W, C] in width-packed textures: texel (c / 4, x, y + n H) holds the 4
 // channels of pixel (x, y) that a channels-packed texture holds at (x, y, c / 4 + n C4).
-#line 56 "shaders/conv2d_dw_s1.glsl.j2"
+#line 57 "shaders/conv2d_dw_s1.glsl.j2"
 ivec3 input_texel_pos(int x, int y, int z, int c4, ivec4 is) { return ivec3(z % c4, x, y + (z / c4) * is.y); }
 ivec3 out_texel_pos(int x, int y, int z, int c4, ivec4 os) { return ivec3(z % c4, x, y + (z / c4) * os.y); }
 
-#line 63
+#line 64
 void main() {
-#line 65
+#line 66
   ivec4 os = pc.out_sizes.yzxw;  // as NCHW's WHCN sizes: W, H, C, N
   ivec4 is = pc.input_sizes.yzxw;
-#line 71
+#line 72
   int c4 = tf_div_up(os.z, 4);
   int tiles_x = tf_div_up(os.x, 4);
   int tiles_y = tf_div_up(os.y, 1);
@@ -179,149 +179,149 @@ void main() {
       ivec4 ch = min(ivec4(blk * 4) + ivec4(0, 1, 2, 3), ivec4(os.z - 1));
       bias = VEC4(t_bias[ch.x], t_bias[ch.y], t_bias[ch.z], t_bias[ch.w]);
     }
-#line 87
+#line 88
     int cx0 = clamp(org.x + 0, 0, is.x - 1);
     bool xok0 = org.x + 0 >= 0 && org.x + 0 < is.x;
-#line 87
+#line 88
     int cx1 = clamp(org.x + 1, 0, is.x - 1);
     bool xok1 = org.x + 1 >= 0 && org.x + 1 < is.x;
-#line 87
+#line 88
     int cx2 = clamp(org.x + 2, 0, is.x - 1);
     bool xok2 = org.x + 2 >= 0 && org.x + 2 < is.x;
-#line 87
+#line 88
     int cx3 = clamp(org.x + 3, 0, is.x - 1);
     bool xok3 = org.x + 3 >= 0 && org.x + 3 < is.x;
-#line 87
+#line 88
     int cx4 = clamp(org.x + 4, 0, is.x - 1);
     bool xok4 = org.x + 4 >= 0 && org.x + 4 < is.x;
-#line 87
+#line 88
     int cx5 = clamp(org.x + 5, 0, is.x - 1);
     bool xok5 = org.x + 5 >= 0 && org.x + 5 < is.x;
-#line 91
+#line 92
     VEC4 acc0_0 = bias;
-#line 91
+#line 92
     VEC4 acc0_1 = bias;
-#line 91
+#line 92
     VEC4 acc0_2 = bias;
-#line 91
+#line 92
     VEC4 acc0_3 = bias;
-#line 94
+#line 95
     {
       int iy = org.y + 0;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 103
+#line 104
       VEC4 w0 = imageLoad(t_weight, ivec3(blk, 0, 0));
-#line 103
+#line 104
       VEC4 w1 = imageLoad(t_weight, ivec3(blk, 1, 0));
-#line 103
+#line 104
       VEC4 w2 = imageLoad(t_weight, ivec3(blk, 2, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w0 + v1 * w1 + v2 * w2;
-#line 106
+#line 107
       acc0_1 += v1 * w0 + v2 * w1 + v3 * w2;
-#line 106
+#line 107
       acc0_2 += v2 * w0 + v3 * w1 + v4 * w2;
-#line 106
+#line 107
       acc0_3 += v3 * w0 + v4 * w1 + v5 * w2;
-#line 109
+#line 110
     }
-#line 94
+#line 95
     {
       int iy = org.y + 1;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 103
+#line 104
       VEC4 w3 = imageLoad(t_weight, ivec3(blk, 3, 0));
-#line 103
+#line 104
       VEC4 w4 = imageLoad(t_weight, ivec3(blk, 4, 0));
-#line 103
+#line 104
       VEC4 w5 = imageLoad(t_weight, ivec3(blk, 5, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w3 + v1 * w4 + v2 * w5;
-#line 106
+#line 107
       acc0_1 += v1 * w3 + v2 * w4 + v3 * w5;
-#line 106
+#line 107
       acc0_2 += v2 * w3 + v3 * w4 + v4 * w5;
-#line 106
+#line 107
       acc0_3 += v3 * w3 + v4 * w4 + v5 * w5;
-#line 109
+#line 110
     }
-#line 94
+#line 95
     {
       int iy = org.y + 2;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 103
+#line 104
       VEC4 w6 = imageLoad(t_weight, ivec3(blk, 6, 0));
-#line 103
+#line 104
       VEC4 w7 = imageLoad(t_weight, ivec3(blk, 7, 0));
-#line 103
+#line 104
       VEC4 w8 = imageLoad(t_weight, ivec3(blk, 8, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w6 + v1 * w7 + v2 * w8;
-#line 106
+#line 107
       acc0_1 += v1 * w6 + v2 * w7 + v3 * w8;
-#line 106
+#line 107
       acc0_2 += v2 * w6 + v3 * w7 + v4 * w8;
-#line 106
+#line 107
       acc0_3 += v3 * w6 + v4 * w7 + v5 * w8;
-#line 109
+#line 110
     }
-#line 111
+#line 112
     bvec4 real = lessThan(ivec4(blk * 4) + ivec4(0, 1, 2, 3), ivec4(os.z));
-#line 113
+#line 114
     if (x0 + 0 < os.x && y0 + 0 < os.y) {
       store_texel_out(out_texel_pos(x0 + 0, y0 + 0, z, c4, os), mix(VEC4(0), conv_activation(acc0_0), real));
     }
-#line 113
+#line 114
     if (x0 + 1 < os.x && y0 + 0 < os.y) {
       store_texel_out(out_texel_pos(x0 + 1, y0 + 0, z, c4, os), mix(VEC4(0), conv_activation(acc0_1), real));
     }
-#line 113
+#line 114
     if (x0 + 2 < os.x && y0 + 0 < os.y) {
       store_texel_out(out_texel_pos(x0 + 2, y0 + 0, z, c4, os), mix(VEC4(0), conv_activation(acc0_2), real));
     }
-#line 113
+#line 114
     if (x0 + 3 < os.x && y0 + 0 < os.y) {
       store_texel_out(out_texel_pos(x0 + 3, y0 + 0, z, c4, os), mix(VEC4(0), conv_activation(acc0_3), real));
     }
-#line 117
+#line 118
   }
 }

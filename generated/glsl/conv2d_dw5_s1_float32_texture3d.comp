@@ -152,16 +152,16 @@ int conv_worker(int tiles) {
   bool mine = k < runs && (k * groups) / max(runs, 1) == group;
   return mine ? ((round * groups + k) * 8 + local % 8) : tiles;
 }
-#line 59 "shaders/conv2d_dw_s1.glsl.j2"
+#line 60 "shaders/conv2d_dw_s1.glsl.j2"
 ivec3 input_texel_pos(int x, int y, int z, int c4, ivec4 is) { return ivec3(x, y, z); }
 ivec3 out_texel_pos(int x, int y, int z, int c4, ivec4 os) { return ivec3(x, y, z); }
 
-#line 63
+#line 64
 void main() {
-#line 68
+#line 69
   ivec4 os = pc.out_sizes;
   ivec4 is = pc.input_sizes;
-#line 71
+#line 72
   int c4 = tf_div_up(os.z, 4);
   int tiles_x = tf_div_up(os.x, 4);
   int tiles_y = tf_div_up(os.y, 1);
@@ -177,261 +177,261 @@ void main() {
       ivec4 ch = min(ivec4(blk * 4) + ivec4(0, 1, 2, 3), ivec4(os.z - 1));
       bias = VEC4(t_bias[ch.x], t_bias[ch.y], t_bias[ch.z], t_bias[ch.w]);
     }
-#line 87
+#line 88
     int cx0 = clamp(org.x + 0, 0, is.x - 1);
     bool xok0 = org.x + 0 >= 0 && org.x + 0 < is.x;
-#line 87
+#line 88
     int cx1 = clamp(org.x + 1, 0, is.x - 1);
     bool xok1 = org.x + 1 >= 0 && org.x + 1 < is.x;
-#line 87
+#line 88
     int cx2 = clamp(org.x + 2, 0, is.x - 1);
     bool xok2 = org.x + 2 >= 0 && org.x + 2 < is.x;
-#line 87
+#line 88
     int cx3 = clamp(org.x + 3, 0, is.x - 1);
     bool xok3 = org.x + 3 >= 0 && org.x + 3 < is.x;
-#line 87
+#line 88
     int cx4 = clamp(org.x + 4, 0, is.x - 1);
     bool xok4 = org.x + 4 >= 0 && org.x + 4 < is.x;
-#line 87
+#line 88
     int cx5 = clamp(org.x + 5, 0, is.x - 1);
     bool xok5 = org.x + 5 >= 0 && org.x + 5 < is.x;
-#line 87
+#line 88
     int cx6 = clamp(org.x + 6, 0, is.x - 1);
     bool xok6 = org.x + 6 >= 0 && org.x + 6 < is.x;
-#line 87
+#line 88
     int cx7 = clamp(org.x + 7, 0, is.x - 1);
     bool xok7 = org.x + 7 >= 0 && org.x + 7 < is.x;
-#line 91
+#line 92
     VEC4 acc0_0 = bias;
-#line 91
+#line 92
     VEC4 acc0_1 = bias;
-#line 91
+#line 92
     VEC4 acc0_2 = bias;
-#line 91
+#line 92
     VEC4 acc0_3 = bias;
-#line 94
+#line 95
     {
       int iy = org.y + 0;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 99
+#line 100
       VEC4 v6 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx6, cy, z, c4, is)), bvec4(yok && xok6));
-#line 99
+#line 100
       VEC4 v7 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx7, cy, z, c4, is)), bvec4(yok && xok7));
-#line 103
+#line 104
       VEC4 w0 = imageLoad(t_weight, ivec3(blk, 0, 0));
-#line 103
+#line 104
       VEC4 w1 = imageLoad(t_weight, ivec3(blk, 1, 0));
-#line 103
+#line 104
       VEC4 w2 = imageLoad(t_weight, ivec3(blk, 2, 0));
-#line 103
+#line 104
       VEC4 w3 = imageLoad(t_weight, ivec3(blk, 3, 0));
-#line 103
+#line 104
       VEC4 w4 = imageLoad(t_weight, ivec3(blk, 4, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w0 + v1 * w1 + v2 * w2 + v3 * w3 + v4 * w4;
-#line 106
+#line 107
       acc0_1 += v1 * w0 + v2 * w1 + v3 * w2 + v4 * w3 + v5 * w4;
-#line 106
+#line 107
       acc0_2 += v2 * w0 + v3 * w1 + v4 * w2 + v5 * w3 + v6 * w4;
-#line 106
+#line 107
       acc0_3 += v3 * w0 + v4 * w1 + v5 * w2 + v6 * w3 + v7 * w4;
-#line 109
+#line 110
     }
-#line 94
+#line 95
     {
       int iy = org.y + 1;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 99
+#line 100
       VEC4 v6 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx6, cy, z, c4, is)), bvec4(yok && xok6));
-#line 99
+#line 100
       VEC4 v7 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx7, cy, z, c4, is)), bvec4(yok && xok7));
-#line 103
+#line 104
       VEC4 w5 = imageLoad(t_weight, ivec3(blk, 5, 0));
-#line 103
+#line 104
       VEC4 w6 = imageLoad(t_weight, ivec3(blk, 6, 0));
-#line 103
+#line 104
       VEC4 w7 = imageLoad(t_weight, ivec3(blk, 7, 0));
-#line 103
+#line 104
       VEC4 w8 = imageLoad(t_weight, ivec3(blk, 8, 0));
-#line 103
+#line 104
       VEC4 w9 = imageLoad(t_weight, ivec3(blk, 9, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w5 + v1 * w6 + v2 * w7 + v3 * w8 + v4 * w9;
-#line 106
+#line 107
       acc0_1 += v1 * w5 + v2 * w6 + v3 * w7 + v4 * w8 + v5 * w9;
-#line 106
+#line 107
       acc0_2 += v2 * w5 + v3 * w6 + v4 * w7 + v5 * w8 + v6 * w9;
-#line 106
+#line 107
       acc0_3 += v3 * w5 + v4 * w6 + v5 * w7 + v6 * w8 + v7 * w9;
-#line 109
+#line 110
     }
-#line 94
+#line 95
     {
       int iy = org.y + 2;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 99
+#line 100
       VEC4 v6 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx6, cy, z, c4, is)), bvec4(yok && xok6));
-#line 99
+#line 100
       VEC4 v7 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx7, cy, z, c4, is)), bvec4(yok && xok7));
-#line 103
+#line 104
       VEC4 w10 = imageLoad(t_weight, ivec3(blk, 10, 0));
-#line 103
+#line 104
       VEC4 w11 = imageLoad(t_weight, ivec3(blk, 11, 0));
-#line 103
+#line 104
       VEC4 w12 = imageLoad(t_weight, ivec3(blk, 12, 0));
-#line 103
+#line 104
       VEC4 w13 = imageLoad(t_weight, ivec3(blk, 13, 0));
-#line 103
+#line 104
       VEC4 w14 = imageLoad(t_weight, ivec3(blk, 14, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w10 + v1 * w11 + v2 * w12 + v3 * w13 + v4 * w14;
-#line 106
+#line 107
       acc0_1 += v1 * w10 + v2 * w11 + v3 * w12 + v4 * w13 + v5 * w14;
-#line 106
+#line 107
       acc0_2 += v2 * w10 + v3 * w11 + v4 * w12 + v5 * w13 + v6 * w14;
-#line 106
+#line 107
       acc0_3 += v3 * w10 + v4 * w11 + v5 * w12 + v6 * w13 + v7 * w14;
-#line 109
+#line 110
     }
-#line 94
+#line 95
     {
       int iy = org.y + 3;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 99
+#line 100
       VEC4 v6 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx6, cy, z, c4, is)), bvec4(yok && xok6));
-#line 99
+#line 100
       VEC4 v7 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx7, cy, z, c4, is)), bvec4(yok && xok7));
-#line 103
+#line 104
       VEC4 w15 = imageLoad(t_weight, ivec3(blk, 15, 0));
-#line 103
+#line 104
       VEC4 w16 = imageLoad(t_weight, ivec3(blk, 16, 0));
-#line 103
+#line 104
       VEC4 w17 = imageLoad(t_weight, ivec3(blk, 17, 0));
-#line 103
+#line 104
       VEC4 w18 = imageLoad(t_weight, ivec3(blk, 18, 0));
-#line 103
+#line 104
       VEC4 w19 = imageLoad(t_weight, ivec3(blk, 19, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w15 + v1 * w16 + v2 * w17 + v3 * w18 + v4 * w19;
-#line 106
+#line 107
       acc0_1 += v1 * w15 + v2 * w16 + v3 * w17 + v4 * w18 + v5 * w19;
-#line 106
+#line 107
       acc0_2 += v2 * w15 + v3 * w16 + v4 * w17 + v5 * w18 + v6 * w19;
-#line 106
+#line 107
       acc0_3 += v3 * w15 + v4 * w16 + v5 * w17 + v6 * w18 + v7 * w19;
-#line 109
+#line 110
     }
-#line 94
+#line 95
     {
       int iy = org.y + 4;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 99
+#line 100
       VEC4 v6 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx6, cy, z, c4, is)), bvec4(yok && xok6));
-#line 99
+#line 100
       VEC4 v7 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx7, cy, z, c4, is)), bvec4(yok && xok7));
-#line 103
+#line 104
       VEC4 w20 = imageLoad(t_weight, ivec3(blk, 20, 0));
-#line 103
+#line 104
       VEC4 w21 = imageLoad(t_weight, ivec3(blk, 21, 0));
-#line 103
+#line 104
       VEC4 w22 = imageLoad(t_weight, ivec3(blk, 22, 0));
-#line 103
+#line 104
       VEC4 w23 = imageLoad(t_weight, ivec3(blk, 23, 0));
-#line 103
+#line 104
       VEC4 w24 = imageLoad(t_weight, ivec3(blk, 24, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w20 + v1 * w21 + v2 * w22 + v3 * w23 + v4 * w24;
-#line 106
+#line 107
       acc0_1 += v1 * w20 + v2 * w21 + v3 * w22 + v4 * w23 + v5 * w24;
-#line 106
+#line 107
       acc0_2 += v2 * w20 + v3 * w21 + v4 * w22 + v5 * w23 + v6 * w24;
-#line 106
+#line 107
       acc0_3 += v3 * w20 + v4 * w21 + v5 * w22 + v6 * w23 + v7 * w24;
-#line 109
+#line 110
     }
-#line 111
+#line 112
     bvec4 real = lessThan(ivec4(blk * 4) + ivec4(0, 1, 2, 3), ivec4(os.z));
-#line 113
+#line 114
     if (x0 + 0 < os.x && y0 + 0 < os.y) {
       store_texel_out(out_texel_pos(x0 + 0, y0 + 0, z, c4, os), mix(VEC4(0), conv_activation(acc0_0), real));
     }
-#line 113
+#line 114
     if (x0 + 1 < os.x && y0 + 0 < os.y) {
       store_texel_out(out_texel_pos(x0 + 1, y0 + 0, z, c4, os), mix(VEC4(0), conv_activation(acc0_1), real));
     }
-#line 113
+#line 114
     if (x0 + 2 < os.x && y0 + 0 < os.y) {
       store_texel_out(out_texel_pos(x0 + 2, y0 + 0, z, c4, os), mix(VEC4(0), conv_activation(acc0_2), real));
     }
-#line 113
+#line 114
     if (x0 + 3 < os.x && y0 + 0 < os.y) {
       store_texel_out(out_texel_pos(x0 + 3, y0 + 0, z, c4, os), mix(VEC4(0), conv_activation(acc0_3), real));
     }
-#line 117
+#line 118
   }
 }

@@ -160,16 +160,16 @@ int conv_worker(int tiles) {
   bool mine = k < runs && (k * groups) / max(runs, 1) == group;
   return mine ? ((round * groups + k) * 8 + local % 8) : tiles;
 }
-#line 59 "shaders/conv2d_dw_s1.glsl.j2"
+#line 60 "shaders/conv2d_dw_s1.glsl.j2"
 ivec3 input_texel_pos(int x, int y, int z, int c4, ivec4 is) { return ivec3(x, y, z); }
 ivec3 out_texel_pos(int x, int y, int z, int c4, ivec4 os) { return ivec3(x, y, z); }
 
-#line 63
+#line 64
 void main() {
-#line 68
+#line 69
   ivec4 os = pc.out_sizes;
   ivec4 is = pc.input_sizes;
-#line 71
+#line 72
   int c4 = tf_div_up(os.z, 4);
   int tiles_x = tf_div_up(os.x, 4);
   int tiles_y = tf_div_up(os.y, 1);
@@ -185,405 +185,405 @@ void main() {
       ivec4 ch = min(ivec4(blk * 4) + ivec4(0, 1, 2, 3), ivec4(os.z - 1));
       bias = VEC4(t_bias[ch.x], t_bias[ch.y], t_bias[ch.z], t_bias[ch.w]);
     }
-#line 87
+#line 88
     int cx0 = clamp(org.x + 0, 0, is.x - 1);
     bool xok0 = org.x + 0 >= 0 && org.x + 0 < is.x;
-#line 87
+#line 88
     int cx1 = clamp(org.x + 1, 0, is.x - 1);
     bool xok1 = org.x + 1 >= 0 && org.x + 1 < is.x;
-#line 87
+#line 88
     int cx2 = clamp(org.x + 2, 0, is.x - 1);
     bool xok2 = org.x + 2 >= 0 && org.x + 2 < is.x;
-#line 87
+#line 88
     int cx3 = clamp(org.x + 3, 0, is.x - 1);
     bool xok3 = org.x + 3 >= 0 && org.x + 3 < is.x;
-#line 87
+#line 88
     int cx4 = clamp(org.x + 4, 0, is.x - 1);
     bool xok4 = org.x + 4 >= 0 && org.x + 4 < is.x;
-#line 87
+#line 88
     int cx5 = clamp(org.x + 5, 0, is.x - 1);
     bool xok5 = org.x + 5 >= 0 && org.x + 5 < is.x;
-#line 87
+#line 88
     int cx6 = clamp(org.x + 6, 0, is.x - 1);
     bool xok6 = org.x + 6 >= 0 && org.x + 6 < is.x;
-#line 87
+#line 88
     int cx7 = clamp(org.x + 7, 0, is.x - 1);
     bool xok7 = org.x + 7 >= 0 && org.x + 7 < is.x;
-#line 87
+#line 88
     int cx8 = clamp(org.x + 8, 0, is.x - 1);
     bool xok8 = org.x + 8 >= 0 && org.x + 8 < is.x;
-#line 87
+#line 88
     int cx9 = clamp(org.x + 9, 0, is.x - 1);
     bool xok9 = org.x + 9 >= 0 && org.x + 9 < is.x;
-#line 91
+#line 92
     VEC4 acc0_0 = bias;
-#line 91
+#line 92
     VEC4 acc0_1 = bias;
-#line 91
+#line 92
     VEC4 acc0_2 = bias;
-#line 91
+#line 92
     VEC4 acc0_3 = bias;
-#line 94
+#line 95
     {
       int iy = org.y + 0;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 99
+#line 100
       VEC4 v6 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx6, cy, z, c4, is)), bvec4(yok && xok6));
-#line 99
+#line 100
       VEC4 v7 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx7, cy, z, c4, is)), bvec4(yok && xok7));
-#line 99
+#line 100
       VEC4 v8 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx8, cy, z, c4, is)), bvec4(yok && xok8));
-#line 99
+#line 100
       VEC4 v9 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx9, cy, z, c4, is)), bvec4(yok && xok9));
-#line 103
+#line 104
       VEC4 w0 = imageLoad(t_weight, ivec3(blk, 0, 0));
-#line 103
+#line 104
       VEC4 w1 = imageLoad(t_weight, ivec3(blk, 1, 0));
-#line 103
+#line 104
       VEC4 w2 = imageLoad(t_weight, ivec3(blk, 2, 0));
-#line 103
+#line 104
       VEC4 w3 = imageLoad(t_weight, ivec3(blk, 3, 0));
-#line 103
+#line 104
       VEC4 w4 = imageLoad(t_weight, ivec3(blk, 4, 0));
-#line 103
+#line 104
       VEC4 w5 = imageLoad(t_weight, ivec3(blk, 5, 0));
-#line 103
+#line 104
       VEC4 w6 = imageLoad(t_weight, ivec3(blk, 6, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w0 + v1 * w1 + v2 * w2 + v3 * w3 + v4 * w4 + v5 * w5 + v6 * w6;
-#line 106
+#line 107
       acc0_1 += v1 * w0 + v2 * w1 + v3 * w2 + v4 * w3 + v5 * w4 + v6 * w5 + v7 * w6;
-#line 106
+#line 107
       acc0_2 += v2 * w0 + v3 * w1 + v4 * w2 + v5 * w3 + v6 * w4 + v7 * w5 + v8 * w6;
-#line 106
+#line 107
       acc0_3 += v3 * w0 + v4 * w1 + v5 * w2 + v6 * w3 + v7 * w4 + v8 * w5 + v9 * w6;
-#line 109
+#line 110
     }
-#line 94
+#line 95
     {
       int iy = org.y + 1;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 99
+#line 100
       VEC4 v6 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx6, cy, z, c4, is)), bvec4(yok && xok6));
-#line 99
+#line 100
       VEC4 v7 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx7, cy, z, c4, is)), bvec4(yok && xok7));
-#line 99
+#line 100
       VEC4 v8 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx8, cy, z, c4, is)), bvec4(yok && xok8));
-#line 99
+#line 100
       VEC4 v9 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx9, cy, z, c4, is)), bvec4(yok && xok9));
-#line 103
+#line 104
       VEC4 w7 = imageLoad(t_weight, ivec3(blk, 7, 0));
-#line 103
+#line 104
       VEC4 w8 = imageLoad(t_weight, ivec3(blk, 8, 0));
-#line 103
+#line 104
       VEC4 w9 = imageLoad(t_weight, ivec3(blk, 9, 0));
-#line 103
+#line 104
       VEC4 w10 = imageLoad(t_weight, ivec3(blk, 10, 0));
-#line 103
+#line 104
       VEC4 w11 = imageLoad(t_weight, ivec3(blk, 11, 0));
-#line 103
+#line 104
       VEC4 w12 = imageLoad(t_weight, ivec3(blk, 12, 0));
-#line 103
+#line 104
       VEC4 w13 = imageLoad(t_weight, ivec3(blk, 13, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w7 + v1 * w8 + v2 * w9 + v3 * w10 + v4 * w11 + v5 * w12 + v6 * w13;
-#line 106
+#line 107
       acc0_1 += v1 * w7 + v2 * w8 + v3 * w9 + v4 * w10 + v5 * w11 + v6 * w12 + v7 * w13;
-#line 106
+#line 107
       acc0_2 += v2 * w7 + v3 * w8 + v4 * w9 + v5 * w10 + v6 * w11 + v7 * w12 + v8 * w13;
-#line 106
+#line 107
       acc0_3 += v3 * w7 + v4 * w8 + v5 * w9 + v6 * w10 + v7 * w11 + v8 * w12 + v9 * w13;
-#line 109
+#line 110
     }
-#line 94
+#line 95
     {
       int iy = org.y + 2;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 99
+#line 100
       VEC4 v6 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx6, cy, z, c4, is)), bvec4(yok && xok6));
-#line 99
+#line 100
       VEC4 v7 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx7, cy, z, c4, is)), bvec4(yok && xok7));
-#line 99
+#line 100
       VEC4 v8 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx8, cy, z, c4, is)), bvec4(yok && xok8));
-#line 99
+#line 100
       VEC4 v9 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx9, cy, z, c4, is)), bvec4(yok && xok9));
-#line 103
+#line 104
       VEC4 w14 = imageLoad(t_weight, ivec3(blk, 14, 0));
-#line 103
+#line 104
       VEC4 w15 = imageLoad(t_weight, ivec3(blk, 15, 0));
-#line 103
+#line 104
       VEC4 w16 = imageLoad(t_weight, ivec3(blk, 16, 0));
-#line 103
+#line 104
       VEC4 w17 = imageLoad(t_weight, ivec3(blk, 17, 0));
-#line 103
+#line 104
       VEC4 w18 = imageLoad(t_weight, ivec3(blk, 18, 0));
-#line 103
+#line 104
       VEC4 w19 = imageLoad(t_weight, ivec3(blk, 19, 0));
-#line 103
+#line 104
       VEC4 w20 = imageLoad(t_weight, ivec3(blk, 20, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w14 + v1 * w15 + v2 * w16 + v3 * w17 + v4 * w18 + v5 * w19 + v6 * w20;
-#line 106
+#line 107
       acc0_1 += v1 * w14 + v2 * w15 + v3 * w16 + v4 * w17 + v5 * w18 + v6 * w19 + v7 * w20;
-#line 106
+#line 107
       acc0_2 += v2 * w14 + v3 * w15 + v4 * w16 + v5 * w17 + v6 * w18 + v7 * w19 + v8 * w20;
-#line 106
+#line 107
       acc0_3 += v3 * w14 + v4 * w15 + v5 * w16 + v6 * w17 + v7 * w18 + v8 * w19 + v9 * w20;
-#line 109
+#line 110
     }
-#line 94
+#line 95
     {
       int iy = org.y + 3;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 99
+#line 100
       VEC4 v6 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx6, cy, z, c4, is)), bvec4(yok && xok6));
-#line 99
+#line 100
       VEC4 v7 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx7, cy, z, c4, is)), bvec4(yok && xok7));
-#line 99
+#line 100
       VEC4 v8 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx8, cy, z, c4, is)), bvec4(yok && xok8));
-#line 99
+#line 100
       VEC4 v9 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx9, cy, z, c4, is)), bvec4(yok && xok9));
-#line 103
+#line 104
       VEC4 w21 = imageLoad(t_weight, ivec3(blk, 21, 0));
-#line 103
+#line 104
       VEC4 w22 = imageLoad(t_weight, ivec3(blk, 22, 0));
-#line 103
+#line 104
       VEC4 w23 = imageLoad(t_weight, ivec3(blk, 23, 0));
-#line 103
+#line 104
       VEC4 w24 = imageLoad(t_weight, ivec3(blk, 24, 0));
-#line 103
+#line 104
       VEC4 w25 = imageLoad(t_weight, ivec3(blk, 25, 0));
-#line 103
+#line 104
       VEC4 w26 = imageLoad(t_weight, ivec3(blk, 26, 0));
-#line 103
+#line 104
       VEC4 w27 = imageLoad(t_weight, ivec3(blk, 27, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w21 + v1 * w22 + v2 * w23 + v3 * w24 + v4 * w25 + v5 * w26 + v6 * w27;
-#line 106
+#line 107
       acc0_1 += v1 * w21 + v2 * w22 + v3 * w23 + v4 * w24 + v5 * w25 + v6 * w26 + v7 * w27;
-#line 106
+#line 107
       acc0_2 += v2 * w21 + v3 * w22 + v4 * w23 + v5 * w24 + v6 * w25 + v7 * w26 + v8 * w27;
-#line 106
+#line 107
       acc0_3 += v3 * w21 + v4 * w22 + v5 * w23 + v6 * w24 + v7 * w25 + v8 * w26 + v9 * w27;
-#line 109
+#line 110
     }
-#line 94
+#line 95
     {
       int iy = org.y + 4;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 99
+#line 100
       VEC4 v6 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx6, cy, z, c4, is)), bvec4(yok && xok6));
-#line 99
+#line 100
       VEC4 v7 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx7, cy, z, c4, is)), bvec4(yok && xok7));
-#line 99
+#line 100
       VEC4 v8 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx8, cy, z, c4, is)), bvec4(yok && xok8));
-#line 99
+#line 100
       VEC4 v9 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx9, cy, z, c4, is)), bvec4(yok && xok9));
-#line 103
+#line 104
       VEC4 w28 = imageLoad(t_weight, ivec3(blk, 28, 0));
-#line 103
+#line 104
       VEC4 w29 = imageLoad(t_weight, ivec3(blk, 29, 0));
-#line 103
+#line 104
       VEC4 w30 = imageLoad(t_weight, ivec3(blk, 30, 0));
-#line 103
+#line 104
       VEC4 w31 = imageLoad(t_weight, ivec3(blk, 31, 0));
-#line 103
+#line 104
       VEC4 w32 = imageLoad(t_weight, ivec3(blk, 32, 0));
-#line 103
+#line 104
       VEC4 w33 = imageLoad(t_weight, ivec3(blk, 33, 0));
-#line 103
+#line 104
       VEC4 w34 = imageLoad(t_weight, ivec3(blk, 34, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w28 + v1 * w29 + v2 * w30 + v3 * w31 + v4 * w32 + v5 * w33 + v6 * w34;
-#line 106
+#line 107
       acc0_1 += v1 * w28 + v2 * w29 + v3 * w30 + v4 * w31 + v5 * w32 + v6 * w33 + v7 * w34;
-#line 106
+#line 107
       acc0_2 += v2 * w28 + v3 * w29 + v4 * w30 + v5 * w31 + v6 * w32 + v7 * w33 + v8 * w34;
-#line 106
+#line 107
       acc0_3 += v3 * w28 + v4 * w29 + v5 * w30 + v6 * w31 + v7 * w32 + v8 * w33 + v9 * w34;
-#line 109
+#line 110
     }
-#line 94
+#line 95
     {
       int iy = org.y + 5;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 99
+#line 100
       VEC4 v6 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx6, cy, z, c4, is)), bvec4(yok && xok6));
-#line 99
+#line 100
       VEC4 v7 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx7, cy, z, c4, is)), bvec4(yok && xok7));
-#line 99
+#line 100
       VEC4 v8 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx8, cy, z, c4, is)), bvec4(yok && xok8));
-#line 99
+#line 100
       VEC4 v9 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx9, cy, z, c4, is)), bvec4(yok && xok9));
-#line 103
+#line 104
       VEC4 w35 = imageLoad(t_weight, ivec3(blk, 35, 0));
-#line 103
+#line 104
       VEC4 w36 = imageLoad(t_weight, ivec3(blk, 36, 0));
-#line 103
+#line 104
       VEC4 w37 = imageLoad(t_weight, ivec3(blk, 37, 0));
-#line 103
+#line 104
       VEC4 w38 = imageLoad(t_weight, ivec3(blk, 38, 0));
-#line 103
+#line 104
       VEC4 w39 = imageLoad(t_weight, ivec3(blk, 39, 0));
-#line 103
+#line 104
       VEC4 w40 = imageLoad(t_weight, ivec3(blk, 40, 0));
-#line 103
+#line 104
       VEC4 w41 = imageLoad(t_weight, ivec3(blk, 41, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w35 + v1 * w36 + v2 * w37 + v3 * w38 + v4 * w39 + v5 * w40 + v6 * w41;
-#line 106
+#line 107
       acc0_1 += v1 * w35 + v2 * w36 + v3 * w37 + v4 * w38 + v5 * w39 + v6 * w40 + v7 * w41;
-#line 106
+#line 107
       acc0_2 += v2 * w35 + v3 * w36 + v4 * w37 + v5 * w38 + v6 * w39 + v7 * w40 + v8 * w41;
-#line 106
+#line 107
       acc0_3 += v3 * w35 + v4 * w36 + v5 * w37 + v6 * w38 + v7 * w39 + v8 * w40 + v9 * w41;
-#line 109
+#line 110
     }
-#line 94
+#line 95
     {
       int iy = org.y + 6;
       bool yok = iy >= 0 && iy < is.y;
       int cy = clamp(iy, 0, is.y - 1);
-#line 99
+#line 100
       VEC4 v0 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx0, cy, z, c4, is)), bvec4(yok && xok0));
-#line 99
+#line 100
       VEC4 v1 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx1, cy, z, c4, is)), bvec4(yok && xok1));
-#line 99
+#line 100
       VEC4 v2 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx2, cy, z, c4, is)), bvec4(yok && xok2));
-#line 99
+#line 100
       VEC4 v3 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx3, cy, z, c4, is)), bvec4(yok && xok3));
-#line 99
+#line 100
       VEC4 v4 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx4, cy, z, c4, is)), bvec4(yok && xok4));
-#line 99
+#line 100
       VEC4 v5 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx5, cy, z, c4, is)), bvec4(yok && xok5));
-#line 99
+#line 100
       VEC4 v6 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx6, cy, z, c4, is)), bvec4(yok && xok6));
-#line 99
+#line 100
       VEC4 v7 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx7, cy, z, c4, is)), bvec4(yok && xok7));
-#line 99
+#line 100
       VEC4 v8 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx8, cy, z, c4, is)), bvec4(yok && xok8));
-#line 99
+#line 100
       VEC4 v9 = mix(VEC4(0), imageLoad(t_input, input_texel_pos(cx9, cy, z, c4, is)), bvec4(yok && xok9));
-#line 103
+#line 104
       VEC4 w42 = imageLoad(t_weight, ivec3(blk, 42, 0));
-#line 103
+#line 104
       VEC4 w43 = imageLoad(t_weight, ivec3(blk, 43, 0));
-#line 103
+#line 104
       VEC4 w44 = imageLoad(t_weight, ivec3(blk, 44, 0));
-#line 103
+#line 104
       VEC4 w45 = imageLoad(t_weight, ivec3(blk, 45, 0));
-#line 103
+#line 104
       VEC4 w46 = imageLoad(t_weight, ivec3(blk, 46, 0));
-#line 103
+#line 104
       VEC4 w47 = imageLoad(t_weight, ivec3(blk, 47, 0));
-#line 103
+#line 104
       VEC4 w48 = imageLoad(t_weight, ivec3(blk, 48, 0));
-#line 106
+#line 107
       acc0_0 += v0 * w42 + v1 * w43 + v2 * w44 + v3 * w45 + v4 * w46 + v5 * w47 + v6 * w48;
-#line 106
+#line 107
       acc0_1 += v1 * w42 + v2 * w43 + v3 * w44 + v4 * w45 + v5 * w46 + v6 * w47 + v7 * w48;
-#line 106
+#line 107
       acc0_2 += v2 * w42 + v3 * w43 + v4 * w44 + v5 * w45 + v6 * w46 + v7 * w47 + v8 * w48;
-#line 106
+#line 107
       acc0_3 += v3 * w42 + v4 * w43 + v5 * w44 + v6 * w45 + v7 * w46 + v8 * w47 + v9 * w48;
-#line 109
+#line 110
     }
-#line 111
+#line 112
     bvec4 real = lessThan(ivec4(blk * 4) + ivec4(0, 1, 2, 3), ivec4(os.z));
-#line 113
+#line 114
     if (x0 + 0 < os.x && y0 + 0 < os.y) {
       store_texel_out(out_texel_pos(x0 + 0, y0 + 0, z, c4, os), mix(VEC4(0), conv_activation(acc0_0), real));
     }
-#line 113
+#line 114
     if (x0 + 1 < os.x && y0 + 0 < os.y) {
       store_texel_out(out_texel_pos(x0 + 1, y0 + 0, z, c4, os), mix(VEC4(0), conv_activation(acc0_1), real));
     }
-#line 113
+#line 114
     if (x0 + 2 < os.x && y0 + 0 < os.y) {
       store_texel_out(out_texel_pos(x0 + 2, y0 + 0, z, c4, os), mix(VEC4(0), conv_activation(acc0_2), real));
     }
-#line 113
+#line 114
     if (x0 + 3 < os.x && y0 + 0 < os.y) {
       store_texel_out(out_texel_pos(x0 + 3, y0 + 0, z, c4, os), mix(VEC4(0), conv_activation(acc0_3), real));
     }
-#line 117
+#line 118
   }
 }

@@ -109,7 +109,7 @@ VEC4 read4_bias(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_bias, k)) 
 T load_bias(ivec4 idx) { return read_bias(tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x); }
 
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
-#line 44 "shaders/layer_norm.glsl.j2"
+#line 45 "shaders/layer_norm.glsl.j2"
 float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : float(read_weight(w)); }
 float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : float(read_bias(w)); }
 
@@ -138,7 +138,7 @@ float lanes_total(vec4 s, vec4 lost) {
 
 // The words of the row through `row` (row.x = 0) in a buffer of `sizes` and layout `lid`:
 // (first word, stride between consecutive w).
-#line 80
+#line 81
 ivec2 row_words(ivec4 row, ivec4 sizes, int lid) {
   int first = tf_buffer_word_lane(row, sizes, lid).x;
   int stride = sizes.x > 1 ? tf_buffer_word_lane(row + ivec4(1, 0, 0, 0), sizes, lid).x - first : 0;
@@ -151,14 +151,14 @@ ivec2 row_words(ivec4 row, ivec4 sizes, int lid) {
 layout(set = 0, binding = 0, std430) writeonly buffer out_buf4 { vec4 t4_out[]; };
 
 // Input elements w .. w + 3 of the row at `rw` (all four inside the row).
-#line 89 "shaders/layer_norm.glsl.j2"
+#line 90 "shaders/layer_norm.glsl.j2"
 vec4 input4(ivec2 rw, int w) {
   int i = rw.x + w * rw.y;
   return vec4(read_input(i), read_input(i + rw.y), read_input(i + 2 * rw.y), read_input(i + 3 * rw.y));
 }
 // Width-packed rows of whole vec4 words: the row `row` whose first words are `first_in`,
 // `first_out` (multiples of 4), `n4` vec4 words long.
-#line 103
+#line 104
 void vec4_row(ivec4 row, int first_in, int first_out, int n4, float width) {
   int a = first_in / 4, o = first_out / 4;
   vec4 s = vec4(0.0), sl = vec4(0.0);
@@ -176,7 +176,7 @@ void vec4_row(ivec4 row, int first_in, int first_out, int n4, float width) {
     y = pc.has_bias != 0 ? y + vec4(read4_bias(j)) : y;
     t4_out[o + j] = tf_bf16_out(y);
   }
-#line 123
+#line 124
 }
 
 void main() {
@@ -221,5 +221,5 @@ void main() {
     float y = (read_input(rin.x + w * rin.y) - mean) * rstd * weight_at(w) + bias_at(w);
     t_out[rout.x + w * rout.y] = tf_bf16_out(y);
   }
-#line 170
+#line 171
 }

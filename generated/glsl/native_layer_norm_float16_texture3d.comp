@@ -141,7 +141,7 @@ VEC4 read4_bias(int k) { return texel_reads != 0 ? VEC4(texelFetch(tb_bias, k)) 
 T load_bias(ivec4 idx) { return read_bias(tf_buffer_word_lane(idx, pc.bias_sizes, bias_layout).x); }
 
 // weight[w] and bias[w]: 1 and 0 when the tensor is absent.
-#line 44 "shaders/layer_norm.glsl.j2"
+#line 45 "shaders/layer_norm.glsl.j2"
 float weight_at(int w) { return pc.has_weight == 0 ? 1.0 : float(read_weight(w)); }
 float bias_at(int w) { return pc.has_bias == 0 ? 0.0 : float(read_bias(w)); }
 
@@ -170,12 +170,12 @@ float lanes_total(vec4 s, vec4 lost) {
 
 // torch's row moments (Welford updates) make the mean of a row holding an infinity NaN (an inf
 // at a few positions, the last of a full vector of 8 on AVX2, stays inf there: not copied).
-#line 73
+#line 74
 float moments_mean(float mean) { return isinf(mean) ? uintBitsToFloat(0x7fc00000u) : mean; }
 vec4 moments_mean(vec4 mean) { return mix(mean, vec4(uintBitsToFloat(0x7fc00000u)), isinf(mean)); }
 
 // Width-packed: texel t of the row that starts at texel `pos`, lanes past W zeroed.
-#line 174
+#line 175
 vec4 row_texel(ivec3 pos, int t, bvec4 pad) {
   return mix(load_texel_input(pos + ivec3(t, 0, 0)), vec4(0.0), pad);
 }
@@ -208,10 +208,10 @@ void width_packed_row(ivec4 row) {
     vec4 y = (row_texel(pin, t, pad) - mean) * rstd * weight4(4 * t) + bias4(4 * t);
     store_texel_out(pout + ivec3(t, 0, 0), mix(y, vec4(0.0), pad));
   }
-#line 207
+#line 208
   store_texel_mean(tf_texel_pos_lane(row, pc.mean_sizes, mean_layout).xyz, vec4(moments_mean(mean), 0.0, 0.0, 0.0));
   store_texel_rstd(tf_texel_pos_lane(row, pc.rstd_sizes, rstd_layout).xyz, vec4(rstd, 0.0, 0.0, 0.0));
-#line 210
+#line 211
 }
 
 // Packed along H or C (pd): the four rows row .. row + 3 along pd, one per lane; lanes past the
@@ -238,10 +238,10 @@ void lane_rows(ivec4 row, int pd) {
     vec4 y = (load_texel_input(pin + ivec3(w, 0, 0)) - mean) * rstd * weight_at(w) + bias_at(w);
     store_texel_out(pout + ivec3(w, 0, 0), mix(y, vec4(0.0), pad));
   }
-#line 237
+#line 238
   store_texel_mean(tf_texel_pos_lane(row, pc.mean_sizes, mean_layout).xyz, mix(moments_mean(mean), vec4(0.0), pad));
   store_texel_rstd(tf_texel_pos_lane(row, pc.rstd_sizes, rstd_layout).xyz, mix(rstd, vec4(0.0), pad));
-#line 240
+#line 241
 }
 
 void main() {

@@ -38,9 +38,9 @@ In order, in place on the graph:
 4. A depthwise conv2d (groups == Cin == Cout) becomes a `conv2d_dw` node: its own kernel (on
    lavapipe every path of a shader costs, taken or not, so depthwise and dense do not share one).
 5. conv + activation: a device conv2d or conv2d_dw (folded or not) whose only user is relu,
-   relu6 / hardtanh, hardswish, silu, gelu or hardsigmoid becomes one `conv2d_act` / `conv2d_dw_act` node
-   (ops.yaml), one dispatch; likewise a float device add whose only user is relu or relu6 /
-   hardtanh becomes one `add_act` (a residual block's add + relu).
+   relu6 / hardtanh, hardswish, silu, gelu or hardsigmoid becomes one `conv2d_act` /
+   `conv2d_dw_act` node (ops.yaml), one dispatch; likewise a float device add whose only user is
+   relu or relu6 / hardtanh becomes one `add_act` (a residual block's add + relu).
 6. Kernel choice (`choose_conv_kernels`, skipped with `choose_kernels=False`): a device conv2d /
    conv2d_act / conv2d_dw / conv2d_dw_act with a constant weight takes the specialised kernel its
    parameters allow, its weight a derived constant prepacked for it (runtime/graph/prepack_conv.py):
@@ -65,16 +65,16 @@ In order, in place on the graph:
    linear_wg, as step 7 chooses), whose output [N, OH, OW, Cout] a permute takes back to NCHW; it
    needs a GEMM the device can run (`subgroup`, as step 7) and a column matrix of at most
    IM2COL_MAX_BYTES.
-7a. linear + constant scale: a device linear with a constant float32 weight whose only user
+6b. linear + constant scale: a device linear with a constant float32 weight whose only user
    multiplies it by a constant that varies along its last dim at most (ConvNeXt's layer scale
    gamma [C], a query's 1 / sqrt(d)) takes the mul's output; its weight and bias become the
    scaled derived constants (the weight's rows times the scale), one dispatch fewer.
 7. Matmul kernel choice (runtime/graph/prepack_matmul.py, always): a device linear with a constant
    float32 weight becomes linear_packed / linear_packed_gemv (linear_wg for several rows on a
    GPU, linear_gemv_wg for one), its weight prepacked [K, N].
-8. linear + activation: a linear_packed / linear_packed_gemv / linear_wg / linear_gemv_wg whose only user is relu, relu6 /
-   hardtanh, hardswish, silu, gelu or hardsigmoid applies it at its store (its `activation` argument): a
-   transformer MLP's linear + gelu, one dispatch.
+8. linear + activation: a linear_packed / linear_packed_gemv / linear_wg / linear_gemv_wg whose
+   only user is relu, relu6 / hardtanh, hardswish, silu, gelu or hardsigmoid applies it at its
+   store (its `activation` argument): a transformer MLP's linear + gelu, one dispatch.
 8b. A global average pool (adaptive_avg_pool2d to 1 x 1) where GEMMs take workgroup tiles (a GPU)
    becomes global_avg_pool_wg: 64 invocations share each unit of out.
 9. Split K (prepack_matmul.split_k; with `choose_kernels=False` the caller runs it after choosing
@@ -170,7 +170,7 @@ def fuse_patterns(graph: PlanGraph, texture_limits: Sequence[int] = TEXTURE_LIMI
         choose_conv_kernels(graph, texture_limits, subgroup, gemm, costs)
     from .prepack_matmul import PACKED_OPS, choose_matmul_kernels, split_k
 
-    for node in list(graph.nodes):  # 7a: a constant scale after a linear, into its weight
+    for node in list(graph.nodes):  # 6b: a constant scale after a linear, into its weight
         if node.on_device and node.op.name == "linear":
             _fold_column_scale(graph, node)
     choose_matmul_kernels(graph, texture_limits, subgroup, gemm, costs)  # linear -> linear_packed (prepack_matmul.py)
@@ -553,7 +553,7 @@ def _batch_norm_as_scale_shift(graph: PlanGraph, bn: Node, limits) -> None:
     _replace(graph, bn, node)
 
 
-# ---- 7a: linear + constant scale ----------------------------------------------------------------------
+# ---- 6b: linear + constant scale ----------------------------------------------------------------------
 def _column_scale(mul: Node, out: Value) -> Value | None:
     """The constant `mul` multiplies `out` by, where it varies along the last dim at most and
     leaves the shape as it is (one element, or [.., 1, N]); else None."""
@@ -571,7 +571,7 @@ def _column_scale(mul: Node, out: Value) -> Value | None:
 
 
 def _fold_column_scale(graph: PlanGraph, linear: Node) -> None:
-    """Step 7a: a linear whose only user multiplies it by a constant along its columns (directly,
+    """Step 6b: a linear whose only user multiplies it by a constant along its columns (directly,
     or through identity ops such as an inference dropout) takes the product as its output, with
     weight[n, :] and bias[n] times scale[n], derived at load."""
     out = linear.outputs[0][1]
