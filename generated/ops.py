@@ -2319,6 +2319,42 @@ OPS: dict[str, OpEntry] = {
             'conv2d_pw_gemv_wg_float32_texture3d',
         ),
     ),
+    'conv2d_pw_scaled': OpEntry(
+        name='conv2d_pw_scaled',
+        targets=(
+            'texelflow.conv2d_pw_scaled.default',
+        ),
+        args=(
+            Arg('input', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('in_scale', 'tensor', repset='CHANNELS_PACKED_TEXTURE'),
+            Arg('weight', 'tensor', repset='WIDTH_PACKED_TEXTURE'),
+            Arg('bias', 'tensor', repset='CONTIGUOUS_BUFFER', optional=True),
+            Arg('out_channels', 'int', default=1),
+        ),
+        outputs=(
+            Output('out', 'CHANNELS_PACKED_TEXTURE'),
+        ),
+        sync=(
+            ('input', 'out'),
+        ),
+        dtypes=('float32', 'float16'),
+        dtype_of=(),
+        flags=frozenset([]),
+        weights=('weight', 'bias'),
+        push=(
+            Push('has_bias', 'int', 'present', (('present', 'bias'),)),
+        ),
+        checks=(
+            Check('rank', (('rank', (('input', (4,)), ('weight', (2,)))),)),
+        ),
+        grid=('per_row', 'out'),
+        template='conv2d_pw',
+        shader_axes=('dtype', 'storage'),
+        variants=(
+            'conv2d_pw_scaled_float16_texture3d',
+            'conv2d_pw_scaled_float32_texture3d',
+        ),
+    ),
     'conv2d_wino': OpEntry(
         name='conv2d_wino',
         targets=(
@@ -8672,6 +8708,7 @@ TARGETS: dict[str, str] = {
     'texelflow.conv2d_pw.default': 'conv2d_pw',
     'texelflow.conv2d_pw_act.default': 'conv2d_pw_act',
     'texelflow.conv2d_pw_gemv_wg.default': 'conv2d_pw_gemv_wg',
+    'texelflow.conv2d_pw_scaled.default': 'conv2d_pw_scaled',
     'texelflow.conv2d_wino.default': 'conv2d_wino',
     'texelflow.conv2d_wino4_input.default': 'conv2d_wino4_input',
     'texelflow.conv2d_wino4_output.default': 'conv2d_wino4_output',

@@ -626,6 +626,13 @@ SAMPLES: dict[str, tuple[dict, ...]] = {
         {'activation': 'gelu', 'bias': (9,), 'input': (3, 258, 1, 1), 'out_channels': 9, 'weight': (260, 16)},
         {'act_max': 6.0, 'act_min': 0.0, 'activation': 'hardtanh', 'bias': (96,), 'input': (1, 24, 1, 1), 'out_channels': 96, 'weight': (24, 96)},
     ),
+    'conv2d_pw_scaled': (
+        {'bias': (5,), 'in_scale': (1, 3, 1, 1), 'input': (1, 3, 7, 5), 'out_channels': 5, 'weight': (4, 8)},
+        {'bias': None, 'in_scale': (2, 5, 1, 1), 'input': (2, 5, 13, 11), 'out_channels': 7, 'weight': (8, 8)},
+        {'bias': (17,), 'in_scale': (1, 9, 1, 1), 'input': (2, 9, 3, 41), 'out_channels': 17, 'weight': (12, 20)},
+        {'bias': (1,), 'in_scale': (1, 1, 1, 1), 'input': (1, 1, 1, 1), 'out_channels': 1, 'weight': (4, 4)},
+        {'bias': (9,), 'in_scale': (1, 260, 1, 1), 'input': (1, 260, 5, 3), 'out_channels': 9, 'weight': (260, 12)},
+    ),
     'conv2d_wino': (
         {'bias': (5,), 'input': (1, 3, 7, 5), 'out_channels': 5, 'padding': (1, 1), 'weight': (2, 1, 256)},
         {'activation': 'relu', 'bias': None, 'input': (2, 5, 9, 11), 'out_channels': 7, 'padding': (1, 1), 'weight': (2, 2, 256)},

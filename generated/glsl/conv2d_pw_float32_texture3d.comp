@@ -90,7 +90,7 @@ T load_bias(ivec4 idx) { return t_bias[tf_buffer_word_lane(idx, pc.bias_sizes, b
 #line 89
 layout(constant_id = 8) const int deep = 0;  // packed_at_least
 
-#line 23 "shaders/conv2d_pw.glsl.j2"
+#line 25 "shaders/conv2d_pw.glsl.j2"
 VEC4 conv_activation(VEC4 v) { return v; }
 
 #line 9 "shaders/_conv_pool.glsl.j2"
@@ -109,10 +109,10 @@ int conv_worker(int tiles) {
   bool mine = k < runs && (k * groups) / max(runs, 1) == group;
   return mine ? ((round * groups + k) * 8 + local % 8) : tiles;
 }
-#line 79 "shaders/_conv2d_pw_main.glsl.j2"
+#line 85 "shaders/_conv2d_pw_main.glsl.j2"
 void main() {
   if (deep == 1) {
-#line 24
+#line 27
   ivec4 os = pc.out_sizes;
   int cout = os.z;
   int cout4 = pc.weight_sizes.x / 4;  // the prepacked weight's padded output blocks
@@ -127,203 +127,203 @@ void main() {
     int n = tile / (tiles_x * os.y * ogroups);
     int ob0 = og * 2;
     int zin = n * cin4;
-#line 39
-    int px0 = min(x0 + 0, os.x - 1);
-#line 39
-    int px1 = min(x0 + 1, os.x - 1);
-#line 39
-    int px2 = min(x0 + 2, os.x - 1);
-#line 39
-    int px3 = min(x0 + 3, os.x - 1);
-#line 39
-    int px4 = min(x0 + 4, os.x - 1);
-#line 39
-    int px5 = min(x0 + 5, os.x - 1);
-#line 39
-    int px6 = min(x0 + 6, os.x - 1);
-#line 39
-    int px7 = min(x0 + 7, os.x - 1);
 #line 42
+    int px0 = min(x0 + 0, os.x - 1);
+#line 42
+    int px1 = min(x0 + 1, os.x - 1);
+#line 42
+    int px2 = min(x0 + 2, os.x - 1);
+#line 42
+    int px3 = min(x0 + 3, os.x - 1);
+#line 42
+    int px4 = min(x0 + 4, os.x - 1);
+#line 42
+    int px5 = min(x0 + 5, os.x - 1);
+#line 42
+    int px6 = min(x0 + 6, os.x - 1);
+#line 42
+    int px7 = min(x0 + 7, os.x - 1);
+#line 45
     int blk0 = min(ob0 + 0, cout4 - 1);
     VEC4 bias0 = VEC4(0);
     if (pc.has_bias != 0) {
       ivec4 ch = min(ivec4(blk0 * 4) + ivec4(0, 1, 2, 3), ivec4(cout - 1));
       bias0 = VEC4(t_bias[ch.x], t_bias[ch.y], t_bias[ch.z], t_bias[ch.w]);
     }
-#line 49
+#line 52
     VEC4 acc0_0 = bias0;
-#line 49
+#line 52
     VEC4 acc0_1 = bias0;
-#line 49
+#line 52
     VEC4 acc0_2 = bias0;
-#line 49
+#line 52
     VEC4 acc0_3 = bias0;
-#line 49
+#line 52
     VEC4 acc0_4 = bias0;
-#line 49
+#line 52
     VEC4 acc0_5 = bias0;
-#line 49
+#line 52
     VEC4 acc0_6 = bias0;
-#line 49
+#line 52
     VEC4 acc0_7 = bias0;
-#line 42
+#line 45
     int blk1 = min(ob0 + 1, cout4 - 1);
     VEC4 bias1 = VEC4(0);
     if (pc.has_bias != 0) {
       ivec4 ch = min(ivec4(blk1 * 4) + ivec4(0, 1, 2, 3), ivec4(cout - 1));
       bias1 = VEC4(t_bias[ch.x], t_bias[ch.y], t_bias[ch.z], t_bias[ch.w]);
     }
-#line 49
-    VEC4 acc1_0 = bias1;
-#line 49
-    VEC4 acc1_1 = bias1;
-#line 49
-    VEC4 acc1_2 = bias1;
-#line 49
-    VEC4 acc1_3 = bias1;
-#line 49
-    VEC4 acc1_4 = bias1;
-#line 49
-    VEC4 acc1_5 = bias1;
-#line 49
-    VEC4 acc1_6 = bias1;
-#line 49
-    VEC4 acc1_7 = bias1;
 #line 52
+    VEC4 acc1_0 = bias1;
+#line 52
+    VEC4 acc1_1 = bias1;
+#line 52
+    VEC4 acc1_2 = bias1;
+#line 52
+    VEC4 acc1_3 = bias1;
+#line 52
+    VEC4 acc1_4 = bias1;
+#line 52
+    VEC4 acc1_5 = bias1;
+#line 52
+    VEC4 acc1_6 = bias1;
+#line 52
+    VEC4 acc1_7 = bias1;
+#line 55
     for (int b = 0; b < cin4; ++b) {
-#line 54
+#line 60
       VEC4 w00 = imageLoad(t_weight, ivec3(blk0, 4 * b, 0));
       VEC4 w01 = imageLoad(t_weight, ivec3(blk0, 4 * b + 1, 0));
       VEC4 w02 = imageLoad(t_weight, ivec3(blk0, 4 * b + 2, 0));
       VEC4 w03 = imageLoad(t_weight, ivec3(blk0, 4 * b + 3, 0));
-#line 54
+#line 60
       VEC4 w10 = imageLoad(t_weight, ivec3(blk1, 4 * b, 0));
       VEC4 w11 = imageLoad(t_weight, ivec3(blk1, 4 * b + 1, 0));
       VEC4 w12 = imageLoad(t_weight, ivec3(blk1, 4 * b + 2, 0));
       VEC4 w13 = imageLoad(t_weight, ivec3(blk1, 4 * b + 3, 0));
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px0, y, zin + b));
-#line 63
+#line 69
         acc0_0 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 63
+#line 69
         acc1_0 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px1, y, zin + b));
-#line 63
+#line 69
         acc0_1 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 63
+#line 69
         acc1_1 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px2, y, zin + b));
-#line 63
+#line 69
         acc0_2 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 63
+#line 69
         acc1_2 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px3, y, zin + b));
-#line 63
+#line 69
         acc0_3 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 63
+#line 69
         acc1_3 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px4, y, zin + b));
-#line 63
+#line 69
         acc0_4 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 63
+#line 69
         acc1_4 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px5, y, zin + b));
-#line 63
+#line 69
         acc0_5 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 63
+#line 69
         acc1_5 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px6, y, zin + b));
-#line 63
+#line 69
         acc0_6 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 63
+#line 69
         acc1_6 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px7, y, zin + b));
-#line 63
+#line 69
         acc0_7 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 63
+#line 69
         acc1_7 += v.x * w10 + v.y * w11 + v.z * w12 + v.w * w13;
-#line 65
+#line 71
       }
-#line 67
+#line 73
     }
     int zout = n * tf_div_up(cout, 4);
-#line 70
+#line 76
     if (ob0 + 0 < cout4) {
       bvec4 real = lessThan(ivec4((ob0 + 0) * 4) + ivec4(0, 1, 2, 3), ivec4(cout));
-#line 73
+#line 79
       if (x0 + 0 < os.x) { store_texel_out(ivec3(x0 + 0, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_0), real)); }
-#line 73
+#line 79
       if (x0 + 1 < os.x) { store_texel_out(ivec3(x0 + 1, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_1), real)); }
-#line 73
+#line 79
       if (x0 + 2 < os.x) { store_texel_out(ivec3(x0 + 2, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_2), real)); }
-#line 73
+#line 79
       if (x0 + 3 < os.x) { store_texel_out(ivec3(x0 + 3, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_3), real)); }
-#line 73
+#line 79
       if (x0 + 4 < os.x) { store_texel_out(ivec3(x0 + 4, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_4), real)); }
-#line 73
+#line 79
       if (x0 + 5 < os.x) { store_texel_out(ivec3(x0 + 5, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_5), real)); }
-#line 73
+#line 79
       if (x0 + 6 < os.x) { store_texel_out(ivec3(x0 + 6, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_6), real)); }
-#line 73
+#line 79
       if (x0 + 7 < os.x) { store_texel_out(ivec3(x0 + 7, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_7), real)); }
-#line 75
+#line 81
     }
-#line 70
+#line 76
     if (ob0 + 1 < cout4) {
       bvec4 real = lessThan(ivec4((ob0 + 1) * 4) + ivec4(0, 1, 2, 3), ivec4(cout));
-#line 73
+#line 79
       if (x0 + 0 < os.x) { store_texel_out(ivec3(x0 + 0, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_0), real)); }
-#line 73
+#line 79
       if (x0 + 1 < os.x) { store_texel_out(ivec3(x0 + 1, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_1), real)); }
-#line 73
+#line 79
       if (x0 + 2 < os.x) { store_texel_out(ivec3(x0 + 2, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_2), real)); }
-#line 73
+#line 79
       if (x0 + 3 < os.x) { store_texel_out(ivec3(x0 + 3, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_3), real)); }
-#line 73
+#line 79
       if (x0 + 4 < os.x) { store_texel_out(ivec3(x0 + 4, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_4), real)); }
-#line 73
+#line 79
       if (x0 + 5 < os.x) { store_texel_out(ivec3(x0 + 5, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_5), real)); }
-#line 73
+#line 79
       if (x0 + 6 < os.x) { store_texel_out(ivec3(x0 + 6, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_6), real)); }
-#line 73
+#line 79
       if (x0 + 7 < os.x) { store_texel_out(ivec3(x0 + 7, y, zout + ob0 + 1), mix(VEC4(0), conv_activation(acc1_7), real)); }
-#line 75
+#line 81
     }
-#line 77
+#line 83
   }
 
-#line 82
+#line 88
   } else {
-#line 24
+#line 27
   ivec4 os = pc.out_sizes;
   int cout = os.z;
   int cout4 = pc.weight_sizes.x / 4;  // the prepacked weight's padded output blocks
@@ -338,135 +338,135 @@ void main() {
     int n = tile / (tiles_x * os.y * ogroups);
     int ob0 = og * 1;
     int zin = n * cin4;
-#line 39
-    int px0 = min(x0 + 0, os.x - 1);
-#line 39
-    int px1 = min(x0 + 1, os.x - 1);
-#line 39
-    int px2 = min(x0 + 2, os.x - 1);
-#line 39
-    int px3 = min(x0 + 3, os.x - 1);
-#line 39
-    int px4 = min(x0 + 4, os.x - 1);
-#line 39
-    int px5 = min(x0 + 5, os.x - 1);
-#line 39
-    int px6 = min(x0 + 6, os.x - 1);
-#line 39
-    int px7 = min(x0 + 7, os.x - 1);
 #line 42
+    int px0 = min(x0 + 0, os.x - 1);
+#line 42
+    int px1 = min(x0 + 1, os.x - 1);
+#line 42
+    int px2 = min(x0 + 2, os.x - 1);
+#line 42
+    int px3 = min(x0 + 3, os.x - 1);
+#line 42
+    int px4 = min(x0 + 4, os.x - 1);
+#line 42
+    int px5 = min(x0 + 5, os.x - 1);
+#line 42
+    int px6 = min(x0 + 6, os.x - 1);
+#line 42
+    int px7 = min(x0 + 7, os.x - 1);
+#line 45
     int blk0 = min(ob0 + 0, cout4 - 1);
     VEC4 bias0 = VEC4(0);
     if (pc.has_bias != 0) {
       ivec4 ch = min(ivec4(blk0 * 4) + ivec4(0, 1, 2, 3), ivec4(cout - 1));
       bias0 = VEC4(t_bias[ch.x], t_bias[ch.y], t_bias[ch.z], t_bias[ch.w]);
     }
-#line 49
-    VEC4 acc0_0 = bias0;
-#line 49
-    VEC4 acc0_1 = bias0;
-#line 49
-    VEC4 acc0_2 = bias0;
-#line 49
-    VEC4 acc0_3 = bias0;
-#line 49
-    VEC4 acc0_4 = bias0;
-#line 49
-    VEC4 acc0_5 = bias0;
-#line 49
-    VEC4 acc0_6 = bias0;
-#line 49
-    VEC4 acc0_7 = bias0;
 #line 52
+    VEC4 acc0_0 = bias0;
+#line 52
+    VEC4 acc0_1 = bias0;
+#line 52
+    VEC4 acc0_2 = bias0;
+#line 52
+    VEC4 acc0_3 = bias0;
+#line 52
+    VEC4 acc0_4 = bias0;
+#line 52
+    VEC4 acc0_5 = bias0;
+#line 52
+    VEC4 acc0_6 = bias0;
+#line 52
+    VEC4 acc0_7 = bias0;
+#line 55
     for (int b = 0; b < cin4; ++b) {
-#line 54
+#line 60
       VEC4 w00 = imageLoad(t_weight, ivec3(blk0, 4 * b, 0));
       VEC4 w01 = imageLoad(t_weight, ivec3(blk0, 4 * b + 1, 0));
       VEC4 w02 = imageLoad(t_weight, ivec3(blk0, 4 * b + 2, 0));
       VEC4 w03 = imageLoad(t_weight, ivec3(blk0, 4 * b + 3, 0));
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px0, y, zin + b));
-#line 63
+#line 69
         acc0_0 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px1, y, zin + b));
-#line 63
+#line 69
         acc0_1 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px2, y, zin + b));
-#line 63
+#line 69
         acc0_2 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px3, y, zin + b));
-#line 63
+#line 69
         acc0_3 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px4, y, zin + b));
-#line 63
+#line 69
         acc0_4 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px5, y, zin + b));
-#line 63
+#line 69
         acc0_5 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px6, y, zin + b));
-#line 63
+#line 69
         acc0_6 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 65
+#line 71
       }
-#line 60
+#line 66
       {
         VEC4 v = imageLoad(t_input, ivec3(px7, y, zin + b));
-#line 63
+#line 69
         acc0_7 += v.x * w00 + v.y * w01 + v.z * w02 + v.w * w03;
-#line 65
+#line 71
       }
-#line 67
+#line 73
     }
     int zout = n * tf_div_up(cout, 4);
-#line 70
+#line 76
     if (ob0 + 0 < cout4) {
       bvec4 real = lessThan(ivec4((ob0 + 0) * 4) + ivec4(0, 1, 2, 3), ivec4(cout));
-#line 73
+#line 79
       if (x0 + 0 < os.x) { store_texel_out(ivec3(x0 + 0, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_0), real)); }
-#line 73
+#line 79
       if (x0 + 1 < os.x) { store_texel_out(ivec3(x0 + 1, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_1), real)); }
-#line 73
+#line 79
       if (x0 + 2 < os.x) { store_texel_out(ivec3(x0 + 2, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_2), real)); }
-#line 73
+#line 79
       if (x0 + 3 < os.x) { store_texel_out(ivec3(x0 + 3, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_3), real)); }
-#line 73
+#line 79
       if (x0 + 4 < os.x) { store_texel_out(ivec3(x0 + 4, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_4), real)); }
-#line 73
+#line 79
       if (x0 + 5 < os.x) { store_texel_out(ivec3(x0 + 5, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_5), real)); }
-#line 73
+#line 79
       if (x0 + 6 < os.x) { store_texel_out(ivec3(x0 + 6, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_6), real)); }
-#line 73
+#line 79
       if (x0 + 7 < os.x) { store_texel_out(ivec3(x0 + 7, y, zout + ob0 + 0), mix(VEC4(0), conv_activation(acc0_7), real)); }
-#line 75
+#line 81
     }
-#line 77
+#line 83
   }
 
-#line 84
+#line 90
   }
 }

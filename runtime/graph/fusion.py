@@ -65,6 +65,10 @@ In order, in place on the graph:
    linear_wg, as step 7 chooses), whose output [N, OH, OW, Cout] a permute takes back to NCHW; it
    needs a GEMM the device can run (`subgroup`, as step 7) and a column matrix of at most
    IM2COL_MAX_BYTES.
+6a. At the end of step 6, a conv2d_pw whose input is, for it alone, a mul of x by s
+   [N or 1, Cin, 1, 1] (a squeeze-excite gate: MobileNetV3, EfficientNet) becomes
+   conv2d_pw_scaled(x, s, ...): it multiplies each input texel as it loads it, and the mul's
+   dispatch goes.
 6b. linear + constant scale: a device linear with a constant float32 weight whose only user
    multiplies it by a constant that varies along its last dim at most (ConvNeXt's layer scale
    gamma [C], a query's 1 / sqrt(d)) takes the mul's output; its weight and bias become the
@@ -786,7 +790,42 @@ def choose_conv_kernels(graph: PlanGraph, limits: Sequence[int] = TEXTURE_LIMITS
             new.fused[-1] += note
         if retarget(graph, node, new, packed, limits):
             made.append(new)
+    for node in list(made):  # 6a: a squeeze-excite gate's mul into the pointwise conv after it
+        if node.op.name == "conv2d_pw":
+            scaled = _scaled_pointwise(graph, node, limits)
+            if scaled is not None:
+                made[made.index(node)] = scaled
     return made
+
+
+def _scaled_pointwise(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> Node | None:
+    """Step 6a: a conv2d_pw whose input is, for it alone, x * s with s [N or 1, Cin, 1, 1] (a
+    squeeze-excite block's gate: MobileNetV3, EfficientNet) becomes conv2d_pw_scaled(x, s, ...),
+    which multiplies each input texel as it loads it; the mul's dispatch goes."""
+    x = conv.arg("input")
+    mul = x.producer
+    if mul is None or not mul.on_device or mul.op.name != "mul" or _only_user(graph, x) is not conv \
+            or x.dtype != "float32":
+        return None
+    args = dict(mul.tensor_args())
+    if set(args) != {"self", "other"}:
+        return None
+    n, c = x.shape[0], x.shape[1]
+    for data, scale in ((args["self"], args["other"]), (args["other"], args["self"])):
+        if data.shape == x.shape and scale.dtype == "float32" and len(scale.shape) == 4 \
+                and scale.shape[0] in (1, n) and tuple(scale.shape[1:]) == (c, 1, 1):
+            break
+    else:
+        return None
+    op = OPS["conv2d_pw_scaled"]
+    rest = [(k, v) for k, v in conv.args if k != "input"]
+    new = Node(conv.name, op.targets[0], op, [("input", data), ("in_scale", scale)] + rest, list(conv.outputs))
+    if partition_reason(new, limits):
+        return None
+    new.fused = conv.fused + [f"the mul by '{scale.name}' taken in as its input is loaded"]
+    _remove(graph, mul)
+    _replace(graph, conv, new)
+    return new
 
 
 def _pixel_gemv(graph: PlanGraph, conv: Node, limits: Sequence[int]) -> Node | None:

@@ -150,6 +150,12 @@ def conv2d_pw_reference(input, weight, bias=None, out_channels=1, activation="no
                                                      act_max=act_max), **round_trip)
 
 
+def conv2d_pw_scaled_reference(input, in_scale, weight, bias=None, out_channels=1):
+    """What conv2d_pw_scaled computes: conv2d_pw_reference of input * in_scale (a squeeze-excite
+    gate [N or 1, Cin, 1, 1]), the product rounded as torch's mul rounds it."""
+    return conv2d_pw_reference(input * in_scale, weight, bias, out_channels)
+
+
 def conv2d_gemm_reference(input, weight, bias=None, kernel_size=(1, 1), stride=(1, 1), padding=(0, 0), dilation=(1, 1),
                           out_channels=1, activation="none", act_min=0.0, act_max=0.0):
     """What conv2d_gemm computes: the convolution whose weight is the prepacked

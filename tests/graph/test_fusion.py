@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import texelflow
 from texelflow.runtime.graph.ir import Role
@@ -441,3 +442,43 @@ def test_a_constant_scale_after_a_linear_folds_into_its_weight(device, k, n):
     assert sorted(r for node in folded for r in _recipes(node.arg("bias"))) == ["column_scaled_bias"] * 3
     assert prog.plan.dispatches["mul"] == 3, prog.plan.summary()  # the run-time, row and shared scales
     torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+class SqueezeExcite(nn.Module):
+    """MobileNetV3's inverted residual tail: a squeeze-excite gate (pool, 1x1 conv, relu, 1x1 conv,
+    hardsigmoid) multiplies the activations, then the projecting pointwise conv; with `shared`
+    the gated tensor is also an output, with `constant` the gate is a parameter [1, C, 1, 1]."""
+
+    def __init__(self, c: int, shared: bool = False, constant: bool = False):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Conv2d(c, 8, 1), nn.Conv2d(8, c, 1)
+        self.project = nn.Conv2d(c, 6, 1)
+        self.gate = nn.Parameter(torch.rand(1, c, 1, 1)) if constant else None
+        self.shared = shared
+
+    def forward(self, x):
+        s = self.gate if self.gate is not None else F.hardsigmoid(self.fc2(F.relu(self.fc1(x.mean((2, 3), keepdim=True)))))
+        y = x * s
+        return (self.project(y), y) if self.shared else self.project(y)
+
+
+@pytest.mark.parametrize("c,shape,constant", [(12, (2, 12, 7, 5), False), (9, (1, 9, 3, 1), False),
+                                              (260, (1, 260, 5, 7), False), (7, (2, 7, 5, 5), True)],
+                         ids=["batch2", "c9_w1", "deep", "constant_gate"])
+def test_a_squeeze_excite_gate_joins_the_pointwise_conv(device, c, shape, constant):
+    torch.manual_seed(c)
+    model = SqueezeExcite(c, constant=constant).eval()
+    x = torch.randn(shape)
+    x.view(-1)[1], x.view(-1)[-2] = float("nan"), float("inf")
+    got, prog = _run(device, model, x)
+    assert prog.plan.dispatches["conv2d_pw_scaled"] == 1 and "mul" not in prog.plan.dispatches, prog.plan.summary()
+    torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def test_a_gated_tensor_read_elsewhere_keeps_its_mul(device):
+    model = SqueezeExcite(12, shared=True).eval()
+    x = torch.randn(1, 12, 5, 7)
+    (got, got_y), prog = _run(device, model, x)
+    assert prog.plan.dispatches["mul"] == 1 and "conv2d_pw_scaled" not in prog.plan.dispatches, prog.plan.summary()
+    want, want_y = model(x)
+    _close(got, want), _close(got_y, want_y)

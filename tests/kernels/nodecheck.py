@@ -256,6 +256,7 @@ NO_TORCH_TARGET = {
     "conv2d_nhwc": "texelflow.runtime.graph.permutes.dim_order.conv2d_nhwc_reference",
     # specialised convs on prepacked weights (runtime/graph/prepack_conv.py)
     "conv2d_pw": "texelflow.runtime.graph.prepack_conv.conv2d_pw_reference",
+    "conv2d_pw_scaled": "texelflow.runtime.graph.prepack_conv.conv2d_pw_scaled_reference",
     "linear_packed": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "linear_packed_gemv": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
     "linear_wg": "texelflow.runtime.graph.prepack_matmul.linear_packed_reference",
